@@ -1,0 +1,25 @@
+# The two commands of the README. Both install what is missing first.
+.PHONY: run test setup lint bench clean
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+setup:
+	@./build/setup.sh
+
+run: setup
+	@./build/run.sh
+
+test: setup
+	$(PY) -m ruff check .
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+bench: setup
+	$(PY) bench/run.py $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) var/run

@@ -1,0 +1,574 @@
+"""The node-local broker: sessions, subscriptions, retained messages, routing.
+
+Like EMQX's emqx_broker + emqx_cm, but in one process: channels call
+``connect``, ``publish``, ``subscribe``, ``unsubscribe`` and
+``channel_closed``; the broker calls back ``channel.accept/refuse``,
+``channel.deliver`` and ``channel.disconnect``. Nothing here does I/O or
+reads a clock: ``now`` comes from the caller and timers (will delay, session
+expiry) are kept in a heap served by ``tick(now)``.
+
+Tenants are namespaces: each :class:`Namespace` has its own subscription
+trie, retained messages and client-id registry, so no topic, wildcard,
+shared subscription or client id ever crosses from one tenant to another.
+"""
+
+import heapq
+import itertools
+import os
+import random
+from dataclasses import dataclass, field
+
+from .protocol import properties as P
+from .protocol import reason as rc
+from .protocol.channel import NEVER, ChannelLimits
+from .protocol.errors import RemoteProtocolError
+from .protocol.packets import MQTT5, Publish
+from .routing.retained import RetainedStore
+from .routing.topic import InvalidTopic, is_valid_filter, parse_shared
+from .routing.trie import TopicTrie
+from .session.session import Delivery, Session, Subscription
+
+DEFAULT_TENANT = "default"
+
+
+@dataclass(slots=True)
+class BrokerConfig:
+    node_id: str = "node1"
+    allow_anonymous: bool = False
+    anonymous_tenant: str = DEFAULT_TENANT
+    max_connections: int = 100_000
+    shared_strategy: str = "round_robin"      # or "random"
+    limits: ChannelLimits = field(default_factory=ChannelLimits)
+
+
+class Stats:
+    """Node counters: plain ints, cheap to bump on the per-message path.
+
+    Per-connection message and byte counts live on the channels and are
+    added here when a channel closes (see ``Broker.totals``).
+    """
+
+    __slots__ = ("connects", "disconnects", "auth_failures", "clients_max", "msgs_received_closed",
+                 "msgs_sent_closed", "bytes_received_closed", "bytes_sent_closed", "dropped_queue_full",
+                 "dropped_expired", "dropped_too_large", "dropped_no_subscribers", "dropped_refused",
+                 "takeovers", "wills_published", "sessions_expired")
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class Route:
+    """What a topic filter maps to: plain subscribers and shared groups."""
+
+    __slots__ = ("subs", "groups")
+
+    def __init__(self):
+        self.subs: dict[Session, Subscription] = {}
+        self.groups: dict[str, SharedGroup] = {}
+
+    def __bool__(self):
+        return bool(self.subs) or bool(self.groups)
+
+
+class SharedGroup:
+    """``$share/NAME/FILTER``: each message goes to one member."""
+
+    __slots__ = ("name", "filter", "members", "order", "rr")
+
+    def __init__(self, name: str, filt: str):
+        self.name = name
+        self.filter = filt
+        self.members: dict[Session, Subscription] = {}
+        self.order: list[Session] = []
+        self.rr = 0
+
+    def add(self, session, sub):
+        if session not in self.members:
+            self.order.append(session)
+        self.members[session] = sub
+
+    def remove(self, session):
+        if self.members.pop(session, None) is not None:
+            self.order.remove(session)
+
+    def pick(self, strategy: str, exclude=None) -> Session | None:
+        """A member to deliver to: connected and not congested first, then any
+        connected member, then a persistent member that is offline."""
+        order = self.order
+        n = len(order)
+        if n == 0:
+            return None
+        if strategy == "random":
+            start = random.randrange(n)
+        else:
+            start = self.rr % n
+        fallback = offline = None
+        for k in range(n):
+            s = order[(start + k) % n]
+            if s is exclude:
+                continue
+            ch = s.channel
+            if ch is not None:
+                if not ch.congested:
+                    self.rr = (start + k + 1) % n
+                    return s
+                if fallback is None:
+                    fallback = s
+            elif offline is None and s.persistent:
+                offline = s
+        chosen = fallback or offline
+        if chosen is not None:
+            self.rr = (order.index(chosen) + 1) % n
+        return chosen
+
+
+class Namespace:
+    """One tenant's topic space."""
+
+    __slots__ = ("name", "trie", "cache", "sessions", "retained")
+
+    MAX_CACHE = 100_000
+
+    def __init__(self, name: str):
+        self.name = name
+        self.trie = TopicTrie()
+        self.cache: dict[str, tuple] = {}       # topic -> (subscriber entries, shared groups)
+        self.sessions: dict[str, Session] = {}
+        self.retained = RetainedStore()
+
+    def route(self, topic: str) -> tuple:
+        """Subscribers of ``topic``: one merged entry per session, and the shared groups.
+
+        Entry = (session, qos, no_local, rap, sub_ids). A session with several
+        matching subscriptions gets one copy at the highest QoS carrying every
+        subscription identifier (MQTT 3.1.1 3.3.5, 5.0 3.3.4). ``no_local`` is
+        True when every matching subscription has it, else False, or -- when
+        they disagree -- the (qos, rap, sub_ids) of the subscriptions without it.
+        """
+        routes = self.trie.match(topic)
+        merged: dict[Session, list] = {}
+        groups = []
+        for route in routes:
+            for session, sub in route.subs.items():
+                merged.setdefault(session, []).append(sub)
+            if route.groups:
+                groups.extend(route.groups.values())
+        entries = []
+        for session, subs in merged.items():
+            if len(subs) == 1:
+                s = subs[0]
+                entries.append((session, s.qos, s.no_local, s.rap, (s.sub_id,) if s.sub_id else None))
+            else:
+                qos, rap, ids = _merge(subs)
+                entries.append((session, qos, _no_local(subs), rap, ids))
+        result = (entries, groups)
+        cache = self.cache
+        if len(cache) >= self.MAX_CACHE:
+            cache.clear()
+        cache[topic] = result
+        return result
+
+
+def _merge(subs):
+    qos = max(s.qos for s in subs)
+    rap = any(s.rap for s in subs)
+    ids = tuple(s.sub_id for s in subs if s.sub_id) or None
+    return qos, rap, ids
+
+
+def _no_local(subs):
+    flags = {s.no_local for s in subs}
+    if flags == {True}:
+        return True
+    if flags == {False}:
+        return False
+    return _merge([s for s in subs if not s.no_local])
+
+
+class AnonymousAuth:
+    """Issue-2 authentication: anonymous clients into the default tenant, or nobody."""
+
+    def __init__(self, allow_anonymous: bool, tenant: str = DEFAULT_TENANT):
+        self.allow_anonymous = allow_anonymous
+        self.tenant = tenant
+
+    def authenticate(self, connect, channel):
+        """-> (reason code, tenant, identity)."""
+        if self.allow_anonymous:
+            return rc.SUCCESS, self.tenant, None
+        return rc.NOT_AUTHORIZED, None, None
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig | None = None, auth=None, now: float = 0.0):
+        self.config = config or BrokerConfig()
+        self.limits = self.config.limits
+        self.auth = auth or AnonymousAuth(self.config.allow_anonymous, self.config.anonymous_tenant)
+        self.namespaces: dict[str, Namespace] = {}
+        self.stats = Stats()
+        self.connected = 0
+        self.started_at = now
+        self._timers: list = []
+        self._seq = itertools.count()
+        self._id_prefix = f"auto-{self.config.node_id}-"
+        self.channels: set = set()          # accepted, connected channels
+
+    # ------------------------------------------------------------ namespaces
+
+    def namespace(self, name: str) -> Namespace:
+        ns = self.namespaces.get(name)
+        if ns is None:
+            ns = self.namespaces[name] = Namespace(name)
+        return ns
+
+    # --------------------------------------------------------------- connect
+
+    def connect(self, channel, p, now: float) -> None:
+        if self.connected >= self.config.max_connections:
+            channel.refuse(rc.QUOTA_EXCEEDED, "the server is at its connection limit")
+            return
+        code, tenant, identity = self.auth.authenticate(p, channel)
+        if code != rc.SUCCESS:
+            self.stats.auth_failures += 1
+            channel.refuse(code, rc.NAMES.get(code))
+            return
+        channel.tenant = tenant
+        channel.identity = identity
+        ns = self.namespace(tenant)
+        client_id = p.client_id
+        assigned = None
+        if not client_id:
+            client_id = assigned = self._new_client_id(ns)
+        if p.protocol_level == MQTT5:
+            expiry = (p.properties or {}).get(P.SESSION_EXPIRY_INTERVAL, 0)
+        else:
+            expiry = 0 if p.clean_start else NEVER
+        session = ns.sessions.get(client_id)
+        if session is not None and session.channel is not None:
+            # Session takeover: the old connection goes as if its network had
+            # failed (its will follows the usual rules), then we look again.
+            self.stats.takeovers += 1
+            session.channel.disconnect(rc.SESSION_TAKEN_OVER, "another connection took over the session", now)
+            session = ns.sessions.get(client_id)
+        present = False
+        if session is not None:
+            if p.clean_start:
+                self._end_session(session, now)
+                session = None
+            else:
+                present = True
+                session.expires_at = None
+                session.pending_will = None      # reconnected within the will delay
+        if session is None:
+            limits = self.limits
+            session = Session(client_id, ns, limits.max_queued, limits.max_queued_bytes)
+            ns.sessions[client_id] = session
+        session.expiry_interval = expiry
+        self.connected += 1
+        self.stats.connects += 1
+        if self.connected > self.stats.clients_max:
+            self.stats.clients_max = self.connected
+        self.channels.add(channel)
+        channel.accept(session, present, now, assigned)
+
+    def connect_aborted(self, channel) -> None:
+        """A channel closed while its CONNECT was being decided."""
+
+    def _new_client_id(self, ns) -> str:
+        while True:
+            cid = self._id_prefix + os.urandom(8).hex()
+            if cid not in ns.sessions:
+                return cid
+
+    def channel_closed(self, channel, now: float, will: bool) -> None:
+        session = channel.session
+        channel.session = None
+        if session.channel is channel:
+            session.channel = None
+        self.channels.discard(channel)
+        self.connected -= 1
+        st = self.stats
+        st.disconnects += 1
+        st.msgs_received_closed += channel.msgs_in
+        st.msgs_sent_closed += channel.msgs_out
+        st.bytes_received_closed += channel.bytes_in
+        st.bytes_sent_closed += channel.bytes_out
+        w = channel.will if will else None
+        channel.will = None
+        if w is not None:
+            msg = self._will_message(w, session, now)
+            delay = (w.properties or {}).get(P.WILL_DELAY_INTERVAL, 0)
+            if delay and session.expiry_interval:
+                due = now + min(delay, session.expiry_interval)
+                session.pending_will = (due, msg)
+                self._schedule(due, "will", session)
+            else:
+                self._publish_will(session.ns, msg, now)
+        if session.expiry_interval == 0:
+            self._end_session(session, now)
+        elif session.expiry_interval != NEVER:
+            session.expires_at = now + session.expiry_interval
+            self._schedule(session.expires_at, "expire", session)
+
+    def _will_message(self, w, session, now) -> Publish:
+        props = None
+        if w.properties:
+            props = {k: v for k, v in w.properties.items() if k in P.FORWARDED} or None
+        msg = Publish(w.topic, w.payload, w.qos, w.retain, False, 0, props)
+        if props and P.MESSAGE_EXPIRY_INTERVAL in props:
+            msg.expiry_at = now + props[P.MESSAGE_EXPIRY_INTERVAL]
+        msg.origin = session
+        return msg
+
+    def _publish_will(self, ns, msg, now) -> None:
+        self.stats.wills_published += 1
+        if msg.retain:
+            self._retain(ns, msg)
+        self._dispatch(ns, msg, now)
+
+    def _end_session(self, session: Session, now: float) -> None:
+        ns = session.ns
+        if ns.sessions.get(session.client_id) is session:
+            del ns.sessions[session.client_id]
+        for sub in list(session.subscriptions.values()):
+            self._remove_subscription(ns, session, sub)
+        session.subscriptions.clear()
+        if session.pending_will is not None:
+            _, msg = session.pending_will
+            session.pending_will = None
+            self._publish_will(ns, msg, now)
+        # Messages owed through shared subscriptions go to another member.
+        leftovers = list(session.inflight.values()) + session.queue.drain()
+        session.inflight.clear()
+        session.awaiting_rel.clear()
+        for d in leftovers:
+            if d.share is not None:
+                self._deliver_shared(ns, d.share, d.msg, now, exclude=session)
+
+    # ------------------------------------------------------------------ timers
+
+    def _schedule(self, when: float, kind: str, obj) -> None:
+        heapq.heappush(self._timers, (when, next(self._seq), kind, obj))
+
+    def next_timer(self) -> float | None:
+        return self._timers[0][0] if self._timers else None
+
+    def tick(self, now: float) -> None:
+        """Fire due timers: delayed wills and session expiry."""
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            when, _, kind, session = heapq.heappop(timers)
+            if kind == "will":
+                pw = session.pending_will
+                if pw is not None and pw[0] == when:
+                    session.pending_will = None
+                    self._publish_will(session.ns, pw[1], now)
+            elif kind == "expire" and session.channel is None and session.expires_at == when:
+                self.stats.sessions_expired += 1
+                self._end_session(session, now)
+
+    # --------------------------------------------------------------- publish
+
+    def publish(self, msg: Publish, channel, now: float) -> int | None:
+        """Route a client's PUBLISH; returns the reason code for its ack."""
+        ns = channel.ns
+        msg.origin = channel.session
+        if msg.retain:
+            self._retain(ns, msg)
+        if self._dispatch(ns, msg, now):
+            return rc.SUCCESS
+        self.stats.dropped_no_subscribers += 1
+        return rc.NO_MATCHING_SUBSCRIBERS
+
+    def publish_internal(self, ns: Namespace, msg: Publish, now: float) -> int:
+        """Publish a message the broker itself originates ($SYS, admin); -> deliveries."""
+        if msg.retain:
+            self._retain(ns, msg)
+        return self._dispatch(ns, msg, now)
+
+    def _retain(self, ns: Namespace, msg: Publish) -> None:
+        if msg.payload:
+            ns.retained.set(msg.topic, msg)
+        else:
+            ns.retained.delete(msg.topic)
+
+    def _dispatch(self, ns: Namespace, msg: Publish, now: float) -> int:
+        """Deliver to every matching subscriber; -> number of deliveries."""
+        topic = msg.topic
+        found = ns.cache.get(topic)
+        if found is None:
+            found = ns.route(topic)
+        entries, groups = found
+        origin = msg.origin
+        mqos = msg.qos
+        mretain = msg.retain
+        delivered = 0
+        for session, qos, no_local, rap, ids in entries:
+            if no_local and session is origin:
+                if no_local is True:
+                    continue
+                qos, rap, ids = no_local
+            if mqos < qos:
+                qos = mqos
+            ch = session.channel
+            if ch is not None:
+                ch.deliver(msg, qos, mretain if rap else False, ids, now)
+            else:
+                self._enqueue_offline(session, Delivery(msg, qos, mretain if rap else False, ids))
+            delivered += 1
+        if groups:
+            for group in groups:
+                if self._deliver_shared(ns, group, msg, now):
+                    delivered += 1
+        return delivered
+
+    def _deliver_shared(self, ns, group: SharedGroup, msg: Publish, now: float, exclude=None) -> bool:
+        session = group.pick(self.config.shared_strategy, exclude)
+        if session is None:
+            return False
+        sub = group.members[session]
+        qos = msg.qos if msg.qos < sub.qos else sub.qos
+        retain = msg.retain if sub.rap else False
+        ids = (sub.sub_id,) if sub.sub_id else None
+        ch = session.channel
+        if ch is not None:
+            ch.deliver(msg, qos, retain, ids, now, group)
+        else:
+            self._enqueue_offline(session, Delivery(msg, qos, retain, ids, group))
+        return True
+
+    def _enqueue_offline(self, session: Session, d: Delivery) -> None:
+        if d.qos == 0 and not self.limits.queue_qos0:
+            self.stats.dropped_queue_full += 1
+            return
+        dropped = session.queue.put(d)
+        if dropped:
+            self.queue_dropped(session, dropped)
+
+    # drop accounting, called by channels
+    def queue_dropped(self, session, dropped: list) -> None:
+        self.stats.dropped_queue_full += len(dropped)
+
+    def expired(self, channel, msg) -> None:
+        self.stats.dropped_expired += 1
+
+    def too_large(self, channel, msg) -> None:
+        self.stats.dropped_too_large += 1
+
+    def dropped(self, channel, msg, code) -> None:
+        self.stats.dropped_refused += 1
+
+    # ------------------------------------------------------------- subscribe
+
+    def subscribe(self, channel, requests, sub_id, props, now: float):
+        """-> (reason codes, [(retained msg, qos, sub_ids)] to send after the SUBACK)."""
+        session = channel.session
+        ns = session.ns
+        codes = []
+        retained = []
+        for req in requests:
+            filt = req.filter
+            try:
+                shared = parse_shared(filt)
+            except InvalidTopic:
+                codes.append(rc.TOPIC_FILTER_INVALID)
+                continue
+            if shared is None and not is_valid_filter(filt):
+                codes.append(rc.TOPIC_FILTER_INVALID)
+                continue
+            if shared is not None and req.no_local:
+                raise RemoteProtocolError("No Local on a shared subscription")
+            group, inner = shared if shared else (None, filt)
+            existed = filt in session.subscriptions
+            sub = Subscription(filt, req.qos, req.no_local, req.retain_as_published, req.retain_handling, sub_id,
+                               group)
+            session.subscriptions[filt] = sub
+            route = ns.trie.setdefault(inner, Route)
+            if group is None:
+                route.subs[session] = sub
+            else:
+                g = route.groups.get(group)
+                if g is None:
+                    g = route.groups[group] = SharedGroup(group, inner)
+                g.add(session, sub)
+            codes.append(req.qos)
+            if group is None and (req.retain_handling == 0 or (req.retain_handling == 1 and not existed)):
+                ids = (sub_id,) if sub_id else None
+                for msg in ns.retained.match(inner):
+                    if msg.expiry_at is not None and now >= msg.expiry_at:
+                        ns.retained.delete(msg.topic)
+                        continue
+                    retained.append((msg, min(msg.qos, req.qos), ids))
+        ns.cache.clear()
+        return codes, retained
+
+    def unsubscribe(self, channel, filters, now: float) -> list:
+        session = channel.session
+        ns = session.ns
+        codes = []
+        for filt in filters:
+            sub = session.subscriptions.pop(filt, None)
+            if sub is None:
+                try:
+                    valid = parse_shared(filt) is not None or is_valid_filter(filt)
+                except InvalidTopic:
+                    valid = False
+                codes.append(rc.NO_SUBSCRIPTION_EXISTED if valid else rc.TOPIC_FILTER_INVALID)
+                continue
+            self._remove_subscription(ns, session, sub)
+            codes.append(rc.SUCCESS)
+        ns.cache.clear()
+        return codes
+
+    def _remove_subscription(self, ns: Namespace, session: Session, sub: Subscription) -> None:
+        inner = sub.filter if sub.group is None else sub.filter.split("/", 2)[2]
+        route = ns.trie.get(inner)
+        if route is None:
+            return
+        if sub.group is None:
+            route.subs.pop(session, None)
+        else:
+            g = route.groups.get(sub.group)
+            if g is not None:
+                g.remove(session)
+                if not g.members:
+                    del route.groups[sub.group]
+        if not route:
+            ns.trie.discard(inner)
+        ns.cache.clear()
+
+    # ---------------------------------------------------------------- totals
+
+    def totals(self) -> dict:
+        """Messages and bytes in/out since start, closed and live connections together."""
+        st = self.stats
+        t = {
+            "msgs_received": st.msgs_received_closed,
+            "msgs_sent": st.msgs_sent_closed,
+            "bytes_received": st.bytes_received_closed,
+            "bytes_sent": st.bytes_sent_closed,
+        }
+        for ch in self.channels:
+            t["msgs_received"] += ch.msgs_in
+            t["msgs_sent"] += ch.msgs_out
+            t["bytes_received"] += ch.bytes_in
+            t["bytes_sent"] += ch.bytes_out
+        return t
+
+    def session_count(self) -> int:
+        return sum(len(ns.sessions) for ns in self.namespaces.values())
+
+    def subscription_count(self) -> int:
+        return sum(len(s.subscriptions) for ns in self.namespaces.values() for s in ns.sessions.values())
+
+    def retained_count(self) -> int:
+        return sum(len(ns.retained) for ns in self.namespaces.values())
+
+    def shutdown(self, now: float, code: int = rc.SERVER_SHUTTING_DOWN, server_reference: str | None = None):
+        """Disconnect every client (v5: DISCONNECT ``code``); wills are not sent."""
+        for ch in list(self.channels):
+            ch.disconnect(code, "server shutting down", now, will=False, server_reference=server_reference)

@@ -1,0 +1,182 @@
+"""brokerd settings: command-line flags, an optional TOML file, defaults.
+
+Every flag has a TOML key of the same name with ``_`` for ``-``
+(``--max-inflight 16`` == ``max_inflight = 16``); ``listen`` is a list.
+Flags win over the file.
+"""
+
+import argparse
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from .protocol.channel import NEVER
+
+SCHEMES = {"mqtt": 1883, "mqtts": 8883, "ws": 8083, "wss": 8084}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(slots=True)
+class Listener:
+    scheme: str
+    host: str
+    port: int
+    path: str = ""
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}{self.path}"
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme in ("mqtts", "wss")
+
+    @property
+    def websocket(self) -> bool:
+        return self.scheme in ("ws", "wss")
+
+
+def parse_listener(url: str) -> Listener:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"bad listener URL {url!r}: {exc}")
+    scheme = parts.scheme
+    if scheme not in SCHEMES:
+        raise ConfigError(f"bad listener URL {url!r}: scheme must be one of {', '.join(SCHEMES)}")
+    host = parts.hostname
+    if not host:
+        raise ConfigError(f"bad listener URL {url!r}: no host")
+    if port is None:
+        port = SCHEMES[scheme]
+    path = parts.path or ""
+    if scheme in ("ws", "wss"):
+        path = path or "/mqtt"
+    elif path not in ("", "/"):
+        raise ConfigError(f"bad listener URL {url!r}: only ws:// and wss:// listeners take a path")
+    else:
+        path = ""
+    return Listener(scheme, host, port, path)
+
+
+@dataclass(slots=True)
+class Config:
+    listen: list = field(default_factory=lambda: ["mqtt://127.0.0.1:1883"])
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_verify_client: str = "none"         # none | optional | required
+    node_id: str = "node1"
+    allow_anonymous: bool = False
+    log_level: str = "info"
+    max_keepalive: int = 3600
+    max_packet_size: int = 1024 * 1024
+    max_inflight: int = 32
+    max_queued: int = 1000
+    max_queued_bytes: int = 0
+    max_connections: int = 100_000
+    max_session_expiry: int = NEVER
+    connect_timeout: float = 10.0
+    topic_alias_maximum: int = 64
+    queue_qos0: bool = True
+    shared_subscription_strategy: str = "round_robin"
+    response_information: str = ""
+    sys_interval: float = 10.0
+    write_buffer_high: int = 64 * 1024
+
+    def listeners(self) -> list[Listener]:
+        return [parse_listener(u) for u in self.listen]
+
+    def validate(self) -> "Config":
+        ls = self.listeners()
+        if not ls:
+            raise ConfigError("at least one --listen is required")
+        if any(lst.tls for lst in ls) and not (self.tls_cert and self.tls_key):
+            raise ConfigError("mqtts:// and wss:// listeners need --tls-cert and --tls-key")
+        if self.tls_verify_client not in ("none", "optional", "required"):
+            raise ConfigError("--tls-verify-client must be none, optional or required")
+        if self.tls_verify_client != "none" and not self.tls_ca:
+            raise ConfigError("--tls-verify-client needs --tls-ca")
+        if not 1 <= self.max_inflight <= 65535:
+            raise ConfigError("--max-inflight must be 1..65535")
+        if not 0 <= self.max_keepalive <= 65535:
+            raise ConfigError("--max-keepalive must be 0..65535")
+        if not 64 <= self.max_packet_size <= 268_435_460:
+            raise ConfigError("--max-packet-size must be 64..268435460")
+        if self.max_queued < 1:
+            raise ConfigError("--max-queued must be at least 1")
+        if not 0 <= self.topic_alias_maximum <= 65535:
+            raise ConfigError("--topic-alias-maximum must be 0..65535")
+        if self.shared_subscription_strategy not in ("round_robin", "random"):
+            raise ConfigError("--shared-subscription-strategy must be round_robin or random")
+        return self
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m brokerd", description="MQTT 3.1.1 + 5.0 broker node")
+    p.add_argument("--config", metavar="FILE", help="TOML file with the same keys as these flags")
+    p.add_argument("--listen", action="append", metavar="URL",
+                   help="mqtt://HOST:PORT, mqtts://HOST:PORT, ws://HOST:PORT/mqtt or wss://HOST:PORT/mqtt "
+                        "(repeatable; default mqtt://127.0.0.1:1883)")
+    p.add_argument("--tls-cert", metavar="PEM", help="server certificate chain for mqtts/wss")
+    p.add_argument("--tls-key", metavar="PEM", help="private key for --tls-cert")
+    p.add_argument("--tls-ca", metavar="PEM", help="CA bundle for verifying client certificates")
+    p.add_argument("--tls-verify-client", choices=["none", "optional", "required"],
+                   help="client certificate verification (default none)")
+    p.add_argument("--node-id", metavar="NAME")
+    p.add_argument("--allow-anonymous", action="store_true", default=None,
+                   help="accept clients without credentials into the default tenant")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--max-keepalive", type=int, metavar="SECONDS",
+                   help="v5: sent as Server Keep Alive when a client asks for more or 0; "
+                        "3.1.1 clients asking for more are refused (default 3600)")
+    p.add_argument("--max-packet-size", type=int, metavar="BYTES", help="default 1048576")
+    p.add_argument("--max-inflight", type=int, metavar="N",
+                   help="unacknowledged QoS 1/2 messages per client, each way (default 32)")
+    p.add_argument("--max-queued", type=int, metavar="N", help="queued messages per session (default 1000)")
+    p.add_argument("--max-queued-bytes", type=int, metavar="BYTES",
+                   help="queued payload bytes per session (default 0 = only --max-queued)")
+    p.add_argument("--max-connections", type=int, metavar="N", help="default 100000")
+    p.add_argument("--max-session-expiry", type=int, metavar="SECONDS",
+                   help="cap on the session expiry a client may ask for (default: none)")
+    p.add_argument("--connect-timeout", type=float, metavar="SECONDS",
+                   help="close sockets that send no CONNECT in time (default 10)")
+    p.add_argument("--topic-alias-maximum", type=int, metavar="N", help="topic aliases a v5 client may use (64)")
+    p.add_argument("--no-queue-qos0", dest="queue_qos0", action="store_false", default=None,
+                   help="do not queue QoS 0 messages for offline persistent sessions")
+    p.add_argument("--shared-subscription-strategy", choices=["round_robin", "random"])
+    p.add_argument("--response-information", metavar="PREFIX",
+                   help="v5 Response Information returned when a client asks (PREFIX + client id)")
+    p.add_argument("--sys-interval", type=float, metavar="SECONDS",
+                   help="$SYS/broker publication interval, 0 disables (default 10)")
+    return p
+
+
+def load(argv=None) -> Config:
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    values = {}
+    names = {f.name for f in dataclasses.fields(Config)}
+    if args.config:
+        try:
+            with open(args.config, "rb") as fh:
+                data = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read {args.config}: {exc}")
+        for key, value in data.items():
+            key = key.replace("-", "_")
+            if key not in names:
+                raise ConfigError(f"{args.config}: unknown setting {key!r}")
+            values[key] = value
+        if isinstance(values.get("listen"), str):
+            values["listen"] = [values["listen"]]
+    for key, value in vars(args).items():
+        if key != "config" and value is not None:
+            values[key] = value
+    return Config(**values).validate()

@@ -1,0 +1,704 @@
+"""The per-connection MQTT state machine (sans-IO), after EMQX's emqx_channel.
+
+A :class:`Channel` is fed bytes with ``receive_data(data, now)`` and produces
+bytes in ``channel.out`` (a list the transport joins and writes once per
+event-loop iteration). It never touches a socket, a clock or a task: time is
+passed in, and the few things only the transport can do are asked of the
+``hooks`` object:
+
+- ``hooks.wake()``: ``out`` went from empty to non-empty, flush it soon;
+- ``hooks.close()``: flush ``out``, then close the connection;
+- ``hooks.pause_reading()`` / ``hooks.resume_reading()``.
+
+Decisions that need the rest of the broker (authentication, the session,
+routing, subscriptions) go to ``broker``, a plain object with synchronous
+methods (see :class:`brokerd.broker.Broker`): ``connect``, ``publish``,
+``subscribe``, ``unsubscribe``, ``channel_closed``. The broker answers a
+CONNECT by calling ``accept`` or ``refuse`` -- possibly later, in which case
+packets that follow the CONNECT wait, and reading is paused.
+"""
+
+from dataclasses import dataclass
+from math import ceil
+
+from ..session.session import AWAIT_ACK, Delivery
+from . import properties as P
+from . import reason as rc
+from .codec import (
+    MAX_PACKET_SIZE,
+    FrameDecoder,
+    UnsupportedProtocolVersion,
+    encode,
+    encode_ack,
+    encode_properties,
+    publish_head,
+)
+from .errors import MalformedPacket, ProtocolError, RemoteProtocolError
+from .packets import (
+    AUTH,
+    CONNECT,
+    DISCONNECT,
+    MQTT5,
+    MQTT31,
+    PINGREQ,
+    PUBACK,
+    PUBCOMP,
+    PUBLISH,
+    PUBREC,
+    PUBREL,
+    SUBSCRIBE,
+    UNSUBSCRIBE,
+    Connack,
+    Connect,
+    Disconnect,
+    Publish,
+    Suback,
+    Unsuback,
+)
+
+# channel states
+NEW, CONNECTING, CONNECTED, CLOSED = 0, 1, 2, 3
+
+_PINGRESP = b"\xd0\x00"
+NEVER = 0xFFFFFFFF
+
+
+@dataclass(slots=True)
+class ChannelLimits:
+    """Server-side limits a channel enforces and advertises."""
+
+    max_packet_size: int = 1024 * 1024
+    max_keepalive: int = 3600
+    max_inflight: int = 32             # outgoing window cap, and Receive Maximum sent to v5 clients
+    max_queued: int = 1000             # per-session queue length
+    max_queued_bytes: int = 0          # per-session queue payload bytes (0 = no byte bound)
+    topic_alias_maximum: int = 64      # aliases a v5 client may set towards us
+    connect_timeout: float = 10.0      # seconds a socket may stay open without a CONNECT
+    max_session_expiry: int = NEVER    # cap on the Session Expiry Interval a client asks for
+    response_information: str = ""     # prefix sent as Response Information (v5) when asked; "" = none
+    queue_qos0: bool = True            # queue QoS 0 messages for offline persistent sessions
+
+
+class Channel:
+    __slots__ = (
+        "broker", "limits", "hooks", "peer", "listener", "decoder", "out", "state", "version",
+        "client_id", "username", "session", "ns", "will", "keepalive", "created_at", "last_rx",
+        "connected_at", "in_aliases", "out_aliases", "client_max_packet", "client_alias_max",
+        "send_window", "problem_info", "congested", "inbound_pending", "_held", "close_reason",
+        "msgs_in", "msgs_out", "bytes_in", "bytes_out", "tenant", "identity", "response_requested",
+        "__weakref__",
+    )
+
+    def __init__(self, broker, limits: ChannelLimits, hooks, now: float = 0.0, peer: str = "",
+                 listener: str = ""):
+        self.broker = broker
+        self.limits = limits
+        self.hooks = hooks
+        self.peer = peer
+        self.listener = listener
+        self.decoder = FrameDecoder(limits.max_packet_size)
+        self.out: list[bytes] = []
+        self.state = NEW
+        self.version = 0
+        self.client_id = ""
+        self.username = None
+        self.session = None
+        self.ns = None                  # namespace (tenant) assigned by the broker on accept
+        self.tenant = None
+        self.identity = None            # what authentication established (broker-defined)
+        self.will = None
+        self.keepalive = 0
+        self.created_at = now
+        self.last_rx = now
+        self.connected_at = None
+        self.in_aliases: dict[int, str] = {}
+        self.out_aliases: dict[str, int] | None = None
+        self.client_max_packet = MAX_PACKET_SIZE
+        self.client_alias_max = 0
+        self.send_window = limits.max_inflight
+        self.problem_info = True
+        self.response_requested = False
+        self.congested = False
+        self.inbound_pending = 0        # QoS 1/2 PUBLISHes received whose ack the broker still owes
+        self._held = None               # packets received while the broker decides on the CONNECT
+        self.close_reason: tuple[int, str] | None = None
+        self.msgs_in = 0
+        self.msgs_out = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    def __repr__(self):
+        return f"<Channel {self.client_id!r} {self.peer} state={self.state}>"
+
+    # ------------------------------------------------------------------ input
+
+    def receive_data(self, data: bytes, now: float) -> None:
+        self.last_rx = now
+        self.bytes_in += len(data)
+        if self.state == CLOSED:
+            return
+        try:
+            pkts = self.decoder.feed(data)
+        except RemoteProtocolError as exc:
+            self._peer_error(exc, now)
+            return
+        if self.state == CONNECTED and self._held is None:
+            try:
+                for pkt in pkts:
+                    if pkt.type == PUBLISH:
+                        self._on_publish(pkt, now)
+                    else:
+                        _HANDLERS[pkt.type](self, pkt, now)
+                    if self.state != CONNECTED:
+                        return
+                if self.decoder.error is not None:
+                    raise self.decoder.error
+            except RemoteProtocolError as exc:
+                self._peer_error(exc, now)
+            return
+        self._process(pkts, now)
+
+    def _process(self, pkts, now):
+        try:
+            for i, pkt in enumerate(pkts):
+                state = self.state
+                if state == CONNECTED:
+                    if pkt.type == PUBLISH:
+                        self._on_publish(pkt, now)
+                    else:
+                        _HANDLERS[pkt.type](self, pkt, now)
+                elif state == NEW:
+                    if pkt.type != CONNECT:
+                        raise RemoteProtocolError("the first packet must be CONNECT")
+                    self._on_connect(pkt, now)
+                elif state == CONNECTING:
+                    held = pkts[i:]
+                    if self._held is None:
+                        self._held = held
+                        self.hooks.pause_reading()
+                    else:
+                        self._held.extend(held)
+                    return
+                else:
+                    return
+            if self.decoder.error is not None and self.state != CLOSED:
+                raise self.decoder.error
+        except RemoteProtocolError as exc:
+            self._peer_error(exc, now)
+
+    # -------------------------------------------------------------- handshake
+
+    def _on_connect(self, p: Connect, now: float) -> None:
+        self.version = v = p.protocol_level
+        self.client_id = p.client_id
+        self.username = p.username
+        limits = self.limits
+        props = p.properties or {}
+        self.state = CONNECTING
+        if v == MQTT5:
+            if props.get(P.RECEIVE_MAXIMUM, 1) == 0:
+                raise RemoteProtocolError("Receive Maximum of 0")
+            if props.get(P.MAXIMUM_PACKET_SIZE, 1) == 0:
+                raise RemoteProtocolError("Maximum Packet Size of 0")
+            if props.get(P.REQUEST_PROBLEM_INFORMATION, 0) > 1 or props.get(P.REQUEST_RESPONSE_INFORMATION, 0) > 1:
+                raise RemoteProtocolError("Request Problem/Response Information must be 0 or 1")
+            self.send_window = min(props.get(P.RECEIVE_MAXIMUM, 65535), limits.max_inflight)
+            self.client_max_packet = props.get(P.MAXIMUM_PACKET_SIZE, MAX_PACKET_SIZE)
+            self.client_alias_max = props.get(P.TOPIC_ALIAS_MAXIMUM, 0)
+            self.problem_info = props.get(P.REQUEST_PROBLEM_INFORMATION, 1) == 1
+            self.response_requested = props.get(P.REQUEST_RESPONSE_INFORMATION, 0) == 1
+            if P.AUTHENTICATION_METHOD in props:
+                return self.refuse(rc.BAD_AUTHENTICATION_METHOD, "enhanced authentication is not supported")
+        # client identifier
+        if not p.client_id:
+            if v == MQTT31 or (v != MQTT5 and not p.clean_start):
+                return self.refuse(rc.CLIENT_IDENTIFIER_NOT_VALID, "a client identifier is required")
+        elif v == MQTT31 and len(p.client_id) > 23:
+            return self.refuse(rc.CLIENT_IDENTIFIER_NOT_VALID, "MQTT 3.1 client identifiers are 1-23 characters")
+        # keepalive
+        ka = p.keepalive
+        if limits.max_keepalive and ka > limits.max_keepalive and v != MQTT5:
+            return self.refuse(rc.CLIENT_IDENTIFIER_NOT_VALID, "keepalive above the server maximum")
+        # will
+        will = p.will
+        if will is not None:
+            if not will.topic or "+" in will.topic or "#" in will.topic:
+                if v != MQTT5:
+                    raise RemoteProtocolError("invalid will topic")
+                return self.refuse(rc.TOPIC_NAME_INVALID, "invalid will topic")
+            if will.properties and will.properties.get(P.PAYLOAD_FORMAT_INDICATOR) == 1:
+                try:
+                    will.payload.decode("utf-8")
+                except UnicodeDecodeError:
+                    return self.refuse(rc.PAYLOAD_FORMAT_INVALID, "will payload is not UTF-8")
+        self.will = will
+        self.keepalive = ka
+        self.broker.connect(self, p, now)
+
+    def accept(self, session, session_present: bool, now: float, assigned_client_id: str | None = None,
+               properties: dict | None = None) -> None:
+        """Called by the broker: the CONNECT is accepted into ``session``."""
+        if self.state != CONNECTING:
+            return
+        self.session = session
+        self.ns = session.ns
+        session.channel = self
+        self.connected_at = now
+        self.state = CONNECTED
+        if assigned_client_id:
+            self.client_id = assigned_client_id
+        if self.version == MQTT5:
+            limits = self.limits
+            props = dict(properties) if properties else {}
+            if assigned_client_id:
+                props[P.ASSIGNED_CLIENT_IDENTIFIER] = assigned_client_id
+            if limits.max_inflight < 65535:
+                props[P.RECEIVE_MAXIMUM] = limits.max_inflight
+            if limits.topic_alias_maximum:
+                props[P.TOPIC_ALIAS_MAXIMUM] = limits.topic_alias_maximum
+            if limits.max_packet_size < MAX_PACKET_SIZE:
+                props[P.MAXIMUM_PACKET_SIZE] = limits.max_packet_size
+            if limits.max_keepalive and (self.keepalive == 0 or self.keepalive > limits.max_keepalive):
+                self.keepalive = limits.max_keepalive
+                props[P.SERVER_KEEP_ALIVE] = limits.max_keepalive
+            if session.expiry_interval > limits.max_session_expiry:
+                session.expiry_interval = limits.max_session_expiry
+                props[P.SESSION_EXPIRY_INTERVAL] = limits.max_session_expiry
+            if limits.response_information and self.response_requested:
+                props[P.RESPONSE_INFORMATION] = limits.response_information + self.client_id
+            if self.client_alias_max:
+                self.out_aliases = {}
+            self._send(encode(Connack(session_present, rc.SUCCESS, props or None), MQTT5))
+        else:
+            self._send(encode(Connack(session_present, 0), self.version))
+        # resume the session: unacknowledged deliveries first, then the queue
+        if session.inflight:
+            for d in list(session.inflight.values()):
+                if d.state == AWAIT_ACK:
+                    self._write_publish(d.msg, d.qos, d.retain, d.pid, True, d.sub_ids, now)
+                else:
+                    self._send(encode_ack(PUBREL, d.pid, version=self.version))
+        if session.queue:
+            self._pump(now)
+        held = self._held
+        if held is not None:
+            self._held = None
+            self.hooks.resume_reading()
+            self._process(held, now)
+
+    def refuse(self, code: int, reason: str | None = None) -> None:
+        """Answer the CONNECT with a refusal and close."""
+        if self.state not in (NEW, CONNECTING):
+            return
+        self.close_reason = (code, reason or rc.NAMES.get(code, ""))
+        if self.version == MQTT5:
+            props = {P.REASON_STRING: reason} if reason else None
+            self._send(encode(Connack(False, code, props), MQTT5))
+        elif self.version:
+            self._send(encode(Connack(False, rc.connack_v3(code)), self.version))
+        self.state = CLOSED
+        self.hooks.close()
+
+    # ---------------------------------------------------------------- publish
+
+    def _on_publish(self, p: Publish, now: float) -> None:
+        self.msgs_in += 1
+        props = p.properties
+        if props is not None:
+            alias = props.pop(P.TOPIC_ALIAS, None)
+            if alias is not None:
+                if alias == 0 or alias > self.limits.topic_alias_maximum:
+                    raise RemoteProtocolError("topic alias out of range", rc.TOPIC_ALIAS_INVALID)
+                if p.topic:
+                    self.in_aliases[alias] = p.topic
+                else:
+                    topic = self.in_aliases.get(alias)
+                    if topic is None:
+                        raise RemoteProtocolError("unknown topic alias")
+                    p.topic = topic
+            if P.SUBSCRIPTION_IDENTIFIER in props:
+                raise RemoteProtocolError("PUBLISH from a client with a Subscription Identifier")
+            expiry = props.get(P.MESSAGE_EXPIRY_INTERVAL)
+            if expiry is not None:
+                p.expiry_at = now + expiry
+            if props.get(P.PAYLOAD_FORMAT_INDICATOR) == 1:
+                try:
+                    p.payload.decode("utf-8")
+                except UnicodeDecodeError:
+                    return self._refuse_publish(p, rc.PAYLOAD_FORMAT_INVALID, "payload is not valid UTF-8")
+            if not props:
+                p.properties = None
+        topic = p.topic
+        if not topic or "+" in topic or "#" in topic:
+            raise RemoteProtocolError(f"invalid topic name {topic!r}", rc.TOPIC_NAME_INVALID)
+        qos = p.qos
+        if qos == 0:
+            self.broker.publish(p, self, now)
+            return
+        if qos == 1:
+            if self.inbound_pending >= self.limits.max_inflight:
+                raise RemoteProtocolError("Receive Maximum exceeded", rc.RECEIVE_MAXIMUM_EXCEEDED)
+            pid = p.packet_id
+            code = self.broker.publish(p, self, now)
+            if code is None:
+                self.inbound_pending += 1
+            else:
+                self._send_ack(PUBACK, pid, code)
+            return
+        # QoS 2, method B: route on PUBLISH, remember the id until PUBREL
+        pid = p.packet_id
+        awaiting = self.session.awaiting_rel
+        if pid in awaiting:
+            if not p.dup and self.version == MQTT5:
+                raise RemoteProtocolError("packet identifier in use", rc.PACKET_IDENTIFIER_IN_USE)
+            self._send_ack(PUBREC, pid, 0)
+            return
+        if len(awaiting) + self.inbound_pending >= self.limits.max_inflight:
+            raise RemoteProtocolError("Receive Maximum exceeded", rc.RECEIVE_MAXIMUM_EXCEEDED)
+        code = self.broker.publish(p, self, now)
+        if code is None:
+            self.inbound_pending += 1
+            awaiting.add(pid)
+        else:
+            if code < 0x80:
+                awaiting.add(pid)
+            self._send_ack(PUBREC, pid, code)
+
+    def publish_done(self, packet_id: int, qos: int, code: int) -> None:
+        """The broker finished a PUBLISH it answered ``None`` for: send its ack."""
+        if self.state != CONNECTED:
+            return
+        self.inbound_pending -= 1
+        if qos == 2 and code >= 0x80:
+            self.session.awaiting_rel.discard(packet_id)
+        self._send_ack(PUBACK if qos == 1 else PUBREC, packet_id, code)
+
+    def _refuse_publish(self, p: Publish, code: int, reason: str) -> None:
+        if p.qos:
+            self._send_ack(PUBACK if p.qos == 1 else PUBREC, p.packet_id, code, reason)
+        self.broker.dropped(self, p, code)
+
+    def _send_ack(self, kind: int, pid: int, code: int, reason: str | None = None) -> None:
+        if self.version == MQTT5:
+            props = {P.REASON_STRING: reason} if reason and self.problem_info else None
+            data = encode_ack(kind, pid, code, props, MQTT5)
+            if props and len(data) > self.client_max_packet:
+                data = encode_ack(kind, pid, code, None, MQTT5)
+        else:
+            data = bytes(((kind << 4) | (2 if kind == PUBREL else 0), 2, pid >> 8, pid & 0xFF))
+        out = self.out
+        if not out:
+            self.hooks.wake()
+        out.append(data)
+
+    def _on_puback(self, p, now):
+        inflight = self.session.inflight
+        d = inflight.get(p.packet_id)
+        if d is not None and d.qos == 1:
+            del inflight[p.packet_id]
+            if self.session.queue:
+                self._pump(now)
+
+    def _on_pubrec(self, p, now):
+        inflight = self.session.inflight
+        d = inflight.get(p.packet_id)
+        if d is None or d.qos != 2:
+            self._send_ack(PUBREL, p.packet_id, rc.PACKET_IDENTIFIER_NOT_FOUND)
+            return
+        if p.reason_code >= 0x80:
+            del inflight[p.packet_id]
+            if self.session.queue:
+                self._pump(now)
+            return
+        d.state = 1
+        self._send_ack(PUBREL, p.packet_id, 0)
+
+    def _on_pubrel(self, p, now):
+        awaiting = self.session.awaiting_rel
+        if p.packet_id in awaiting:
+            awaiting.discard(p.packet_id)
+            self._send_ack(PUBCOMP, p.packet_id, 0)
+        else:
+            self._send_ack(PUBCOMP, p.packet_id, rc.PACKET_IDENTIFIER_NOT_FOUND)
+
+    def _on_pubcomp(self, p, now):
+        inflight = self.session.inflight
+        d = inflight.get(p.packet_id)
+        if d is not None and d.qos == 2 and d.state == 1:
+            del inflight[p.packet_id]
+            if self.session.queue:
+                self._pump(now)
+
+    # ---------------------------------------------------- subscribe / unsubscribe
+
+    def _on_subscribe(self, p, now):
+        sub_id = None
+        if p.properties:
+            sub_id = p.properties.get(P.SUBSCRIPTION_IDENTIFIER)
+            if sub_id == 0:
+                raise RemoteProtocolError("Subscription Identifier of 0")
+        codes, retained = self.broker.subscribe(self, p.topics, sub_id, p.properties, now)
+        if self.version != MQTT5:
+            codes = [c if c < 0x80 else rc.V3_SUBACK_FAILURE for c in codes]
+        self._send(encode(Suback(p.packet_id, codes), self.version))
+        for msg, qos, sub_ids in retained:
+            self.deliver(msg, qos, True, sub_ids, now)
+
+    def _on_unsubscribe(self, p, now):
+        codes = self.broker.unsubscribe(self, p.topics, now)
+        self._send(encode(Unsuback(p.packet_id, codes if self.version == MQTT5 else []), self.version))
+
+    def _on_pingreq(self, p, now):
+        self._send(_PINGRESP)
+
+    def _on_disconnect(self, p, now):
+        props = p.properties
+        if props and P.SESSION_EXPIRY_INTERVAL in props:
+            new = props[P.SESSION_EXPIRY_INTERVAL]
+            if self.session.expiry_interval == 0 and new != 0:
+                raise RemoteProtocolError("Session Expiry Interval set on DISCONNECT after 0 on CONNECT")
+            self.session.expiry_interval = min(new, self.limits.max_session_expiry)
+        if p.reason_code != rc.DISCONNECT_WITH_WILL:
+            self.will = None
+        self.close_reason = (p.reason_code, "client disconnected")
+        self._close(now, will=p.reason_code == rc.DISCONNECT_WITH_WILL)
+
+    def _on_connect_again(self, p, now):
+        raise RemoteProtocolError("second CONNECT")
+
+    def _on_auth(self, p, now):
+        raise RemoteProtocolError("AUTH without an authentication method")
+
+    def _on_server_only(self, p, now):
+        raise RemoteProtocolError("packet type only a server may send")
+
+    # --------------------------------------------------------------- delivery
+
+    def deliver(self, msg: Publish, qos: int, retain: bool, sub_ids, now: float, share=None) -> None:
+        """Send ``msg`` at ``qos`` (already downgraded to the subscription's)."""
+        session = self.session
+        if qos == 0:
+            if self.congested or self.state != CONNECTED:
+                self._enqueue(Delivery(msg, 0, retain, sub_ids, share))
+                return
+            if msg.expiry_at is not None and now >= msg.expiry_at:
+                self.broker.expired(self, msg)
+                return
+            self._write_publish(msg, 0, retain, 0, False, sub_ids, now)
+            return
+        d = Delivery(msg, qos, retain, sub_ids, share)
+        if self.congested or self.state != CONNECTED or session.queue or len(session.inflight) >= self.send_window:
+            self._enqueue(d)
+            return
+        self._send_inflight(d, now)
+
+    def _enqueue(self, d) -> None:
+        dropped = self.session.queue.put(d)
+        if dropped:
+            self.broker.queue_dropped(self.session, dropped)
+
+    def _send_inflight(self, d, now) -> None:
+        msg = d.msg
+        if msg.expiry_at is not None and now >= msg.expiry_at:
+            self.broker.expired(self, msg)
+            return
+        session = self.session
+        pid = d.pid = session.allocate_pid()
+        if self._write_publish(msg, d.qos, d.retain, pid, False, d.sub_ids, now):
+            session.inflight[pid] = d
+
+    def _pump(self, now: float) -> None:
+        """Move queued deliveries out while the window and the socket allow."""
+        session = self.session
+        queue = session.queue
+        inflight = session.inflight
+        window = self.send_window
+        while queue and not self.congested:
+            if len(inflight) >= window:
+                # QoS 0 messages may still go out past a full window
+                head = queue._q0[0][1] if queue._q0 else None
+                if head is None or (queue._q12 and queue._q12[0][0] < queue._q0[0][0]):
+                    return
+            d = queue.pop()
+            if d.qos == 0:
+                msg = d.msg
+                if msg.expiry_at is not None and now >= msg.expiry_at:
+                    self.broker.expired(self, msg)
+                    continue
+                self._write_publish(msg, 0, d.retain, 0, False, d.sub_ids, now)
+            else:
+                self._send_inflight(d, now)
+
+    def _write_publish(self, msg: Publish, qos: int, retain: bool, pid: int, dup: bool, sub_ids,
+                       now: float) -> bool:
+        """Encode and queue one PUBLISH; False if the client's maximum packet size forbids it."""
+        payload = msg.payload
+        if self.version != MQTT5:
+            if not qos and not retain:
+                data = msg.enc3
+                if data is None:
+                    data = msg.enc3 = publish_head(msg.topic.encode(), 0, False, False, 0, None,
+                                                   len(payload)) + payload
+                out = self.out
+                if not out:
+                    self.hooks.wake()
+                out.append(data)
+                self.msgs_out += 1
+                return True
+            head = publish_head(msg.topic.encode(), qos, retain, dup, pid, None, len(payload))
+            out = self.out
+            if not out:
+                self.hooks.wake()
+            out.append(head)
+            out.append(payload)
+            self.msgs_out += 1
+            return True
+        # MQTT 5
+        if not qos and not retain and sub_ids is None and msg.expiry_at is None and self.out_aliases is None:
+            data = msg.enc5
+            if data is None:
+                props = encode_properties(msg.properties)
+                data = msg.enc5 = publish_head(msg.topic.encode(), 0, False, False, 0, props, len(payload)) + payload
+            if len(data) > self.client_max_packet:
+                self.broker.too_large(self, msg)
+                return False
+            out = self.out
+            if not out:
+                self.hooks.wake()
+            out.append(data)
+            self.msgs_out += 1
+            return True
+        props = dict(msg.properties) if msg.properties else {}
+        if msg.expiry_at is not None:
+            props[P.MESSAGE_EXPIRY_INTERVAL] = max(0, ceil(msg.expiry_at - now))
+        if sub_ids:
+            props[P.SUBSCRIPTION_IDENTIFIER] = list(sub_ids)
+        topic = msg.topic
+        aliases = self.out_aliases
+        topic_b = None
+        if aliases is not None:
+            alias = aliases.get(topic)
+            if alias is not None:
+                props[P.TOPIC_ALIAS] = alias
+                topic_b = b""
+            elif len(aliases) < self.client_alias_max:
+                alias = aliases[topic] = len(aliases) + 1
+                props[P.TOPIC_ALIAS] = alias
+        if topic_b is None:
+            topic_b = topic.encode()
+        head = publish_head(topic_b, qos, retain, dup, pid, encode_properties(props), len(payload))
+        if len(head) + len(payload) > self.client_max_packet:
+            self.broker.too_large(self, msg)
+            return False
+        out = self.out
+        if not out:
+            self.hooks.wake()
+        out.append(head)
+        out.append(payload)
+        self.msgs_out += 1
+        return True
+
+    def set_congested(self, congested: bool, now: float) -> None:
+        """The transport's write buffer crossed its high (True) or low (False) mark."""
+        self.congested = congested
+        if not congested and self.state == CONNECTED and self.session.queue:
+            self._pump(now)
+
+    # ----------------------------------------------------------------- closing
+
+    def _send(self, data: bytes) -> None:
+        out = self.out
+        if not out:
+            self.hooks.wake()
+        out.append(data)
+
+    def _peer_error(self, exc: ProtocolError, now: float) -> None:
+        code = exc.reason_code
+        self.close_reason = (code, str(exc))
+        if self.state in (NEW, CONNECTING):
+            if isinstance(exc, UnsupportedProtocolVersion):
+                # answer in the 3.1.1 format, which every client version can read
+                self._send(encode(Connack(False, rc.V3_UNACCEPTABLE_PROTOCOL_VERSION), 4))
+            elif self.version == MQTT5:
+                self._send(encode(Connack(False, code, {P.REASON_STRING: str(exc)}), MQTT5))
+            self.state = CLOSED
+            self.hooks.close()
+            return
+        self.disconnect(code, str(exc), now)
+
+    def disconnect(self, code: int, reason: str | None, now: float, will: bool = True,
+                   server_reference: str | None = None) -> None:
+        """Server-initiated close: v5 clients get DISCONNECT ``code`` first."""
+        if self.state == CLOSED:
+            return
+        if self.state != CONNECTED:
+            self.refuse(code, reason)
+            return
+        if self.close_reason is None:
+            self.close_reason = (code, reason or rc.NAMES.get(code, ""))
+        if self.version == MQTT5:
+            props = {}
+            if reason:
+                props[P.REASON_STRING] = reason
+            if server_reference:
+                props[P.SERVER_REFERENCE] = server_reference
+            data = encode(Disconnect(code, props or None), MQTT5)
+            if len(data) > self.client_max_packet:
+                data = encode(Disconnect(code), MQTT5)
+            self._send(data)
+        self._close(now, will)
+
+    def _close(self, now: float, will: bool) -> None:
+        self.state = CLOSED
+        self.hooks.close()
+        if self.session is not None:
+            self.broker.channel_closed(self, now, will)
+
+    def connection_lost(self, now: float) -> None:
+        """The transport is gone (network error, peer closed, or after our close)."""
+        if self.state == CLOSED:
+            return
+        was_connecting = self.state in (NEW, CONNECTING)
+        self.state = CLOSED
+        if self.close_reason is None:
+            self.close_reason = (rc.UNSPECIFIED_ERROR, "connection lost")
+        if self.session is not None:
+            self.broker.channel_closed(self, now, True)
+        elif was_connecting and self.version:
+            self.broker.connect_aborted(self)
+
+    def detach(self):
+        """Unbind from the session without telling the broker (session takeover)."""
+        session, self.session = self.session, None
+        if session is not None and session.channel is self:
+            session.channel = None
+        return session
+
+    def handle_timeout(self, now: float) -> None:
+        """Called periodically: CONNECT timeout and keepalive."""
+        state = self.state
+        if state == CONNECTED:
+            ka = self.keepalive
+            if ka and now - self.last_rx > ka * 1.5:
+                self.disconnect(rc.KEEP_ALIVE_TIMEOUT, "keep alive timeout", now)
+        elif state == NEW and now - self.created_at > self.limits.connect_timeout:
+            self.close_reason = (rc.MAXIMUM_CONNECT_TIME, "no CONNECT in time")
+            self.state = CLOSED
+            self.hooks.close()
+
+
+_HANDLERS = [None] * 16
+_HANDLERS[CONNECT] = Channel._on_connect_again
+_HANDLERS[PUBACK] = Channel._on_puback
+_HANDLERS[PUBREC] = Channel._on_pubrec
+_HANDLERS[PUBREL] = Channel._on_pubrel
+_HANDLERS[PUBCOMP] = Channel._on_pubcomp
+_HANDLERS[SUBSCRIBE] = Channel._on_subscribe
+_HANDLERS[UNSUBSCRIBE] = Channel._on_unsubscribe
+_HANDLERS[PINGREQ] = Channel._on_pingreq
+_HANDLERS[DISCONNECT] = Channel._on_disconnect
+_HANDLERS[AUTH] = Channel._on_auth
+for _t in (2, 9, 11, 13):  # CONNACK, SUBACK, UNSUBACK, PINGRESP
+    _HANDLERS[_t] = Channel._on_server_only
+
+__all__ = ["CLOSED", "CONNECTED", "CONNECTING", "NEW", "Channel", "ChannelLimits", "MalformedPacket"]

@@ -1,0 +1,1 @@
+"""Topic names, topic filters and the tries that match them (pure Python)."""

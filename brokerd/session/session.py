@@ -1,0 +1,160 @@
+"""Session state (MQTT 5.0 section 4.1), independent of any connection.
+
+A session outlives its network connections when its expiry interval is
+non-zero: the broker keeps it, with its subscriptions, its unacknowledged
+inflight deliveries and its queue of messages that arrived while the client
+was away or while its inflight window was full.
+"""
+
+from collections import deque
+
+# Delivery states in the outgoing inflight window
+AWAIT_ACK = 0   # PUBLISH sent, waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
+AWAIT_COMP = 1  # PUBREL sent, waiting for PUBCOMP (QoS 2)
+
+NEVER = 0xFFFFFFFF
+
+
+class Subscription:
+    """One topic filter of a session, with its MQTT 5 options."""
+
+    __slots__ = ("filter", "qos", "no_local", "rap", "rh", "sub_id", "group")
+
+    def __init__(self, filt, qos=0, no_local=False, rap=False, rh=0, sub_id=None, group=None):
+        self.filter = filt          # the filter as subscribed, including any "$share/GROUP/" prefix
+        self.qos = qos
+        self.no_local = no_local
+        self.rap = rap              # Retain As Published
+        self.rh = rh                # Retain Handling 0/1/2
+        self.sub_id = sub_id        # Subscription Identifier or None
+        self.group = group          # shared subscription group name or None
+
+    def __repr__(self):
+        return f"Subscription({self.filter!r}, qos={self.qos})"
+
+
+class Delivery:
+    """A message on its way to one session: queued, or inflight under ``pid``."""
+
+    __slots__ = ("msg", "qos", "retain", "sub_ids", "pid", "state", "share")
+
+    def __init__(self, msg, qos, retain, sub_ids, share=None):
+        self.msg = msg
+        self.qos = qos
+        self.retain = retain
+        self.sub_ids = sub_ids      # tuple of subscription identifiers or None
+        self.pid = 0
+        self.state = AWAIT_ACK
+        self.share = share          # (group, filter) when delivered through a shared subscription
+
+    def __repr__(self):
+        return f"Delivery({self.msg.topic!r}, qos={self.qos}, pid={self.pid})"
+
+
+class MessageQueue:
+    """A bounded FIFO of deliveries with the drop policy "QoS 0 first, then oldest".
+
+    When full (``max_len`` messages or ``max_bytes`` of payload), adding a
+    message first drops the oldest queued QoS 0 message; if none is queued,
+    a new QoS 0 message is dropped itself, and a new QoS 1/2 message pushes
+    out the oldest queued one. ``put`` returns what it dropped so the caller
+    can count it.
+    """
+
+    __slots__ = ("max_len", "max_bytes", "_q0", "_q12", "_seq", "bytes")
+
+    def __init__(self, max_len=1000, max_bytes=0):
+        self.max_len = max_len
+        self.max_bytes = max_bytes
+        self._q0 = deque()    # (seq, delivery) of QoS 0
+        self._q12 = deque()   # (seq, delivery) of QoS 1/2
+        self._seq = 0
+        self.bytes = 0
+
+    def __len__(self):
+        return len(self._q0) + len(self._q12)
+
+    def __bool__(self):
+        return bool(self._q0) or bool(self._q12)
+
+    def _full(self, extra):
+        if len(self._q0) + len(self._q12) >= self.max_len:
+            return True
+        return bool(self.max_bytes) and self.bytes + extra > self.max_bytes
+
+    def put(self, d: Delivery) -> list:
+        dropped = []
+        size = len(d.msg.payload)
+        if self.max_bytes and size > self.max_bytes:
+            return [d]
+        while self._full(size):
+            if self._q0:
+                old = self._q0.popleft()[1]
+            elif d.qos == 0:
+                return dropped + [d]
+            elif self._q12:
+                old = self._q12.popleft()[1]
+            else:
+                return dropped + [d]
+            self.bytes -= len(old.msg.payload)
+            dropped.append(old)
+        self._seq += 1
+        (self._q12 if d.qos else self._q0).append((self._seq, d))
+        self.bytes += size
+        return dropped
+
+    def pop(self) -> Delivery | None:
+        q0, q12 = self._q0, self._q12
+        if q0 and (not q12 or q0[0][0] < q12[0][0]):
+            d = q0.popleft()[1]
+        elif q12:
+            d = q12.popleft()[1]
+        else:
+            return None
+        self.bytes -= len(d.msg.payload)
+        return d
+
+    def drain(self) -> list:
+        """Remove and return everything, oldest first."""
+        out = []
+        while True:
+            d = self.pop()
+            if d is None:
+                return out
+            out.append(d)
+
+
+class Session:
+    __slots__ = ("client_id", "ns", "subscriptions", "inflight", "queue", "awaiting_rel", "expiry_interval",
+                 "channel", "next_pid", "expires_at", "pending_will", "__weakref__")
+
+    def __init__(self, client_id: str, ns, max_queued=1000, max_queued_bytes=0, expiry_interval=0):
+        self.client_id = client_id
+        self.ns = ns                       # the namespace (tenant) the session lives in
+        self.subscriptions: dict[str, Subscription] = {}
+        self.inflight: dict[int, Delivery] = {}   # outgoing QoS 1/2 by packet id, in send order
+        self.queue = MessageQueue(max_queued, max_queued_bytes)
+        self.awaiting_rel: set[int] = set()       # incoming QoS 2 packet ids before PUBREL
+        self.expiry_interval = expiry_interval     # seconds; NEVER = does not expire
+        self.channel = None                        # the connected Channel, if any
+        self.next_pid = 1
+        self.expires_at: float | None = None       # set while disconnected
+        self.pending_will = None                   # (due_time, Publish) while a will is delayed
+
+    def __repr__(self):
+        return f"Session({self.client_id!r}, connected={self.channel is not None})"
+
+    @property
+    def persistent(self) -> bool:
+        return self.expiry_interval > 0
+
+    def allocate_pid(self) -> int:
+        """A packet identifier not in use by the inflight window."""
+        pid = self.next_pid
+        inflight = self.inflight
+        for _ in range(65535):
+            if pid not in inflight:
+                self.next_pid = pid + 1 if pid < 65535 else 1
+                return pid
+            pid = pid + 1 if pid < 65535 else 1
+        raise RuntimeError("no free packet identifier")

@@ -1,0 +1,1 @@
+"""asyncio transports: the only code that touches sockets."""

@@ -1,0 +1,115 @@
+"""MQTT over a byte stream (TCP or TLS): an asyncio Protocol around a Channel.
+
+The protocol feeds received bytes to the channel and writes what the channel
+produced, coalesced: a channel's ``hooks.wake()`` puts the connection on the
+server's flush list, and everything a connection was given during one
+event-loop iteration leaves in one ``transport.write``.
+"""
+
+import asyncio
+import logging
+
+from ..protocol.channel import Channel
+
+log = logging.getLogger("brokerd.connection")
+
+
+class Flusher:
+    """One write per connection per event-loop iteration."""
+
+    __slots__ = ("call_soon", "pending")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.call_soon = loop.call_soon
+        self.pending: list = []
+
+    def add(self, conn) -> None:
+        pending = self.pending
+        if not pending:
+            self.call_soon(self.flush)
+        pending.append(conn)
+
+    def flush(self) -> None:
+        pending = self.pending
+        self.pending = []
+        for conn in pending:
+            conn.flush()
+
+
+class MqttConnection(asyncio.Protocol):
+    __slots__ = ("server", "listener", "transport", "channel", "time", "flusher", "closed")
+
+    def __init__(self, server, listener):
+        self.server = server
+        self.listener = listener
+        self.transport = None
+        self.channel = None
+        self.time = server.loop.time
+        self.flusher = server.flusher
+        self.closed = False
+
+    # ----------------------------------------------------------- asyncio side
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
+        server = self.server
+        self.channel = Channel(server.broker, server.limits, self, self.time(), peer, self.listener.url)
+        server.connections.add(self)
+        transport.set_write_buffer_limits(high=server.write_high, low=server.write_high // 4)
+
+    def data_received(self, data: bytes) -> None:
+        self.channel.receive_data(data, self.time())
+
+    def eof_received(self):
+        return False
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        ch = self.channel
+        ch.out.clear()
+        ch.connection_lost(self.time())
+        reason = ch.close_reason
+        if reason is not None and reason[0] >= 0x80 and ch.client_id:
+            log.info("client %r (%s) disconnected: %s (0x%02x)", ch.client_id, ch.peer, reason[1], reason[0])
+        self.transport = None
+
+    def pause_writing(self) -> None:
+        self.channel.set_congested(True, self.time())
+
+    def resume_writing(self) -> None:
+        self.channel.set_congested(False, self.time())
+
+    # ------------------------------------------------------- channel's hooks
+
+    def wake(self) -> None:
+        self.flusher.add(self)
+
+    def flush(self) -> None:
+        ch = self.channel
+        out = ch.out
+        if not out or self.transport is None:
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        ch.bytes_out += len(data)
+        self.write(data)
+
+    def write(self, data: bytes) -> None:
+        self.transport.write(data)
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.flush()
+            self.closed = True
+            self.transport.close()
+
+    def pause_reading(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()

@@ -1,0 +1,96 @@
+"""MQTT over WebSocket (RFC 6455, subprotocol ``mqtt``), with wsproto.
+
+The HTTP upgrade is answered only on the listener's path; MQTT bytes travel
+in binary frames and may be split across frames in any way. Output is
+coalesced like the TCP transport: one frame per connection per iteration.
+"""
+
+import logging
+
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import (
+    AcceptConnection,
+    BytesMessage,
+    CloseConnection,
+    Ping,
+    RejectConnection,
+    Request,
+    TextMessage,
+)
+from wsproto.utilities import RemoteProtocolError as WsProtocolError
+
+from .connection import MqttConnection
+
+log = logging.getLogger("brokerd.ws")
+
+SUBPROTOCOLS = ("mqtt", "mqttv3.1")
+
+
+class WsMqttConnection(MqttConnection):
+    __slots__ = ("ws", "open")
+
+    def __init__(self, server, listener):
+        super().__init__(server, listener)
+        self.ws = WSConnection(ConnectionType.SERVER)
+        self.open = False
+
+    def data_received(self, data: bytes) -> None:
+        ws = self.ws
+        try:
+            ws.receive_data(data)
+            for event in ws.events():
+                if isinstance(event, BytesMessage):
+                    self.channel.receive_data(bytes(event.data), self.time())
+                elif isinstance(event, Request):
+                    self._handshake(event)
+                elif isinstance(event, Ping):
+                    self.transport.write(ws.send(event.response()))
+                elif isinstance(event, TextMessage):
+                    self._ws_close(1003, "MQTT needs binary frames")
+                elif isinstance(event, CloseConnection):
+                    if ws.state.name not in ("CLOSED", "LOCAL_CLOSING"):
+                        self.transport.write(ws.send(event.response()))
+                    self.channel.out.clear()
+                    self.closed = True
+                    self.transport.close()
+                    return
+                if self.closed:
+                    return
+        except WsProtocolError as exc:
+            log.debug("websocket error from %s: %s", self.channel.peer, exc)
+            self.closed = True
+            self.transport.close()
+
+    def _handshake(self, req: Request) -> None:
+        path = req.target.split("?", 1)[0]
+        if path != self.listener.path:
+            self.transport.write(self.ws.send(RejectConnection(status_code=404, has_body=False)))
+            self.closed = True
+            self.transport.close()
+            return
+        offered = [p for p in req.subprotocols if p in SUBPROTOCOLS]
+        if req.subprotocols and not offered:
+            self.transport.write(self.ws.send(RejectConnection(status_code=400, has_body=False)))
+            self.closed = True
+            self.transport.close()
+            return
+        self.transport.write(self.ws.send(AcceptConnection(subprotocol=offered[0] if offered else None)))
+        self.open = True
+
+    def write(self, data: bytes) -> None:
+        if self.open:
+            self.transport.write(self.ws.send(BytesMessage(data=data)))
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.flush()
+            self._ws_close(1000, "")
+
+    def _ws_close(self, code: int, reason: str) -> None:
+        if self.open:
+            try:
+                self.transport.write(self.ws.send(CloseConnection(code=code, reason=reason)))
+            except Exception:  # the websocket may already be closing
+                pass
+        self.closed = True
+        self.transport.close()

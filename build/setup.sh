@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs what `make run` / `make test` need and is missing: Debian packages
+# (when running as root), the virtualenv and the pinned Python packages.
+# Idempotent: a stamp file records the hash of pyproject.toml.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+DEBS="mosquitto mosquitto-clients redis-server"
+
+missing=""
+for cmd_pkg in mosquitto:mosquitto mosquitto_pub:mosquitto-clients redis-server:redis-server; do
+  cmd=${cmd_pkg%%:*}; pkg=${cmd_pkg#*:}
+  command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || missing="$missing $pkg"
+done
+if [ -n "$missing" ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing Debian packages:$missing"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq || true
+    apt-get install -y -qq --no-install-recommends $missing >/dev/null
+  else
+    echo "setup: missing Debian packages:$missing (run as root or: sudo apt-get install$missing)" >&2
+  fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+stamp="$VENV/.installed-$(sha256sum pyproject.toml build/constraints-mqtt-codec.txt | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  echo "setup: installing Python packages (pinned in pyproject.toml)"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade "pip>=23" wheel
+  # mqtt-codec is sdist-only and its setup.py needs setuptools<58 in its build env.
+  codec=$("$VENV/bin/python" build/requirements.py | grep '^mqtt-codec')
+  PIP_CONSTRAINT="$PWD/build/constraints-mqtt-codec.txt" \
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$codec"
+  "$VENV/bin/python" build/requirements.py test > "$VENV/requirements.txt"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$VENV/requirements.txt"
+  rm -f "$VENV"/.installed-*
+  touch "$stamp"
+fi
+mkdir -p var
