@@ -8,7 +8,7 @@ setup:
 	@./build/setup.sh
 
 run: setup
-	@./build/run.sh
+	$(PY) build/run.py
 
 test: setup
 	$(PY) -m ruff check .

@@ -1,0 +1,1 @@
+"""The Django project: settings, URLs, ASGI application and the staff console."""

@@ -1,0 +1,5 @@
+from django.apps import AppConfig
+
+
+class SparkReportsConfig(AppConfig):
+    name = "spark_reports"

@@ -1,0 +1,1 @@
+"""Tenants, devices, credentials, ACL rules, quotas and system-topic settings (issue #4)."""

@@ -1,0 +1,121 @@
+"""Real processes for tests: a brokerd node started on free loopback ports.
+
+``BrokerProcess`` runs ``python -m brokerd`` with the given flags, waits for
+its ``brokerd ready`` line and reads the bound ports from it. Ports are
+chosen by the kernel (``:0``), so tests can run side by side.
+"""
+
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+READY = re.compile(r"brokerd ready .*listeners=(.*)$")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class BrokerProcess:
+    def __init__(self, *args: str, listen=("mqtt://127.0.0.1:0", "ws://127.0.0.1:0/mqtt"),
+                 anonymous: bool = True, env: dict | None = None, timeout: float = 15.0):
+        self.args = list(args)
+        self.listen = list(listen)
+        self.anonymous = anonymous
+        self.env = env
+        self.timeout = timeout
+        self.proc: subprocess.Popen | None = None
+        self.urls: list[str] = []
+        self.output: list[str] = []
+
+    # -- lifecycle
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "brokerd", "--log-level", "info"]
+        for url in self.listen:
+            cmd += ["--listen", url]
+        if self.anonymous:
+            cmd.append("--allow-anonymous")
+        return cmd + self.args
+
+    def start(self) -> "BrokerProcess":
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if self.env:
+            env.update(self.env)
+        self.output = []
+        self.proc = subprocess.Popen(self.command(), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, bufsize=1)
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.1)
+            if ready:
+                line = self.proc.stdout.readline()
+                if not line:
+                    break
+                self.output.append(line.rstrip())
+                m = READY.search(line)
+                if m:
+                    self.urls = m.group(1).split()
+                    self._drain_in_background()
+                    return self
+            elif self.proc.poll() is not None:
+                break
+        out = "\n".join(self.output)
+        self.kill()
+        raise RuntimeError(f"brokerd did not become ready:\n{out}")
+
+    def _drain_in_background(self):
+        import threading
+
+        def drain(stream, sink):
+            for line in stream:
+                sink.append(line.rstrip())
+
+        threading.Thread(target=drain, args=(self.proc.stdout, self.output), daemon=True).start()
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 10.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(5)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # -- addresses
+    def url(self, scheme: str) -> str:
+        for u in self.urls:
+            if u.startswith(scheme + "://"):
+                return u
+        raise KeyError(f"no {scheme} listener in {self.urls}")
+
+    def port(self, scheme: str = "mqtt") -> int:
+        return int(self.url(scheme).split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+
+    @property
+    def host(self) -> str:
+        return "127.0.0.1"
+
+    @property
+    def log(self) -> str:
+        return "\n".join(self.output)
