@@ -26,7 +26,7 @@ from .protocol.packets import MQTT5, Publish
 from .routing.retained import RetainedStore
 from .routing.topic import InvalidTopic, is_valid_filter, parse_shared
 from .routing.trie import TopicTrie
-from .session.session import Delivery, Session, Subscription
+from .session.session import Delivery, MemoryBudget, Session, Subscription
 
 DEFAULT_TENANT = "default"
 
@@ -38,6 +38,7 @@ class BrokerConfig:
     anonymous_tenant: str = DEFAULT_TENANT
     max_connections: int = 100_000
     shared_strategy: str = "round_robin"      # or "random"
+    queue_budget: int = 64 * 1024 * 1024        # bytes queued node-wide before publishers are paused
     limits: ChannelLimits = field(default_factory=ChannelLimits)
 
 
@@ -210,6 +211,7 @@ class Broker:
         self.auth = auth or AnonymousAuth(self.config.allow_anonymous, self.config.anonymous_tenant)
         self.namespaces: dict[str, Namespace] = {}
         self.stats = Stats()
+        self.budget = MemoryBudget(self.config.queue_budget)
         self.connected = 0
         self.started_at = now
         self._timers: list = []
@@ -265,7 +267,7 @@ class Broker:
                 session.pending_will = None      # reconnected within the will delay
         if session is None:
             limits = self.limits
-            session = Session(client_id, ns, limits.max_queued, limits.max_queued_bytes)
+            session = Session(client_id, ns, limits.max_queued, limits.max_queued_bytes, budget=self.budget)
             ns.sessions[client_id] = session
         session.expiry_interval = expiry
         self.connected += 1

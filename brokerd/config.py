@@ -89,6 +89,7 @@ class Config:
     response_information: str = ""
     sys_interval: float = 10.0
     write_buffer_high: int = 64 * 1024
+    queue_budget: int = 64 * 1024 * 1024
 
     def listeners(self) -> list[Listener]:
         return [parse_listener(u) for u in self.listen]
@@ -153,6 +154,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shared-subscription-strategy", choices=["round_robin", "random"])
     p.add_argument("--response-information", metavar="PREFIX",
                    help="v5 Response Information returned when a client asks (PREFIX + client id)")
+    p.add_argument("--queue-budget", type=int, metavar="BYTES",
+                   help="bytes (payload + 256 per message) queued for all sessions of the node before it stops "
+                        "reading from publishers until half has drained (default 67108864; 0 = no budget)")
     p.add_argument("--sys-interval", type=float, metavar="SECONDS",
                    help="$SYS/broker publication interval, 0 disables (default 10)")
     return p

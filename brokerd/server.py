@@ -20,7 +20,7 @@ from .broker import Broker, BrokerConfig
 from .config import Config, Listener
 from .protocol.channel import ChannelLimits
 from .sys_topics import SysTopics
-from .transports.connection import Flusher, MqttConnection
+from .transports.connection import PAUSE_BUDGET, Flusher, MqttConnection
 from .transports.ws import WsMqttConnection
 
 log = logging.getLogger("brokerd")
@@ -41,6 +41,7 @@ def limits_from(config: Config) -> ChannelLimits:
         max_session_expiry=config.max_session_expiry,
         response_information=config.response_information,
         queue_qos0=config.queue_qos0,
+        max_pending=config.write_buffer_high,
     )
 
 
@@ -73,6 +74,7 @@ class Server:
                 allow_anonymous=config.allow_anonymous,
                 max_connections=config.max_connections,
                 shared_strategy=config.shared_subscription_strategy,
+                queue_budget=config.queue_budget,
                 limits=self.limits,
             ),
             now=now,
@@ -81,7 +83,10 @@ class Server:
             self.broker.namespace(self.broker.config.anonymous_tenant)
         self.sys = SysTopics(self.broker, config.sys_interval, now)
         self.connections: set[MqttConnection] = set()
-        self.flusher = Flusher(self.loop)
+        self.flusher = Flusher(self.loop, self.check_budget)
+        self.budget = self.broker.budget
+        self.budget.on_exceeded = self._over_budget
+        self.budget_paused: list[MqttConnection] | None = None
         self.write_high = config.write_buffer_high
         self.servers: list[asyncio.AbstractServer] = []
         self.bound: list[Listener] = []
@@ -112,10 +117,38 @@ class Server:
         self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
         self.sys.tick(self.loop.time())
 
+    def _over_budget(self) -> None:
+        """The node's queues passed the budget: stop reading from every
+        connection that publishes, now (called from inside the enqueue)."""
+        budget = self.budget
+        paused = self.budget_paused = []
+        for conn in self.connections:
+            if conn.channel.msgs_in:
+                conn.pause_reading(PAUSE_BUDGET)
+                paused.append(conn)
+        log.warning("queued messages hold %d bytes (budget %d): pausing %d publishers",
+                    budget.used, budget.limit, len(paused))
+
+    def check_budget(self) -> None:
+        """After each round of writes: resume publishers once the queues have
+        drained to half the budget."""
+        budget = self.budget
+        if budget.tripped and budget.used <= budget.limit // 2:
+            paused = self.budget_paused or []
+            self.budget_paused = None
+            budget.tripped = False
+            for conn in paused:
+                conn.resume_reading(PAUSE_BUDGET)
+            log.info("queues drained to %d bytes: resumed %d publishers", budget.used, len(paused))
+
     def _sweep(self) -> None:
         now = self.loop.time()
         try:
+            self.check_budget()
             for conn in list(self.connections):
+                if conn.paused:
+                    # Its pings wait unread in the socket: not the client's fault.
+                    conn.channel.last_rx = now
                 conn.channel.handle_timeout(now)
             self.broker.tick(now)
             self.sys.tick(now)

@@ -77,6 +77,7 @@ class ChannelLimits:
     max_session_expiry: int = NEVER    # cap on the Session Expiry Interval a client asks for
     response_information: str = ""     # prefix sent as Response Information (v5) when asked; "" = none
     queue_qos0: bool = True            # queue QoS 0 messages for offline persistent sessions
+    max_pending: int = 64 * 1024       # bytes of output per event-loop iteration before deliveries queue
 
 
 class Channel:
@@ -84,7 +85,7 @@ class Channel:
         "broker", "limits", "hooks", "peer", "listener", "decoder", "out", "state", "version",
         "client_id", "username", "session", "ns", "will", "keepalive", "created_at", "last_rx",
         "connected_at", "in_aliases", "out_aliases", "client_max_packet", "client_alias_max",
-        "send_window", "problem_info", "congested", "inbound_pending", "_held", "close_reason",
+        "send_window", "problem_info", "congested", "blocked", "pending", "max_pending", "inbound_pending", "_held", "close_reason",
         "msgs_in", "msgs_out", "bytes_in", "bytes_out", "tenant", "identity", "response_requested",
         "__weakref__",
     )
@@ -118,7 +119,10 @@ class Channel:
         self.send_window = limits.max_inflight
         self.problem_info = True
         self.response_requested = False
-        self.congested = False
+        self.congested = False          # the transport's write buffer is above its high mark
+        self.blocked = False            # deliveries must queue: congested, or the queue is not empty
+        self.pending = 0                # bytes added to ``out`` since the transport last wrote it
+        self.max_pending = limits.max_pending
         self.inbound_pending = 0        # QoS 1/2 PUBLISHes received whose ack the broker still owes
         self._held = None               # packets received while the broker decides on the CONNECT
         self.close_reason: tuple[int, str] | None = None
@@ -475,24 +479,30 @@ class Channel:
     # --------------------------------------------------------------- delivery
 
     def deliver(self, msg: Publish, qos: int, retain: bool, sub_ids, now: float, share=None) -> None:
-        """Send ``msg`` at ``qos`` (already downgraded to the subscription's)."""
-        session = self.session
+        """Send ``msg`` at ``qos`` (already downgraded to the subscription's).
+
+        It goes straight out unless something is already waiting (the socket
+        is congested, this iteration's output passed the write mark, or the
+        queue is not empty -- order is kept), or, for QoS 1/2, the inflight
+        window is full; then it joins the session's bounded queue.
+        """
+        if self.blocked or self.pending > self.max_pending:
+            self._enqueue(Delivery(msg, qos, retain, sub_ids, share))
+            return
         if qos == 0:
-            if self.congested or self.state != CONNECTED:
-                self._enqueue(Delivery(msg, 0, retain, sub_ids, share))
-                return
             if msg.expiry_at is not None and now >= msg.expiry_at:
                 self.broker.expired(self, msg)
                 return
             self._write_publish(msg, 0, retain, 0, False, sub_ids, now)
             return
         d = Delivery(msg, qos, retain, sub_ids, share)
-        if self.congested or self.state != CONNECTED or session.queue or len(session.inflight) >= self.send_window:
+        if len(self.session.inflight) >= self.send_window:
             self._enqueue(d)
             return
         self._send_inflight(d, now)
 
     def _enqueue(self, d) -> None:
+        self.blocked = True
         dropped = self.session.queue.put(d)
         if dropped:
             self.broker.queue_dropped(self.session, dropped)
@@ -513,12 +523,14 @@ class Channel:
         queue = session.queue
         inflight = session.inflight
         window = self.send_window
-        while queue and not self.congested:
+        limit = self.max_pending
+        while queue and not self.congested and self.pending <= limit:
             if len(inflight) >= window:
-                # QoS 0 messages may still go out past a full window
-                head = queue._q0[0][1] if queue._q0 else None
-                if head is None or (queue._q12 and queue._q12[0][0] < queue._q0[0][0]):
-                    return
+                # QoS 0 messages may still go out past a full window, unless
+                # an older QoS 1/2 message waits before them
+                q0, q12 = queue._q0, queue._q12
+                if not q0 or (q12 and q12[0][0] < q0[0][0]):
+                    break
             d = queue.pop()
             if d.qos == 0:
                 msg = d.msg
@@ -528,6 +540,13 @@ class Channel:
                 self._write_publish(msg, 0, d.retain, 0, False, d.sub_ids, now)
             else:
                 self._send_inflight(d, now)
+        self.blocked = self.congested or bool(queue)
+
+    def flushed(self, now: float) -> None:
+        """The transport wrote ``out``: carry on with anything that waited."""
+        self.pending = 0
+        if self.blocked and not self.congested and self.state == CONNECTED:
+            self._pump(now)
 
     def _write_publish(self, msg: Publish, qos: int, retain: bool, pid: int, dup: bool, sub_ids,
                        now: float) -> bool:
@@ -543,6 +562,7 @@ class Channel:
                 if not out:
                     self.hooks.wake()
                 out.append(data)
+                self.pending += len(data)
                 self.msgs_out += 1
                 return True
             head = publish_head(msg.topic.encode(), qos, retain, dup, pid, None, len(payload))
@@ -551,6 +571,7 @@ class Channel:
                 self.hooks.wake()
             out.append(head)
             out.append(payload)
+            self.pending += len(head) + len(payload)
             self.msgs_out += 1
             return True
         # MQTT 5
@@ -566,6 +587,7 @@ class Channel:
             if not out:
                 self.hooks.wake()
             out.append(data)
+            self.pending += len(data)
             self.msgs_out += 1
             return True
         props = dict(msg.properties) if msg.properties else {}
@@ -595,14 +617,27 @@ class Channel:
             self.hooks.wake()
         out.append(head)
         out.append(payload)
+        self.pending += len(head) + len(payload)
         self.msgs_out += 1
         return True
 
     def set_congested(self, congested: bool, now: float) -> None:
-        """The transport's write buffer crossed its high (True) or low (False) mark."""
+        """The transport's write buffer crossed its high (True) or low (False) mark.
+
+        A congested connection holds about ``max_pending`` bytes in its
+        transport; that much is charged to the node's queue budget.
+        """
+        if congested == self.congested:
+            return
         self.congested = congested
-        if not congested and self.state == CONNECTED and self.session.queue:
-            self._pump(now)
+        budget = self.broker.budget
+        if congested:
+            budget.add(self.max_pending)
+            self.blocked = True
+        else:
+            budget.add(-self.max_pending)
+            if self.state == CONNECTED:
+                self._pump(now)
 
     # ----------------------------------------------------------------- closing
 
@@ -656,6 +691,9 @@ class Channel:
 
     def connection_lost(self, now: float) -> None:
         """The transport is gone (network error, peer closed, or after our close)."""
+        if self.congested:
+            self.congested = False
+            self.broker.budget.add(-self.max_pending)
         if self.state == CLOSED:
             return
         was_connecting = self.state in (NEW, CONNECTING)

@@ -13,6 +13,9 @@ AWAIT_ACK = 0   # PUBLISH sent, waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
 AWAIT_COMP = 1  # PUBREL sent, waiting for PUBCOMP (QoS 2)
 
 NEVER = 0xFFFFFFFF
+# Memory a queued message costs beyond its payload (Delivery, queue entry and
+# its share of the Publish object), charged to the node's MemoryBudget.
+QUEUED_OVERHEAD = 256
 
 
 class Subscription:
@@ -51,6 +54,32 @@ class Delivery:
         return f"Delivery({self.msg.topic!r}, qos={self.qos}, pid={self.pid})"
 
 
+class MemoryBudget:
+    """Bytes held for delivery across every session of a node.
+
+    Queues (and congested connections) ``add`` their bytes here. Crossing
+    ``limit`` trips the budget and calls ``on_exceeded`` at once, from inside
+    the enqueue -- the transport uses it to stop reading from publishers in
+    the same event-loop iteration -- and ``reset`` re-arms it once the
+    transport has seen the queues drain (see ``brokerd.server.Server``).
+    """
+
+    __slots__ = ("used", "limit", "tripped", "on_exceeded")
+
+    def __init__(self, limit: int = 0, on_exceeded=None):
+        self.used = 0
+        self.limit = limit
+        self.tripped = False
+        self.on_exceeded = on_exceeded
+
+    def add(self, delta: int) -> None:
+        self.used += delta
+        if delta > 0 and self.limit and self.used > self.limit and not self.tripped:
+            self.tripped = True
+            if self.on_exceeded is not None:
+                self.on_exceeded()
+
+
 class MessageQueue:
     """A bounded FIFO of deliveries with the drop policy "QoS 0 first, then oldest".
 
@@ -61,15 +90,16 @@ class MessageQueue:
     can count it.
     """
 
-    __slots__ = ("max_len", "max_bytes", "_q0", "_q12", "_seq", "bytes")
+    __slots__ = ("max_len", "max_bytes", "_q0", "_q12", "_seq", "bytes", "budget")
 
-    def __init__(self, max_len=1000, max_bytes=0):
+    def __init__(self, max_len=1000, max_bytes=0, budget: MemoryBudget | None = None):
         self.max_len = max_len
         self.max_bytes = max_bytes
         self._q0 = deque()    # (seq, delivery) of QoS 0
         self._q12 = deque()   # (seq, delivery) of QoS 1/2
         self._seq = 0
         self.bytes = 0
+        self.budget = budget
 
     def __len__(self):
         return len(self._q0) + len(self._q12)
@@ -96,12 +126,17 @@ class MessageQueue:
                 old = self._q12.popleft()[1]
             else:
                 return dropped + [d]
-            self.bytes -= len(old.msg.payload)
+            self._account(-len(old.msg.payload))
             dropped.append(old)
         self._seq += 1
         (self._q12 if d.qos else self._q0).append((self._seq, d))
-        self.bytes += size
+        self._account(size)
         return dropped
+
+    def _account(self, delta: int) -> None:
+        self.bytes += delta
+        if self.budget is not None:
+            self.budget.add(delta + QUEUED_OVERHEAD if delta > 0 else delta - QUEUED_OVERHEAD)
 
     def pop(self) -> Delivery | None:
         q0, q12 = self._q0, self._q12
@@ -111,7 +146,7 @@ class MessageQueue:
             d = q12.popleft()[1]
         else:
             return None
-        self.bytes -= len(d.msg.payload)
+        self._account(-len(d.msg.payload))
         return d
 
     def drain(self) -> list:
@@ -128,12 +163,13 @@ class Session:
     __slots__ = ("client_id", "ns", "subscriptions", "inflight", "queue", "awaiting_rel", "expiry_interval",
                  "channel", "next_pid", "expires_at", "pending_will", "__weakref__")
 
-    def __init__(self, client_id: str, ns, max_queued=1000, max_queued_bytes=0, expiry_interval=0):
+    def __init__(self, client_id: str, ns, max_queued=1000, max_queued_bytes=0, expiry_interval=0,
+                 budget: MemoryBudget | None = None):
         self.client_id = client_id
         self.ns = ns                       # the namespace (tenant) the session lives in
         self.subscriptions: dict[str, Subscription] = {}
         self.inflight: dict[int, Delivery] = {}   # outgoing QoS 1/2 by packet id, in send order
-        self.queue = MessageQueue(max_queued, max_queued_bytes)
+        self.queue = MessageQueue(max_queued, max_queued_bytes, budget)
         self.awaiting_rel: set[int] = set()       # incoming QoS 2 packet ids before PUBREL
         self.expiry_interval = expiry_interval     # seconds; NEVER = does not expire
         self.channel = None                        # the connected Channel, if any

@@ -13,15 +13,23 @@ from ..protocol.channel import Channel
 
 log = logging.getLogger("brokerd.connection")
 
+# Why reading from a connection is paused (a bit each; reading resumes when none is left).
+PAUSE_CONNECT = 1    # the broker is still deciding on the CONNECT
+PAUSE_BUDGET = 2     # the node's queue budget is exceeded and this connection publishes
+
 
 class Flusher:
-    """One write per connection per event-loop iteration."""
+    """One write per connection per event-loop iteration.
 
-    __slots__ = ("call_soon", "pending")
+    ``after`` runs after each round of writes (the server's budget check).
+    """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
+    __slots__ = ("call_soon", "pending", "after")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, after=None):
         self.call_soon = loop.call_soon
         self.pending: list = []
+        self.after = after
 
     def add(self, conn) -> None:
         pending = self.pending
@@ -34,10 +42,12 @@ class Flusher:
         self.pending = []
         for conn in pending:
             conn.flush()
+        if self.after is not None:
+            self.after()
 
 
 class MqttConnection(asyncio.Protocol):
-    __slots__ = ("server", "listener", "transport", "channel", "time", "flusher", "closed")
+    __slots__ = ("server", "listener", "transport", "channel", "time", "flusher", "closed", "paused")
 
     def __init__(self, server, listener):
         self.server = server
@@ -47,6 +57,7 @@ class MqttConnection(asyncio.Protocol):
         self.time = server.loop.time
         self.flusher = server.flusher
         self.closed = False
+        self.paused = 0
 
     # ----------------------------------------------------------- asyncio side
 
@@ -96,6 +107,9 @@ class MqttConnection(asyncio.Protocol):
         out.clear()
         ch.bytes_out += len(data)
         self.write(data)
+        ch.pending = 0
+        if ch.blocked:
+            ch.flushed(self.time())
 
     def write(self, data: bytes) -> None:
         self.transport.write(data)
@@ -106,10 +120,15 @@ class MqttConnection(asyncio.Protocol):
             self.closed = True
             self.transport.close()
 
-    def pause_reading(self) -> None:
-        if self.transport is not None:
+    def pause_reading(self, why: int = PAUSE_CONNECT) -> None:
+        was = self.paused
+        self.paused = was | why
+        if not was and self.transport is not None and not self.closed:
             self.transport.pause_reading()
 
-    def resume_reading(self) -> None:
-        if self.transport is not None and not self.closed:
+    def resume_reading(self, why: int = PAUSE_CONNECT) -> None:
+        if not self.paused & why:
+            return
+        self.paused &= ~why
+        if not self.paused and self.transport is not None and not self.closed:
             self.transport.resume_reading()
