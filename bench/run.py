@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""brokerd vs Mosquitto in the same run: the numbers behind the README table.
+
+Runs ``mqttbench.py`` (the shared, dependency-free load generator) against
+each broker for each scenario. Every run restarts the broker pinned to CPU 0
+and pins the generator to CPU 1 (``taskset``), so the two never share a core;
+results are appended as JSON lines and summarised as a table of medians with
+the brokerd/Mosquitto ratio.
+
+    python bench/run.py                       # every scenario, 1 run each
+    python bench/run.py --runs 3 a2 b20k      # chosen scenarios, median of 3
+    python bench/run.py --list
+
+Loopback only. Not part of the test suite: speed is measured, never asserted.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+DEFAULT_MQTTBENCH = ROOT.parent / "shared" / "bench" / "mqttbench.py"
+
+# name -> (mqttbench arguments, metrics to report: (json path, label, better))
+SCENARIOS = {
+    "a2": ("pairs --clients 1000 --qos 0 --payload 1024 --rate 0 --window 8 --duration 15",
+           "pairs QoS 0, 1 KiB, window 8 (closed loop)",
+           [("recv_rate", "msg/s delivered", "higher"), ("loss_pct", "loss %", "lower"),
+            ("broker_rss_peak_mb", "broker RSS MB", "lower")]),
+    "a1": ("pairs --clients 1000 --qos 0 --payload 1024 --rate 0 --duration 15",
+           "pairs QoS 0, 1 KiB, unlimited rate (overload)",
+           [("recv_rate", "msg/s delivered", "higher"), ("loss_pct", "loss %", "lower"),
+            ("broker_rss_peak_mb", "broker RSS MB", "lower")]),
+    "b5k": ("pairs --clients 1000 --qos 1 --payload 1024 --rate 5000 --duration 15",
+            "pairs QoS 1 at 5k msg/s",
+            [("recv_rate", "msg/s delivered", "higher"), ("loss_pct", "loss %", "lower"),
+             ("latency.p50_ms", "p50 ms", "lower"), ("latency.p99_ms", "p99 ms", "lower")]),
+    "b10k": ("pairs --clients 1000 --qos 1 --payload 1024 --rate 10000 --duration 15",
+             "pairs QoS 1 at 10k msg/s",
+             [("recv_rate", "msg/s delivered", "higher"), ("loss_pct", "loss %", "lower"),
+              ("latency.p50_ms", "p50 ms", "lower"), ("latency.p99_ms", "p99 ms", "lower")]),
+    "b20k": ("pairs --clients 1000 --qos 1 --payload 1024 --rate 20000 --duration 15",
+             "pairs QoS 1 at 20k msg/s",
+             [("recv_rate", "msg/s delivered", "higher"), ("loss_pct", "loss %", "lower"),
+              ("latency.p50_ms", "p50 ms", "lower"), ("latency.p99_ms", "p99 ms", "lower")]),
+    "c1": ("fanout --clients 1000 --qos 0 --payload 100 --rate 0 --window 4 --batch 1 --duration 15",
+           "fanout 1 -> 1000, 100 B",
+           [("recv_rate", "deliveries/s", "higher"), ("loss_pct", "loss %", "lower")]),
+    "d10": ("conns --clients 10000 --duration 10 --settle 2 --nofile 20000",
+            "10,000 idle connections",
+            [("broker_bytes_per_conn", "bytes RSS / connection", "lower"), ("connect_rate", "connects/s", "higher")]),
+}
+
+MOSQUITTO_CONF = """\
+# the peer-anchor configuration of shared/bench/peers (default Nagle)
+per_listener_settings false
+listener {port} 127.0.0.1
+allow_anonymous true
+max_queued_messages 100000
+persistence false
+log_dest stderr
+log_type error
+connection_messages false
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_port(port: int, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"broker did not listen on {port}")
+
+
+class Broker:
+    def __init__(self, name: str, python: str, tmp: Path, extra: list[str]):
+        self.name = name
+        self.python = python
+        self.tmp = tmp
+        self.extra = extra
+        self.proc = None
+        self.port = 0
+
+    def command(self) -> list[str]:
+        if self.name == "brokerd":
+            return [self.python, "-m", "brokerd", "--allow-anonymous", "--log-level", "warning",
+                    "--listen", f"mqtt://127.0.0.1:{self.port}", *self.extra]
+        if self.name == "mosquitto":
+            conf = self.tmp / "mosquitto.conf"
+            conf.write_text(MOSQUITTO_CONF.format(port=self.port))
+            return [shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)]
+        raise ValueError(self.name)
+
+    def start(self) -> None:
+        self.port = free_port()
+        log = open(self.tmp / f"{self.name}.log", "a")
+        self.proc = subprocess.Popen(["taskset", "-c", "0", *self.command()], cwd=ROOT, stdout=log,
+                                     stderr=log, start_new_session=True)
+        wait_port(self.port)
+        time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def get(d: dict, path: str):
+    for part in path.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return None
+        d = d[part]
+    return d
+
+
+def run_one(broker: Broker, args: str, mqttbench: Path, python: str) -> dict:
+    broker.start()
+    try:
+        cmd = ["taskset", "-c", "1", python, str(mqttbench), *args.split(), "--port", str(broker.port),
+               "--broker-pid", str(broker.proc.pid), "--json"]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+        if not lines:
+            return {"error": (out.stderr or out.stdout)[-2000:]}
+        return json.loads(lines[-1])
+    finally:
+        broker.stop()
+
+
+def fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        if abs(v) >= 10:
+            return f"{v:.1f}"
+        return f"{v:.3g}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def table(results: dict, brokers: list[str], scenarios: list[str]) -> str:
+    """Markdown: scenario, metric, median per broker, ratio brokerd/mosquitto."""
+    head = "| scenario | metric | " + " | ".join(brokers) + " | brokerd / mosquitto |"
+    rows = [head, "|" + "---|" * (len(brokers) + 3)]
+    for name in scenarios:
+        _, title, metrics = SCENARIOS[name]
+        for path, label, _better in metrics:
+            meds = {}
+            for b in brokers:
+                vals = [get(r, path) for r in results.get((name, b), []) if get(r, path) is not None]
+                meds[b] = statistics.median(vals) if vals else None
+            ratio = "-"
+            bd, mq = meds.get("brokerd"), meds.get("mosquitto")
+            if bd is not None and mq:
+                ratio = f"{bd / mq:.2f}x"
+            elif bd is not None and mq == 0:
+                ratio = "(mosquitto 0)"
+            rows.append(f"| {name}: {title} | {label} | " + " | ".join(fmt(meds[b]) for b in brokers) + f" | {ratio} |")
+    return "\n".join(rows)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("scenarios", nargs="*", help=f"any of {', '.join(SCENARIOS)} (default: all)")
+    ap.add_argument("--brokers", default="brokerd,mosquitto")
+    ap.add_argument("--runs", type=int, default=1, help="runs per scenario and broker; the table shows medians")
+    ap.add_argument("--mqttbench", default=os.environ.get("MQTTBENCH", str(DEFAULT_MQTTBENCH)))
+    ap.add_argument("--python", default=sys.executable, help="interpreter for brokerd and the generator")
+    ap.add_argument("--out", default=str(ROOT / "var" / "bench" / "results.jsonl"))
+    ap.add_argument("--brokerd-arg", action="append", default=[], help="extra flag for brokerd (repeatable)")
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args(argv)
+    if args.list:
+        for name, (cmd, title, _) in SCENARIOS.items():
+            print(f"{name:5} {title}: mqttbench.py {cmd}")
+        return 0
+    mqttbench = Path(args.mqttbench)
+    if not mqttbench.exists():
+        print(f"mqttbench.py not found at {mqttbench} (set --mqttbench or MQTTBENCH)", file=sys.stderr)
+        return 2
+    if not shutil.which("taskset"):
+        print("taskset (util-linux) is required to pin broker and generator to different cores", file=sys.stderr)
+        return 2
+    if os.cpu_count() and os.cpu_count() < 2:
+        print("warning: fewer than 2 CPUs; broker and generator will share a core", file=sys.stderr)
+    scenarios = args.scenarios or list(SCENARIOS)
+    unknown = [s for s in scenarios if s not in SCENARIOS]
+    if unknown:
+        ap.error(f"unknown scenario(s): {', '.join(unknown)}")
+    brokers = args.brokers.split(",")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    results: dict = {}
+    with tempfile.TemporaryDirectory(prefix="brokerd-bench-") as tmp:
+        for name in scenarios:
+            cmd = SCENARIOS[name][0]
+            for run in range(args.runs):
+                for b in brokers:
+                    broker = Broker(b, args.python, Path(tmp), args.brokerd_arg if b == "brokerd" else [])
+                    t0 = time.time()
+                    res = run_one(broker, cmd, mqttbench, args.python)
+                    res.update(scenario=name, broker=b, run=run, started=t0, args=cmd)
+                    results.setdefault((name, b), []).append(res)
+                    with out.open("a") as fh:
+                        fh.write(json.dumps(res) + "\n")
+                    summary = ", ".join(f"{label}={fmt(get(res, path))}" for path, label, _ in SCENARIOS[name][2])
+                    print(f"{name} {b} run {run + 1}: {summary}" + (f" ERROR {res['error'][-300:]}" if "error" in res
+                                                                     else ""), flush=True)
+    print()
+    print(table(results, brokers, scenarios))
+    print(f"\nraw results appended to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
