@@ -1,0 +1,8 @@
+import pytest
+
+from .harness import Net
+
+
+@pytest.fixture
+def net():
+    return Net()
