@@ -1,0 +1,188 @@
+"""Retained messages: set, replace, clear, delivery on subscribe, v5 Retain Handling and
+Retain As Published, wildcards."""
+
+import time
+
+import pytest
+
+from .helpers import V5, V311, MosqSub, PacketTypes, connect, mosq_pub, props, sub_opts
+
+
+@pytest.mark.parametrize("version", [V311, V5])
+def test_retained_delivered_on_subscribe_with_retain_flag(broker, client_id, topic, version):
+    mosq_pub(broker.port(), topic, "kept", qos=1, retain=True)
+    with connect(broker.port(), client_id, version) as sub:
+        sub.subscribe(topic, 1)
+        m = sub.expect()
+        assert (m.payload, m.retain, m.qos) == (b"kept", True, 1)
+        sub.expect_none(0.2)
+
+
+@pytest.mark.parametrize("version", ["mqttv311", "mqttv5", "mqttv31"])
+def test_retained_with_mosquitto_clients(broker, topic, version):
+    mosq_pub(broker.port(), topic, "r1", version=version, retain=True)
+    sub = MosqSub(broker.port(), topic, version=version, count=1, wait=5).start(expect_suback=False)
+    m = sub.messages(1)[0]
+    assert (m["payload"], m["retain"]) == ("r1", 1)
+    assert sub.wait() == 0
+
+
+def test_retained_replaced_by_newer(broker, client_id, topic):
+    mosq_pub(broker.port(), topic, "old", retain=True)
+    mosq_pub(broker.port(), topic, "new", retain=True)
+    with connect(broker.port(), client_id, V311) as sub:
+        sub.subscribe(topic, 0)
+        assert sub.expect().payload == b"new"
+        sub.expect_none(0.2)
+
+
+def test_empty_retained_clears_and_is_forwarded(broker, client_id, topic):
+    """[MQTT-3.3.1-10/11]: a zero-length retained PUBLISH removes the retained message; current
+    subscribers still receive it as a normal message."""
+    mosq_pub(broker.port(), topic, "to-clear", retain=True)
+    with connect(broker.port(), client_id + "live", V311) as live:
+        live.subscribe(topic, 0)
+        assert live.expect().retain
+        mosq_pub(broker.port(), topic, None, retain=True)
+        m = live.expect()
+        assert (m.payload, m.retain) == (b"", False)
+    with connect(broker.port(), client_id, V5) as sub:
+        sub.subscribe(topic, 0)
+        sub.expect_none(0.3)
+
+
+def test_live_retained_publish_has_retain_flag_cleared_v311(broker, client_id, topic):
+    """3.1.1 [MQTT-3.3.1-9]: a message sent because of an established subscription has RETAIN 0."""
+    with connect(broker.port(), client_id, V311) as sub:
+        sub.subscribe(topic, 0)
+        mosq_pub(broker.port(), topic, "live", retain=True)
+        m = sub.expect()
+        assert (m.payload, m.retain) == (b"live", False)
+
+
+def test_retained_qos_is_min_of_stored_and_granted(broker, client_id, topic):
+    mosq_pub(broker.port(), topic, "q1", qos=1, retain=True)
+    with connect(broker.port(), client_id + "a", V311) as a, connect(broker.port(), client_id + "b", V311) as b:
+        a.subscribe(topic, 0)
+        b.subscribe(topic, 2)
+        assert a.expect().qos == 0
+        assert b.expect().qos == 1
+
+
+@pytest.mark.parametrize("version", [V311, V5])
+def test_wildcard_subscribe_gets_every_matching_retained(broker, client_id, topic, version):
+    names = [f"{topic}/a", f"{topic}/b/c", f"{topic}/d", f"{topic}/d/e/f"]
+    for i, n in enumerate(names):
+        mosq_pub(broker.port(), n, f"v{i}", retain=True)
+    mosq_pub(broker.port(), f"{topic}x/other", "no", retain=True)
+    with connect(broker.port(), client_id + "h", version) as sub:
+        sub.subscribe(f"{topic}/#", 0)
+        msgs = sub.expect_n(4)
+        assert {m.topic: m.payload for m in msgs} == {n: f"v{i}".encode() for i, n in enumerate(names)}
+        assert all(m.retain for m in msgs)
+        sub.expect_none(0.2)
+    with connect(broker.port(), client_id + "p", version) as sub:
+        sub.subscribe(f"{topic}/+", 0)
+        assert sorted(m.topic for m in sub.expect_n(2)) == [f"{topic}/a", f"{topic}/d"]
+        sub.expect_none(0.2)
+    with connect(broker.port(), client_id + "pp", version) as sub:
+        sub.subscribe(f"{topic}/+/f", 0)
+        # "+" matches exactly one level, "#" also matches its parent level
+        sub.expect_none(0.2)
+        sub.subscribe(f"{topic}/+/+/f", 0)
+        assert sub.expect().topic == f"{topic}/d/e/f"
+        sub.subscribe(f"{topic}/d/#", 0)
+        assert sorted(m.topic for m in sub.expect_n(2)) == [f"{topic}/d", f"{topic}/d/e/f"]
+
+
+def test_retained_survives_publisher_disconnect_and_is_per_topic(broker, client_id, topic):
+    mosq_pub(broker.port(), f"{topic}/1", "one", retain=True)
+    mosq_pub(broker.port(), f"{topic}/2", "two", retain=True)
+    mosq_pub(broker.port(), f"{topic}/1", None, retain=True)
+    with connect(broker.port(), client_id, V311) as sub:
+        sub.subscribe(f"{topic}/#", 0)
+        assert sub.expect().payload == b"two"
+        sub.expect_none(0.2)
+
+
+# --------------------------------------------------------------------------- MQTT 5 options
+
+def test_v5_retain_handling_0_sends_on_every_subscribe(broker, client_id, topic):
+    mosq_pub(broker.port(), topic, "rh0", retain=True)
+    with connect(broker.port(), client_id, V5) as sub:
+        sub.subscribe(topic, options=sub_opts(0, rh=0))
+        assert sub.expect().payload == b"rh0"
+        sub.subscribe(topic, options=sub_opts(1, rh=0))
+        assert sub.expect().payload == b"rh0"
+
+
+def test_v5_retain_handling_1_only_for_new_subscription(broker, client_id, topic):
+    """5.0 3.8.3.1: Retain Handling 1 = send retained messages only if the subscription does not exist."""
+    mosq_pub(broker.port(), topic, "rh1", retain=True)
+    with connect(broker.port(), client_id, V5) as sub:
+        sub.subscribe(topic, options=sub_opts(0, rh=1))
+        assert sub.expect().payload == b"rh1"
+        sub.subscribe(topic, options=sub_opts(1, rh=1))
+        sub.expect_none(0.3)
+        sub.unsubscribe(topic)
+        sub.subscribe(topic, options=sub_opts(1, rh=1))
+        assert sub.expect().payload == b"rh1"
+
+
+def test_v5_retain_handling_2_never_sends(broker, client_id, topic):
+    mosq_pub(broker.port(), topic, "rh2", retain=True)
+    with connect(broker.port(), client_id, V5) as sub:
+        sub.subscribe(topic, options=sub_opts(0, rh=2))
+        sub.expect_none(0.3)
+        # live messages still flow
+        mosq_pub(broker.port(), topic, "live")
+        assert sub.expect().payload == b"live"
+
+
+def test_retained_only_with_mosquitto_sub(broker, topic):
+    """mosquitto_sub --retained-only sees the retained message flagged as retained."""
+    mosq_pub(broker.port(), topic, "ro", retain=True, version="mqttv5")
+    sub = MosqSub(broker.port(), topic, version="mqttv5", args=["--retained-only"], wait=5).start(expect_suback=False)
+    assert sub.messages(1)[0]["payload"] == "ro"
+    sub.stop()
+
+
+@pytest.mark.parametrize("rap", [False, True])
+def test_v5_retain_as_published(broker, client_id, topic, rap):
+    """5.0 3.8.3.1: with Retain As Published the live message keeps RETAIN=1, without it RETAIN=0."""
+    with connect(broker.port(), client_id, V5) as sub:
+        sub.subscribe(topic, options=sub_opts(1, rap=rap))
+        with connect(broker.port(), client_id + "p", V5) as pub:
+            pub.publish(topic, b"r", qos=1, retain=True)
+            pub.publish(topic, b"n", qos=1, retain=False)
+        a, b = sub.expect_n(2)
+        assert (a.payload, a.retain) == (b"r", rap)
+        assert (b.payload, b.retain) == (b"n", False)
+    mosq_pub(broker.port(), topic, None, retain=True)
+
+
+def test_v5_retained_message_expires(broker, client_id, topic):
+    """5.0 3.3.2.3.3: a retained message is not delivered after its Message Expiry Interval."""
+    with connect(broker.port(), client_id + "p", V5) as pub:
+        pub.publish(topic + "/short", b"s", qos=1, retain=True,
+                    properties=props(PacketTypes.PUBLISH, MessageExpiryInterval=1))
+        pub.publish(topic + "/long", b"l", qos=1, retain=True,
+                    properties=props(PacketTypes.PUBLISH, MessageExpiryInterval=100))
+    time.sleep(2.1)
+    with connect(broker.port(), client_id, V5) as sub:
+        sub.subscribe(topic + "/#", 1)
+        m = sub.expect()
+        assert m.payload == b"l"
+        # the interval sent on is what is left of it
+        assert 95 <= m.properties.MessageExpiryInterval <= 98
+        sub.expect_none(0.2)
+
+
+def test_retained_not_sent_to_shared_subscription(broker, client_id, topic):
+    """brokerd sends no retained messages when a shared subscription is made (each retained message
+    would otherwise reach one arbitrary member per subscribe). Pinned as brokerd's choice: the
+    reference Mosquitto 2.0.11 does send them."""
+    mosq_pub(broker.port(), topic, "kept", retain=True)
+    with connect(broker.port(), client_id, V5) as sub:
+        sub.subscribe(f"$share/g/{topic}", 0)
+        sub.expect_none(0.3)
