@@ -42,6 +42,20 @@ def test_31_connect_accepted(net):
     assert ack == Connack(False, 0)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="brokerd bug: MQTT 3.1 CONNACK carries the 3.1.1 session-present bit; "
+    "in 3.1 that byte is reserved/unused",
+)
+def test_31_connack_first_byte_is_reserved(net):
+    """MQTT 3.1 (CONNACK, variable header byte 1): "Reserved values. Not used." Session Present only
+    exists from 3.1.1 on, so a 3.1 client resuming a session must still see 0x00 there."""
+    net.client(MQTT31).connect("dev", clean=False)
+    net.clients[-1].lose()
+    ack = net.client(MQTT31).connect("dev", clean=False)
+    assert ack == Connack(False, 0)
+
+
 def test_v5_connack_advertises_server_limits():
     net = Net(ChannelLimits(max_inflight=20, topic_alias_maximum=10, max_packet_size=5000))
     ack = net.client(MQTT5).connect("dev1", keepalive=30)

@@ -441,3 +441,25 @@ def test_server_shutdown_sends_disconnect_8b(net):
     assert c5.server_disconnect().reason_code == 0x8B
     assert c5.closed and c3.closed
     assert c3.take() == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="brokerd bug: an inflight message too large for the client's new "
+    "Maximum Packet Size is skipped on session resume but kept inflight, "
+    "holding a Receive Maximum slot forever",
+)
+def test_inflight_too_large_after_resume_is_discarded(net):
+    """[MQTT-3.1.2-25]: a packet too large to send is discarded and the server behaves as if it
+    had completed sending it -- so it must not keep occupying the client's Receive Maximum."""
+    sub = v5(net, "sub", properties={P.SESSION_EXPIRY_INTERVAL: 100, P.RECEIVE_MAXIMUM: 1})
+    sub.subscribe("t", qos=1)
+    pub = net.connect("pub")
+    pub.publish("t", b"x" * 500, qos=1)
+    assert [len(p.payload) for p in sub.publishes()] == [500]
+    sub.disconnect()  # leaves the message unacknowledged
+    small = {P.SESSION_EXPIRY_INTERVAL: 100, P.RECEIVE_MAXIMUM: 1, P.MAXIMUM_PACKET_SIZE: 100}
+    again = v5(net, "sub", clean=False, properties=small)
+    assert again.publishes() == []  # too large now: not sent
+    pub.publish("t", b"small", qos=1)
+    assert again.payloads() == [b"small"]

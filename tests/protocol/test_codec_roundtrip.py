@@ -27,7 +27,9 @@ from brokerd.protocol.packets import (
 
 from . import strategies as s
 
-FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(
+    derandomize=True, max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
 
 
 def decode_all(data: bytes, version: int) -> list:
@@ -61,7 +63,7 @@ def test_every_packet_type_round_trips(level, data):
 
 
 @pytest.mark.parametrize("level", [MQTT311, MQTT5])
-@settings(max_examples=100, deadline=None)
+@settings(derandomize=True, max_examples=100, deadline=None)
 @given(data=st.data())
 def test_byte_at_a_time_gives_the_same_packets(level, data):
     pkts = data.draw(st.lists(s.packets(level), min_size=1, max_size=4))
