@@ -427,3 +427,39 @@ def test_pingreq_gets_pingresp_bytes(net):
     c = net.connect("p")
     c.send(Pingreq())
     assert c.take() == [Pingresp()]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="brokerd bug: a refusing v5 CONNACK always carries its Reason String, "
+    "even past the client's Maximum Packet Size [MQTT-3.2.2-19]",
+)
+@pytest.mark.parametrize("props", [{P.AUTHENTICATION_METHOD: "SCRAM-SHA-1"}, {P.RECEIVE_MAXIMUM: 0}])
+def test_refusal_connack_respects_client_maximum_packet_size(net, props):
+    """[MQTT-3.2.2-19]: the Server MUST NOT send a Reason String if it would make the CONNACK larger
+    than the client's Maximum Packet Size ([MQTT-3.1.2-24] for every packet)."""
+    c = net.client(MQTT5)
+    c.channel.receive_data(
+        encode(Connect("x", protocol_level=MQTT5, properties={P.MAXIMUM_PACKET_SIZE: 20, **props})), net.now
+    )
+    data = b"".join(c.channel.out)
+    assert data[0] == 0x20
+    assert len(data) <= 20, c.take()
+
+
+def test_v5_session_expiry_never():
+    net = Net()
+    props = {P.SESSION_EXPIRY_INTERVAL: 0xFFFFFFFF}
+    c = net.client(MQTT5)
+    c.connect("forever", properties=props)
+    c.lose()
+    net.advance(10**9)
+    assert net.client(MQTT5).connect("forever", clean=False, properties=props).session_present
+
+
+def test_connection_lost_before_connect_is_harmless(net):
+    c = net.client(MQTT311)
+    c.send_raw(encode(Connect("x"))[:5])
+    c.lose()
+    assert net.broker.session_count() == 0
+    assert net.connect("x").closed is False

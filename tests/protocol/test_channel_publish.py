@@ -480,3 +480,30 @@ def test_messages_from_one_publisher_arrive_in_order(net):
     for p in got:
         sub.ack(p)
     assert [p.payload for p in got] == [b"%d" % i for i in range(30)]
+
+
+def test_dup_flag_is_not_propagated(net):
+    """[MQTT-3.3.1-3]: the outgoing DUP flag depends only on whether *that* packet is a resend."""
+    pub, sub = pair(net, qos=1)
+    pub.publish("t/a", b"x", qos=1, dup=True)
+    [p] = sub.publishes()
+    assert p.dup is False
+
+
+def test_output_mark_queues_then_drains_in_order():
+    """Deliveries past ``max_pending`` bytes of unwritten output wait in the session queue and
+    go out, in order, once the transport reports the write."""
+    net = Net(ChannelLimits(max_pending=100))
+    pub, sub = pair(net, qos=1)
+    sub.auto_flush = False
+    for i in range(10):
+        pub.publish("t/a", b"%d" % i + b"x" * 30, qos=i % 2)
+    got = sub.publishes()
+    assert 0 < len(got) < 10
+    while len(got) < 10:
+        sub.channel.flushed(net.now)
+        more = sub.publishes()
+        assert more
+        got += more
+    assert [p.payload[:1] for p in got] == [b"%d" % i for i in range(10)]
+    assert net.stats.dropped_queue_full == 0
