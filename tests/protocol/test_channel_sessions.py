@@ -156,6 +156,43 @@ def test_will_delay_with_session_expiry_zero_publishes_at_once(net):
     assert w.payloads() == [b"now"]
 
 
+_WILL_EXPIRY_BUG = (
+    "brokerd bug: a delayed will's Message Expiry Interval runs from the disconnect, not from "
+    "its publication (5.0 3.1.3.2.4)"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=_WILL_EXPIRY_BUG)
+def test_delayed_will_expiry_counts_from_publication(net):
+    """5.0 3.1.3.2.4: the will's Message Expiry Interval "is the lifetime of the Will Message in seconds
+    and is sent as the Publication Expiry Interval when the Server publishes the Will Message"."""
+    w = watcher(net)
+    will = Will("will/dev", b"bye", properties={P.WILL_DELAY_INTERVAL: 10, P.MESSAGE_EXPIRY_INTERVAL: 30})
+    c = v5(net, "dev", properties={P.SESSION_EXPIRY_INTERVAL: 100}, will=will)
+    c.lose()
+    net.advance(10)
+    [p] = w.publishes()
+    assert p.properties[P.MESSAGE_EXPIRY_INTERVAL] == 30
+
+
+@pytest.mark.xfail(strict=True, reason=_WILL_EXPIRY_BUG)
+def test_delayed_will_with_expiry_shorter_than_delay_is_still_published(net):
+    w = watcher(net)
+    will = Will("will/dev", b"bye", properties={P.WILL_DELAY_INTERVAL: 10, P.MESSAGE_EXPIRY_INTERVAL: 5})
+    c = v5(net, "dev", properties={P.SESSION_EXPIRY_INTERVAL: 100}, will=will)
+    c.lose()
+    net.advance(10)
+    assert w.payloads() == [b"bye"]  # brokerd: counted in dropped_expired instead
+
+
+def test_undelayed_will_expiry(net):
+    w = watcher(net)
+    c = v5(net, "dev", will=Will("will/dev", b"bye", properties={P.MESSAGE_EXPIRY_INTERVAL: 30}))
+    c.lose()
+    [p] = w.publishes()
+    assert p.properties[P.MESSAGE_EXPIRY_INTERVAL] == 30
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="brokerd deviation: Broker.shutdown drops every will; "
@@ -267,6 +304,20 @@ def test_311_persistent_session_never_expires(net):
     c.lose()
     net.advance(10**8)
     assert net.client(MQTT311).connect("dev", clean=False).session_present
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="brokerd bug (configuration, not spec): --max-session-expiry caps only "
+    "v5 sessions; 3.1.1/3.1 persistent sessions never expire",
+)
+def test_max_session_expiry_bounds_311_persistent_sessions():
+    net = Net(ChannelLimits(max_session_expiry=60))
+    c = net.connect("dev", clean=False)
+    c.subscribe("t", qos=1)
+    c.lose()
+    net.advance(61)
+    assert net.client(MQTT311).connect("dev", clean=False).session_present is False
 
 
 def test_311_clean_session_ends_at_disconnect(net):
