@@ -8,7 +8,7 @@ import pytest
 
 from ..procs import BrokerProcess
 from . import raw
-from .helpers import V5, V311, Client, MosqSub, PacketTypes, connect, mosq_pub, props, wait_until
+from .helpers import V5, V311, Client, MosqSub, PacketTypes, connect, mosq_pub, props
 from .raw import PUBACK, PUBCOMP, PUBLISH, PUBREC, PUBREL, RawClient
 
 
@@ -341,6 +341,3 @@ def test_v311_client_with_many_qos2_in_flight_is_served(broker, client_id, topic
             assert sorted(c.expect(PUBCOMP).pid for _ in range(40)) == recs
         assert len(sub.expect_n(40)) == 40
 
-
-def test_wait_until_helper_smoke():
-    assert wait_until(lambda: 1) == 1
