@@ -507,3 +507,19 @@ def test_output_mark_queues_then_drains_in_order():
         got += more
     assert [p.payload[:1] for p in got] == [b"%d" % i for i in range(10)]
     assert net.stats.dropped_queue_full == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="brokerd deviation: the v5 Receive Maximum (max_inflight) is enforced on "
+    "3.1.1 clients too, which are disconnected after 32 unreleased QoS 2 "
+    "PUBLISHes; 3.1.1 has no such limit",
+)
+def test_311_client_may_pipeline_many_qos2_publishes(net):
+    """MQTT 3.1.1 has no Receive Maximum: a client may send any number of QoS 2 PUBLISHes before it
+    reads the PUBRECs (4.3.3). Only a v5 client that exceeds the Receive Maximum it was given is in
+    error (5.0 3.3.4, 0x93)."""
+    pub, sub = pair(net, MQTT311)
+    got = pub.send(*[Publish("t/a", b"%d" % i, 2, False, False, i + 1) for i in range(40)])
+    assert not pub.closed
+    assert got == [Pubrec(i + 1) for i in range(40)]
