@@ -136,15 +136,17 @@ def mosq_pub(port: int, topic: str, message: str | None = None, *args: str, vers
 
 
 class MosqSub:
-    """mosquitto_sub in the background: prints each message as JSON (-F %j) and debug lines (-d).
+    """mosquitto_sub in the background: prints each message as JSON (-F %j, or the given -F format,
+    then messages are strings) and debug lines (-d).
 
     ``start()`` returns once the SUBACK arrived. ``messages(n)`` waits for n messages.
     """
 
     def __init__(self, port: int, *topics: str, version: str = "mqttv311", qos: int = 0, client_id: str | None = None,
-                 args=(), count: int | None = None, wait: float | None = None):
-        self.cmd = ["stdbuf", "-oL", "mosquitto_sub", "-h", "127.0.0.1", "-p", str(port), "-V", version, "-q", str(qos), "-d",
-                    "-F", "MSG %j"]
+                 args=(), count: int | None = None, wait: float | None = None, fmt: str = "%j"):
+        self.json = fmt == "%j"
+        self.cmd = ["stdbuf", "-oL", "mosquitto_sub", "-h", "127.0.0.1", "-p", str(port), "-V", version, "-q",
+                    str(qos), "-d", "-F", "MSG " + fmt]
         for t in topics:
             self.cmd += ["-t", t]
         if client_id:
@@ -171,7 +173,7 @@ class MosqSub:
         for line in self.proc.stdout:
             line = line.rstrip("\n")
             if line.startswith("MSG "):
-                self.lines.put(json.loads(line[4:]))
+                self.lines.put(json.loads(line[4:]) if self.json else line[4:])
             else:
                 self.debug.append(line)
                 if "received SUBACK" in line:
