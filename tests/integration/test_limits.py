@@ -1,0 +1,205 @@
+"""Limits and hostile input: --max-connections, --connect-timeout, --max-packet-size, malformed
+packets. Each must end only the offending connection; everyone else keeps working."""
+
+import random
+import socket
+import time
+
+import pytest
+
+from ..procs import BrokerProcess
+from . import raw
+from .helpers import V5, V311, Client, MosqSub, connect, mosq_pub
+from .raw import CONNACK, DISCONNECT, RawClient
+
+
+@pytest.fixture(scope="module")
+def limited():
+    """brokerd with --max-connections 2 and --connect-timeout 1 --max-packet-size 1024."""
+    with BrokerProcess("--max-connections", "2", "--connect-timeout", "1", "--max-packet-size", "1024") as b:
+        yield b
+
+
+@pytest.fixture
+def canary(broker, client_id, topic):
+    """A subscriber/publisher pair that must keep working whatever another connection does."""
+    sub = connect(broker.port(), client_id + "-canary", V311)
+    sub.subscribe(topic + "/canary", 1)
+    pub = connect(broker.port(), client_id + "-canary-pub", V5)
+
+    def check():
+        assert broker.proc.poll() is None, "broker process died"
+        pub.publish(topic + "/canary", b"alive", qos=1)
+        assert sub.expect().payload == b"alive"
+
+    yield check
+    sub.disconnect()
+    pub.disconnect()
+
+
+# --------------------------------------------------------------------------- connections
+
+def test_max_connections(limited, client_id):
+    """--max-connections 2: the third client is refused (v5 CONNACK 0x97 Quota exceeded, 3.1.1
+    return code 3 Server unavailable); once one leaves, a new client gets in."""
+    a = connect(limited.port(), client_id + "a", V5)
+    b = connect(limited.port(), client_id + "b", V311)
+    with RawClient(limited.port()) as c:
+        ack = c.connect(client_id + "c", version=5)
+        assert ack.code == 0x97
+        c.expect_closed()
+    with RawClient(limited.port()) as c:
+        assert c.connect(client_id + "d", version=4).body == b"\x00\x03"
+        c.expect_closed()
+    p = Client(client_id + "e", V5)
+    p.connect(limited.port(), wait=False)
+    assert p.connack_result()[1].value == 0x97
+    p.stop_loop()
+    proc = mosq_pub(limited.port(), "t", "x", check=False)
+    assert proc.returncode != 0 and "unavailable" in proc.stderr.lower()
+    a.disconnect()
+    time.sleep(0.1)
+    d = connect(limited.port(), client_id + "f", V311)
+    d.disconnect()
+    b.disconnect()
+
+
+def test_connect_timeout_closes_silent_socket(limited, client_id):
+    """--connect-timeout 1: a socket that never sends CONNECT is closed after about a second."""
+    with socket.create_connection(("127.0.0.1", limited.port())) as s:
+        s.settimeout(4)
+        t0 = time.monotonic()
+        assert s.recv(10) == b""
+        assert 0.9 <= time.monotonic() - t0 <= 2.5
+
+
+def test_connect_timeout_closes_partial_connect(limited):
+    with RawClient(limited.port()) as c:
+        c.send(raw.connect_packet("partial", version=4)[:5])
+        assert c.expect_closed(timeout=4) == []
+
+
+def test_connect_timeout_does_not_touch_connected_clients(limited, client_id):
+    c = connect(limited.port(), client_id, V311, keepalive=60)
+    time.sleep(1.8)
+    assert c.client.is_connected()
+    c.disconnect()
+
+
+def test_max_packet_size_for_311_with_mosquitto_pub(limited, client_id, topic):
+    proc = mosq_pub(limited.port(), topic, "x" * 3000, qos=1, check=False)
+    assert proc.returncode != 0
+    ok = mosq_pub(limited.port(), topic, "x" * 500, qos=1, check=False)
+    assert ok.returncode == 0
+
+
+def test_max_packet_size_announced_by_remaining_length_alone(limited, client_id):
+    """The size check uses the fixed header: a client announcing 100 kB is cut off before sending it."""
+    with RawClient(limited.port()) as c:
+        c.connect(client_id, version=5)
+        c.send(b"\x30" + raw.varint(100_000) + b"\x00\x01a")
+        got = c.expect_closed()
+        assert [(p.type, p.code) for p in got] == [(DISCONNECT, 0x95)]
+
+
+# --------------------------------------------------------------------------- malformed input
+
+MALFORMED_V5 = {
+    "publish-qos3": (b"\x36\x05\x00\x01a\x00\x01", 0x81),
+    "reserved-type-0": (b"\x00\x00", 0x81),
+    "subscribe-bad-flags": (b"\x80\x07\x00\x01\x00\x00\x01a\x00", 0x81),
+    "remaining-length-5-bytes": (b"\x30\xff\xff\xff\xff\x01", 0x81),
+    "topic-invalid-utf8": (b"\x30\x05\x00\x02\xc3\x28\x00", 0x81),
+    "topic-with-nul": (b"\x30\x05\x00\x02a\x00\x00", 0x81),
+    "property-not-allowed": (b"\x30\x0a\x00\x01a\x05\x11\x00\x00\x00\x05x", 0x81),
+    "property-length-overrun": (b"\x30\x05\x00\x01a\x09\x01", 0x81),
+    "second-connect": (raw.connect_packet("again", version=5), 0x82),
+    "dup-on-qos0": (b"\x38\x04\x00\x01a\x00", 0x81),
+    "pingreq-with-payload": (b"\xc0\x01\x00", 0x81),
+    "server-only-packet": (b"\x20\x03\x00\x00\x00", 0x82),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED_V5))
+def test_malformed_packet_v5_gets_disconnect_and_close(broker, client_id, canary, name):
+    """5.0 4.13: malformed packet -> DISCONNECT 0x81, protocol error -> 0x82, then close; the
+    broker keeps serving everyone else."""
+    data, code = MALFORMED_V5[name]
+    with RawClient(broker.port()) as c:
+        c.connect(client_id, version=5)
+        c.send(data)
+        got = c.expect_closed()
+        assert [(p.type, p.code) for p in got] == [(DISCONNECT, code)]
+    canary()
+
+
+@pytest.mark.parametrize("name", ["publish-qos3", "reserved-type-0", "subscribe-bad-flags", "second-connect",
+                                  "topic-invalid-utf8", "remaining-length-5-bytes"])
+def test_malformed_packet_v311_closes_connection(broker, client_id, canary, name):
+    """3.1.1 [MQTT-4.8.0-1]: the server closes the connection (there is no DISCONNECT to send)."""
+    data, _ = MALFORMED_V5[name]
+    with RawClient(broker.port()) as c:
+        c.connect(client_id, version=4)
+        c.send(data)
+        assert c.expect_closed() == []
+    canary()
+
+
+@pytest.mark.parametrize("data", [b"\xc0\x00", b"\x10\x02\x00\x04",
+                                  b"\x10\x0c\x00\x04MQTT\x04\x03\x00\x3c\x00\x00",
+                                  b"\x10\x0c\x00\x04MQTT\x05\x02\x00\x3c\x05\x00"])
+def test_garbage_before_connect_closes_connection(broker, canary, data):
+    """Not a CONNECT first (or a broken one): closed without a successful CONNACK."""
+    with RawClient(broker.port()) as c:
+        c.send(data)
+        got = c.expect_closed()
+        assert all(p.type == CONNACK and p.code != 0 for p in got)
+    canary()
+
+
+def test_http_request_on_mqtt_port_is_closed(limited):
+    """An HTTP request on the MQTT port is never a CONNECT: closed (by the connect timeout at the latest)."""
+    with RawClient(limited.port()) as c:
+        c.send(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = c.expect_closed(timeout=4)
+        assert all(p.type == CONNACK and p.code != 0 for p in got)
+
+
+def test_v5_connect_with_bad_properties_refused(broker, canary):
+    """A v5 CONNECT with Receive Maximum 0 is a Protocol Error: CONNACK 0x82 and close."""
+    with RawClient(broker.port()) as c:
+        ack = c.connect("rm0", version=5, props={raw.RECEIVE_MAXIMUM: 0})
+        assert ack.code == 0x82
+        c.expect_closed()
+    canary()
+
+
+def test_random_garbage_after_connect(broker, client_id, canary):
+    """Deterministic random junk on 15 connections: each ends or survives on its own; the broker lives."""
+    rng = random.Random(1234)
+    for i in range(15):
+        with RawClient(broker.port(), timeout=2) as c:
+            c.connect(f"{client_id}-{i}", version=rng.choice([4, 5]))
+            c.send(bytes(rng.randrange(256) for _ in range(rng.randrange(1, 64))))
+            try:
+                c.expect_closed(timeout=0.15)
+            except AssertionError:
+                pass    # an incomplete packet simply waits for more bytes
+    canary()
+
+
+def test_client_that_vanishes_mid_packet(broker, client_id, canary):
+    with RawClient(broker.port()) as c:
+        c.connect(client_id, version=4)
+        c.send(raw.publish_packet("x/y", b"z" * 1000, 1, pid=1)[:300])
+    canary()
+
+
+def test_mosquitto_clients_still_work_after_abuse(broker, topic):
+    for _ in range(3):
+        with RawClient(broker.port()) as c:
+            c.send(b"\xff" * 16)
+            c.expect_closed()
+    with MosqSub(broker.port(), topic, version="mqttv5") as sub:
+        mosq_pub(broker.port(), topic, "fine", version="mqttv5")
+        assert sub.messages(1)[0]["payload"] == "fine"
