@@ -121,7 +121,7 @@ def test_message_and_byte_counters_move(broker, sysw, client_id, topic):
     before = {k: sysw.int(k) for k in ("messages/received", "messages/sent", "bytes/received", "bytes/sent")}
     with connect(broker.port(), client_id + "s", V311) as sub, connect(broker.port(), client_id + "p", V311) as pub:
         sub.subscribe(topic, 1)
-        for i in range(20):
+        for _ in range(20):
             pub.publish(topic, b"x" * 100, qos=1)
         sub.expect_n(20)
     sysw.wait(lambda s: s.int("messages/received") >= before["messages/received"] + 20

@@ -1,0 +1,247 @@
+"""Transports: MQTT over WebSocket (ws://HOST:PORT/mqtt), TLS (mqtts://) and WebSocket over TLS
+(wss://), with and without client certificates."""
+
+import base64
+import os
+import socket
+import ssl
+import subprocess
+
+import pytest
+import trustme
+from paho.mqtt.client import WebsocketConnectionError
+
+from ..procs import ROOT, BrokerProcess
+from .helpers import V5, V311, Client, MosqSub, connect, mosq_pub
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    client = ca.issue_cert("device-1.example")
+    other_ca = trustme.CA()
+    stranger = other_ca.issue_cert("stranger.example")
+    paths = {}
+    ca.cert_pem.write_to_path(str(d / "ca.pem"))
+    paths["ca"] = str(d / "ca.pem")
+    for name, cert in (("server", server), ("client", client), ("stranger", stranger)):
+        with open(d / f"{name}.pem", "wb") as fh:
+            for blob in cert.cert_chain_pems:
+                fh.write(blob.bytes())
+        cert.private_key_pem.write_to_path(str(d / f"{name}.key"))
+        paths[name] = str(d / f"{name}.pem")
+        paths[name + "_key"] = str(d / f"{name}.key")
+    return paths
+
+
+@pytest.fixture(scope="module")
+def tls_broker(pki):
+    with BrokerProcess("--tls-cert", pki["server"], "--tls-key", pki["server_key"],
+                       listen=("mqtt://127.0.0.1:0", "mqtts://127.0.0.1:0", "wss://127.0.0.1:0/mqtt")) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def mtls_broker(pki):
+    with BrokerProcess("--tls-cert", pki["server"], "--tls-key", pki["server_key"], "--tls-ca", pki["ca"],
+                       "--tls-verify-client", "required",
+                       listen=("mqtts://127.0.0.1:0", "wss://127.0.0.1:0/mqtt")) as b:
+        yield b
+
+
+def tls_client(client_id, version, pki, transport="tcp", cert=None):
+    c = Client(client_id, version, transport=transport)
+    kw = {}
+    if cert:
+        kw = {"certfile": pki[cert], "keyfile": pki[cert + "_key"]}
+    c.client.tls_set(ca_certs=pki["ca"], **kw)
+    return c
+
+
+# --------------------------------------------------------------------------- WebSocket
+
+@pytest.mark.parametrize("version", [V311, V5])
+def test_websocket_pubsub(broker, client_id, topic, version):
+    with connect(broker.port("ws"), client_id + "s", version, transport="websockets") as sub, \
+            connect(broker.port("ws"), client_id + "p", version, transport="websockets") as pub:
+        sub.subscribe(topic, 2)
+        for q in (0, 1, 2):
+            pub.publish(topic, b"ws%d" % q, qos=q)
+        assert [(m.payload, m.qos) for m in sub.expect_n(3)] == [(b"ws0", 0), (b"ws1", 1), (b"ws2", 2)]
+
+
+def test_websocket_and_tcp_clients_share_topics(broker, client_id, topic):
+    with connect(broker.port("ws"), client_id + "ws", V5, transport="websockets") as ws, \
+            MosqSub(broker.port(), topic + "/to-tcp", version="mqttv5") as tcp:
+        ws.subscribe(topic + "/to-ws", 1)
+        mosq_pub(broker.port(), topic + "/to-ws", "over-tcp", qos=1)
+        assert ws.expect().payload == b"over-tcp"
+        ws.publish(topic + "/to-tcp", b"over-ws", qos=1)
+        assert tcp.messages(1)[0]["payload"] == "over-ws"
+
+
+def test_websocket_large_message(broker, client_id, topic):
+    """A 200 kB message crosses the WebSocket framing intact both ways."""
+    body = os.urandom(200_000)
+    with connect(broker.port("ws"), client_id, V311, transport="websockets") as c:
+        c.subscribe(topic, 1)
+        c.publish(topic, body, qos=1)
+        assert c.expect().payload == body
+
+
+def test_websocket_will_on_drop(broker, client_id, topic):
+    with connect(broker.port(), client_id + "w", V311) as watch:
+        watch.subscribe(topic, 1)
+        c = Client(client_id, V311, transport="websockets")
+        c.connect(broker.port("ws"), will=(topic, b"ws-gone", 1, False, None))
+        c.drop()
+        assert watch.expect().payload == b"ws-gone"
+
+
+def _http_upgrade(port, path, protocol="mqtt") -> bytes:
+    key = base64.b64encode(os.urandom(16)).decode()
+    req = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+           f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n")
+    if protocol:
+        req += f"Sec-WebSocket-Protocol: {protocol}\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+        s.sendall((req + "\r\n").encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+
+def test_websocket_upgrade_only_on_listener_path(broker):
+    ok = _http_upgrade(broker.port("ws"), "/mqtt")
+    assert ok.startswith(b"HTTP/1.1 101") and b"sec-websocket-protocol: mqtt" in ok.lower()
+    assert _http_upgrade(broker.port("ws"), "/other").startswith(b"HTTP/1.1 404")
+    assert _http_upgrade(broker.port("ws"), "/mqtt", protocol="chat").startswith(b"HTTP/1.1 400")
+
+
+def test_paho_websocket_wrong_path_fails(broker, client_id):
+    c = Client(client_id, V311, transport="websockets")
+    c.client.ws_set_options(path="/nope")
+    with pytest.raises(WebsocketConnectionError):      # the server answered 404, not 101
+        c.connect(broker.port("ws"))
+    c.stop_loop()
+
+
+# --------------------------------------------------------------------------- TLS
+
+@pytest.mark.parametrize("version", [V311, V5])
+def test_mqtts_pubsub(tls_broker, pki, client_id, topic, version):
+    sub = tls_client(client_id + "s", version, pki).connect(tls_broker.port("mqtts"))
+    pub = tls_client(client_id + "p", version, pki).connect(tls_broker.port("mqtts"))
+    sub.subscribe(topic, 1)
+    pub.publish(topic, b"secret", qos=1)
+    assert sub.expect().payload == b"secret"
+    sub.disconnect()
+    pub.disconnect()
+
+
+def test_wss_pubsub(tls_broker, pki, client_id, topic):
+    sub = tls_client(client_id + "s", V5, pki, transport="websockets").connect(tls_broker.port("wss"))
+    sub.subscribe(topic, 1)
+    with connect(tls_broker.port("mqtt"), client_id + "p", V311) as pub:
+        pub.publish(topic, b"via-wss", qos=1)
+    assert sub.expect().payload == b"via-wss"
+    sub.disconnect()
+
+
+@pytest.mark.parametrize("version", ["mqttv311", "mqttv5"])
+def test_mosquitto_clients_over_tls(tls_broker, pki, topic, version):
+    tls = ["--cafile", pki["ca"]]
+    with MosqSub(tls_broker.port("mqtts"), topic, version=version, qos=1, args=tls) as sub:
+        mosq_pub(tls_broker.port("mqtts"), topic, "tls-cli", *tls, version=version, qos=1)
+        assert sub.messages(1)[0]["payload"] == "tls-cli"
+
+
+def test_tls_with_untrusted_ca_is_rejected_by_client(tls_broker, pki, tmp_path, topic):
+    other = trustme.CA()
+    other.cert_pem.write_to_path(str(tmp_path / "other-ca.pem"))
+    proc = mosq_pub(tls_broker.port("mqtts"), topic, "x", "--cafile", str(tmp_path / "other-ca.pem"), check=False)
+    assert proc.returncode != 0
+
+
+def test_plain_mqtt_on_tls_port_fails(tls_broker, client_id):
+    c = Client(client_id, V311)
+    try:
+        c.connect(tls_broker.port("mqtts"), wait=False)
+        with pytest.raises(AssertionError):
+            c.connack_result(timeout=1.5)
+    except OSError:
+        pass
+    c.stop_loop()
+    assert tls_broker.proc.poll() is None
+
+
+# --------------------------------------------------------------------------- client certificates
+
+def _handshake(port, pki, cert=None) -> bool:
+    """True if a TLS connection with (or without) a client certificate can exchange MQTT."""
+    ctx = ssl.create_default_context(cafile=pki["ca"])
+    if cert:
+        ctx.load_cert_chain(pki[cert], pki[cert + "_key"])
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=3) as raw_sock, \
+                ctx.wrap_socket(raw_sock, server_hostname="127.0.0.1") as s:
+            s.sendall(b"\x10\x0d\x00\x04MQTT\x04\x02\x00\x3c\x00\x01x")
+            return s.recv(4) == b"\x20\x02\x00\x00"
+    except (ssl.SSLError, OSError):
+        return False
+
+
+def test_client_certificate_required(mtls_broker, pki):
+    """--tls-verify-client required: no certificate or one from another CA -> the handshake fails;
+    a certificate from --tls-ca -> connected."""
+    port = mtls_broker.port("mqtts")
+    assert _handshake(port, pki, cert="client")
+    assert not _handshake(port, pki)
+    assert not _handshake(port, pki, cert="stranger")
+
+
+def test_paho_with_and_without_client_certificate(mtls_broker, pki, client_id, topic):
+    good = tls_client(client_id, V5, pki, cert="client").connect(mtls_broker.port("mqtts"))
+    good.subscribe(topic, 1)
+    good.publish(topic, b"mtls", qos=1)
+    assert good.expect().payload == b"mtls"
+    good.disconnect()
+    bad = tls_client(client_id + "nocert", V5, pki)
+    try:
+        bad.connect(mtls_broker.port("mqtts"), wait=False)
+        with pytest.raises(AssertionError):
+            bad.connack_result(timeout=1.5)
+    except (ssl.SSLError, OSError):
+        pass
+    bad.stop_loop()
+
+
+def test_mosquitto_clients_with_client_certificate(mtls_broker, pki, topic):
+    port = mtls_broker.port("mqtts")
+    creds = ["--cafile", pki["ca"], "--cert", pki["client"], "--key", pki["client_key"]]
+    with MosqSub(port, topic, version="mqttv5", args=creds) as sub:
+        mosq_pub(port, topic, "with-cert", *creds, version="mqttv5")
+        assert sub.messages(1)[0]["payload"] == "with-cert"
+    proc = mosq_pub(port, topic, "no-cert", "--cafile", pki["ca"], check=False)
+    assert proc.returncode != 0
+
+
+def test_wss_with_client_certificate(mtls_broker, pki, client_id, topic):
+    c = tls_client(client_id, V311, pki, transport="websockets", cert="client").connect(mtls_broker.port("wss"))
+    c.subscribe(topic, 0)
+    c.publish(topic, b"wss-mtls")
+    assert c.expect().payload == b"wss-mtls"
+    c.disconnect()
+
+
+def test_tls_listener_needs_cert_and_key():
+    proc = subprocess.run(BrokerProcess(listen=("mqtts://127.0.0.1:0",)).command(), capture_output=True, text=True,
+                          timeout=20, cwd=ROOT)
+    assert proc.returncode == 2
+    assert "--tls-cert" in proc.stderr
