@@ -112,9 +112,9 @@ class Broker:
 
     def start(self) -> None:
         self.port = free_port()
-        log = open(self.tmp / f"{self.name}.log", "a")
-        self.proc = subprocess.Popen(["taskset", "-c", "0", *self.command()], cwd=ROOT, stdout=log,
-                                     stderr=log, start_new_session=True)
+        with open(self.tmp / f"{self.name}.log", "a") as log:
+            self.proc = subprocess.Popen(["taskset", "-c", "0", *self.command()], cwd=ROOT, stdout=log,
+                                         stderr=log, start_new_session=True)
         wait_port(self.port)
         time.sleep(0.5)
 

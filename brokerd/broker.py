@@ -248,7 +248,8 @@ class Broker:
         if p.protocol_level == MQTT5:
             expiry = (p.properties or {}).get(P.SESSION_EXPIRY_INTERVAL, 0)
         else:
-            expiry = 0 if p.clean_start else NEVER
+            # 3.x persistent sessions last until --max-session-expiry (default: forever)
+            expiry = 0 if p.clean_start else self.limits.max_session_expiry
         session = ns.sessions.get(client_id)
         if session is not None and session.channel is not None:
             # Session takeover: the old connection goes as if its network had
@@ -302,14 +303,13 @@ class Broker:
         w = channel.will if will else None
         channel.will = None
         if w is not None:
-            msg = self._will_message(w, session, now)
             delay = (w.properties or {}).get(P.WILL_DELAY_INTERVAL, 0)
             if delay and session.expiry_interval:
                 due = now + min(delay, session.expiry_interval)
-                session.pending_will = (due, msg)
+                session.pending_will = (due, w)
                 self._schedule(due, "will", session)
             else:
-                self._publish_will(session.ns, msg, now)
+                self._publish_will(session, w, now)
         if session.expiry_interval == 0:
             self._end_session(session, now)
         elif session.expiry_interval != NEVER:
@@ -317,6 +317,7 @@ class Broker:
             self._schedule(session.expires_at, "expire", session)
 
     def _will_message(self, w, session, now) -> Publish:
+        """The will as a message, published ``now`` (its expiry runs from here)."""
         props = None
         if w.properties:
             props = {k: v for k, v in w.properties.items() if k in P.FORWARDED} or None
@@ -326,11 +327,12 @@ class Broker:
         msg.origin = session
         return msg
 
-    def _publish_will(self, ns, msg, now) -> None:
+    def _publish_will(self, session, w, now) -> None:
         self.stats.wills_published += 1
+        msg = self._will_message(w, session, now)
         if msg.retain:
-            self._retain(ns, msg)
-        self._dispatch(ns, msg, now)
+            self._retain(session.ns, msg)
+        self._dispatch(session.ns, msg, now)
 
     def _end_session(self, session: Session, now: float) -> None:
         ns = session.ns
@@ -340,11 +342,13 @@ class Broker:
             self._remove_subscription(ns, session, sub)
         session.subscriptions.clear()
         if session.pending_will is not None:
-            _, msg = session.pending_will
+            _, w = session.pending_will
             session.pending_will = None
-            self._publish_will(ns, msg, now)
-        # Messages owed through shared subscriptions go to another member.
-        leftovers = list(session.inflight.values()) + session.queue.drain()
+            self._publish_will(session, w, now)
+        # Messages owed through shared subscriptions go to another member --
+        # except QoS 2 messages already sent, which the member may have
+        # processed ([MQTT-4.8.2-5]).
+        leftovers = [d for d in session.inflight.values() if d.qos == 1] + session.queue.drain()
         session.inflight.clear()
         session.awaiting_rel.clear()
         for d in leftovers:
@@ -368,7 +372,7 @@ class Broker:
                 pw = session.pending_will
                 if pw is not None and pw[0] == when:
                     session.pending_will = None
-                    self._publish_will(session.ns, pw[1], now)
+                    self._publish_will(session, pw[1], now)
             elif kind == "expire" and session.channel is None and session.expires_at == when:
                 self.stats.sessions_expired += 1
                 self._end_session(session, now)
@@ -501,7 +505,7 @@ class Broker:
             if group is None and (req.retain_handling == 0 or (req.retain_handling == 1 and not existed)):
                 ids = (sub_id,) if sub_id else None
                 for msg in ns.retained.match(inner):
-                    if msg.expiry_at is not None and now >= msg.expiry_at:
+                    if msg.expiry_at is not None and now > msg.expiry_at:
                         ns.retained.delete(msg.topic)
                         continue
                     retained.append((msg, min(msg.qos, req.qos), ids))
@@ -571,6 +575,11 @@ class Broker:
         return sum(len(ns.retained) for ns in self.namespaces.values())
 
     def shutdown(self, now: float, code: int = rc.SERVER_SHUTTING_DOWN, server_reference: str | None = None):
-        """Disconnect every client (v5: DISCONNECT ``code``); wills are not sent."""
+        """Disconnect every client (v5: DISCONNECT ``code``).
+
+        The server closes the network connections, so wills follow the usual
+        rules ([MQTT-3.1.2-8]): published now, or kept with a persistent
+        session while their delay runs.
+        """
         for ch in list(self.channels):
-            ch.disconnect(code, "server shutting down", now, will=False, server_reference=server_reference)
+            ch.disconnect(code, "server shutting down", now, will=True, server_reference=server_reference)

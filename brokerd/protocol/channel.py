@@ -62,6 +62,13 @@ NEW, CONNECTING, CONNECTED, CLOSED = 0, 1, 2, 3
 _PINGRESP = b"\xd0\x00"
 NEVER = 0xFFFFFFFF
 
+# Reason codes a server may put in DISCONNECT (MQTT 5.0 section 3.14.2.1); a
+# peer error with any other code is reported as 0x82 Protocol Error.
+DISCONNECT_CODES = frozenset({
+    0x00, 0x80, 0x81, 0x82, 0x83, 0x87, 0x89, 0x8B, 0x8D, 0x8E, 0x8F, 0x90, 0x93, 0x94, 0x95, 0x96, 0x97, 0x98,
+    0x99, 0x9A, 0x9B, 0x9C, 0x9D, 0x9E, 0x9F, 0xA0, 0xA1, 0xA2,
+})
+
 
 @dataclass(slots=True)
 class ChannelLimits:
@@ -200,6 +207,8 @@ class Channel:
         props = p.properties or {}
         self.state = CONNECTING
         if v == MQTT5:
+            # known first, so that even a refusal respects it
+            self.client_max_packet = props.get(P.MAXIMUM_PACKET_SIZE) or MAX_PACKET_SIZE
             if props.get(P.RECEIVE_MAXIMUM, 1) == 0:
                 raise RemoteProtocolError("Receive Maximum of 0")
             if props.get(P.MAXIMUM_PACKET_SIZE, 1) == 0:
@@ -207,7 +216,6 @@ class Channel:
             if props.get(P.REQUEST_PROBLEM_INFORMATION, 0) > 1 or props.get(P.REQUEST_RESPONSE_INFORMATION, 0) > 1:
                 raise RemoteProtocolError("Request Problem/Response Information must be 0 or 1")
             self.send_window = min(props.get(P.RECEIVE_MAXIMUM, 65535), limits.max_inflight)
-            self.client_max_packet = props.get(P.MAXIMUM_PACKET_SIZE, MAX_PACKET_SIZE)
             self.client_alias_max = props.get(P.TOPIC_ALIAS_MAXIMUM, 0)
             self.problem_info = props.get(P.REQUEST_PROBLEM_INFORMATION, 1) == 1
             self.response_requested = props.get(P.REQUEST_RESPONSE_INFORMATION, 0) == 1
@@ -274,12 +282,15 @@ class Channel:
                 self.out_aliases = {}
             self._send(encode(Connack(session_present, rc.SUCCESS, props or None), MQTT5))
         else:
-            self._send(encode(Connack(session_present, 0), self.version))
+            # MQTT 3.1 has no session-present flag: the byte is reserved
+            self._send(encode(Connack(session_present and self.version != MQTT31, 0), self.version))
         # resume the session: unacknowledged deliveries first, then the queue
         if session.inflight:
             for d in list(session.inflight.values()):
                 if d.state == AWAIT_ACK:
-                    self._write_publish(d.msg, d.qos, d.retain, d.pid, True, d.sub_ids, now)
+                    if not self._write_publish(d.msg, d.qos, d.retain, d.pid, True, d.sub_ids, now):
+                        # too large for this connection: as if delivered ([MQTT-3.1.2-25])
+                        del session.inflight[d.pid]
                 else:
                     self._send(encode_ack(PUBREL, d.pid, version=self.version))
         if session.queue:
@@ -296,12 +307,19 @@ class Channel:
             return
         self.close_reason = (code, reason or rc.NAMES.get(code, ""))
         if self.version == MQTT5:
-            props = {P.REASON_STRING: reason} if reason else None
-            self._send(encode(Connack(False, code, props), MQTT5))
+            self._send(self._connack_refusal(code, reason))
         elif self.version:
             self._send(encode(Connack(False, rc.connack_v3(code)), self.version))
         self.state = CLOSED
         self.hooks.close()
+
+    def _connack_refusal(self, code: int, reason: str | None) -> bytes:
+        """A v5 refusal CONNACK; the reason string only if it fits the client's maximum packet size."""
+        if reason:
+            data = encode(Connack(False, code, {P.REASON_STRING: reason}), MQTT5)
+            if len(data) <= self.client_max_packet:
+                return data
+        return encode(Connack(False, code), MQTT5)
 
     # ---------------------------------------------------------------- publish
 
@@ -333,14 +351,16 @@ class Channel:
             if not props:
                 p.properties = None
         topic = p.topic
-        if not topic or "+" in topic or "#" in topic:
+        if "+" in topic or "#" in topic:
             raise RemoteProtocolError(f"invalid topic name {topic!r}", rc.TOPIC_NAME_INVALID)
+        if not topic:
+            raise RemoteProtocolError("PUBLISH without a topic name or topic alias")
         qos = p.qos
         if qos == 0:
             self.broker.publish(p, self, now)
             return
         if qos == 1:
-            if self.inbound_pending >= self.limits.max_inflight:
+            if self.inbound_pending >= self.limits.max_inflight and self.version == MQTT5:
                 raise RemoteProtocolError("Receive Maximum exceeded", rc.RECEIVE_MAXIMUM_EXCEEDED)
             pid = p.packet_id
             code = self.broker.publish(p, self, now)
@@ -353,11 +373,10 @@ class Channel:
         pid = p.packet_id
         awaiting = self.session.awaiting_rel
         if pid in awaiting:
-            if not p.dup and self.version == MQTT5:
-                raise RemoteProtocolError("packet identifier in use", rc.PACKET_IDENTIFIER_IN_USE)
+            # [MQTT-4.3.3-10]: acknowledge again, do not deliver again
             self._send_ack(PUBREC, pid, 0)
             return
-        if len(awaiting) + self.inbound_pending >= self.limits.max_inflight:
+        if self.version == MQTT5 and len(awaiting) + self.inbound_pending >= self.limits.max_inflight:
             raise RemoteProtocolError("Receive Maximum exceeded", rc.RECEIVE_MAXIMUM_EXCEEDED)
         code = self.broker.publish(p, self, now)
         if code is None:
@@ -490,7 +509,7 @@ class Channel:
             self._enqueue(Delivery(msg, qos, retain, sub_ids, share))
             return
         if qos == 0:
-            if msg.expiry_at is not None and now >= msg.expiry_at:
+            if msg.expiry_at is not None and now > msg.expiry_at:
                 self.broker.expired(self, msg)
                 return
             self._write_publish(msg, 0, retain, 0, False, sub_ids, now)
@@ -509,7 +528,7 @@ class Channel:
 
     def _send_inflight(self, d, now) -> None:
         msg = d.msg
-        if msg.expiry_at is not None and now >= msg.expiry_at:
+        if msg.expiry_at is not None and now > msg.expiry_at:
             self.broker.expired(self, msg)
             return
         session = self.session
@@ -534,7 +553,7 @@ class Channel:
             d = queue.pop()
             if d.qos == 0:
                 msg = d.msg
-                if msg.expiry_at is not None and now >= msg.expiry_at:
+                if msg.expiry_at is not None and now > msg.expiry_at:
                     self.broker.expired(self, msg)
                     continue
                 self._write_publish(msg, 0, d.retain, 0, False, d.sub_ids, now)
@@ -598,20 +617,23 @@ class Channel:
         topic = msg.topic
         aliases = self.out_aliases
         topic_b = None
+        new_alias = None
         if aliases is not None:
             alias = aliases.get(topic)
             if alias is not None:
                 props[P.TOPIC_ALIAS] = alias
                 topic_b = b""
             elif len(aliases) < self.client_alias_max:
-                alias = aliases[topic] = len(aliases) + 1
-                props[P.TOPIC_ALIAS] = alias
+                new_alias = props[P.TOPIC_ALIAS] = len(aliases) + 1
         if topic_b is None:
             topic_b = topic.encode()
         head = publish_head(topic_b, qos, retain, dup, pid, encode_properties(props), len(payload))
         if len(head) + len(payload) > self.client_max_packet:
             self.broker.too_large(self, msg)
             return False
+        if new_alias is not None:
+            # the alias is established only by a PUBLISH that is actually sent
+            aliases[topic] = new_alias
         out = self.out
         if not out:
             self.hooks.wake()
@@ -655,10 +677,12 @@ class Channel:
                 # answer in the 3.1.1 format, which every client version can read
                 self._send(encode(Connack(False, rc.V3_UNACCEPTABLE_PROTOCOL_VERSION), 4))
             elif self.version == MQTT5:
-                self._send(encode(Connack(False, code, {P.REASON_STRING: str(exc)}), MQTT5))
+                self._send(self._connack_refusal(code, str(exc)))
             self.state = CLOSED
             self.hooks.close()
             return
+        if code not in DISCONNECT_CODES:
+            code = rc.PROTOCOL_ERROR
         self.disconnect(code, str(exc), now)
 
     def disconnect(self, code: int, reason: str | None, now: float, will: bool = True,

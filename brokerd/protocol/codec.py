@@ -274,20 +274,21 @@ def _d_subscribe(dec, flags, buf, i, end):
         opts, i = _u8(buf, i, end)
         qos = opts & 3
         if qos == 3:
-            raise MalformedPacket("subscription QoS 3")
+            # 3.1.1 [MQTT-3.8.3-4]: malformed; 5.0 3.8.3.1: protocol error
+            raise (RemoteProtocolError if v5 else MalformedPacket)("subscription QoS 3")
         if v5:
             if opts & 0xC0:
                 raise MalformedPacket("subscription options reserved bits set")
             rh = (opts >> 4) & 3
             if rh == 3:
-                raise MalformedPacket("retain handling 3")
+                raise RemoteProtocolError("retain handling 3")
             topics.append(SubscriptionRequest(filt, qos, bool(opts & 4), bool(opts & 8), rh))
         else:
             if opts & 0xFC:
                 raise MalformedPacket("requested QoS byte reserved bits set")
             topics.append(SubscriptionRequest(filt, qos))
     if not topics:
-        raise MalformedPacket("SUBSCRIBE without topic filters")
+        raise RemoteProtocolError("SUBSCRIBE without topic filters")
     return Subscribe(pid, topics, props)
 
 
@@ -311,7 +312,7 @@ def _d_unsubscribe(dec, flags, buf, i, end):
         filt, i = _utf8(buf, i, end)
         topics.append(filt)
     if not topics:
-        raise MalformedPacket("UNSUBSCRIBE without topic filters")
+        raise RemoteProtocolError("UNSUBSCRIBE without topic filters")
     return Unsubscribe(pid, topics, props)
 
 

@@ -126,17 +126,17 @@ class MessageQueue:
                 old = self._q12.popleft()[1]
             else:
                 return dropped + [d]
-            self._account(-len(old.msg.payload))
+            self._account(-len(old.msg.payload), -1)
             dropped.append(old)
         self._seq += 1
         (self._q12 if d.qos else self._q0).append((self._seq, d))
-        self._account(size)
+        self._account(size, 1)
         return dropped
 
-    def _account(self, delta: int) -> None:
+    def _account(self, delta: int, messages: int) -> None:
         self.bytes += delta
         if self.budget is not None:
-            self.budget.add(delta + QUEUED_OVERHEAD if delta > 0 else delta - QUEUED_OVERHEAD)
+            self.budget.add(delta + messages * QUEUED_OVERHEAD)
 
     def pop(self) -> Delivery | None:
         q0, q12 = self._q0, self._q12
@@ -146,7 +146,7 @@ class MessageQueue:
             d = q12.popleft()[1]
         else:
             return None
-        self._account(-len(d.msg.payload))
+        self._account(-len(d.msg.payload), -1)
         return d
 
     def drain(self) -> list:

@@ -42,11 +42,6 @@ def test_31_connect_accepted(net):
     assert ack == Connack(False, 0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="brokerd bug: MQTT 3.1 CONNACK carries the 3.1.1 session-present bit; "
-    "in 3.1 that byte is reserved/unused",
-)
 def test_31_connack_first_byte_is_reserved(net):
     """MQTT 3.1 (CONNACK, variable header byte 1): "Reserved values. Not used." Session Present only
     exists from 3.1.1 on, so a 3.1 client resuming a session must still see 0x00 there."""
@@ -317,11 +312,6 @@ def test_second_connect_311_closes(net):
     assert c.take() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="brokerd bug: a second CONNECT naming an unsupported level gets "
-    "DISCONNECT 0x84, not a valid DISCONNECT reason code (5.0 3.14.2.1)",
-)
 def test_second_connect_with_bad_level_is_still_a_protocol_error(net):
     """[MQTT-3.1.0-2]: a second CONNECT is a Protocol Error (0x82), whatever it contains."""
     c = net.client(MQTT5)
@@ -429,11 +419,6 @@ def test_pingreq_gets_pingresp_bytes(net):
     assert c.take() == [Pingresp()]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="brokerd bug: a refusing v5 CONNACK always carries its Reason String, "
-    "even past the client's Maximum Packet Size [MQTT-3.2.2-19]",
-)
 @pytest.mark.parametrize("props", [{P.AUTHENTICATION_METHOD: "SCRAM-SHA-1"}, {P.RECEIVE_MAXIMUM: 0}])
 def test_refusal_connack_respects_client_maximum_packet_size(net, props):
     """[MQTT-3.2.2-19]: the Server MUST NOT send a Reason String if it would make the CONNACK larger

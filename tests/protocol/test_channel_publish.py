@@ -78,11 +78,6 @@ def test_qos2_duplicate_publish_before_pubrel_is_not_routed_twice(net, version):
     assert sub.payloads() == [b"twice"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="brokerd bug: v5 QoS 2 PUBLISH reusing an unreleased packet id with DUP=0 "
-    "gets DISCONNECT 0x91 (not a DISCONNECT reason code) instead of PUBREC",
-)
 def test_qos2_same_id_without_dup_still_gets_pubrec_v5(net):
     """5.0 4.3.3 [MQTT-4.3.3-10]: until PUBREL, any PUBLISH with the same id is answered with
     PUBREC and not delivered again. 0x91 is not in the DISCONNECT reason code table (3.14.2.1)."""
@@ -509,12 +504,6 @@ def test_output_mark_queues_then_drains_in_order():
     assert net.stats.dropped_queue_full == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="brokerd deviation: the v5 Receive Maximum (max_inflight) is enforced on "
-    "3.1.1 clients too, which are disconnected after 32 unreleased QoS 2 "
-    "PUBLISHes; 3.1.1 has no such limit",
-)
 def test_311_client_may_pipeline_many_qos2_publishes(net):
     """MQTT 3.1.1 has no Receive Maximum: a client may send any number of QoS 2 PUBLISHes before it
     reads the PUBRECs (4.3.3). Only a v5 client that exceeds the Receive Maximum it was given is in

@@ -162,7 +162,6 @@ _WILL_EXPIRY_BUG = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=_WILL_EXPIRY_BUG)
 def test_delayed_will_expiry_counts_from_publication(net):
     """5.0 3.1.3.2.4: the will's Message Expiry Interval "is the lifetime of the Will Message in seconds
     and is sent as the Publication Expiry Interval when the Server publishes the Will Message"."""
@@ -175,7 +174,6 @@ def test_delayed_will_expiry_counts_from_publication(net):
     assert p.properties[P.MESSAGE_EXPIRY_INTERVAL] == 30
 
 
-@pytest.mark.xfail(strict=True, reason=_WILL_EXPIRY_BUG)
 def test_delayed_will_with_expiry_shorter_than_delay_is_still_published(net):
     w = watcher(net)
     will = Will("will/dev", b"bye", properties={P.WILL_DELAY_INTERVAL: 10, P.MESSAGE_EXPIRY_INTERVAL: 5})
@@ -193,12 +191,6 @@ def test_undelayed_will_expiry(net):
     assert p.properties[P.MESSAGE_EXPIRY_INTERVAL] == 30
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="brokerd deviation: Broker.shutdown drops every will; "
-    "[MQTT-3.1.2-8] requires publishing it when the server closes the "
-    "connection without a normal DISCONNECT",
-)
 def test_will_on_server_shutdown(net):
     c = net.connect("dev", will=Will("will/dev", b"offline", retain=True))
     net.broker.shutdown(net.now)
@@ -306,11 +298,6 @@ def test_311_persistent_session_never_expires(net):
     assert net.client(MQTT311).connect("dev", clean=False).session_present
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="brokerd bug (configuration, not spec): --max-session-expiry caps only "
-    "v5 sessions; 3.1.1/3.1 persistent sessions never expire",
-)
 def test_max_session_expiry_bounds_311_persistent_sessions():
     net = Net(ChannelLimits(max_session_expiry=60))
     c = net.connect("dev", clean=False)

@@ -98,12 +98,6 @@ def test_no_outbound_aliases_without_client_topic_alias_maximum(net):
         assert P.TOPIC_ALIAS not in (p.properties or {})  # [MQTT-3.3.2-7] with Topic Alias Maximum 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="brokerd bug: an outbound topic alias is registered before the "
-    "Maximum Packet Size check; when that PUBLISH is dropped the client "
-    "later gets an alias it never learned",
-)
 def test_outbound_alias_not_used_if_its_first_publish_was_dropped(net):
     """5.0 3.3.2.3.4: the sender may only use an alias with an empty topic once it has sent the mapping.
     A PUBLISH too large for the client is discarded [MQTT-3.1.2-25], so its mapping never arrived."""
@@ -443,12 +437,6 @@ def test_server_shutdown_sends_disconnect_8b(net):
     assert c3.take() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="brokerd bug: an inflight message too large for the client's new "
-    "Maximum Packet Size is skipped on session resume but kept inflight, "
-    "holding a Receive Maximum slot forever",
-)
 def test_inflight_too_large_after_resume_is_discarded(net):
     """[MQTT-3.1.2-25]: a packet too large to send is discarded and the server behaves as if it
     had completed sending it -- so it must not keep occupying the client's Receive Maximum."""

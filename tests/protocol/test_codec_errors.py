@@ -58,10 +58,6 @@ def connect_body(flags: int, payload: bytes, name="MQTT", level=4, keepalive=60,
     return s(name) + bytes([level, flags]) + keepalive.to_bytes(2, "big") + properties + payload
 
 
-def xfail(reason):
-    return pytest.mark.xfail(strict=True, reason=reason)
-
-
 # (version the decoder runs at, bytes, expected codes)
 CASES = {
     # --- fixed header
@@ -239,29 +235,17 @@ CASES = {
         MQTT5,
         frame(0x82, b"\x00\x01\x00" + s("a") + b"\x03"),
         {PROTOCOL},
-        marks=xfail(
-            "brokerd bug: v5 SUBSCRIBE Maximum QoS 3 is reported as Malformed (0x81); "
-            "5.0 3.8.3.1 says Protocol Error (0x82)"
         ),
-    ),
     "SUBSCRIBE v5 retain handling 3": pytest.param(
         MQTT5,
         frame(0x82, b"\x00\x01\x00" + s("a") + b"\x30"),
         {PROTOCOL},
-        marks=xfail(
-            "brokerd bug: v5 Retain Handling 3 is reported as Malformed (0x81); "
-            "5.0 3.8.3.1 says Protocol Error (0x82)"
         ),
-    ),
     "SUBSCRIBE v5 without topics": pytest.param(
         MQTT5,
         frame(0x82, b"\x00\x01\x00"),
         {PROTOCOL},
-        marks=xfail(
-            "brokerd bug: v5 SUBSCRIBE with no payload is reported as Malformed (0x81); "
-            "5.0 3.8.3 [MQTT-3.8.3-2] says Protocol Error (0x82)"
         ),
-    ),
     # --- UNSUBSCRIBE
     "UNSUBSCRIBE without topics": (MQTT311, frame(0xA2, b"\x00\x01"), EITHER),
     "UNSUBSCRIBE packet id 0": (MQTT311, frame(0xA2, b"\x00\x00" + s("a")), EITHER),
@@ -270,11 +254,7 @@ CASES = {
         MQTT5,
         frame(0xA2, b"\x00\x01\x00"),
         {PROTOCOL},
-        marks=xfail(
-            "brokerd bug: v5 UNSUBSCRIBE with no payload is reported as Malformed (0x81); "
-            "5.0 3.10.3 [MQTT-3.10.3-2] says Protocol Error (0x82)"
         ),
-    ),
     # --- acknowledgements
     "PUBACK packet id 0": (MQTT311, b"\x40\x02\x00\x00", EITHER),
     "PUBREC packet id 0 (v5)": (MQTT5, b"\x50\x02\x00\x00", EITHER),

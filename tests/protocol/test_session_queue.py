@@ -101,11 +101,6 @@ def test_budget_returns_to_zero():
 
 
 @pytest.mark.skipif(MemoryBudget is None, reason="no MemoryBudget in this tree")
-@pytest.mark.xfail(
-    strict=True,
-    reason="brokerd bug: MessageQueue._account charges -QUEUED_OVERHEAD when an "
-    "empty-payload message is queued, so the node budget drifts negative",
-)
 def test_budget_counts_empty_payloads():
     budget = MemoryBudget(10**9)
     q = MessageQueue(10, 0, budget)
