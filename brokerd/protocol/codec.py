@@ -487,7 +487,15 @@ class FrameDecoder:
                     props = None
                     if self.version == MQTT5:
                         props, j = _properties(buf, j, end, P.PUBLISH)
-                    out.append(Publish(topic, buf[j:end], qos, bool(b0 & 1), bool(dup), pid, props))
+                    pkt = Publish(topic, buf[j:end], qos, bool(b0 & 1), bool(dup), pid, props)
+                    if not qos and not b0 & 1:
+                        # Already the bytes every subscriber of this protocol family gets
+                        # (QoS 0, no retain flag): forward them instead of re-encoding.
+                        if self.version != MQTT5:
+                            pkt.enc3 = buf[pos:end]
+                        elif props is None:
+                            pkt.enc5 = buf[pos:end]
+                    out.append(pkt)
                 else:
                     if ptype == 0:
                         raise MalformedPacket("reserved packet type 0")
