@@ -119,6 +119,28 @@ class Config:
         return self
 
 
+def _check_type(name: str, value, source: str):
+    """A TOML value must have the type of the setting's default (an int will
+    do where a float is expected; optional paths are strings)."""
+    if name == "listen":
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{source}: listen must be a list of URLs")
+        return value
+    default = Config.__dataclass_fields__[name].default
+    expected = str if default is None else type(default)
+    if expected is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif expected is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, expected)
+    if not ok:
+        raise ConfigError(f"{source}: {name} must be {expected.__name__}, not {type(value).__name__} {value!r}")
+    return value
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m brokerd", description="MQTT 3.1.1 + 5.0 broker node")
     p.add_argument("--config", metavar="FILE", help="TOML file with the same keys as these flags")
@@ -177,9 +199,7 @@ def load(argv=None) -> Config:
             key = key.replace("-", "_")
             if key not in names:
                 raise ConfigError(f"{args.config}: unknown setting {key!r}")
-            values[key] = value
-        if isinstance(values.get("listen"), str):
-            values["listen"] = [values["listen"]]
+            values[key] = _check_type(key, value, args.config)
     for key, value in vars(args).items():
         if key != "config" and value is not None:
             values[key] = value
