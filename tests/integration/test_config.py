@@ -108,9 +108,9 @@ def test_bad_flags_exit_2(args):
 
 
 @pytest.mark.parametrize("text", ['max_inflight = "many"\n', 'sys_interval = "often"\n', 'max_connections = "10"\n'])
-@pytest.mark.xfail(strict=True, reason="brokerd bug: a config value of the wrong type (string for a number) "
-                   "crashes with a TypeError traceback and exit code 1 instead of a clear error and exit 2")
 def test_wrong_type_in_config_file_exits_2(tmp_path, text):
+    """Regression: a string for a number used to crash with a TypeError traceback, exit 1
+    (found by this suite; fixed in f2407e3)."""
     cfg = write(tmp_path, 'listen = ["mqtt://127.0.0.1:0"]\n' + text)
     proc = run_brokerd("--config", cfg)
     assert proc.returncode == 2, proc.stderr[-300:]
@@ -130,12 +130,10 @@ def test_help_lists_the_flags():
         assert flag in proc.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="brokerd bug: connect_timeout = \"1\" (quoted) is accepted, then every "
-                   "housekeeping sweep raises TypeError: no connect timeout, keepalive, will delay or session expiry")
 def test_quoted_number_in_config_is_refused_or_works(tmp_path):
-    """A quoted number is a common TOML mistake. Either refuse it at start (exit 2) or honour it;
-    brokerd starts and then its housekeeping fails on every sweep ("housekeeping failed"), so a
-    socket that never sends CONNECT stays open (and keepalive is not enforced either)."""
+    """A quoted number is a common TOML mistake. Either refuse it at start (exit 2) or honour it.
+    Regression: brokerd used to start and then fail every housekeeping sweep ("housekeeping
+    failed"): no connect timeout, keepalive, will delay or session expiry (fixed in f2407e3)."""
     cfg = write(tmp_path, 'connect_timeout = "1"\n')
     b = BrokerProcess("--config", cfg)
     try:

@@ -167,13 +167,11 @@ def test_v5_will_published_when_session_ends_before_delay(broker, client_id, top
     assert time.monotonic() - t0 <= 2.5
 
 
-@pytest.mark.xfail(strict=True, reason="brokerd bug: a delayed will's Message Expiry Interval runs from the "
-                   "disconnect, not from publication, so it can expire before it is published")
 def test_v5_delayed_will_message_expiry_starts_at_publication(broker, client_id, topic, watcher):
     """5.0 3.1.3.2.4: the will's Message Expiry Interval is "sent as the Publication Expiry Interval
     when the Server publishes the Will Message" -- its lifetime starts at publication. Will Delay 1 s,
     Message Expiry 1 s: an online subscriber must still get the will (the reference Mosquitto
-    delivers it)."""
+    delivers it). Regression: found by this suite, fixed in 7882229."""
     wp = props(PacketTypes.WILLMESSAGE, WillDelayInterval=1, MessageExpiryInterval=1)
     c = will_client(broker.port(), client_id, topic + "/will", V5, will_props=wp, conn_props=_session(30))
     c.drop()
