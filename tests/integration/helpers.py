@@ -64,19 +64,24 @@ class Client(PahoClient):
         self.client.ack(msg.mid, msg.qos)
 
     def stop_loop(self) -> None:
-        """Stop paho's network thread now (loop_stop alone waits for its 1 s select timeout)."""
+        """Stop paho's network thread now (loop_stop alone waits for its 1 s select timeout, and
+        forever while it has unacknowledged outgoing messages)."""
         c = self.client
-        if c._thread is None:
+        thread = c._thread
+        if thread is None:
             return
         c._thread_terminate = True
         try:
             c._sockpairW.send(b"0")
         except (OSError, AttributeError):
             pass
-        c.loop_stop()
+        if thread is not threading.current_thread():
+            thread.join(0.5)
+            if thread.is_alive():       # waiting for acks that will not come: cut the connection
+                self._shutdown_socket()
+                thread.join(5)
 
-    def drop(self) -> None:
-        """Close the TCP connection without DISCONNECT, as a network failure would."""
+    def _shutdown_socket(self) -> None:
         sock = self.client.socket()
         sock = getattr(sock, "_socket", sock)
         if sock is not None:
@@ -84,7 +89,13 @@ class Client(PahoClient):
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+    def drop(self) -> None:
+        """Close the TCP connection without DISCONNECT, as a network failure would."""
+        sock = self.client.socket()
+        self._shutdown_socket()
         self.stop_loop()
+        sock = getattr(sock, "_socket", sock)
         if sock is not None:
             sock.close()
 

@@ -9,7 +9,7 @@ import pytest
 
 from ..procs import BrokerProcess
 from . import raw
-from .helpers import V5, V311, Client, MosqSub, connect, mosq_pub
+from .helpers import V5, V311, Client, MosqSub, connect, mosq_pub, wait_until
 from .raw import CONNACK, DISCONNECT, RawClient
 
 
@@ -203,3 +203,62 @@ def test_mosquitto_clients_still_work_after_abuse(broker, topic):
     with MosqSub(broker.port(), topic, version="mqttv5") as sub:
         mosq_pub(broker.port(), topic, "fine", version="mqttv5")
         assert sub.messages(1)[0]["payload"] == "fine"
+
+
+# --------------------------------------------------------------------------- node-wide queue budget
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="brokerd bug: an offline persistent session's queue counts against "
+                   "--queue-budget and cannot drain, so every client that ever published stays paused forever")
+def test_offline_session_queue_does_not_stall_other_publishers(broker_factory, client_id, topic):
+    """--queue-budget 100000 (64 MB by default): one device offline with a persistent session
+    collects ~180 kB of queued messages (within its own --max-queued). An unrelated, live
+    publisher/subscriber pair must keep working; brokerd pauses reading from every connection
+    that has published and, as offline queues never drain, never resumes them."""
+    b = broker_factory("--queue-budget", "100000")
+    live_sub = connect(b.port(), client_id + "-ls", V311)
+    live_sub.subscribe(topic + "/live", 1)
+    live_pub = connect(b.port(), client_id + "-lp", V311)
+    live_pub.publish(topic + "/live", b"before", qos=1)
+    assert live_sub.expect().payload == b"before"
+    dev = connect(b.port(), client_id + "-dev", V311, clean=False)
+    dev.subscribe(topic + "/dev", 1)
+    dev.disconnect()
+    feeder = Client(client_id + "-feed", V311)
+    feeder.client.max_inflight_messages_set(500)
+    feeder.connect(b.port())
+    infos = [feeder.publish(topic + "/dev", b"y" * 200, qos=1, wait=False) for _ in range(400)]
+    try:
+        # the flood is in: 400 x 456 bytes of queue budget > 100000
+        wait_until(lambda: sum(i.is_published() for i in infos) >= 200, timeout=4, message="flood not accepted")
+        time.sleep(0.5)
+        live_pub.publish(topic + "/live", b"after", qos=1, wait=False)
+        assert live_sub.expect(timeout=3).payload == b"after"
+        wait_until(lambda: all(i.is_published() for i in infos), timeout=4, message="feeder stalled")
+    finally:
+        for c in (live_sub, live_pub, feeder):
+            c.stop_loop()
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="brokerd bug: over --queue-budget, a subscriber that has ever published "
+                   "is paused too; its PUBACKs are no longer read, its queue cannot drain: permanent stall")
+def test_queue_budget_does_not_deadlock_a_subscriber_that_also_publishes(broker_factory, client_id, topic):
+    """A device that publishes its status once and subscribes to commands (QoS 1) is sent a burst
+    of 400 commands (~180 kB queued > --queue-budget 100000). It acks everything it gets and must
+    eventually get all 400. brokerd pauses reading from it (it has published), never reads its
+    PUBACKs, so its inflight window never frees: it gets ~35 and the node stays paused."""
+    b = broker_factory("--queue-budget", "100000")
+    dev = connect(b.port(), client_id + "-dev", V311)
+    dev.subscribe(topic + "/cmd", 1)
+    dev.publish(topic + "/status", b"online", qos=1)
+    feeder = Client(client_id + "-feed", V311)
+    feeder.client.max_inflight_messages_set(500)
+    feeder.connect(b.port())
+    for i in range(400):
+        feeder.publish(topic + "/cmd", b"%04d" % i + b"y" * 196, qos=1, wait=False)
+    try:
+        assert len(dev.expect_n(400, timeout=4)) == 400
+    finally:
+        dev.stop_loop()
+        feeder.stop_loop()
