@@ -249,16 +249,24 @@ def test_queue_budget_does_not_deadlock_a_subscriber_that_also_publishes(broker_
     eventually get all 400. brokerd pauses reading from it (it has published), never reads its
     PUBACKs, so its inflight window never frees: it gets ~35 and the node stays paused."""
     b = broker_factory("--queue-budget", "100000")
-    dev = connect(b.port(), client_id + "-dev", V311)
+    dev = connect(b.port(), client_id + "-dev", V311, manual_ack=True)
     dev.subscribe(topic + "/cmd", 1)
     dev.publish(topic + "/status", b"online", qos=1)
     feeder = Client(client_id + "-feed", V311)
     feeder.client.max_inflight_messages_set(500)
     feeder.connect(b.port())
-    for i in range(400):
-        feeder.publish(topic + "/cmd", b"%04d" % i + b"y" * 196, qos=1, wait=False)
+    infos = [feeder.publish(topic + "/cmd", b"%04d" % i + b"y" * 196, qos=1, wait=False) for i in range(400)]
     try:
-        assert len(dev.expect_n(400, timeout=4)) == 400
+        # the device holds its 32-message window unacked while the burst queues up (> budget)
+        got = dev.expect_n(32)
+        wait_until(lambda: sum(i.is_published() for i in infos) >= 240, timeout=4, message="burst not accepted")
+        time.sleep(0.3)
+        for m in got:
+            dev.ack(m)
+        while len(got) < 400:
+            m = dev.expect(timeout=3)
+            dev.ack(m)
+            got.append(m)
     finally:
         dev.stop_loop()
         feeder.stop_loop()
