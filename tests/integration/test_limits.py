@@ -270,3 +270,23 @@ def test_queue_budget_does_not_deadlock_a_subscriber_that_also_publishes(broker_
     finally:
         dev.stop_loop()
         feeder.stop_loop()
+
+
+@pytest.mark.xfail(strict=True, reason="brokerd bug: a QoS 0 PUBLISH with a non-minimal Remaining Length is "
+                   "accepted and its bytes forwarded verbatim to v5 subscribers ([MQTT-1.5.5-1])")
+def test_non_minimal_remaining_length_not_forwarded(broker, client_id, topic):
+    """5.0 [MQTT-1.5.5-1]: a Variable Byte Integer MUST use the minimum number of bytes. A PUBLISH
+    whose Remaining Length is padded (0x8B 0x00 for 11) is malformed; whatever the server does
+    with it, it must not send such bytes on to its subscribers."""
+    with RawClient(broker.port()) as sub, RawClient(broker.port()) as pub:
+        sub.connect(client_id + "-s", version=5)
+        sub.subscribe(topic, 0)
+        pub.connect(client_id + "-p", version=5)
+        body = raw.s(topic) + b"\x00" + b"hi"          # topic, empty properties, payload
+        pub.send(b"\x30" + bytes((len(body) | 0x80, 0x00)) + body)
+        try:
+            sub.sock.settimeout(1)
+            data = sub.sock.recv(4096)
+        except TimeoutError:
+            return                                     # dropped: fine
+        assert data[1] < 0x80 or data[2] != 0x00, f"forwarded non-minimal encoding: {data[:4]!r}"
