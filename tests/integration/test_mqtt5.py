@@ -407,3 +407,48 @@ def test_v5_connack_properties_describe_server(broker, client_id):
     assert p.TopicAliasMaximum == 64
     assert p.MaximumPacketSize == 1048576
     c.disconnect()
+
+
+def test_enhanced_authentication_not_supported(broker, client_id):
+    """5.0 4.12: a CONNECT with an Authentication Method the server does not support gets CONNACK
+    0x8C Bad authentication method."""
+    with RawClient(broker.port()) as c:
+        c.send(raw.connect_packet(client_id, version=5, props={0x15: "SCRAM-SHA-1"}))
+        ack = c.expect(raw.CONNACK)
+        assert ack.code == 0x8C
+        c.expect_closed()
+
+
+def test_pubrel_for_unknown_packet_id(broker, client_id):
+    """5.0 3.7.2.1: PUBREL for a packet id the server does not know -> PUBCOMP 0x92."""
+    with RawClient(broker.port()) as c:
+        c.connect(client_id, version=5)
+        c.ack(raw.PUBREL, 77)
+        comp = c.expect(raw.PUBCOMP)
+        assert (comp.pid, comp.code) == (77, 0x92)
+        assert c.is_open()
+
+
+def test_topic_alias_does_not_survive_reconnect(broker, client_id, topic):
+    """[MQTT-3.3.2-7]: topic alias mappings belong to one network connection."""
+    with RawClient(broker.port()) as c:
+        c.connect(client_id, version=5)
+        c.publish(topic, b"x", props={raw.TOPIC_ALIAS: 1})
+        assert c.is_open(0.2)
+    with RawClient(broker.port()) as c:
+        c.connect(client_id, version=5)
+        c.publish("", b"y", props={raw.TOPIC_ALIAS: 1})
+        got = c.expect_closed()
+        assert len(got) == 1 and got[0].type == DISCONNECT and got[0].code in (0x82, 0x94)
+
+
+def test_resubscribe_replaces_subscription_identifier(broker, client_id, topic):
+    """[MQTT-3.8.4-3]: a repeated SUBSCRIBE replaces the subscription, identifier included."""
+    with connect(broker.port(), client_id, V5) as sub:
+        sub.subscribe(topic, 1, properties=props(PacketTypes.SUBSCRIBE, SubscriptionIdentifier=9))
+        sub.subscribe(topic, 1, properties=props(PacketTypes.SUBSCRIBE, SubscriptionIdentifier=10))
+        mosq_pub(broker.port(), topic, "a", qos=1)
+        assert sub.expect().properties.SubscriptionIdentifier == [10]
+        sub.subscribe(topic, 1)
+        mosq_pub(broker.port(), topic, "b", qos=1)
+        assert not hasattr(sub.expect().properties, "SubscriptionIdentifier")
