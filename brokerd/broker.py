@@ -292,6 +292,7 @@ class Broker:
         channel.session = None
         if session.channel is channel:
             session.channel = None
+            session.queue.attach_budget(None)
         self.channels.discard(channel)
         self.connected -= 1
         st = self.stats

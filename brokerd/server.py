@@ -26,6 +26,7 @@ from .transports.ws import WsMqttConnection
 log = logging.getLogger("brokerd")
 
 SWEEP_INTERVAL = 0.5     # keepalive / CONNECT timeout / will delay / expiry resolution, seconds
+BUDGET_PAUSE = 0.1       # longest pause of publishers over the queue budget before reading again
 SOCKET_SLACK = 1024      # sockets accepted beyond --max-connections before refusing at accept
 
 
@@ -87,6 +88,8 @@ class Server:
         self.budget = self.broker.budget
         self.budget.on_exceeded = self._over_budget
         self.budget_paused: list[MqttConnection] | None = None
+        self._budget_timer: asyncio.TimerHandle | None = None
+        self._budget_warned = False
         self.write_high = config.write_buffer_high
         self.servers: list[asyncio.AbstractServer] = []
         self.bound: list[Listener] = []
@@ -118,28 +121,47 @@ class Server:
         self.sys.tick(self.loop.time())
 
     def _over_budget(self) -> None:
-        """The node's queues passed the budget: stop reading from every
-        connection that publishes, now (called from inside the enqueue)."""
+        """The queues of connected sessions passed the budget: stop reading
+        from connections that publish, now (called from inside the enqueue).
+
+        Connections with deliveries of their own outstanding keep reading:
+        their acknowledgements are what frees the queues. The pause lasts
+        until the queues are down to half the budget, or BUDGET_PAUSE at most
+        -- then reading resumes and the next message over the budget pauses
+        again, so publishers are paced, never stopped for good.
+        """
         budget = self.budget
         paused = self.budget_paused = []
         for conn in self.connections:
-            if conn.channel.msgs_in:
+            ch = conn.channel
+            if ch.msgs_in and not ch.blocked and not (ch.session and ch.session.inflight):
                 conn.pause_reading(PAUSE_BUDGET)
                 paused.append(conn)
-        log.warning("queued messages hold %d bytes (budget %d): pausing %d publishers",
-                    budget.used, budget.limit, len(paused))
+        self._budget_timer = self.loop.call_later(BUDGET_PAUSE, self._resume_publishers)
+        if not self._budget_warned:
+            self._budget_warned = True
+            log.warning("queued messages hold %d bytes (budget %d): pacing %d publishers",
+                        budget.used, budget.limit, len(paused))
+
+    def _resume_publishers(self) -> None:
+        paused = self.budget_paused or []
+        self.budget_paused = None
+        if self._budget_timer is not None:
+            self._budget_timer.cancel()
+            self._budget_timer = None
+        self.budget.tripped = False
+        for conn in paused:
+            conn.resume_reading(PAUSE_BUDGET)
 
     def check_budget(self) -> None:
-        """After each round of writes: resume publishers once the queues have
-        drained to half the budget."""
+        """After each round of writes: resume publishers as soon as the queues
+        have drained to half the budget."""
         budget = self.budget
         if budget.tripped and budget.used <= budget.limit // 2:
-            paused = self.budget_paused or []
-            self.budget_paused = None
-            budget.tripped = False
-            for conn in paused:
-                conn.resume_reading(PAUSE_BUDGET)
-            log.info("queues drained to %d bytes: resumed %d publishers", budget.used, len(paused))
+            self._resume_publishers()
+            if self._budget_warned:
+                self._budget_warned = False
+                log.info("queues drained to %d bytes: publishers resumed", budget.used)
 
     def _sweep(self) -> None:
         now = self.loop.time()

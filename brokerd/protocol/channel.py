@@ -255,6 +255,7 @@ class Channel:
         self.session = session
         self.ns = session.ns
         session.channel = self
+        session.queue.attach_budget(session.budget)
         self.connected_at = now
         self.state = CONNECTED
         if assigned_client_id:

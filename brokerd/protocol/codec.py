@@ -102,6 +102,8 @@ def _varint(buf, i, end):
         i += 1
         value |= (b & 0x7F) << shift
         if not b & 0x80:
+            if not b and shift:
+                raise MalformedPacket("variable byte integer not in its shortest form")
             return value, i
         shift += 7
     raise MalformedPacket("variable byte integer longer than 4 bytes")
@@ -446,6 +448,8 @@ class FrameDecoder:
                         i += 1
                         rl |= (b & 0x7F) << shift
                         if not b & 0x80:
+                            if not b:
+                                raise MalformedPacket("remaining length not in its shortest form")
                             break
                         shift += 7
                     if rl < 0:

@@ -133,6 +133,21 @@ class MessageQueue:
         self._account(size, 1)
         return dropped
 
+    def attach_budget(self, budget: "MemoryBudget | None") -> None:
+        """Charge (or, with None, stop charging) this queue to a node budget.
+
+        Only the queues of connected sessions count: they are the ones that
+        can drain. An offline session's queue is bounded by its own limits.
+        """
+        if self.budget is budget:
+            return
+        held = self.bytes + len(self) * QUEUED_OVERHEAD
+        if self.budget is not None:
+            self.budget.add(-held)
+        self.budget = budget
+        if budget is not None:
+            budget.add(held)
+
     def _account(self, delta: int, messages: int) -> None:
         self.bytes += delta
         if self.budget is not None:
@@ -161,7 +176,7 @@ class MessageQueue:
 
 class Session:
     __slots__ = ("client_id", "ns", "subscriptions", "inflight", "queue", "awaiting_rel", "expiry_interval",
-                 "channel", "next_pid", "expires_at", "pending_will", "__weakref__")
+                 "channel", "next_pid", "expires_at", "pending_will", "budget", "__weakref__")
 
     def __init__(self, client_id: str, ns, max_queued=1000, max_queued_bytes=0, expiry_interval=0,
                  budget: MemoryBudget | None = None):
@@ -169,7 +184,8 @@ class Session:
         self.ns = ns                       # the namespace (tenant) the session lives in
         self.subscriptions: dict[str, Subscription] = {}
         self.inflight: dict[int, Delivery] = {}   # outgoing QoS 1/2 by packet id, in send order
-        self.queue = MessageQueue(max_queued, max_queued_bytes, budget)
+        self.queue = MessageQueue(max_queued, max_queued_bytes)
+        self.budget = budget                       # charged with the queue while connected
         self.awaiting_rel: set[int] = set()       # incoming QoS 2 packet ids before PUBREL
         self.expiry_interval = expiry_interval     # seconds; NEVER = does not expire
         self.channel = None                        # the connected Channel, if any
