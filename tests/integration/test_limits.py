@@ -208,13 +208,12 @@ def test_mosquitto_clients_still_work_after_abuse(broker, topic):
 # --------------------------------------------------------------------------- node-wide queue budget
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="brokerd bug: an offline persistent session's queue counts against "
-                   "--queue-budget and cannot drain, so every client that ever published stays paused forever")
 def test_offline_session_queue_does_not_stall_other_publishers(broker_factory, client_id, topic):
     """--queue-budget 100000 (64 MB by default): one device offline with a persistent session
     collects ~180 kB of queued messages (within its own --max-queued). An unrelated, live
-    publisher/subscriber pair must keep working; brokerd pauses reading from every connection
-    that has published and, as offline queues never drain, never resumes them."""
+    publisher/subscriber pair must keep working. Regression: brokerd paused every connection that
+    had published and, as offline queues never drain, never resumed them (found by this suite,
+    fixed in 5e20aee)."""
     b = broker_factory("--queue-budget", "100000")
     live_sub = connect(b.port(), client_id + "-ls", V311)
     live_sub.subscribe(topic + "/live", 1)
@@ -241,13 +240,12 @@ def test_offline_session_queue_does_not_stall_other_publishers(broker_factory, c
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="brokerd bug: over --queue-budget, a subscriber that has ever published "
-                   "is paused too; its PUBACKs are no longer read, its queue cannot drain: permanent stall")
 def test_queue_budget_does_not_deadlock_a_subscriber_that_also_publishes(broker_factory, client_id, topic):
     """A device that publishes its status once and subscribes to commands (QoS 1) is sent a burst
     of 400 commands (~180 kB queued > --queue-budget 100000). It acks everything it gets and must
-    eventually get all 400. brokerd pauses reading from it (it has published), never reads its
-    PUBACKs, so its inflight window never frees: it gets ~35 and the node stays paused."""
+    eventually get all 400. Regression: brokerd paused reading from it (it had published), never
+    read its PUBACKs, so its window never freed: it got ~35 and the node stalled (found by this
+    suite, fixed in 5e20aee)."""
     b = broker_factory("--queue-budget", "100000")
     dev = connect(b.port(), client_id + "-dev", V311, manual_ack=True)
     dev.subscribe(topic + "/cmd", 1)
@@ -272,12 +270,11 @@ def test_queue_budget_does_not_deadlock_a_subscriber_that_also_publishes(broker_
         feeder.stop_loop()
 
 
-@pytest.mark.xfail(strict=True, reason="brokerd bug: a QoS 0 PUBLISH with a non-minimal Remaining Length is "
-                   "accepted and its bytes forwarded verbatim to v5 subscribers ([MQTT-1.5.5-1])")
 def test_non_minimal_remaining_length_not_forwarded(broker, client_id, topic):
     """5.0 [MQTT-1.5.5-1]: a Variable Byte Integer MUST use the minimum number of bytes. A PUBLISH
     whose Remaining Length is padded (0x8B 0x00 for 11) is malformed; whatever the server does
-    with it, it must not send such bytes on to its subscribers."""
+    with it, it must not send such bytes on to its subscribers. Regression: they were forwarded
+    verbatim (found by this suite, fixed in 5e20aee)."""
     with RawClient(broker.port()) as sub, RawClient(broker.port()) as pub:
         sub.connect(client_id + "-s", version=5)
         sub.subscribe(topic, 0)
