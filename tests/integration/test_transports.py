@@ -6,12 +6,16 @@ import os
 import socket
 import ssl
 import subprocess
+import time
 
 import pytest
 import trustme
 from paho.mqtt.client import WebsocketConnectionError
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, BytesMessage, CloseConnection, Ping, Pong, Request, TextMessage
 
 from ..procs import ROOT, BrokerProcess
+from . import raw
 from .helpers import V5, V311, Client, MosqSub, connect, mosq_pub
 
 
@@ -122,6 +126,69 @@ def test_websocket_upgrade_only_on_listener_path(broker):
     assert ok.startswith(b"HTTP/1.1 101") and b"sec-websocket-protocol: mqtt" in ok.lower()
     assert _http_upgrade(broker.port("ws"), "/other").startswith(b"HTTP/1.1 404")
     assert _http_upgrade(broker.port("ws"), "/mqtt", protocol="chat").startswith(b"HTTP/1.1 400")
+
+
+class WsClient:
+    """MQTT bytes over a WebSocket driven by wsproto (client side), frame by frame."""
+
+    def __init__(self, port):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=3)
+        self.ws = WSConnection(ConnectionType.CLIENT)
+        self.sock.sendall(self.ws.send(Request(host="127.0.0.1", target="/mqtt", subprotocols=["mqtt"])))
+        assert isinstance(self.events()[0], AcceptConnection)
+
+    def events(self):
+        data = self.sock.recv(65536)
+        self.ws.receive_data(data or None)
+        return list(self.ws.events())
+
+    def send_frames(self, *chunks):
+        out = b""
+        for i, chunk in enumerate(chunks):
+            out += self.ws.send(BytesMessage(data=chunk, message_finished=i == len(chunks) - 1))
+        self.sock.sendall(out)
+
+    def mqtt_bytes(self, n, timeout=3):
+        """Read frames until n bytes of MQTT data arrived."""
+        data = b""
+        deadline = time.monotonic() + timeout
+        while len(data) < n and time.monotonic() < deadline:
+            for ev in self.events():
+                if isinstance(ev, BytesMessage):
+                    data += ev.data
+        return data
+
+    def close(self):
+        self.sock.close()
+
+
+def test_websocket_mqtt_split_and_packed_across_frames(broker):
+    """MQTT packets may be split across WebSocket frames and several may share one frame."""
+    c = WsClient(broker.port("ws"))
+    try:
+        conn = raw.connect_packet("ws-frames", version=4)
+        c.send_frames(conn[:3], conn[3:7], conn[7:])
+        assert c.mqtt_bytes(4) == b"\x20\x02\x00\x00"
+        c.send_frames(raw.subscribe_packet(1, [("wsf/t", 1)]) + raw.publish_packet("wsf/t", b"hi", 1, pid=5))
+        got = c.mqtt_bytes(5 + 4 + 11)
+        assert got.startswith(b"\x90\x03\x00\x01\x01")           # SUBACK granted QoS 1
+        assert b"\x40\x02\x00\x05" in got                       # PUBACK for packet 5
+        assert b"\x00\x05wsf/t" in got and b"hi" in got              # the message itself
+    finally:
+        c.close()
+
+
+def test_websocket_ping_and_text_frame(broker):
+    """A WebSocket ping gets a pong; a text frame closes the connection ([MQTT-6.0.0-1])."""
+    c = WsClient(broker.port("ws"))
+    try:
+        c.sock.sendall(c.ws.send(Ping(payload=b"p")))
+        assert any(isinstance(e, Pong) for e in c.events())
+        c.sock.sendall(c.ws.send(TextMessage(data="not mqtt")))
+        closes = [e for e in c.events() if isinstance(e, CloseConnection)]
+        assert closes and closes[0].code == 1003
+    finally:
+        c.close()
 
 
 def test_paho_websocket_wrong_path_fails(broker, client_id):
