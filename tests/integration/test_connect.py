@@ -296,3 +296,16 @@ def test_connack_received_within_deadline(broker, client_id):
     assert time.monotonic() - t0 < 2
     wait_until(lambda: c.client.is_connected())
     c.disconnect()
+
+
+def test_v5_server_keep_alive_is_enforced(broker_factory, client_id):
+    """The keepalive the server announced (Server Keep Alive 1, the client asked for 100) is the one
+    enforced: a silent client is cut after about 1.5 s with DISCONNECT 0x8D."""
+    b = broker_factory("--max-keepalive", "1")
+    with RawClient(b.port()) as c:
+        ack = c.connect(client_id, version=5, keepalive=100)
+        assert ack.props[raw.SERVER_KEEP_ALIVE] == 1
+        t0 = time.monotonic()
+        got = c.expect_closed(timeout=4)
+        assert [(p.type, p.code) for p in got] == [(raw.DISCONNECT, 0x8D)]
+        assert 1.4 <= time.monotonic() - t0 <= 2.6
