@@ -194,3 +194,14 @@ def _rc(value):
     from paho.mqtt.reasoncodes import ReasonCode
 
     return ReasonCode(PacketTypes.DISCONNECT, identifier=value)
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_will_sent_when_server_closes_for_protocol_error(broker, client_id, topic, watcher, version):
+    """3.1.1 3.1.2.5 / 5.0 [MQTT-3.1.2-8]: the server closing the connection because of a protocol
+    error (here a PUBLISH with QoS 3) publishes the will."""
+    with RawClient(broker.port()) as c:
+        c.connect(client_id, version=version, will=(topic + "/will", b"broken", 1, False, None))
+        c.send(b"\x36\x05\x00\x01a\x00\x01")
+        c.expect_closed()
+    assert watcher.expect().payload == b"broken"
