@@ -2,9 +2,7 @@
 command-line clients, a reference Mosquitto broker and polling."""
 
 import json
-import os
 import queue
-import select
 import socket
 import subprocess
 import tempfile
@@ -263,25 +261,6 @@ class MosquittoProcess:
             self.proc.terminate()
             self.proc.wait(5)
         self.dir.cleanup()
-
-
-def read_lines_until(stream, pattern: str, timeout: float) -> list[str]:
-    lines = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r, _, _ = select.select([stream], [], [], 0.1)
-        if r:
-            line = stream.readline()
-            if not line:
-                break
-            lines.append(line)
-            if pattern in line:
-                return lines
-    raise AssertionError(f"{pattern!r} not seen in {lines}")
-
-
-def env_without_proxy() -> dict:
-    return {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
 
 
 __all__ = ["V5", "V31", "V311", "Client", "MosqSub", "MosquittoProcess", "PacketTypes", "connect", "mosq_pub",

@@ -153,7 +153,6 @@ def test_unacked_qos1_redelivered_with_dup_after_reconnect(broker, client_id, to
         assert c.connect(client_id, version=version, clean=False, props=cprops).session_present
         assert c.is_open(0.3)  # nothing more is re-sent once acknowledged
         assert not c.buf
-        c.connect  # noqa: B018
     with RawClient(broker.port()) as c:
         c.connect(client_id, version=version, clean=True)
 
