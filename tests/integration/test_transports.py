@@ -334,6 +334,6 @@ def test_connect_timeout_after_tls_handshake(tls_timeout_broker, pki):
 def test_connect_timeout_before_tls_handshake(tls_timeout_broker):
     """--connect-timeout 1 ("close sockets that send no CONNECT in time") must also close a socket
     on the mqtts listener that never even starts TLS -- otherwise idle sockets pile up for a
-    minute each, outside --max-connections too."""
+    minute each (asyncio's ssl_handshake_timeout), whatever --connect-timeout says."""
     with socket.create_connection(("127.0.0.1", tls_timeout_broker.port("mqtts")), timeout=3) as s:
         assert s.recv(10) == b""
