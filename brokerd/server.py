@@ -112,8 +112,9 @@ class Server:
         for lst in self.config.listeners():
             if lst.tls and ctx is None:
                 ctx = tls_context(self.config)
-            srv = await self.loop.create_server(self._factory(lst), lst.host, lst.port, ssl=ctx if lst.tls else None,
-                                                backlog=4096, reuse_address=True)
+            tls = {"ssl": ctx, "ssl_handshake_timeout": self.config.connect_timeout} if lst.tls else {}
+            srv = await self.loop.create_server(self._factory(lst), lst.host, lst.port, backlog=4096,
+                                                reuse_address=True, **tls)
             self.servers.append(srv)
             port = srv.sockets[0].getsockname()[1]
             self.bound.append(Listener(lst.scheme, lst.host, port, lst.path))

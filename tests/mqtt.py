@@ -47,6 +47,7 @@ class PahoClient:
         self.unsubacks: dict[int, list] = {}
         self.disconnects: queue.Queue = queue.Queue()
         self._cv = threading.Condition()
+        self._last_flags = None
         c = self.client
         c.on_connect = self._on_connect
         c.on_message = self._on_message
@@ -88,6 +89,7 @@ class PahoClient:
         self.client.loop_start()
         if wait:
             flags, rc, p = self.connack_result()
+            self._last_flags = flags
             if rc.is_failure:
                 raise ConnectionError(f"CONNACK refused: {rc} ({rc.value:#x})")
         return self

@@ -329,8 +329,6 @@ def test_connect_timeout_after_tls_handshake(tls_timeout_broker, pki):
         assert s.recv(10) == b""
 
 
-@pytest.mark.xfail(strict=True, reason="brokerd bug: --connect-timeout does not cover a TLS listener's sockets "
-                   "before the handshake; a silent TCP connection stays open ~60 s (asyncio's default)")
 def test_connect_timeout_before_tls_handshake(tls_timeout_broker):
     """--connect-timeout 1 ("close sockets that send no CONNECT in time") must also close a socket
     on the mqtts listener that never even starts TLS -- otherwise idle sockets pile up for a
