@@ -1,0 +1,847 @@
+"""A TEST DOUBLE of the HBase Thrift gateway (Thrift1 ``Hbase`` service) -- not HBase.
+
+It serves the IDL that happybase ships (``happybase/Hbase.thrift``) with
+thriftpy2 on 127.0.0.1, so that ``HBaseStore`` (and happybase itself) can be
+tested without a JVM. The data lives in one SQLite file (or ``:memory:``):
+killing the double's process and starting it again on the same file behaves
+like a Thrift gateway dying in front of a live HBase -- open connections and
+scanners are gone, committed cells are not.
+
+Two ways to run it::
+
+    double = HBaseDouble("/tmp/h.db").start()     # in-process, daemon threads
+    double.port; double.fail("mutateRows"); double.stop()
+
+    python -m tests.hbase_double --port 0 --data /tmp/h.db
+    # prints "hbase-double ready port=NNNN", serves until killed
+
+What it does like HBase (1.x/2.x Thrift1 gateway over ``max_versions=1``
+families):
+
+- tables with column families (``getColumnDescriptors`` names end in ``:``),
+  ``createTable`` raises ``AlreadyExists``, ``deleteTable`` needs the table
+  disabled first, reads and writes of a disabled table or an unknown table
+  raise ``IOError`` (``TableNotFoundException`` / ``TableNotEnabledException``);
+  a column of an unknown family raises ``IOError`` (``NoSuchColumnFamilyException``);
+- cells keep their latest version only, with a millisecond timestamp; a put
+  with an older explicit timestamp than the stored cell is a no-op, the
+  ``*Ts`` deletes remove cells whose timestamp is <= the given one, the ``*Ts``
+  reads return cells older than the given timestamp (``setTimeRange(0, ts)``);
+- a column ``b"fam"`` (no colon) means the whole family, in deletes, gets and
+  scans; ``b"fam:"`` is treated the same way (HBase 0.94 semantics and what
+  happybase documents; HBase >= 0.96 reads ``fam:`` as the empty qualifier --
+  happybase itself never sends it: ``batch.delete(row)`` sends ``b"fam"``);
+- ``mutateRows``: within one call the deletes win over the puts (HBase applies
+  the puts, then the deletes, with the same current timestamp); ``mutateRow``
+  applies deletes, then puts;
+- ``atomicIncrement`` / ``increment``: 8-byte big-endian signed cells;
+  incrementing a cell of another width raises ``IOError``;
+- scanners: rows sorted by key (bytes order), ``startRow`` inclusive,
+  ``stopRow`` exclusive, column filter (rows with no matching cell are
+  skipped), ``reversed``, ``batchSize`` (partial rows), ``sortColumns``;
+  results are fetched from the table as the client pages through them;
+  scanner ids live in the gateway process (a restart invalidates them:
+  ``IllegalArgument``);
+- unexpected failures are answered with ``IOError`` instead of a dropped
+  connection; in-process, ``fail(api, times)`` injects ``IOError`` failures.
+
+What it does differently (be careful when a test passes only here):
+
+- no delete markers: a put issued right after a delete of the same cell is
+  always visible, while HBase hides puts whose timestamp is not newer than a
+  delete marker (same millisecond);
+- every call is one SQLite transaction, so ``mutateRows`` is atomic across
+  rows (HBase applies rows independently);
+- filter strings (``filterString``) are refused with ``IOError``;
+  ``getRowOrBefore`` and ``getRegionInfo`` are not implemented (``IOError``).
+"""
+
+import argparse
+import importlib.util
+import itertools
+import os
+import select
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import thriftpy2
+from thriftpy2.protocol import TBinaryProtocolFactory, TCompactProtocolFactory
+from thriftpy2.server import TThreadedServer
+from thriftpy2.thrift import TProcessor
+from thriftpy2.transport import TBufferedTransportFactory, TFramedTransportFactory, TServerSocket, TSocket
+
+
+def _idl():
+    """The ``Hbase_thrift`` module: happybase's, if it is loaded already."""
+    mod = sys.modules.get("Hbase_thrift")
+    if mod is None:
+        spec = importlib.util.find_spec("happybase")
+        path = Path(spec.submodule_search_locations[0]) / "Hbase.thrift"
+        mod = thriftpy2.load(str(path), module_name="Hbase_thrift")
+    return mod
+
+
+Hbase_thrift = _idl()
+T = Hbase_thrift
+LATEST = 0x7FFFFFFFFFFFFFFF            # HConstants.LATEST_TIMESTAMP
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tables (name BLOB PRIMARY KEY, enabled INTEGER NOT NULL) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS families (
+    tbl BLOB NOT NULL, name BLOB NOT NULL, max_versions INTEGER, compression TEXT, in_memory INTEGER,
+    bloom_filter_type TEXT, bloom_filter_vector_size INTEGER, bloom_filter_nb_hashes INTEGER,
+    block_cache_enabled INTEGER, time_to_live INTEGER,
+    PRIMARY KEY (tbl, name)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS cells (
+    tbl BLOB NOT NULL, row BLOB NOT NULL, col BLOB NOT NULL, value BLOB NOT NULL, ts INTEGER NOT NULL,
+    PRIMARY KEY (tbl, row, col)) WITHOUT ROWID;
+"""
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _family_range(family: bytes) -> tuple[bytes, bytes]:
+    """Column names of one family: ``fam:`` <= col < ``fam;``."""
+    return family + b":", family + b";"
+
+
+def _split(column: bytes) -> tuple[bytes, bytes | None]:
+    """``fam:qual`` -> (fam, qual); ``fam`` or ``fam:`` -> (fam, None): the whole family."""
+    fam, sep, qual = column.partition(b":")
+    if not sep or not qual:
+        return fam, None
+    return fam, qual
+
+
+class _Scanner:
+    __slots__ = ("table", "start", "start_inclusive", "stop", "columns", "before", "batch", "sort",
+                 "reverse", "pending", "done")
+
+    def __init__(self, table, start, stop, columns, before, batch, sort, reverse):
+        self.table = table
+        self.start = start or b""
+        self.start_inclusive = True
+        self.stop = stop or None
+        self.columns = columns
+        self.before = before
+        self.batch = batch
+        self.sort = sort
+        self.reverse = reverse
+        self.pending: list = []
+        self.done = False
+
+
+class Handler:
+    """The ``Hbase`` service over SQLite; one lock, one transaction per call."""
+
+    def __init__(self, path: str):
+        self.path = str(path)
+        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        if self.path != ":memory:":
+            self.db.execute("PRAGMA journal_mode = WAL")
+            self.db.execute("PRAGMA synchronous = NORMAL")
+        self.db.executescript(SCHEMA)
+        self.lock = threading.Lock()
+        self.scanners: dict[int, _Scanner] = {}
+        self._ids = itertools.count(1)
+        self.calls = 0
+
+    def close(self):
+        with self.lock:
+            self.db.close()
+
+    # ----------------------------------------------------------- plumbing
+
+    def __getattr__(self, api):
+        if api in T.Hbase.thrift_services:
+            def unsupported(*args):
+                raise T.IOError(message=f"{api} is not implemented by the HBase test double")
+            return unsupported
+        raise AttributeError(api)
+
+    def _tx(self, fn, *args):
+        """Run ``fn`` in one transaction; unexpected errors become IOError."""
+        with self.lock:
+            self.calls += 1
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(*args)
+            except BaseException as exc:
+                self.db.execute("ROLLBACK")
+                if isinstance(exc, (T.IOError, T.IllegalArgument, T.AlreadyExists)):
+                    raise
+                if isinstance(exc, Exception):
+                    raise T.IOError(message=f"{type(exc).__name__}: {exc}") from exc
+                raise
+            self.db.execute("COMMIT")
+            return result
+
+    def _table(self, name: bytes, enabled: bool = True) -> bytes:
+        row = self.db.execute("SELECT enabled FROM tables WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise T.IOError(message=f"org.apache.hadoop.hbase.TableNotFoundException: {name.decode(errors='replace')}")
+        if enabled and not row[0]:
+            raise T.IOError(message=f"org.apache.hadoop.hbase.TableNotEnabledException: "
+                                    f"{name.decode(errors='replace')} is disabled")
+        return name
+
+    def _families(self, table: bytes) -> set[bytes]:
+        return {r[0] for r in self.db.execute("SELECT name FROM families WHERE tbl = ?", (table,))}
+
+    def _check_family(self, table: bytes, family: bytes, families: set | None = None) -> None:
+        if family not in (families if families is not None else self._families(table)):
+            raise T.IOError(message=f"org.apache.hadoop.hbase.regionserver.NoSuchColumnFamilyException: "
+                                    f"Column family {family.decode(errors='replace')} does not exist in region "
+                                    f"{table.decode(errors='replace')}")
+
+    # -------------------------------------------------------------- admin
+
+    def getTableNames(self):
+        return self._tx(lambda: [r[0] for r in self.db.execute("SELECT name FROM tables ORDER BY name")])
+
+    def isTableEnabled(self, name):
+        def run():
+            self._table(name, enabled=False)
+            return bool(self.db.execute("SELECT enabled FROM tables WHERE name = ?", (name,)).fetchone()[0])
+        return self._tx(run)
+
+    def enableTable(self, name):
+        def run():
+            self._table(name, enabled=False)
+            self.db.execute("UPDATE tables SET enabled = 1 WHERE name = ?", (name,))
+        self._tx(run)
+
+    def disableTable(self, name):
+        def run():
+            self._table(name, enabled=False)
+            self.db.execute("UPDATE tables SET enabled = 0 WHERE name = ?", (name,))
+        self._tx(run)
+
+    def compact(self, name):
+        self._tx(self._table, name, False)
+
+    def majorCompact(self, name):
+        self._tx(self._table, name, False)
+
+    def createTable(self, name, descriptors):
+        def run():
+            if not name:
+                raise T.IllegalArgument(message="table name is empty")
+            if self.db.execute("SELECT 1 FROM tables WHERE name = ?", (name,)).fetchone():
+                raise T.AlreadyExists(message=f"table name already in use: {name.decode(errors='replace')}")
+            if not descriptors:
+                raise T.IllegalArgument(message="a table needs at least one column family")
+            self.db.execute("INSERT INTO tables VALUES (?, 1)", (name,))
+            for d in descriptors:
+                fam = d.name.rstrip(b":")
+                if not fam or b":" in fam:
+                    raise T.IllegalArgument(message=f"bad column family name {d.name!r}")
+                self.db.execute("INSERT INTO families VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                (name, fam, d.maxVersions, _text(d.compression), int(bool(d.inMemory)),
+                                 _text(d.bloomFilterType), d.bloomFilterVectorSize, d.bloomFilterNbHashes,
+                                 int(bool(d.blockCacheEnabled)), d.timeToLive))
+        self._tx(run)
+
+    def deleteTable(self, name):
+        def run():
+            self._table(name, enabled=False)
+            if self.db.execute("SELECT enabled FROM tables WHERE name = ?", (name,)).fetchone()[0]:
+                raise T.IOError(message=f"org.apache.hadoop.hbase.TableNotDisabledException: "
+                                        f"{name.decode(errors='replace')}")
+            for table in ("tables", "families", "cells"):
+                self.db.execute(f"DELETE FROM {table} WHERE {'name' if table == 'tables' else 'tbl'} = ?", (name,))
+        self._tx(run)
+
+    def getColumnDescriptors(self, name):
+        def run():
+            self._table(name, enabled=False)
+            out = {}
+            for (fam, mv, comp, mem, bft, bfvs, bfnh, bce, ttl) in self.db.execute(
+                    "SELECT name, max_versions, compression, in_memory, bloom_filter_type, bloom_filter_vector_size,"
+                    " bloom_filter_nb_hashes, block_cache_enabled, time_to_live FROM families WHERE tbl = ?"
+                    " ORDER BY name", (name,)):
+                out[fam + b":"] = T.ColumnDescriptor(
+                    name=fam + b":", maxVersions=mv, compression=comp, inMemory=bool(mem), bloomFilterType=bft,
+                    bloomFilterVectorSize=bfvs, bloomFilterNbHashes=bfnh, blockCacheEnabled=bool(bce),
+                    timeToLive=ttl)
+            return out
+        return self._tx(run)
+
+    def getTableRegions(self, name):
+        def run():
+            self._table(name, enabled=False)
+            return [T.TRegionInfo(startKey=b"", endKey=b"", id=1, name=name + b",,1.double", version=1,
+                                  serverName=b"127.0.0.1", port=0)]
+        return self._tx(run)
+
+    # -------------------------------------------------------------- reads
+
+    def _column_clause(self, table: bytes, columns) -> tuple[str, list]:
+        if not columns:
+            return "", []
+        families = self._families(table)
+        parts, args = [], []
+        for c in columns:
+            fam, qual = _split(c)
+            self._check_family(table, fam, families)
+            if qual is None:
+                lo, hi = _family_range(fam)
+                parts.append("(col >= ? AND col < ?)")
+                args += [lo, hi]
+            else:
+                parts.append("col = ?")
+                args.append(fam + b":" + qual)
+        return " AND (" + " OR ".join(parts) + ")", args
+
+    def _row_cells(self, table, row, columns=None, before=None) -> list:
+        where, args = self._column_clause(table, columns)
+        if before is not None:
+            where += " AND ts < ?"
+            args.append(before)
+        return self.db.execute(f"SELECT col, value, ts FROM cells WHERE tbl = ? AND row = ?{where} ORDER BY col",
+                               [table, row, *args]).fetchall()
+
+    @staticmethod
+    def _result(row: bytes, cells, sort: bool = False):
+        if sort:
+            return T.TRowResult(row=row, sortedColumns=[T.TColumn(columnName=c, cell=T.TCell(value=v, timestamp=ts))
+                                                        for c, v, ts in cells])
+        return T.TRowResult(row=row, columns={c: T.TCell(value=v, timestamp=ts) for c, v, ts in cells})
+
+    def _get_rows(self, table, rows, columns=None, before=None):
+        def run():
+            self._table(table)
+            out = []
+            for row in rows:
+                cells = self._row_cells(table, row, columns, before)
+                if cells:
+                    out.append(self._result(row, cells))
+            return out
+        return self._tx(run)
+
+    def getRow(self, table, row, attributes=None):
+        return self._get_rows(table, [row])
+
+    def getRowWithColumns(self, table, row, columns, attributes=None):
+        return self._get_rows(table, [row], columns)
+
+    def getRowTs(self, table, row, timestamp, attributes=None):
+        return self._get_rows(table, [row], None, timestamp)
+
+    def getRowWithColumnsTs(self, table, row, columns, timestamp, attributes=None):
+        return self._get_rows(table, [row], columns, timestamp)
+
+    def getRows(self, table, rows, attributes=None):
+        return self._get_rows(table, rows)
+
+    def getRowsWithColumns(self, table, rows, columns, attributes=None):
+        return self._get_rows(table, rows, columns)
+
+    def getRowsTs(self, table, rows, timestamp, attributes=None):
+        return self._get_rows(table, rows, None, timestamp)
+
+    def getRowsWithColumnsTs(self, table, rows, columns, timestamp, attributes=None):
+        return self._get_rows(table, rows, columns, timestamp)
+
+    def _cell(self, table, row, column, before=None):
+        def run():
+            self._table(table)
+            fam, qual = _split(column)
+            self._check_family(table, fam)
+            cells = self._row_cells(table, row, [column], before)
+            return [T.TCell(value=v, timestamp=ts) for _, v, ts in cells[:1]] if qual is not None else \
+                [T.TCell(value=v, timestamp=ts) for _, v, ts in cells]
+        return self._tx(run)
+
+    def get(self, table, row, column, attributes=None):
+        return self._cell(table, row, column)
+
+    def getVer(self, table, row, column, versions, attributes=None):
+        return self._cell(table, row, column)[:max(versions, 0)]
+
+    def getVerTs(self, table, row, column, timestamp, versions, attributes=None):
+        return self._cell(table, row, column, timestamp)[:max(versions, 0)]
+
+    # ------------------------------------------------------------- writes
+
+    def _put(self, table, row, column, value, ts):
+        self.db.execute("INSERT INTO cells VALUES (?, ?, ?, ?, ?) ON CONFLICT (tbl, row, col) DO UPDATE SET "
+                        "value = excluded.value, ts = excluded.ts WHERE excluded.ts >= cells.ts",
+                        (table, row, column, value, ts))
+
+    def _delete(self, table, row, column, ts=LATEST):
+        """Delete a column (``fam:qual``) or a whole family (``fam``), versions <= ts."""
+        fam, qual = _split(column)
+        if qual is None:
+            lo, hi = _family_range(fam)
+            self.db.execute("DELETE FROM cells WHERE tbl = ? AND row = ? AND col >= ? AND col < ? AND ts <= ?",
+                            (table, row, lo, hi, ts))
+        else:
+            self.db.execute("DELETE FROM cells WHERE tbl = ? AND row = ? AND col = ? AND ts <= ?",
+                            (table, row, fam + b":" + qual, ts))
+
+    def _mutate(self, table, batches, timestamp, puts_first):
+        def run():
+            self._table(table)
+            families = self._families(table)
+            now = _now_ms()
+            ts = now if timestamp is None or timestamp == LATEST else timestamp
+            dts = LATEST if timestamp is None else timestamp
+            puts, deletes = [], []
+            for row, mutations in batches:
+                if row is None:
+                    raise T.IllegalArgument(message="row is null")
+                for m in mutations or ():
+                    fam, qual = _split(m.column or b"")
+                    self._check_family(table, fam, families)
+                    if m.isDelete:
+                        deletes.append((row, m.column))
+                    elif qual is not None:           # HBase ignores a put without qualifier (logs a warning)
+                        puts.append((row, fam + b":" + qual, m.value if m.value is not None else b""))
+            if not puts_first:
+                for row, column in deletes:
+                    self._delete(table, row, column, dts)
+            for row, column, value in puts:
+                self._put(table, row, column, value, ts)
+            if puts_first:
+                for row, column in deletes:
+                    self._delete(table, row, column, dts)
+        self._tx(run)
+
+    def mutateRow(self, table, row, mutations, attributes=None):
+        self._mutate(table, [(row, mutations)], None, puts_first=False)
+
+    def mutateRowTs(self, table, row, mutations, timestamp, attributes=None):
+        self._mutate(table, [(row, mutations)], timestamp, puts_first=False)
+
+    def mutateRows(self, table, batches, attributes=None):
+        self._mutate(table, [(b.row, b.mutations) for b in batches or ()], None, puts_first=True)
+
+    def mutateRowsTs(self, table, batches, timestamp, attributes=None):
+        self._mutate(table, [(b.row, b.mutations) for b in batches or ()], timestamp, puts_first=True)
+
+    def deleteAll(self, table, row, column, attributes=None):
+        self.deleteAllTs(table, row, column, LATEST)
+
+    def deleteAllTs(self, table, row, column, timestamp, attributes=None):
+        def run():
+            self._table(table)
+            self._check_family(table, _split(column)[0])
+            self._delete(table, row, column, timestamp)
+        self._tx(run)
+
+    def deleteAllRow(self, table, row, attributes=None):
+        self.deleteAllRowTs(table, row, LATEST)
+
+    def deleteAllRowTs(self, table, row, timestamp, attributes=None):
+        def run():
+            self._table(table)
+            self.db.execute("DELETE FROM cells WHERE tbl = ? AND row = ? AND ts <= ?", (table, row, timestamp))
+        self._tx(run)
+
+    def _increment(self, table, row, column, amount):
+        self._table(table)
+        fam, qual = _split(column)
+        self._check_family(table, fam)
+        if qual is None:
+            raise T.IllegalArgument(message="atomicIncrement needs a column qualifier")
+        col = fam + b":" + qual
+        cur = self.db.execute("SELECT value FROM cells WHERE tbl = ? AND row = ? AND col = ?",
+                              (table, row, col)).fetchone()
+        if cur is not None and len(cur[0]) != 8:
+            raise T.IOError(message="org.apache.hadoop.hbase.DoNotRetryIOException: Field is not a long, "
+                                    f"it's {len(cur[0])} bytes wide")
+        value = (int.from_bytes(cur[0], "big", signed=True) if cur else 0) + amount
+        value = (value + 2**63) % 2**64 - 2**63        # Java long arithmetic
+        self._put(table, row, col, value.to_bytes(8, "big", signed=True), _now_ms())
+        return value
+
+    def atomicIncrement(self, table, row, column, value):
+        return self._tx(self._increment, table, row, column, value)
+
+    def increment(self, inc):
+        self._tx(self._increment, inc.table, inc.row, inc.column, inc.ammount)
+
+    def incrementRows(self, incs):
+        def run():
+            for inc in incs or ():
+                self._increment(inc.table, inc.row, inc.column, inc.ammount)
+        self._tx(run)
+
+    def append(self, app):
+        def run():
+            self._table(app.table)
+            families = self._families(app.table)
+            out = []
+            now = _now_ms()
+            for column, value in zip(app.columns or (), app.values or (), strict=False):
+                fam, qual = _split(column)
+                self._check_family(app.table, fam, families)
+                col = fam + b":" + (qual or b"")
+                cur = self.db.execute("SELECT value FROM cells WHERE tbl = ? AND row = ? AND col = ?",
+                                      (app.table, app.row, col)).fetchone()
+                new = (cur[0] if cur else b"") + value
+                self._put(app.table, app.row, col, new, now)
+                out.append(T.TCell(value=new, timestamp=now))
+            return out
+        return self._tx(run)
+
+    def checkAndPut(self, table, row, column, value, mput, attributes=None):
+        def run():
+            self._table(table)
+            fam, qual = _split(column)
+            self._check_family(table, fam)
+            cur = self.db.execute("SELECT value FROM cells WHERE tbl = ? AND row = ? AND col = ?",
+                                  (table, row, fam + b":" + (qual or b""))).fetchone()
+            if (cur[0] if cur else None) != (value or None):
+                return False
+            mfam, mqual = _split(mput.column)
+            self._check_family(table, mfam)
+            if mput.isDelete:
+                self._delete(table, row, mput.column)
+            else:
+                self._put(table, row, mfam + b":" + (mqual or b""), mput.value or b"", _now_ms())
+            return True
+        return self._tx(run)
+
+    # ----------------------------------------------------------- scanners
+
+    def _open(self, table, start, stop, columns, before=None, batch=None, sort=False, reverse=False,
+              filter_string=None):
+        def run():
+            self._table(table)
+            if filter_string:
+                raise T.IOError(message="filter strings are not supported by the HBase test double")
+            self._column_clause(table, columns)          # unknown families fail now, like HBase
+            sid = next(self._ids)
+            self.scanners[sid] = _Scanner(table, start, stop, list(columns or ()), before,
+                                          batch if batch and batch > 0 else None, bool(sort), bool(reverse))
+            return sid
+        return self._tx(run)
+
+    def scannerOpenWithScan(self, table, scan, attributes=None):
+        return self._open(table, scan.startRow, scan.stopRow, scan.columns, scan.timestamp, scan.batchSize,
+                          scan.sortColumns, scan.reversed, scan.filterString)
+
+    def scannerOpen(self, table, start, columns, attributes=None):
+        return self._open(table, start, None, columns)
+
+    def scannerOpenWithStop(self, table, start, stop, columns, attributes=None):
+        return self._open(table, start, stop, columns)
+
+    def scannerOpenWithPrefix(self, table, prefix, columns, attributes=None):
+        return self._open(table, prefix, _increment_bytes(prefix), columns)
+
+    def scannerOpenTs(self, table, start, columns, timestamp, attributes=None):
+        return self._open(table, start, None, columns, timestamp)
+
+    def scannerOpenWithStopTs(self, table, start, stop, columns, timestamp, attributes=None):
+        return self._open(table, start, stop, columns, timestamp)
+
+    def _fill(self, sc: _Scanner, n: int) -> None:
+        """Read up to ``n`` more rows of the scanner's range into ``sc.pending``."""
+        where, args = self._column_clause(sc.table, sc.columns)
+        if sc.before is not None:
+            where += " AND ts < ?"
+            args.append(sc.before)
+        if sc.reverse:
+            bounds = ""
+            bargs = []
+            if sc.start:
+                bounds += " AND row <= ?" if sc.start_inclusive else " AND row < ?"
+                bargs.append(sc.start)
+            if sc.stop:
+                bounds += " AND row > ?"
+                bargs.append(sc.stop)
+            order = "DESC"
+        else:
+            bounds = " AND row >= ?" if sc.start_inclusive else " AND row > ?"
+            bargs = [sc.start]
+            if sc.stop:
+                bounds += " AND row < ?"
+                bargs.append(sc.stop)
+            order = "ASC"
+        rows = [r[0] for r in self.db.execute(
+            f"SELECT DISTINCT row FROM cells WHERE tbl = ?{bounds}{where} ORDER BY row {order} LIMIT ?",
+            [sc.table, *bargs, *args, n])]
+        if not rows:
+            sc.done = True
+            return
+        for row in rows:
+            cells = self._row_cells(sc.table, row, sc.columns, sc.before)
+            step = sc.batch or len(cells) or 1
+            for i in range(0, len(cells), step):
+                sc.pending.append(self._result(row, cells[i:i + step], sc.sort))
+        sc.start, sc.start_inclusive = rows[-1], False
+
+    def scannerGetList(self, sid, n):
+        def run():
+            sc = self.scanners.get(sid)
+            if sc is None:
+                raise T.IllegalArgument(message="scanner ID is invalid")
+            self._table(sc.table)
+            out = []
+            while len(out) < n:
+                if not sc.pending:
+                    if sc.done:
+                        break
+                    self._fill(sc, max(n - len(out), 1))
+                    continue
+                out.append(sc.pending.pop(0))
+            return out
+        return self._tx(run)
+
+    def scannerGet(self, sid):
+        return self.scannerGetList(sid, 1)
+
+    def scannerClose(self, sid):
+        def run():
+            if self.scanners.pop(sid, None) is None:
+                raise T.IllegalArgument(message="scanner ID is invalid")
+        self._tx(run)
+
+
+def _text(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _increment_bytes(b: bytes) -> bytes | None:
+    b = bytearray(b)
+    for i in range(len(b) - 1, -1, -1):
+        if b[i] != 0xFF:
+            b[i] += 1
+            return bytes(b[:i + 1])
+    return None
+
+
+class _Faults:
+    """The handler as the processor sees it, with injectable failures:
+    ``fail("mutateRows")`` makes the next ``mutateRows`` raise ``IOError``
+    before touching the data (a region server refusing the write)."""
+
+    def __init__(self, handler: Handler):
+        self.handler = handler
+        self.pending: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def fail(self, api: str, times: int = 1) -> None:
+        if api not in T.Hbase.thrift_services:
+            raise ValueError(f"no such Hbase call: {api}")
+        with self.lock:
+            self.pending[api] = self.pending.get(api, 0) + times
+
+    def __getattr__(self, api):
+        fn = getattr(self.handler, api)
+
+        def call(*args):
+            with self.lock:
+                n = self.pending.get(api, 0)
+                if n:
+                    self.pending[api] = n - 1
+            if n:
+                raise T.IOError(message=f"injected failure of {api} (HBase test double)")
+            return fn(*args)
+        return call
+
+
+# ------------------------------------------------------------------ server
+
+class _ServerSocket(TServerSocket):
+    """Binds the given port -- 0 included -- and exposes the real one as ``port``."""
+
+    def _init_sock(self):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # restart on the same port (TIME_WAIT)
+        self.sock = sock
+
+    def listen(self):
+        super().listen()
+        self.port = self.sock.getsockname()[1]
+
+
+class _Server(TThreadedServer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, daemon=True, **kwargs)
+        self.clients: set = set()
+        self.clients_lock = threading.Lock()
+
+    def serve(self):
+        while not self.closed:
+            try:
+                client = self.trans.accept()
+            except OSError:
+                if self.closed:
+                    return
+                raise
+            with self.clients_lock:
+                self.clients.add(client)
+            threading.Thread(target=self.handle, args=(client,), daemon=True, name="hbase-double-conn").start()
+
+    def handle(self, client: TSocket):
+        itrans = self.itrans_factory.get_transport(client)
+        otrans = self.otrans_factory.get_transport(client)
+        iprot = self.iprot_factory.get_protocol(itrans)
+        oprot = self.oprot_factory.get_protocol(otrans)
+        try:
+            while not self.closed:
+                self.processor.process(iprot, oprot)
+        except Exception:        # client went away, or we are stopping
+            pass
+        finally:
+            with self.clients_lock:
+                self.clients.discard(client)
+            itrans.close()
+
+    def close(self):
+        self.closed = True
+        self.trans.close()
+        with self.clients_lock:
+            clients = list(self.clients)
+        for c in clients:                      # like a gateway process dying: every connection drops
+            c.close()
+
+
+class HBaseDouble:
+    """The double in this process: ``HBaseDouble(path).start()``; ``.port``; ``.stop()``."""
+
+    def __init__(self, path=":memory:", host="127.0.0.1", port=0, transport="buffered", protocol="binary"):
+        self.path = str(path)
+        self.host = host
+        self.port = port
+        self.transport = transport
+        self.protocol = protocol
+        self.handler: Handler | None = None
+        self.faults: _Faults | None = None
+        self.server: _Server | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> "HBaseDouble":
+        self.handler = Handler(self.path)
+        sock = _ServerSocket(host=self.host, port=self.port, client_timeout=None)
+        trans = {"buffered": TBufferedTransportFactory, "framed": TFramedTransportFactory}[self.transport]()
+        proto = {"binary": TBinaryProtocolFactory, "compact": TCompactProtocolFactory}[self.protocol](
+            decode_response=False)
+        self.faults = _Faults(self.handler)
+        self.server = _Server(TProcessor(T.Hbase, self.faults), sock, itrans_factory=trans, iprot_factory=proto)
+        sock.listen()
+        self.port = sock.port
+        self.thread = threading.Thread(target=self.server.serve, daemon=True, name="hbase-double")
+        self.thread.start()
+        return self
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def fail(self, api: str, times: int = 1) -> None:
+        """The next ``times`` calls of ``api`` raise ``IOError`` (changing nothing)."""
+        self.faults.fail(api, times)
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.thread.join(5)
+            self.handler.close()
+            self.server = self.thread = self.handler = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class HBaseDoubleProcess:
+    """The double as a child process (``python -m tests.hbase_double``), so a
+    test can SIGKILL it and start it again on the same data file and port."""
+
+    READY = "hbase-double ready port="
+
+    def __init__(self, data, port: int = 0, host: str = "127.0.0.1", timeout: float = 15.0):
+        self.data = str(data)
+        self.host = host
+        self.port = port
+        self.timeout = timeout
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self) -> "HBaseDoubleProcess":
+        root = Path(__file__).resolve().parent.parent
+        cmd = [sys.executable, "-m", "tests.hbase_double", "--host", self.host, "--port", str(self.port),
+               "--data", self.data]
+        deadline = time.monotonic() + self.timeout
+        while True:
+            self.proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, text=True,
+                                         env=dict(os.environ, PYTHONUNBUFFERED="1"))
+            line = ""
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                if select.select([self.proc.stdout], [], [], 0.1)[0]:
+                    line = self.proc.stdout.readline()
+                    break
+            if line.startswith(self.READY):
+                self.port = int(line[len(self.READY):])
+                return self
+            self.kill()
+            if time.monotonic() >= deadline:      # the port may still be held briefly after a kill: retry
+                raise RuntimeError(f"the HBase double did not start: {cmd}")
+            time.sleep(0.2)
+
+    def kill(self, sig=signal.SIGKILL) -> None:
+        """Kill the gateway (SIGKILL: no goodbye to its clients) and reap it."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self.proc = None
+
+    def restart(self) -> "HBaseDoubleProcess":
+        self.kill()
+        return self.start()
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.kill()
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m tests.hbase_double",
+                                 description="A test double of the HBase Thrift1 gateway (not HBase).")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--data", default=":memory:", help="SQLite file holding the tables (default: in memory)")
+    ap.add_argument("--transport", choices=("buffered", "framed"), default="buffered")
+    ap.add_argument("--protocol", choices=("binary", "compact"), default="binary")
+    args = ap.parse_args(argv)
+    double = HBaseDouble(args.data, args.host, args.port, args.transport, args.protocol).start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    print(f"hbase-double ready port={double.port}", flush=True)
+    stop.wait()
+    double.stop()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
