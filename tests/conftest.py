@@ -34,3 +34,39 @@ def broker_factory():
 def client_id(request):
     """A client id unique to the test (tests share a broker per module)."""
     return f"{request.node.name[:40]}-{os.getpid()}-{next(_ids)}"
+
+
+# ------------------------------------------------------------------ HBase
+
+@pytest.fixture(scope="session")
+def hbase_double(tmp_path_factory):
+    """The HBase Thrift gateway test double (tests/hbase_double.py), one process
+    for the test session, its tables in a temporary SQLite file."""
+    from .hbase_double import HBaseDoubleProcess
+
+    proc = HBaseDoubleProcess(tmp_path_factory.mktemp("hbase") / "hbase.db").start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def hbase_url(request):
+    """``hbase://HOST:PORT?table_prefix=t<unique>``: the test double, or the real
+    Thrift gateway named by BROKERD_TEST_HBASE=HOST:PORT (whose tables with the
+    test's prefix are dropped afterwards)."""
+    import uuid
+
+    real = os.environ.get("BROKERD_TEST_HBASE")
+    address = real or request.getfixturevalue("hbase_double").address
+    prefix = f"t{uuid.uuid4().hex[:12]}"
+    yield f"hbase://{address}?table_prefix={prefix}"
+    if real:
+        import happybase
+
+        host, _, port = real.rpartition(":")
+        conn = happybase.Connection(host, int(port), table_prefix=prefix, timeout=10000)
+        try:
+            for name in conn.tables():
+                conn.delete_table(name, disable=True)
+        finally:
+            conn.close()
