@@ -59,7 +59,21 @@ SCENARIOS = {
     "d10": ("conns --clients 10000 --duration 10 --settle 2 --nofile 20000",
             "10,000 idle connections",
             [("broker_bytes_per_conn", "bytes RSS / connection", "lower"), ("connect_rate", "connects/s", "higher")]),
+    # persistent sessions (clean session 0 for every client: bench/mqttbench_persistent.py)
+    "p1": ("pairs --clients 200 --qos 1 --payload 512 --rate 0 --window 4 --duration 15",
+           "persistent sessions, pairs QoS 1, 512 B, window 4",
+           [("recv_rate", "msg/s delivered", "higher"), ("loss_pct", "loss %", "lower"),
+            ("latency.p50_ms", "p50 ms", "lower"), ("latency.p99_ms", "p99 ms", "lower")]),
 }
+PERSISTENT = {"p1"}
+DEFAULT_SCENARIOS = ["a2", "a1", "b5k", "b10k", "b20k", "c1", "d10"]
+
+# Broker variants. "brokerd" is the in-memory default; "brokerd-sqlite" and
+# "brokerd-hbase" keep sessions in the store (the HBase one through the test
+# double of its Thrift gateway, tests/hbase_double.py); "mosquitto-persist"
+# turns Mosquitto's persistence on -- which only writes snapshots (on
+# shutdown and every autosave_interval), not every message.
+BROKERS = ("brokerd", "brokerd-sqlite", "brokerd-hbase", "mosquitto", "mosquitto-persist")
 
 MOSQUITTO_CONF = """\
 # the peer-anchor configuration of shared/bench/peers (default Nagle)
@@ -67,7 +81,8 @@ per_listener_settings false
 listener {port} 127.0.0.1
 allow_anonymous true
 max_queued_messages 100000
-persistence false
+persistence {persistence}
+persistence_location {tmp}/
 log_dest stderr
 log_type error
 connection_messages false
@@ -91,6 +106,31 @@ def wait_port(port: int, timeout: float = 15.0) -> None:
     raise RuntimeError(f"broker did not listen on {port}")
 
 
+class HBaseDouble:
+    """The test double of HBase's Thrift gateway, as a process on CPU 1 (with the generator)."""
+
+    def __init__(self, python: str, tmp: Path):
+        self.python = python
+        self.tmp = tmp
+        self.proc = None
+        self.port = 0
+
+    def start(self) -> int:
+        data = self.tmp / f"hbase-{time.time_ns()}.db"
+        self.proc = subprocess.Popen(["taskset", "-c", "1", self.python, "-m", "tests.hbase_double", "--port", "0",
+                                      "--data", str(data)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if "port=" not in line:
+            raise RuntimeError(f"HBase double did not start: {line!r}")
+        self.port = int(line.rsplit("port=", 1)[1])
+        return self.port
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
 class Broker:
     def __init__(self, name: str, python: str, tmp: Path, extra: list[str]):
         self.name = name
@@ -99,14 +139,24 @@ class Broker:
         self.extra = extra
         self.proc = None
         self.port = 0
+        self.hbase = None
 
     def command(self) -> list[str]:
-        if self.name == "brokerd":
+        if self.name.startswith("brokerd"):
+            store = "memory://"
+            if self.name == "brokerd-sqlite":
+                store = f"sqlite:///{self.tmp}/brokerd-{time.time_ns()}.db"
+            elif self.name == "brokerd-hbase":
+                self.hbase = HBaseDouble(self.python, self.tmp)
+                store = f"hbase://127.0.0.1:{self.hbase.start()}?table_prefix=bench"
             return [self.python, "-m", "brokerd", "--allow-anonymous", "--log-level", "warning",
-                    "--listen", f"mqtt://127.0.0.1:{self.port}", *self.extra]
-        if self.name == "mosquitto":
+                    "--listen", f"mqtt://127.0.0.1:{self.port}", "--store", store, *self.extra]
+        if self.name.startswith("mosquitto"):
             conf = self.tmp / "mosquitto.conf"
-            conf.write_text(MOSQUITTO_CONF.format(port=self.port))
+            state = self.tmp / f"mosq-{time.time_ns()}"
+            state.mkdir()
+            conf.write_text(MOSQUITTO_CONF.format(port=self.port, tmp=state,
+                                                  persistence="true" if self.name == "mosquitto-persist" else "false"))
             return [shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)]
         raise ValueError(self.name)
 
@@ -126,6 +176,8 @@ class Broker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.hbase is not None:
+            self.hbase.stop()
 
 
 def get(d: dict, path: str):
@@ -136,10 +188,13 @@ def get(d: dict, path: str):
     return d
 
 
-def run_one(broker: Broker, args: str, mqttbench: Path, python: str) -> dict:
+def run_one(broker: Broker, args: str, mqttbench: Path, python: str, persistent: bool = False) -> dict:
     broker.start()
     try:
-        cmd = ["taskset", "-c", "1", python, str(mqttbench), *args.split(), "--port", str(broker.port),
+        gen = [str(mqttbench)]
+        if persistent:
+            gen = [str(HERE / "mqttbench_persistent.py"), "--mqttbench", str(mqttbench)]
+        cmd = ["taskset", "-c", "1", python, *gen, *args.split(), "--port", str(broker.port),
                "--broker-pid", str(broker.proc.pid), "--json"]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
@@ -164,7 +219,7 @@ def fmt(v) -> str:
 
 def table(results: dict, brokers: list[str], scenarios: list[str]) -> str:
     """Markdown: scenario, metric, median per broker, ratio brokerd/mosquitto."""
-    head = "| scenario | metric | " + " | ".join(brokers) + " | brokerd / mosquitto |"
+    head = "| scenario | metric | " + " | ".join(brokers) + f" | {brokers[0]} / {brokers[-1]} |"
     rows = [head, "|" + "---|" * (len(brokers) + 3)]
     for name in scenarios:
         _, title, metrics = SCENARIOS[name]
@@ -174,7 +229,8 @@ def table(results: dict, brokers: list[str], scenarios: list[str]) -> str:
                 vals = [get(r, path) for r in results.get((name, b), []) if get(r, path) is not None]
                 meds[b] = statistics.median(vals) if vals else None
             ratio = "-"
-            bd, mq = meds.get("brokerd"), meds.get("mosquitto")
+            bd = next((meds[b] for b in brokers if b.startswith("brokerd") and meds.get(b) is not None), None)
+            mq = next((meds[b] for b in brokers if b.startswith("mosquitto") and meds.get(b) is not None), None)
             if bd is not None and mq:
                 ratio = f"{bd / mq:.2f}x"
             elif bd is not None and mq == 0:
@@ -185,8 +241,9 @@ def table(results: dict, brokers: list[str], scenarios: list[str]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("scenarios", nargs="*", help=f"any of {', '.join(SCENARIOS)} (default: all)")
-    ap.add_argument("--brokers", default="brokerd,mosquitto")
+    ap.add_argument("scenarios", nargs="*",
+                    help=f"any of {', '.join(SCENARIOS)} (default: {' '.join(DEFAULT_SCENARIOS)})")
+    ap.add_argument("--brokers", default="brokerd,mosquitto", help=f"comma-separated, of {', '.join(BROKERS)}")
     ap.add_argument("--runs", type=int, default=1, help="runs per scenario and broker; the table shows medians")
     ap.add_argument("--mqttbench", default=os.environ.get("MQTTBENCH", str(DEFAULT_MQTTBENCH)))
     ap.add_argument("--python", default=sys.executable, help="interpreter for brokerd and the generator")
@@ -207,11 +264,13 @@ def main(argv=None) -> int:
         return 2
     if os.cpu_count() and os.cpu_count() < 2:
         print("warning: fewer than 2 CPUs; broker and generator will share a core", file=sys.stderr)
-    scenarios = args.scenarios or list(SCENARIOS)
+    scenarios = args.scenarios or DEFAULT_SCENARIOS
     unknown = [s for s in scenarios if s not in SCENARIOS]
     if unknown:
         ap.error(f"unknown scenario(s): {', '.join(unknown)}")
     brokers = args.brokers.split(",")
+    if any(b not in BROKERS for b in brokers):
+        ap.error(f"unknown broker in {args.brokers!r}: use {', '.join(BROKERS)}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     results: dict = {}
@@ -222,7 +281,7 @@ def main(argv=None) -> int:
                 for b in brokers:
                     broker = Broker(b, args.python, Path(tmp), args.brokerd_arg if b == "brokerd" else [])
                     t0 = time.time()
-                    res = run_one(broker, cmd, mqttbench, args.python)
+                    res = run_one(broker, cmd, mqttbench, args.python, name in PERSISTENT)
                     res.update(scenario=name, broker=b, run=run, started=t0, args=cmd)
                     results.setdefault((name, b), []).append(res)
                     with out.open("a") as fh:

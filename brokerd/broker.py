@@ -29,6 +29,9 @@ from .routing.trie import TopicTrie
 from .session.session import Delivery, MemoryBudget, Session, Subscription
 
 DEFAULT_TENANT = "default"
+# PUBACK/PUBREC reason when a message that must be stored cannot be (v5 0x83
+# Implementation specific error, with a reason string; 3.x clients are disconnected)
+STORE_UNAVAILABLE = rc.IMPLEMENTATION_SPECIFIC_ERROR
 
 
 @dataclass(slots=True)
@@ -218,6 +221,14 @@ class Broker:
         self._seq = itertools.count()
         self._id_prefix = f"auto-{self.config.node_id}-"
         self.channels: set = set()          # accepted, connected channels
+        self.persist = None                 # Persistence when a durable store is configured
+        self.journal = None                 # its Journal
+        self.gated: set = set()             # channels with stored deliveries waiting for a commit
+
+    def use_store(self, persist) -> None:
+        """Mirror durable sessions through ``persist`` (a ``Persistence``)."""
+        self.persist = persist
+        self.journal = persist.journal
 
     # ------------------------------------------------------------ namespaces
 
@@ -267,16 +278,41 @@ class Broker:
                 session.expires_at = None
                 session.pending_will = None      # reconnected within the will delay
         if session is None:
-            limits = self.limits
-            session = Session(client_id, ns, limits.max_queued, limits.max_queued_bytes, budget=self.budget)
-            ns.sessions[client_id] = session
+            session = self.new_session(ns, client_id, expiry)
         session.expiry_interval = expiry
+        if self.persist is not None and (expiry or session.durable):
+            session.durable = True
+            self.persist.session_opened(session, ns.name, channel.will)
         self.connected += 1
         self.stats.connects += 1
         if self.connected > self.stats.clients_max:
             self.stats.clients_max = self.connected
         self.channels.add(channel)
         channel.accept(session, present, now, assigned)
+
+    def new_session(self, ns: Namespace, client_id: str, expiry: int) -> Session:
+        limits = self.limits
+        session = Session(client_id, ns, limits.max_queued, limits.max_queued_bytes, expiry, budget=self.budget)
+        ns.sessions[client_id] = session
+        return session
+
+    def schedule_expiry(self, session: Session) -> None:
+        self._schedule(session.expires_at, "expire", session)
+
+    def restore_will(self, ns, rec, session, due, now) -> None:
+        """A will found in the store at start: see ``Persistence.restore``."""
+        w = rec.will
+        if session is None:
+            self._publish_will(_Gone(rec.client_id, ns), w, now)
+            return
+        if due is None:   # the session was connected when the node stopped
+            delay = (w.properties or {}).get(P.WILL_DELAY_INTERVAL, 0)
+            if not delay:
+                self._publish_will(session, w, now)
+                return
+            due = now + min(delay, session.expiry_interval)
+        session.pending_will = (due, w)
+        self._schedule(due, "will", session)
 
     def connect_aborted(self, channel) -> None:
         """A channel closed while its CONNECT was being decided."""
@@ -313,9 +349,12 @@ class Broker:
                 self._publish_will(session, w, now)
         if session.expiry_interval == 0:
             self._end_session(session, now)
-        elif session.expiry_interval != NEVER:
+            return
+        if session.expiry_interval != NEVER:
             session.expires_at = now + session.expiry_interval
             self._schedule(session.expires_at, "expire", session)
+        if session.durable:
+            self.persist.session_closed(session, session.ns.name, now)
 
     def _will_message(self, w, session, now) -> Publish:
         """The will as a message, published ``now`` (its expiry runs from here)."""
@@ -339,6 +378,9 @@ class Broker:
         ns = session.ns
         if ns.sessions.get(session.client_id) is session:
             del ns.sessions[session.client_id]
+        if session.durable:
+            self.persist.session_ended(session, ns.name)
+            session.durable = False
         for sub in list(session.subscriptions.values()):
             self._remove_subscription(ns, session, sub)
         session.subscriptions.clear()
@@ -352,6 +394,7 @@ class Broker:
         leftovers = [d for d in session.inflight.values() if d.qos == 1] + session.queue.drain()
         session.inflight.clear()
         session.awaiting_rel.clear()
+        session.reserved = None
         for d in leftovers:
             if d.share is not None:
                 self._deliver_shared(ns, d.share, d.msg, now, exclude=session)
@@ -380,16 +423,45 @@ class Broker:
 
     # --------------------------------------------------------------- publish
 
-    def publish(self, msg: Publish, channel, now: float) -> int | None:
-        """Route a client's PUBLISH; returns the reason code for its ack."""
+    def publish(self, msg: Publish, channel, now: float, rel: int = 0) -> int | None:
+        """Route a client's PUBLISH; returns the reason code for its ack, or
+        None when the ack must wait for the store (``channel.publish_done``
+        follows). ``rel``: the packet id of a QoS 2 PUBLISH, to be kept until
+        PUBREL."""
         ns = channel.ns
-        msg.origin = channel.session
+        session = msg.origin = channel.session
+        journal = self.journal
+        if journal is None or not msg.qos:
+            if msg.retain:
+                self._retain(ns, msg)
+            if self._dispatch(ns, msg, now):
+                return rc.SUCCESS
+            self.stats.dropped_no_subscribers += 1
+            return rc.NO_MATCHING_SUBSCRIBERS
+        if not journal.healthy and self._needs_store(ns, msg, session, rel):
+            self.stats.dropped_refused += 1
+            return STORE_UNAVAILABLE
+        before = len(journal.ops)
+        if rel and session.durable:
+            self.persist.rel_added(session, ns.name, rel)
         if msg.retain:
             self._retain(ns, msg)
-        if self._dispatch(ns, msg, now):
-            return rc.SUCCESS
-        self.stats.dropped_no_subscribers += 1
-        return rc.NO_MATCHING_SUBSCRIBERS
+        code = rc.SUCCESS if self._dispatch(ns, msg, now) else rc.NO_MATCHING_SUBSCRIBERS
+        if code:
+            self.stats.dropped_no_subscribers += 1
+        if len(journal.ops) == before:
+            return code
+        journal.after_commit(_AckWhenDurable(channel, msg.packet_id, msg.qos, code))
+        return None
+
+    def _needs_store(self, ns, msg, session, rel) -> bool:
+        """Would this QoS 1/2 message have to be written to be acknowledged?"""
+        if msg.retain and not msg.topic.startswith("$SYS/") or (rel and session.durable):
+            return True
+        found = ns.cache.get(msg.topic) or ns.route(msg.topic)
+        entries, groups = found
+        return any(e[0].durable and e[1] for e in entries) or any(
+            s.durable and sub.qos for g in groups for s, sub in g.members.items())
 
     def publish_internal(self, ns: Namespace, msg: Publish, now: float) -> int:
         """Publish a message the broker itself originates ($SYS, admin); -> deliveries."""
@@ -402,6 +474,8 @@ class Broker:
             ns.retained.set(msg.topic, msg)
         else:
             ns.retained.delete(msg.topic)
+        if self.persist is not None:
+            self.persist.retained(ns.name, msg)
 
     def _dispatch(self, ns: Namespace, msg: Publish, now: float) -> int:
         """Deliver to every matching subscriber; -> number of deliveries."""
@@ -421,11 +495,14 @@ class Broker:
                 qos, rap, ids = no_local
             if mqos < qos:
                 qos = mqos
-            ch = session.channel
-            if ch is not None:
-                ch.deliver(msg, qos, mretain if rap else False, ids, now)
+            if qos and session.durable:
+                self._deliver_stored(session, Delivery(msg, qos, mretain if rap else False, ids), msg)
             else:
-                self._enqueue_offline(session, Delivery(msg, qos, mretain if rap else False, ids))
+                ch = session.channel
+                if ch is not None:
+                    ch.deliver(msg, qos, mretain if rap else False, ids, now)
+                else:
+                    self._enqueue_offline(session, Delivery(msg, qos, mretain if rap else False, ids))
             delivered += 1
         if groups:
             for group in groups:
@@ -441,12 +518,31 @@ class Broker:
         qos = msg.qos if msg.qos < sub.qos else sub.qos
         retain = msg.retain if sub.rap else False
         ids = (sub.sub_id,) if sub.sub_id else None
+        if qos and session.durable:
+            self._deliver_stored(session, Delivery(msg, qos, retain, ids, group), msg)
+            return True
         ch = session.channel
         if ch is not None:
             ch.deliver(msg, qos, retain, ids, now, group)
         else:
             self._enqueue_offline(session, Delivery(msg, qos, retain, ids, group))
         return True
+
+    def _deliver_stored(self, session: Session, d: Delivery, msg: Publish) -> None:
+        """A QoS 1/2 delivery to a durable session: written to its stored
+        queue, sent once that write is durable."""
+        stored = msg.stored
+        if stored is None:
+            stored = msg.stored = self.persist.stored_message(msg)
+        self.persist.enqueue(session, session.ns.name, d, stored)
+        ch = session.channel
+        if ch is not None:
+            ch.queue_delivery(d)
+            self.gated.add(ch)
+        else:
+            dropped = session.queue.put(d)
+            if dropped:
+                self.queue_dropped(session, dropped)
 
     def _enqueue_offline(self, session: Session, d: Delivery) -> None:
         if d.qos == 0 and not self.limits.queue_qos0:
@@ -456,9 +552,51 @@ class Broker:
         if dropped:
             self.queue_dropped(session, dropped)
 
+    def committed(self, generation: int, now: float) -> None:
+        """The journal batch ``generation`` is durable: send what waited for it."""
+        gated, self.gated = self.gated, set()
+        for ch in gated:
+            ch.resume_output(now)
+
     # drop accounting, called by channels
     def queue_dropped(self, session, dropped: list) -> None:
         self.stats.dropped_queue_full += len(dropped)
+        if session.durable:
+            for d in dropped:
+                if d.entry:
+                    self.persist.done(session, session.ns.name, d)
+
+    def discarded(self, session, d: Delivery, expired: bool) -> None:
+        """A queued delivery left without being sent: expired, or too large for the client."""
+        if expired:
+            self.stats.dropped_expired += 1
+        else:
+            self.stats.dropped_too_large += 1
+        if d.entry and session.durable:
+            self.persist.done(session, session.ns.name, d)
+
+    def acked(self, session, d: Delivery) -> None:
+        """The client acknowledged a stored delivery (PUBACK / PUBCOMP)."""
+        if session.durable:
+            self.persist.done(session, session.ns.name, d)
+
+    def released(self, session, d: Delivery) -> None:
+        """QoS 2 PUBREC for a stored delivery: PUBREL is now owed."""
+        if session.durable:
+            self.persist.released(session, session.ns.name, d)
+
+    def rel_done(self, session, pid: int, fn) -> bool:
+        """An incoming QoS 2 id was released (PUBREL). For a durable session the
+        removal must be durable before PUBCOMP: then ``fn(ok)`` runs after the
+        commit and True is returned."""
+        if not session.durable:
+            return False
+        self.persist.rel_removed(session, session.ns.name, pid)
+        self.journal.after_commit(fn)
+        return True
+
+    def after_commit(self, fn) -> None:
+        self.journal.after_commit(fn)
 
     def expired(self, channel, msg) -> None:
         self.stats.dropped_expired += 1
@@ -493,15 +631,9 @@ class Broker:
             existed = filt in session.subscriptions
             sub = Subscription(filt, req.qos, req.no_local, req.retain_as_published, req.retain_handling, sub_id,
                                group)
-            session.subscriptions[filt] = sub
-            route = ns.trie.setdefault(inner, Route)
-            if group is None:
-                route.subs[session] = sub
-            else:
-                g = route.groups.get(group)
-                if g is None:
-                    g = route.groups[group] = SharedGroup(group, inner)
-                g.add(session, sub)
+            self.add_subscription(ns, session, sub)
+            if session.durable:
+                self.persist.subscribed(session, ns.name, sub)
             codes.append(req.qos)
             if group is None and (req.retain_handling == 0 or (req.retain_handling == 1 and not existed)):
                 ids = (sub_id,) if sub_id else None
@@ -512,6 +644,24 @@ class Broker:
                     retained.append((msg, min(msg.qos, req.qos), ids))
         ns.cache.clear()
         return codes, retained
+
+    def add_subscription(self, ns: Namespace, session: Session, sub: Subscription) -> None:
+        session.subscriptions[sub.filter] = sub
+        inner = sub.filter if sub.group is None else sub.filter.split("/", 2)[2]
+        route = ns.trie.setdefault(inner, Route)
+        if sub.group is None:
+            route.subs[session] = sub
+        else:
+            g = route.groups.get(sub.group)
+            if g is None:
+                g = route.groups[sub.group] = SharedGroup(sub.group, inner)
+            g.add(session, sub)
+        ns.cache.clear()
+
+    def shared_group(self, ns: Namespace, share: tuple) -> "SharedGroup | None":
+        name, filt = share
+        route = ns.trie.get(filt)
+        return route.groups.get(name) if route is not None else None
 
     def unsubscribe(self, channel, filters, now: float) -> list:
         session = channel.session
@@ -527,6 +677,8 @@ class Broker:
                 codes.append(rc.NO_SUBSCRIPTION_EXISTED if valid else rc.TOPIC_FILTER_INVALID)
                 continue
             self._remove_subscription(ns, session, sub)
+            if session.durable:
+                self.persist.unsubscribed(session, ns.name, filt)
             codes.append(rc.SUCCESS)
         ns.cache.clear()
         return codes
@@ -584,3 +736,28 @@ class Broker:
         """
         for ch in list(self.channels):
             ch.disconnect(code, "server shutting down", now, will=True, server_reference=server_reference)
+
+
+class _AckWhenDurable:
+    """After-commit callback: the PUBACK/PUBREC a publisher waits for."""
+
+    __slots__ = ("channel", "pid", "qos", "code")
+
+    def __init__(self, channel, pid, qos, code):
+        self.channel = channel
+        self.pid = pid
+        self.qos = qos
+        self.code = code
+
+    def __call__(self, ok: bool) -> None:
+        self.channel.publish_done(self.pid, self.qos, self.code if ok else STORE_UNAVAILABLE)
+
+
+class _Gone:
+    """Stands for a session that expired while the node was down, to publish its will."""
+
+    __slots__ = ("client_id", "ns")
+
+    def __init__(self, client_id, ns):
+        self.client_id = client_id
+        self.ns = ns

@@ -90,6 +90,7 @@ class Config:
     sys_interval: float = 10.0
     write_buffer_high: int = 64 * 1024
     queue_budget: int = 64 * 1024 * 1024
+    store: str = "memory://"
 
     def listeners(self) -> list[Listener]:
         return [parse_listener(u) for u in self.listen]
@@ -116,6 +117,12 @@ class Config:
             raise ConfigError("--topic-alias-maximum must be 0..65535")
         if self.shared_subscription_strategy not in ("round_robin", "random"):
             raise ConfigError("--shared-subscription-strategy must be round_robin or random")
+        from .store import open_store
+
+        try:
+            open_store(self.store)
+        except (ValueError, ImportError) as exc:
+            raise ConfigError(f"--store: {exc}")
         return self
 
 
@@ -179,6 +186,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue-budget", type=int, metavar="BYTES",
                    help="bytes (payload + 256 per message) queued for all sessions of the node before it stops "
                         "reading from publishers until half has drained (default 67108864; 0 = no budget)")
+    p.add_argument("--store", metavar="URL",
+                   help="where persistent sessions and retained messages live: memory:// (default, none "
+                        "survive a restart), sqlite:///PATH (relative; sqlite:////PATH absolute; "
+                        "?synchronous=full for power-loss safety) or hbase://HOST:PORT?table_prefix=NAME")
     p.add_argument("--sys-interval", type=float, metavar="SECONDS",
                    help="$SYS/broker publication interval, 0 disables (default 10)")
     return p

@@ -14,11 +14,15 @@ import resource
 import signal
 import ssl
 import sys
+import time
 
 from . import __version__
 from .broker import Broker, BrokerConfig
 from .config import Config, Listener
+from .persistence import Persistence
 from .protocol.channel import ChannelLimits
+from .store import Journal, StoreError, open_store
+from .store.writer import StoreWriter
 from .sys_topics import SysTopics
 from .transports.connection import PAUSE_BUDGET, Flusher, MqttConnection
 from .transports.ws import WsMqttConnection
@@ -27,6 +31,8 @@ log = logging.getLogger("brokerd")
 
 SWEEP_INTERVAL = 0.5     # keepalive / CONNECT timeout / will delay / expiry resolution, seconds
 BUDGET_PAUSE = 0.1       # longest pause of publishers over the queue budget before reading again
+STORE_PURGE_INTERVAL = 60.0     # seconds between purges of expired sessions and messages in the store
+STORE_STARTUP_TIMEOUT = 30.0    # how long start-up waits for an unavailable store
 SOCKET_SLACK = 1024      # sockets accepted beyond --max-connections before refusing at accept
 
 
@@ -95,6 +101,9 @@ class Server:
         self.bound: list[Listener] = []
         self._sweeper: asyncio.TimerHandle | None = None
         self.stopped = asyncio.Event()
+        self.store = None
+        self.writer: StoreWriter | None = None
+        self._purger: asyncio.Task | None = None
 
     def _factory(self, listener: Listener):
         cls = WsMqttConnection if listener.websocket else MqttConnection
@@ -107,7 +116,48 @@ class Server:
 
         return make
 
+    async def open_store(self) -> None:
+        """Open the configured store and restore what it holds (before listening)."""
+        url = self.config.store
+        store = open_store(url)
+        if not store.durable:
+            return
+        deadline = self.loop.time() + STORE_STARTUP_TIMEOUT
+        while True:
+            try:
+                await store.open()
+                records, retained = await store.load()
+                break
+            except StoreError as exc:
+                await store.close()
+                if not store.remote or self.loop.time() > deadline:
+                    raise
+                log.warning("session store %s unavailable (%s); retrying", url, exc)
+                await asyncio.sleep(1.0)
+        journal = Journal()
+        persist = Persistence(journal, time.time() - self.loop.time())
+        self.broker.use_store(persist)
+        counts = persist.restore(self.broker, records, retained, self.loop.time())
+        log.info("store %s: restored %d sessions, %d queued messages, %d retained messages (%d sessions expired, "
+                 "%d wills)", url, counts["sessions"], counts["messages"], counts["retained"], counts["expired"],
+                 counts["wills"])
+        self.store = store
+        self.writer = StoreWriter(store, journal, self.broker, self.loop)
+        self.writer.start()
+        self._purger = self.loop.create_task(self._purge_loop(), name="store-purge")
+
+    async def _purge_loop(self) -> None:
+        while True:
+            await asyncio.sleep(STORE_PURGE_INTERVAL)
+            try:
+                n = await self.store.purge(time.time())
+                if n:
+                    log.info("store: purged %d expired rows", n)
+            except StoreError as exc:
+                log.warning("store purge failed: %s", exc)
+
     async def start(self) -> None:
+        await self.open_store()
         ctx = None
         for lst in self.config.listeners():
             if lst.tls and ctx is None:
@@ -197,7 +247,31 @@ class Server:
         for srv in self.servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(srv.wait_closed(), 1)
+        if self.writer is not None:
+            if self._purger is not None:
+                self._purger.cancel()
+            if not await self.writer.drain(timeout):
+                log.error("session store: %d operations not written at shutdown", len(self.broker.journal.ops))
+            await self.writer.stop()
+            await self.store.close()
         self.stopped.set()
+
+
+def _tune_gc() -> None:
+    """The cyclic garbage collector, tuned for a long-running server.
+
+    Per-message objects are freed by reference counting (the broker keeps no
+    reference cycles in them); what the collector adds is pauses: with
+    Python's defaults a full collection over a few hundred thousand session
+    and connection objects stopped the loop for ~40 ms under load. Objects
+    from start-up are frozen out of collections, young collections run less
+    often, and full ones rarely.
+    """
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 50, 1000)
 
 
 def _tune_process() -> None:
@@ -225,6 +299,9 @@ async def serve(config: Config) -> None:
     except OSError as exc:
         log.error("cannot listen: %s", exc)
         raise SystemExit(2)
+    except StoreError as exc:
+        log.error("cannot open the session store %s: %s", config.store, exc)
+        raise SystemExit(2)
     stopping = asyncio.Event()
     signals = 0
 
@@ -239,6 +316,7 @@ async def serve(config: Config) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig.name)
+    _tune_gc()
     urls = " ".join(lst.url for lst in server.bound)
     print(f"brokerd ready node={config.node_id} version={__version__} listeners={urls}", flush=True)
     log.info("listening on %s", urls)

@@ -18,7 +18,9 @@ CONNECT by calling ``accept`` or ``refuse`` -- possibly later, in which case
 packets that follow the CONNECT wait, and reading is paused.
 """
 
+from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from math import ceil
 
 from ..session.session import AWAIT_ACK, Delivery
@@ -59,6 +61,9 @@ from .packets import (
 # channel states
 NEW, CONNECTING, CONNECTED, CLOSED = 0, 1, 2, 3
 
+# ack reason when the session store could not make a message durable
+STORE_UNAVAILABLE = rc.IMPLEMENTATION_SPECIFIC_ERROR
+
 _PINGRESP = b"\xd0\x00"
 NEVER = 0xFFFFFFFF
 
@@ -92,7 +97,7 @@ class Channel:
         "broker", "limits", "hooks", "peer", "listener", "decoder", "out", "state", "version",
         "client_id", "username", "session", "ns", "will", "keepalive", "created_at", "last_rx",
         "connected_at", "in_aliases", "out_aliases", "client_max_packet", "client_alias_max",
-        "send_window", "problem_info", "congested", "blocked", "pending", "max_pending", "inbound_pending", "_held", "close_reason",
+        "send_window", "problem_info", "congested", "blocked", "pending", "max_pending", "inbound_pending", "_acks", "_held", "close_reason",
         "msgs_in", "msgs_out", "bytes_in", "bytes_out", "tenant", "identity", "response_requested",
         "__weakref__",
     )
@@ -131,6 +136,7 @@ class Channel:
         self.pending = 0                # bytes added to ``out`` since the transport last wrote it
         self.max_pending = limits.max_pending
         self.inbound_pending = 0        # QoS 1/2 PUBLISHes received whose ack the broker still owes
+        self._acks = None               # acks to the client waiting for the store, in arrival order
         self._held = None               # packets received while the broker decides on the CONNECT
         self.close_reason: tuple[int, str] | None = None
         self.msgs_in = 0
@@ -292,6 +298,8 @@ class Channel:
                     if not self._write_publish(d.msg, d.qos, d.retain, d.pid, True, d.sub_ids, now):
                         # too large for this connection: as if delivered ([MQTT-3.1.2-25])
                         del session.inflight[d.pid]
+                        if d.entry:
+                            self.broker.acked(session, d)
                 else:
                     self._send(encode_ack(PUBREL, d.pid, version=self.version))
         if session.queue:
@@ -363,39 +371,83 @@ class Channel:
         if qos == 1:
             if self.inbound_pending >= self.limits.max_inflight and self.version == MQTT5:
                 raise RemoteProtocolError("Receive Maximum exceeded", rc.RECEIVE_MAXIMUM_EXCEEDED)
-            pid = p.packet_id
             code = self.broker.publish(p, self, now)
             if code is None:
                 self.inbound_pending += 1
-            else:
-                self._send_ack(PUBACK, pid, code)
+            elif code == 0 and not self._acks:
+                # the common case, written out: a plain PUBACK
+                pid = p.packet_id
+                out = self.out
+                if not out:
+                    self.hooks.wake()
+                out.append(bytes((0x40, 2, pid >> 8, pid & 0xFF)))
+                return
+            self._queue_ack(PUBACK, p.packet_id, code)
             return
         # QoS 2, method B: route on PUBLISH, remember the id until PUBREL
         pid = p.packet_id
         awaiting = self.session.awaiting_rel
         if pid in awaiting:
             # [MQTT-4.3.3-10]: acknowledge again, do not deliver again
-            self._send_ack(PUBREC, pid, 0)
+            self._queue_ack(PUBREC, pid, 0)
             return
         if self.version == MQTT5 and len(awaiting) + self.inbound_pending >= self.limits.max_inflight:
             raise RemoteProtocolError("Receive Maximum exceeded", rc.RECEIVE_MAXIMUM_EXCEEDED)
-        code = self.broker.publish(p, self, now)
+        code = self.broker.publish(p, self, now, pid)
         if code is None:
             self.inbound_pending += 1
             awaiting.add(pid)
-        else:
-            if code < 0x80:
-                awaiting.add(pid)
-            self._send_ack(PUBREC, pid, code)
+        elif code < 0x80:
+            awaiting.add(pid)
+        self._queue_ack(PUBREC, pid, code)
 
     def publish_done(self, packet_id: int, qos: int, code: int) -> None:
-        """The broker finished a PUBLISH it answered ``None`` for: send its ack."""
+        """The broker finished a PUBLISH it answered ``None`` for: its ack may go."""
         if self.state != CONNECTED:
             return
         self.inbound_pending -= 1
-        if qos == 2 and code >= 0x80:
-            self.session.awaiting_rel.discard(packet_id)
-        self._send_ack(PUBACK if qos == 1 else PUBREC, packet_id, code)
+        self._ack_ready(PUBACK if qos == 1 else PUBREC, packet_id, code)
+
+    # Acks to the client leave in the order of the packets they answer
+    # ([MQTT-4.6.0-2..4]); one that waits for the store holds back the rest.
+
+    def _queue_ack(self, kind: int, pid: int, code: int | None) -> None:
+        acks = self._acks
+        if code is not None and not acks:
+            self._final_ack(kind, pid, code)
+            return
+        if acks is None:
+            acks = self._acks = deque()
+        acks.append([kind, pid, code])
+
+    def _ack_ready(self, kind: int, pid: int, code: int) -> None:
+        acks = self._acks
+        if not acks:
+            return
+        for entry in acks:
+            if entry[2] is None and entry[0] == kind and entry[1] == pid:
+                entry[2] = code
+                break
+        while acks and acks[0][2] is not None and self.state == CONNECTED:
+            k, p, c = acks.popleft()
+            self._final_ack(k, p, c)
+
+    def _final_ack(self, kind: int, pid: int, code: int) -> None:
+        if code >= 0x80:
+            if kind == PUBREC:
+                self.session.awaiting_rel.discard(pid)
+            if code == STORE_UNAVAILABLE:
+                if self.version != MQTT5 or kind == PUBCOMP:
+                    # no negative ack in 3.x (nor in PUBCOMP): the client must not
+                    # take it as done; it sends again after reconnecting
+                    self.disconnect(code, "session store unavailable", self.last_rx)
+                    return
+                self._send_ack(kind, pid, code, "session store unavailable")
+                return
+        self._send_ack(kind, pid, code)
+
+    def _rel_stored(self, pid: int, ok: bool) -> None:
+        self._ack_ready(PUBCOMP, pid, 0 if ok else STORE_UNAVAILABLE)
 
     def _refuse_publish(self, p: Publish, code: int, reason: str) -> None:
         if p.qos:
@@ -420,6 +472,8 @@ class Channel:
         d = inflight.get(p.packet_id)
         if d is not None and d.qos == 1:
             del inflight[p.packet_id]
+            if d.entry:
+                self.broker.acked(self.session, d)
             if self.session.queue:
                 self._pump(now)
 
@@ -431,25 +485,37 @@ class Channel:
             return
         if p.reason_code >= 0x80:
             del inflight[p.packet_id]
+            if d.entry:
+                self.broker.acked(self.session, d)
             if self.session.queue:
                 self._pump(now)
             return
-        d.state = 1
+        if d.state != 1:
+            d.state = 1
+            if d.entry:
+                self.broker.released(self.session, d)
         self._send_ack(PUBREL, p.packet_id, 0)
 
     def _on_pubrel(self, p, now):
-        awaiting = self.session.awaiting_rel
-        if p.packet_id in awaiting:
-            awaiting.discard(p.packet_id)
-            self._send_ack(PUBCOMP, p.packet_id, 0)
+        pid = p.packet_id
+        session = self.session
+        awaiting = session.awaiting_rel
+        if pid in awaiting:
+            awaiting.discard(pid)
+            if self.broker.rel_done(session, pid, partial(self._rel_stored, pid)):
+                self._queue_ack(PUBCOMP, pid, None)
+            else:
+                self._queue_ack(PUBCOMP, pid, 0)
         else:
-            self._send_ack(PUBCOMP, p.packet_id, rc.PACKET_IDENTIFIER_NOT_FOUND)
+            self._queue_ack(PUBCOMP, pid, rc.PACKET_IDENTIFIER_NOT_FOUND)
 
     def _on_pubcomp(self, p, now):
         inflight = self.session.inflight
         d = inflight.get(p.packet_id)
         if d is not None and d.qos == 2 and d.state == 1:
             del inflight[p.packet_id]
+            if d.entry:
+                self.broker.acked(self.session, d)
             if self.session.queue:
                 self._pump(now)
 
@@ -527,15 +593,30 @@ class Channel:
         if dropped:
             self.broker.queue_dropped(self.session, dropped)
 
+    def queue_delivery(self, d) -> None:
+        """A stored delivery: it waits in the queue until its write is durable
+        (``resume_output`` after the commit)."""
+        self._enqueue(d)
+
+    def resume_output(self, now: float) -> None:
+        if self.state == CONNECTED and self.blocked and not self.congested:
+            self._pump(now)
+
     def _send_inflight(self, d, now) -> None:
         msg = d.msg
-        if msg.expiry_at is not None and now > msg.expiry_at:
-            self.broker.expired(self, msg)
-            return
         session = self.session
-        pid = d.pid = session.allocate_pid()
-        if self._write_publish(msg, d.qos, d.retain, pid, False, d.sub_ids, now):
+        if msg.expiry_at is not None and now > msg.expiry_at:
+            self.broker.discarded(session, d, True)
+            return
+        pid = d.pid
+        if pid:
+            session.reserved.discard(pid)     # reserved when it was stored
+        else:
+            pid = d.pid = session.allocate_pid()
+        if self._write_publish(msg, d.qos, d.retain, pid, d.dup, d.sub_ids, now):
             session.inflight[pid] = d
+        elif d.entry:
+            self.broker.acked(session, d)     # too large: as if delivered
 
     def _pump(self, now: float) -> None:
         """Move queued deliveries out while the window and the socket allow."""
@@ -544,7 +625,12 @@ class Channel:
         inflight = session.inflight
         window = self.send_window
         limit = self.max_pending
+        journal = self.broker.journal
+        committed = journal.committed if journal is not None else None
         while queue and not self.congested and self.pending <= limit:
+            if committed is not None and queue.peek().gen > committed:
+                self.broker.gated.add(self)       # its write is not durable yet
+                break
             if len(inflight) >= window:
                 # QoS 0 messages may still go out past a full window, unless
                 # an older QoS 1/2 message waits before them
@@ -555,7 +641,7 @@ class Channel:
             if d.qos == 0:
                 msg = d.msg
                 if msg.expiry_at is not None and now > msg.expiry_at:
-                    self.broker.expired(self, msg)
+                    self.broker.discarded(session, d, True)
                     continue
                 self._write_publish(msg, 0, d.retain, 0, False, d.sub_ids, now)
             else:

@@ -67,6 +67,8 @@ class Publish:
     # QoS 0, no retain flag, per protocol family (3.x / 5).
     enc3: bytes | None = field(default=None, compare=False, repr=False)
     enc5: bytes | None = field(default=None, compare=False, repr=False)
+    # Its stored form, made once for every durable session it goes to.
+    stored: object = field(default=None, compare=False, repr=False)
 
     type = PUBLISH
 

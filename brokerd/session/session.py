@@ -39,7 +39,7 @@ class Subscription:
 class Delivery:
     """A message on its way to one session: queued, or inflight under ``pid``."""
 
-    __slots__ = ("msg", "qos", "retain", "sub_ids", "pid", "state", "share")
+    __slots__ = ("msg", "qos", "retain", "sub_ids", "pid", "state", "share", "entry", "gen", "dup")
 
     def __init__(self, msg, qos, retain, sub_ids, share=None):
         self.msg = msg
@@ -48,7 +48,10 @@ class Delivery:
         self.sub_ids = sub_ids      # tuple of subscription identifiers or None
         self.pid = 0
         self.state = AWAIT_ACK
-        self.share = share          # (group, filter) when delivered through a shared subscription
+        self.share = share          # the SharedGroup when delivered through a shared subscription
+        self.entry = None           # its row in the stored queue (a QueueEntry), if stored
+        self.gen = 0                # journal batch that must be durable before it is sent
+        self.dup = False            # recovered from the store: may have been sent before
 
     def __repr__(self):
         return f"Delivery({self.msg.topic!r}, qos={self.qos}, pid={self.pid})"
@@ -153,6 +156,13 @@ class MessageQueue:
         if self.budget is not None:
             self.budget.add(delta + messages * QUEUED_OVERHEAD)
 
+    def peek(self) -> Delivery | None:
+        """The delivery ``pop`` would return, left in place."""
+        q0, q12 = self._q0, self._q12
+        if q0 and (not q12 or q0[0][0] < q12[0][0]):
+            return q0[0][1]
+        return q12[0][1] if q12 else None
+
     def pop(self) -> Delivery | None:
         q0, q12 = self._q0, self._q12
         if q0 and (not q12 or q0[0][0] < q12[0][0]):
@@ -176,7 +186,8 @@ class MessageQueue:
 
 class Session:
     __slots__ = ("client_id", "ns", "subscriptions", "inflight", "queue", "awaiting_rel", "expiry_interval",
-                 "channel", "next_pid", "expires_at", "pending_will", "budget", "__weakref__")
+                 "channel", "next_pid", "expires_at", "pending_will", "budget", "durable", "reserved",
+                 "__weakref__")
 
     def __init__(self, client_id: str, ns, max_queued=1000, max_queued_bytes=0, expiry_interval=0,
                  budget: MemoryBudget | None = None):
@@ -191,7 +202,9 @@ class Session:
         self.channel = None                        # the connected Channel, if any
         self.next_pid = 1
         self.expires_at: float | None = None       # set while disconnected
-        self.pending_will = None                   # (due_time, Publish) while a will is delayed
+        self.pending_will = None                   # (due_time, Will) while a will is delayed
+        self.durable = False                       # mirrored in the store
+        self.reserved: set[int] | None = None      # packet ids given to stored, queued deliveries
 
     def __repr__(self):
         return f"Session({self.client_id!r}, connected={self.channel is not None})"
@@ -204,8 +217,13 @@ class Session:
         """A packet identifier not in use by the inflight window."""
         pid = self.next_pid
         inflight = self.inflight
+        reserved = self.reserved
+        if pid not in inflight and (reserved is None or pid not in reserved):
+            self.next_pid = pid + 1 if pid < 65535 else 1
+            return pid
+        reserved = reserved or ()
         for _ in range(65535):
-            if pid not in inflight:
+            if pid not in inflight and pid not in reserved:
                 self.next_pid = pid + 1 if pid < 65535 else 1
                 return pid
             pid = pid + 1 if pid < 65535 else 1

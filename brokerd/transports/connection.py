@@ -46,8 +46,27 @@ class Flusher:
             self.after()
 
 
+class _Closed:
+    """The hooks of a channel whose connection is gone: everything is a no-op."""
+
+    def wake(self):
+        pass
+
+    def close(self):
+        pass
+
+    def pause_reading(self, why=0):
+        pass
+
+    def resume_reading(self, why=0):
+        pass
+
+
+_CLOSED = _Closed()
+
+
 class MqttConnection(asyncio.Protocol):
-    __slots__ = ("server", "listener", "transport", "channel", "time", "flusher", "closed", "paused")
+    __slots__ = ("server", "listener", "transport", "channel", "time", "flusher", "closed", "paused", "ws_free")
 
     def __init__(self, server, listener):
         self.server = server
@@ -58,6 +77,7 @@ class MqttConnection(asyncio.Protocol):
         self.flusher = server.flusher
         self.closed = False
         self.paused = 0
+        self.ws_free = not listener.websocket     # bytes go to the transport as they are
 
     # ----------------------------------------------------------- asyncio side
 
@@ -86,6 +106,8 @@ class MqttConnection(asyncio.Protocol):
         if reason is not None and reason[0] >= 0x80 and ch.client_id:
             log.info("client %r (%s) disconnected: %s (0x%02x)", ch.client_id, ch.peer, reason[1], reason[0])
         self.transport = None
+        # no reference cycle left behind: freed by reference counting, not the cyclic GC
+        ch.hooks = _CLOSED
 
     def pause_writing(self) -> None:
         self.channel.set_congested(True, self.time())
@@ -106,7 +128,10 @@ class MqttConnection(asyncio.Protocol):
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
         ch.bytes_out += len(data)
-        self.write(data)
+        if self.ws_free:
+            self.transport.write(data)
+        else:
+            self.write(data)
         ch.pending = 0
         if ch.blocked:
             ch.flushed(self.time())

@@ -1,0 +1,181 @@
+"""Mirroring durable sessions into the store's journal (pure, no I/O).
+
+A session is *durable* when a store is configured and its expiry interval is
+above 0. The broker calls this module at each point where such a session
+changes; it turns the change into journal operations. What must be durable
+before the client hears of it:
+
+- a QoS 1/2 PUBLISH is acknowledged (PUBACK / PUBREC) only once it is in the
+  queue of every matching durable session, with its retained copy;
+- a stored message is sent to its subscriber only once its queue row is
+  durable, with the packet identifier reserved for it in that row, so a
+  crash can never make the server re-send it under another identifier;
+- an incoming QoS 2 packet identifier is durable before PUBREC and its removal
+  before PUBCOMP (exactly once across a crash).
+
+Acknowledgements *from* subscribers (queue deletes) are written behind: a
+crash before they land only means a redelivery with DUP set.
+"""
+
+from .protocol import properties as P
+from .protocol.packets import Publish
+from .routing.topic import parse_shared
+from .session.session import AWAIT_ACK, Delivery, Subscription
+from .store.records import QueueEntry, StoredMessage, SubscriptionRecord, pack_will
+
+SYS_PREFIX = "$SYS/"
+
+
+class Persistence:
+    __slots__ = ("journal", "wall_offset")
+
+    def __init__(self, journal, wall_offset: float = 0.0):
+        self.journal = journal
+        self.wall_offset = wall_offset      # wall clock = event-loop time + wall_offset
+
+    def wall(self, t: float | None) -> float | None:
+        return None if t is None else t + self.wall_offset
+
+    def loop_time(self, wall: float | None) -> float | None:
+        return None if wall is None else wall - self.wall_offset
+
+    # -------------------------------------------------------------- sessions
+
+    def session_opened(self, session, tenant: str, will) -> None:
+        """A durable session is connected (new or resumed)."""
+        self.journal.add(("session", tenant, session.client_id, session.expiry_interval, None, pack_will(will), None))
+
+    def session_closed(self, session, tenant: str, now: float) -> None:
+        """Its connection is gone; the session stays, with its pending will if any."""
+        will = due = None
+        if session.pending_will is not None:
+            due, will = self.wall(session.pending_will[0]), session.pending_will[1]
+        self.journal.add(("session", tenant, session.client_id, session.expiry_interval, self.wall(now),
+                          pack_will(will), due))
+
+    def session_ended(self, session, tenant: str) -> None:
+        self.journal.add(("session_del", tenant, session.client_id))
+
+    def subscribed(self, session, tenant: str, sub: Subscription) -> None:
+        self.journal.add(("sub", tenant, session.client_id,
+                          SubscriptionRecord(sub.filter, sub.qos, sub.no_local, sub.rap, sub.rh, sub.sub_id)))
+
+    def unsubscribed(self, session, tenant: str, filt: str) -> None:
+        self.journal.add(("unsub", tenant, session.client_id, filt))
+
+    # --------------------------------------------------------------- queues
+
+    def stored_message(self, msg: Publish) -> StoredMessage:
+        return StoredMessage(msg.topic, msg.payload, msg.qos, msg.retain, msg.properties, self.wall(msg.expiry_at))
+
+    def enqueue(self, session, tenant: str, d: Delivery, stored: StoredMessage) -> None:
+        """Write ``d`` to the session's stored queue, with a packet identifier
+        reserved for it. The store gives the row its sequence number when it
+        commits (``d.entry.seq``), so rows from several nodes stay ordered."""
+        journal = self.journal
+        d.pid = session.allocate_pid()
+        if session.reserved is None:
+            session.reserved = set()
+        session.reserved.add(d.pid)
+        d.gen = journal.generation
+        share = (d.share.name, d.share.filter) if d.share is not None else None
+        d.entry = QueueEntry(0, stored, d.qos, d.retain, d.sub_ids, share, d.pid, d.state)
+        journal.add(("q", tenant, session.client_id, d.entry))
+
+    def done(self, session, tenant: str, d: Delivery) -> None:
+        """Acknowledged, expired or dropped: remove it from the stored queue."""
+        if session.reserved is not None:
+            session.reserved.discard(d.pid)
+        self.journal.add(("q_del", tenant, session.client_id, d.entry))
+
+    def released(self, session, tenant: str, d: Delivery) -> None:
+        """QoS 2: PUBREC received, PUBREL owed."""
+        d.entry.state = d.state
+        self.journal.add(("q_state", tenant, session.client_id, d.entry))
+
+    def rel_added(self, session, tenant: str, pid: int) -> None:
+        self.journal.add(("rel", tenant, session.client_id, pid))
+
+    def rel_removed(self, session, tenant: str, pid: int) -> None:
+        self.journal.add(("rel_del", tenant, session.client_id, pid))
+
+    # ------------------------------------------------------------- retained
+
+    def retained(self, tenant: str, msg: Publish) -> None:
+        if msg.topic.startswith(SYS_PREFIX):
+            return
+        if msg.payload:
+            self.journal.add(("retain", tenant, msg.topic, self.stored_message(msg)))
+        else:
+            self.journal.add(("retain_del", tenant, msg.topic))
+
+    # -------------------------------------------------------------- restore
+
+    def message(self, m: StoredMessage) -> Publish:
+        msg = Publish(m.topic, m.payload, m.qos, m.retain, False, 0, m.properties)
+        msg.expiry_at = self.loop_time(m.expiry_at)
+        return msg
+
+    def restore(self, broker, records, retained, now: float) -> dict:
+        """Rebuild sessions and retained messages from what ``Store.load`` returned.
+
+        Sessions that were connected when the node stopped count as
+        disconnected now: their expiry starts, and their will follows the
+        usual rules (published now, or after its delay while the session
+        lasts). Messages that were in flight are sent again under their
+        packet identifier with DUP set.
+        """
+        counts = {"sessions": 0, "expired": 0, "messages": 0, "retained": 0, "wills": 0}
+        wall_now = now + self.wall_offset
+        for tenant, topic, m in retained:
+            if m.expiry_at is not None and m.expiry_at <= wall_now:
+                continue
+            broker.namespace(tenant).retained.set(topic, self.message(m))
+            counts["retained"] += 1
+        pending = []
+        for rec in records:
+            ns = broker.namespace(rec.tenant)
+            never = rec.expiry_interval == 0xFFFFFFFF
+            gone_at = rec.disconnected_at if rec.disconnected_at is not None else wall_now
+            if rec.expiry_interval == 0 or (not never and gone_at + rec.expiry_interval <= wall_now):
+                counts["expired"] += 1
+                self.journal.add(("session_del", rec.tenant, rec.client_id))
+                if rec.will is not None:
+                    pending.append((ns, rec, None))
+                continue
+            session = broker.new_session(ns, rec.client_id, rec.expiry_interval)
+            session.durable = True
+            if not never:
+                session.expires_at = self.loop_time(gone_at) + rec.expiry_interval
+                broker.schedule_expiry(session)
+            for s in rec.subscriptions:
+                shared = parse_shared(s.filter)
+                group = shared[0] if shared else None
+                sub = Subscription(s.filter, s.qos, s.no_local, s.rap, s.rh, s.sub_id, group)
+                broker.add_subscription(ns, session, sub)
+            session.awaiting_rel = set(rec.awaiting_rel)
+            inflight = session.inflight
+            reserved = session.reserved = set()
+            for e in rec.queue:
+                msg = self.message(e.msg)
+                share = broker.shared_group(ns, e.share) if e.share else None
+                d = Delivery(msg, e.qos, e.retain, e.sub_ids, share)
+                d.entry, d.pid, d.state, d.dup = e, e.pid, e.state, True
+                if e.state != AWAIT_ACK:
+                    inflight[d.pid] = d           # PUBREL owed: resent on reconnect
+                else:
+                    reserved.add(d.pid)
+                    for lost in session.queue.put(d):
+                        self.done(session, rec.tenant, lost)
+                counts["messages"] += 1
+            counts["sessions"] += 1
+            if rec.will is not None:
+                pending.append((ns, rec, session))
+        for ns, rec, session in pending:
+            counts["wills"] += 1
+            broker.restore_will(ns, rec, session, self.loop_time(rec.will_due) if rec.will_due else None, now)
+        return counts
+
+
+def will_delay(will) -> int:
+    return (will.properties or {}).get(P.WILL_DELAY_INTERVAL, 0) if will is not None else 0

@@ -1,0 +1,102 @@
+"""The store interface every backend implements.
+
+A backend is written as blocking methods (``_open``, ``_apply``, ``_load``,
+``_load_session``, ``_purge``, ``_ping``, ``_close``); :class:`Store` runs them
+on one dedicated thread so the event loop never waits on disk or network and
+the backend needs no locking. ``apply`` takes a batch of journal operations
+(see ``brokerd.store.journal``) and makes all of them durable, atomically
+where the backend can (SQLite), in order otherwise (HBase).
+"""
+
+import asyncio
+import concurrent.futures
+import functools
+
+from .records import SessionRecord, StoredMessage
+
+
+class StoreError(Exception):
+    """The store is unavailable or refused an operation."""
+
+
+class Store:
+    durable = True
+    scheme = ""
+    remote = False          # a network service: worth waiting for at start-up
+
+    def __init__(self, url: str):
+        self.url = url
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.url}>"
+
+    # ------------------------------------------------------------ async API
+
+    async def _run(self, fn, *args):
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"store-{self.scheme}")
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+        except StoreError:
+            raise
+        except Exception as exc:  # backend-specific failures become StoreError
+            raise StoreError(f"{type(exc).__name__}: {exc}") from exc
+
+    async def open(self) -> None:
+        await self._run(self._open)
+
+    async def close(self) -> None:
+        if self._executor is not None:
+            try:
+                await self._run(self._close)
+            finally:
+                self._executor.shutdown(wait=True)
+                self._executor = None
+
+    async def apply(self, ops: list) -> None:
+        if ops:
+            await self._run(self._apply, ops)
+
+    async def load(self) -> tuple[list[SessionRecord], list[tuple[str, str, StoredMessage]]]:
+        """Every session (with subscriptions, queue, packet ids) and every retained message."""
+        return await self._run(self._load)
+
+    async def load_session(self, tenant: str, client_id: str) -> SessionRecord | None:
+        return await self._run(self._load_session, tenant, client_id)
+
+    async def purge(self, now: float) -> int:
+        """Delete sessions and messages whose expiry (wall clock) has passed; -> rows removed."""
+        return await self._run(self._purge, now)
+
+    async def ping(self) -> None:
+        await self._run(self._ping)
+
+    # ------------------------------------------------- backend (blocking)
+
+    def _open(self) -> None:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        pass
+
+    def _apply(self, ops: list) -> None:
+        raise NotImplementedError
+
+    def _load(self):
+        raise NotImplementedError
+
+    def _load_session(self, tenant, client_id):
+        raise NotImplementedError
+
+    def _purge(self, now: float) -> int:
+        raise NotImplementedError
+
+    def _ping(self) -> None:
+        pass
+
+
+def session_expired(rec: SessionRecord, now: float) -> bool:
+    return (rec.disconnected_at is not None and rec.expiry_interval != 0xFFFFFFFF
+            and rec.disconnected_at + rec.expiry_interval <= now)

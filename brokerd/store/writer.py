@@ -1,0 +1,117 @@
+"""Group commit: the asyncio task that writes the journal to the store.
+
+It takes whatever the broker gathered as one batch, applies it (one
+transaction on the store's thread), marks the batch durable, lets the broker
+send what waited for it, and runs the batch's callbacks. While a batch is
+being written the next one gathers: under load batches grow, idle they hold
+one operation, and nothing waits for a timer.
+
+When the store fails, the batch's callbacks learn it at once (publishers get
+their negative acks), the journal is marked unhealthy -- new QoS 1/2 messages
+that need the store are refused -- and the failed operations are retried,
+with backoff, ahead of newer ones until the store takes them again.
+"""
+
+import asyncio
+import logging
+
+from .base import StoreError
+
+log = logging.getLogger("brokerd.store")
+
+RETRY_MIN = 0.05
+RETRY_MAX = 2.0
+
+
+class StoreWriter:
+    def __init__(self, store, journal, broker, loop: asyncio.AbstractEventLoop):
+        self.store = store
+        self.journal = journal
+        self.broker = broker
+        self.loop = loop
+        self._event = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._retry: list = []
+        self._task: asyncio.Task | None = None
+        self.batches = 0
+        self.ops_written = 0
+        journal.wake = self._wake
+
+    def _wake(self) -> None:
+        self._event.set()
+        self._idle.clear()
+
+    def start(self) -> None:
+        self._task = self.loop.create_task(self._run(), name="store-writer")
+        if self.journal:
+            self._wake()        # gathered before the writer existed (restore at start-up)
+
+    async def _run(self) -> None:
+        journal = self.journal
+        delay = RETRY_MIN
+        while True:
+            await self._event.wait()
+            self._event.clear()
+            if not journal and not self._retry:
+                self._idle.set()
+                continue
+            gen, ops, waiters = journal.take()
+            batch = self._retry + ops if self._retry else ops
+            try:
+                await self.store.apply(batch)
+            except StoreError as exc:
+                if journal.healthy:
+                    log.error("session store unavailable: %s; refusing QoS 1/2 messages that need it", exc)
+                journal.healthy = False
+                journal.error = str(exc)
+                self._retry = batch
+                self._call(waiters, False)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+                self._event.set()
+                continue
+            self._retry = []
+            delay = RETRY_MIN
+            self.batches += 1
+            self.ops_written += len(batch)
+            if not journal.healthy:
+                log.warning("session store available again")
+                journal.healthy = True
+                journal.error = None
+            journal.committed = gen
+            try:
+                self.broker.committed(gen, self.loop.time())
+            except Exception:
+                log.exception("sending after commit failed")
+            self._call(waiters, True)
+            if journal:
+                self._event.set()
+            else:
+                self._idle.set()
+
+    @staticmethod
+    def _call(waiters, ok: bool) -> None:
+        for fn in waiters:
+            try:
+                fn(ok)
+            except Exception:
+                log.exception("after-commit callback failed")
+
+    async def drain(self, timeout: float = 10.0) -> bool:
+        """Wait until everything gathered so far is written; False on timeout."""
+        self._event.set()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return not self.journal and not self._retry
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None

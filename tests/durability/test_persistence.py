@@ -1,0 +1,235 @@
+"""What a persistent session keeps across a SIGKILL of brokerd (SQLite store).
+
+Each test starts a real brokerd on a fresh store file, builds some state with
+real clients, kills the process with SIGKILL, starts a new one on the same
+file and checks what the clients see.
+"""
+
+import time
+
+import pytest
+
+from ..integration import raw
+from ..integration.raw import PUBLISH, RawClient
+from ..mqtt import V5, V311, PacketTypes, PahoClient, props
+from ..procs import BrokerProcess
+
+
+@pytest.fixture
+def store(tmp_path):
+    return f"sqlite:///{tmp_path}/brokerd.db"
+
+
+def node(store, *flags):
+    return BrokerProcess("--store", store, "--sys-interval", "0", *flags).start()
+
+
+def session_props(seconds=3600):
+    return props(PacketTypes.CONNECT, SessionExpiryInterval=seconds)
+
+
+def test_retained_messages_survive_sigkill(store):
+    b = node(store)
+    with PahoClient("ret-pub").connect(b.port()) as pub:
+        pub.publish("ret/a", b"kept", qos=1, retain=True)
+        pub.publish("ret/b", b"replaced", qos=1, retain=True)
+        pub.publish("ret/b", b"latest", qos=1, retain=True)
+        pub.publish("ret/c", b"gone", qos=1, retain=True)
+        pub.publish("ret/c", b"", qos=1, retain=True)           # cleared
+    b.kill()
+    b = node(store)
+    try:
+        with PahoClient("ret-sub").connect(b.port()) as sub:
+            sub.subscribe("ret/#", qos=1)
+            got = {m.topic: (m.payload, m.retain) for m in sub.expect_n(2)}
+            sub.expect_none(0.5)
+        assert got == {"ret/a": (b"kept", True), "ret/b": (b"latest", True)}
+    finally:
+        b.stop()
+
+
+def test_subscriptions_survive_sigkill(store):
+    b = node(store)
+    sub = PahoClient("subs-dev", V311, clean=False).connect(b.port())
+    sub.subscribe("cmd/+/set", qos=1)
+    sub.subscribe("cmd/all", qos=0)
+    sub.subscribe("cmd/drop", qos=1)
+    sub.unsubscribe("cmd/drop")
+    sub.disconnect()
+    b.kill()
+    b = node(store)
+    try:
+        sub = PahoClient("subs-dev", V311, clean=False).connect(b.port())
+        assert sub.session_present
+        with PahoClient("subs-pub").connect(b.port()) as pub:
+            pub.publish("cmd/lamp/set", b"on", qos=1)
+            pub.publish("cmd/all", b"hello", qos=0)
+            pub.publish("cmd/drop", b"no", qos=1)
+        got = sorted((m.topic, m.payload, m.qos) for m in sub.expect_n(2))
+        sub.expect_none(0.5)
+        assert got == [("cmd/all", b"hello", 0), ("cmd/lamp/set", b"on", 1)]
+        sub.disconnect()
+    finally:
+        b.stop()
+
+
+def test_inflight_message_redelivered_with_dup_and_same_packet_id(store):
+    """A QoS 1 message sent but not acknowledged before the crash comes back
+    with DUP set and its original packet identifier ([MQTT-4.4.0-1])."""
+    b = node(store)
+    with RawClient(b.port()) as dev:
+        dev.connect("dup-dev", version=4, clean=False)
+        dev.subscribe("dup/t", 1)
+        with PahoClient("dup-pub").connect(b.port()) as pub:
+            pub.publish("dup/t", b"once", qos=1)
+        first = dev.expect(PUBLISH)               # not acknowledged
+        assert not first.dup
+        b.kill()
+    b = node(store)
+    try:
+        with RawClient(b.port()) as dev:
+            dev.connect("dup-dev", version=4, clean=False)
+            again = dev.expect(PUBLISH)
+            assert (again.payload, again.dup, again.pid) == (b"once", True, first.pid)
+            dev.ack(raw.PUBACK, again.pid)
+    finally:
+        b.stop()
+
+
+def test_qos2_exactly_once_across_sigkill(store):
+    """The incoming QoS 2 packet id is durable before PUBREC: after a crash, the
+    publisher's PUBREL completes the flow and its re-sent PUBLISH (same id)
+    is not delivered twice."""
+    b = node(store)
+    sub = PahoClient("q2-sub", V311, clean=False).connect(b.port())
+    sub.subscribe("q2/t", qos=2)
+    sub.disconnect()
+    with RawClient(b.port()) as pub:
+        pub.connect("q2-pub", version=4, clean=False)
+        pub.publish("q2/t", b"exactly-once", qos=2, pid=7)
+        rec = pub.expect(raw.PUBREC)
+        assert rec.pid == 7
+        b.kill()
+    b = node(store)
+    try:
+        with RawClient(b.port()) as pub:
+            pub.connect("q2-pub", version=4, clean=False)
+            pub.publish("q2/t", b"exactly-once", qos=2, pid=7, dup=True)   # as if PUBREC was lost
+            assert pub.expect(raw.PUBREC).pid == 7
+            pub.ack(raw.PUBREL, 7)
+            assert pub.expect(raw.PUBCOMP).pid == 7
+        sub = PahoClient("q2-sub", V311, clean=False).connect(b.port())
+        assert sub.expect().payload == b"exactly-once"
+        sub.expect_none(0.7)
+        sub.disconnect()
+    finally:
+        b.stop()
+
+
+def test_session_expiry_applies_to_stored_sessions(store):
+    b = node(store)
+    c = PahoClient("exp-dev", V5, clean=False).connect(b.port(), properties=session_props(2))
+    c.subscribe("exp/t", qos=1)
+    c.disconnect()
+    time.sleep(0.3)        # the disconnect time is written behind; a kill right away keeps the session longer
+    b.kill()
+    time.sleep(2.5)
+    b = node(store)
+    try:
+        c = PahoClient("exp-dev", V5, clean=False).connect(b.port(), properties=session_props(60))
+        assert not c.session_present
+        c.disconnect()
+    finally:
+        b.stop()
+
+
+def test_message_expiry_applies_to_stored_queue(store):
+    b = node(store)
+    c = PahoClient("mexp-dev", V5, clean=False).connect(b.port(), properties=session_props())
+    c.subscribe("mexp/t", qos=1)
+    c.disconnect()
+    with PahoClient("mexp-pub", V5).connect(b.port()) as pub:
+        pub.publish("mexp/t", b"short", qos=1, properties=props(PacketTypes.PUBLISH, MessageExpiryInterval=1))
+        pub.publish("mexp/t", b"long", qos=1, properties=props(PacketTypes.PUBLISH, MessageExpiryInterval=300))
+    b.kill()
+    time.sleep(1.5)
+    b = node(store)
+    try:
+        c = PahoClient("mexp-dev", V5, clean=False).connect(b.port(), properties=session_props())
+        m = c.expect()
+        assert m.payload == b"long"
+        assert 290 <= m.properties.MessageExpiryInterval <= 300
+        c.expect_none(0.5)
+        c.disconnect()
+    finally:
+        b.stop()
+
+
+def test_queue_bound_applies_to_stored_queue(store):
+    """--max-queued 3 with the drop policy: the dropped messages are gone from
+    the store too, so a restart does not bring them back."""
+    b = node(store, "--max-queued", "3")
+    c = PahoClient("bound-dev", V311, clean=False).connect(b.port())
+    c.subscribe("bound/t", qos=1)
+    c.disconnect()
+    with PahoClient("bound-pub").connect(b.port()) as pub:
+        for i in range(6):
+            pub.publish("bound/t", b"%d" % i, qos=1)
+    b.kill()
+    b = node(store, "--max-queued", "3")
+    try:
+        c = PahoClient("bound-dev", V311, clean=False).connect(b.port())
+        got = [m.payload for m in c.expect_n(3)]
+        c.expect_none(0.5)
+        assert got == [b"3", b"4", b"5"]
+        c.disconnect()
+    finally:
+        b.stop()
+
+
+def test_will_of_client_connected_at_crash_is_published_after_restart(store):
+    """The node died with the client connected: its network connection is gone,
+    so its will is published when the node comes back."""
+    b = node(store)
+    watcher = PahoClient("will-watch", V311, clean=False).connect(b.port())
+    watcher.subscribe("will/status", qos=1)
+    watcher.disconnect()
+    dev = PahoClient("will-dev", V311, clean=False)
+    dev.connect(b.port(), will=("will/status", b"offline", 1, False))
+    time.sleep(0.3)        # the session record (with its will) is written behind the CONNACK
+    b.kill()
+    dev.drop()
+    b = node(store)
+    try:
+        watcher = PahoClient("will-watch", V311, clean=False).connect(b.port())
+        assert watcher.expect().payload == b"offline"
+        watcher.disconnect()
+    finally:
+        b.stop()
+
+
+def test_clean_shutdown_then_restart_keeps_everything(store):
+    b = node(store)
+    c = PahoClient("clean-dev", V311, clean=False).connect(b.port())
+    c.subscribe("clean/t", qos=1)
+    c.disconnect()
+    with PahoClient("clean-pub").connect(b.port()) as pub:
+        for i in range(50):
+            pub.publish("clean/t", b"%d" % i, qos=1)
+    assert b.stop() == 0
+    b = node(store)
+    try:
+        c = PahoClient("clean-dev", V311, clean=False).connect(b.port())
+        assert [m.payload for m in c.expect_n(50)] == [b"%d" % i for i in range(50)]
+        c.disconnect()
+    finally:
+        b.stop()
+
+
+def test_unwritable_store_path_is_a_clear_startup_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    proc = BrokerProcess("--store", f"sqlite:///{blocker}/sub/brokerd.db")
+    with pytest.raises(RuntimeError) as exc:
+        proc.start()
+    assert "cannot open the session store" in str(exc.value)
