@@ -35,7 +35,7 @@ import zlib
 from collections import defaultdict
 from urllib.parse import parse_qs, urlsplit
 
-from .base import Store, StoreError
+from .base import Store
 from .records import (
     QueueEntry,
     SessionRecord,
@@ -219,11 +219,11 @@ class HBaseStore(Store):
                     appends[skey] = [a for a in appends[skey] if a[2] is not e]   # never written
             else:
                 raise ValueError(f"unknown journal operation {kind!r}")
+        # Exceptions must leave the pool's context as they are: on a Thrift or
+        # socket error happybase replaces the connection (Store._run turns
+        # them into StoreError afterwards).
         with self.pool.connection() as conn:
-            try:
-                self._write(conn, rows, prefixes_to_clear, appends)
-            except Exception as exc:
-                raise StoreError(f"HBase {self.host}:{self.port}: {type(exc).__name__}: {exc}") from exc
+            self._write(conn, rows, prefixes_to_clear, appends)
 
     def _write(self, conn, rows, prefixes_to_clear, appends):
         counters = conn.table("counters")
@@ -303,26 +303,23 @@ class HBaseStore(Store):
 
     def _load(self):
         with self.pool.connection() as conn:
-            try:
-                sessions = {}
-                for key, data in conn.table("sessions").scan(batch_size=SCAN_BATCH):
-                    if b"s:e" in data:
-                        sessions[key] = self._session(key, data)
-                for key, data in conn.table("counters").scan(batch_size=SCAN_BATCH):
-                    rec = sessions.get(key)
-                    if rec is not None:
-                        rec.last_seq = int.from_bytes(data[b"c:seq"], "big", signed=True)
-                for key, data in conn.table("queue").scan(batch_size=SCAN_BATCH):
-                    tenant, cid, seq = _split_queue_key(key)
-                    rec = sessions.get(session_key(tenant, cid))
-                    if rec is not None:
-                        rec.queue.append(_entry(seq, data))
-                retained = []
-                for key, data in conn.table("retained").scan(batch_size=SCAN_BATCH):
-                    tenant, topic = _split_key(key)
-                    retained.append((tenant, topic, _retained(topic, data)))
-            except Exception as exc:
-                raise StoreError(f"HBase {self.host}:{self.port}: {type(exc).__name__}: {exc}") from exc
+            sessions = {}
+            for key, data in conn.table("sessions").scan(batch_size=SCAN_BATCH):
+                if b"s:e" in data:
+                    sessions[key] = self._session(key, data)
+            for key, data in conn.table("counters").scan(batch_size=SCAN_BATCH):
+                rec = sessions.get(key)
+                if rec is not None:
+                    rec.last_seq = int.from_bytes(data[b"c:seq"], "big", signed=True)
+            for key, data in conn.table("queue").scan(batch_size=SCAN_BATCH):
+                tenant, cid, seq = _split_queue_key(key)
+                rec = sessions.get(session_key(tenant, cid))
+                if rec is not None:
+                    rec.queue.append(_entry(seq, data))
+            retained = []
+            for key, data in conn.table("retained").scan(batch_size=SCAN_BATCH):
+                tenant, topic = _split_key(key)
+                retained.append((tenant, topic, _retained(topic, data)))
         return list(sessions.values()), retained
 
     def _load_session(self, tenant, client_id):
