@@ -45,11 +45,16 @@ families):
 - unexpected failures are answered with ``IOError`` instead of a dropped
   connection; in-process, ``fail(api, times)`` injects ``IOError`` failures.
 
+``delete_markers=True`` (``--delete-markers``) adds HBase's delete markers:
+a delete leaves a marker at its timestamp, and a later put of that cell (or
+family) whose timestamp is not newer -- the same millisecond -- stays hidden
+until a ``majorCompact``. Off by default, because whether two calls fall in
+one millisecond depends on scheduling: tests that need it must arrange it.
+
 What it does differently (be careful when a test passes only here):
 
-- no delete markers: a put issued right after a delete of the same cell is
-  always visible, while HBase hides puts whose timestamp is not newer than a
-  delete marker (same millisecond);
+- without ``delete_markers`` a put right after a delete of the same cell is
+  always visible;
 - every call is one SQLite transaction, so ``mutateRows`` is atomic across
   rows (HBase applies rows independently);
 - filter strings (``filterString``) are refused with ``IOError``;
@@ -101,6 +106,9 @@ CREATE TABLE IF NOT EXISTS families (
 CREATE TABLE IF NOT EXISTS cells (
     tbl BLOB NOT NULL, row BLOB NOT NULL, col BLOB NOT NULL, value BLOB NOT NULL, ts INTEGER NOT NULL,
     PRIMARY KEY (tbl, row, col)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS markers (          -- delete markers: col is fam:qual, or fam for a whole family
+    tbl BLOB NOT NULL, row BLOB NOT NULL, col BLOB NOT NULL, ts INTEGER NOT NULL,
+    PRIMARY KEY (tbl, row, col)) WITHOUT ROWID;
 """
 
 
@@ -142,8 +150,9 @@ class _Scanner:
 class Handler:
     """The ``Hbase`` service over SQLite; one lock, one transaction per call."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, delete_markers: bool = False):
         self.path = str(path)
+        self.delete_markers = delete_markers
         self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         if self.path != ":memory:":
             self.db.execute("PRAGMA journal_mode = WAL")
@@ -229,7 +238,10 @@ class Handler:
         self._tx(self._table, name, False)
 
     def majorCompact(self, name):
-        self._tx(self._table, name, False)
+        def run():
+            self._table(name, enabled=False)
+            self.db.execute("DELETE FROM markers WHERE tbl = ?", (name,))
+        self._tx(run)
 
     def createTable(self, name, descriptors):
         def run():
@@ -256,7 +268,7 @@ class Handler:
             if self.db.execute("SELECT enabled FROM tables WHERE name = ?", (name,)).fetchone()[0]:
                 raise T.IOError(message=f"org.apache.hadoop.hbase.TableNotDisabledException: "
                                         f"{name.decode(errors='replace')}")
-            for table in ("tables", "families", "cells"):
+            for table in ("tables", "families", "cells", "markers"):
                 self.db.execute(f"DELETE FROM {table} WHERE {'name' if table == 'tables' else 'tbl'} = ?", (name,))
         self._tx(run)
 
@@ -373,6 +385,12 @@ class Handler:
     # ------------------------------------------------------------- writes
 
     def _put(self, table, row, column, value, ts):
+        if self.delete_markers:
+            fam = column.partition(b":")[0]
+            marker = self.db.execute("SELECT max(ts) FROM markers WHERE tbl = ? AND row = ? AND col IN (?, ?)",
+                                     (table, row, fam, column)).fetchone()[0]
+            if marker is not None and marker >= ts:
+                return                      # masked by a delete marker (until a major compaction)
         self.db.execute("INSERT INTO cells VALUES (?, ?, ?, ?, ?) ON CONFLICT (tbl, row, col) DO UPDATE SET "
                         "value = excluded.value, ts = excluded.ts WHERE excluded.ts >= cells.ts",
                         (table, row, column, value, ts))
@@ -380,6 +398,11 @@ class Handler:
     def _delete(self, table, row, column, ts=LATEST):
         """Delete a column (``fam:qual``) or a whole family (``fam``), versions <= ts."""
         fam, qual = _split(column)
+        if self.delete_markers:
+            self.db.execute("INSERT INTO markers VALUES (?, ?, ?, ?) ON CONFLICT (tbl, row, col) DO UPDATE SET "
+                            "ts = max(ts, excluded.ts)",
+                            (table, row, fam if qual is None else fam + b":" + qual,
+                             _now_ms() if ts == LATEST else ts))
         if qual is None:
             lo, hi = _family_range(fam)
             self.db.execute("DELETE FROM cells WHERE tbl = ? AND row = ? AND col >= ? AND col < ? AND ts <= ?",
@@ -444,7 +467,8 @@ class Handler:
     def deleteAllRowTs(self, table, row, timestamp, attributes=None):
         def run():
             self._table(table)
-            self.db.execute("DELETE FROM cells WHERE tbl = ? AND row = ? AND ts <= ?", (table, row, timestamp))
+            for fam in self._families(table):
+                self._delete(table, row, fam, timestamp)
         self._tx(run)
 
     def _increment(self, table, row, column, amount):
@@ -712,8 +736,10 @@ class _Server(TThreadedServer):
 class HBaseDouble:
     """The double in this process: ``HBaseDouble(path).start()``; ``.port``; ``.stop()``."""
 
-    def __init__(self, path=":memory:", host="127.0.0.1", port=0, transport="buffered", protocol="binary"):
+    def __init__(self, path=":memory:", host="127.0.0.1", port=0, transport="buffered", protocol="binary",
+                 delete_markers=False):
         self.path = str(path)
+        self.delete_markers = delete_markers
         self.host = host
         self.port = port
         self.transport = transport
@@ -724,7 +750,7 @@ class HBaseDouble:
         self.thread: threading.Thread | None = None
 
     def start(self) -> "HBaseDouble":
-        self.handler = Handler(self.path)
+        self.handler = Handler(self.path, self.delete_markers)
         sock = _ServerSocket(host=self.host, port=self.port, client_timeout=None)
         trans = {"buffered": TBufferedTransportFactory, "framed": TFramedTransportFactory}[self.transport]()
         proto = {"binary": TBinaryProtocolFactory, "compact": TCompactProtocolFactory}[self.protocol](
@@ -832,8 +858,11 @@ def main(argv=None) -> None:
     ap.add_argument("--data", default=":memory:", help="SQLite file holding the tables (default: in memory)")
     ap.add_argument("--transport", choices=("buffered", "framed"), default="buffered")
     ap.add_argument("--protocol", choices=("binary", "compact"), default="binary")
+    ap.add_argument("--delete-markers", action="store_true",
+                    help="hide puts not newer than a delete of the same cell (same millisecond), like HBase")
     args = ap.parse_args(argv)
-    double = HBaseDouble(args.data, args.host, args.port, args.transport, args.protocol).start()
+    double = HBaseDouble(args.data, args.host, args.port, args.transport, args.protocol,
+                         args.delete_markers).start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
