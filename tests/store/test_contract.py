@@ -701,15 +701,11 @@ def test_hbase_gateway_killed_fails_fast_and_loses_nothing(own_double):
         fresh.close()
 
 
-_HBASE_TAINTED = ("HBaseStore._apply and _load turn every exception into StoreError inside "
-                  "`with self.pool.connection()`, so happybase's pool (which only replaces a connection on "
-                  "TException/socket.error) keeps the broken connection")
-
-
-@pytest.mark.xfail(strict=True, reason="brokerd bug: " + _HBASE_TAINTED + ": after the gateway restarts, every "
-                   "apply() and load() of the same store fails with BrokenPipeError until an unwrapped call "
-                   "(load_session, ping, purge) happens to replace the connection")
 def test_hbase_same_store_works_after_the_gateway_restarts(own_double):
+    """Regression (fixed in dddea46): HBaseStore wrapped every exception in
+    StoreError inside ``with pool.connection()``, so happybase's pool never
+    replaced the broken connection and apply() failed with BrokenPipeError
+    until some unwrapped call (load_session, ping, purge) happened."""
     store = SyncStore(f"hbase://{own_double.address}?table_prefix=k&timeout=3000")
     try:
         before = [entry(message(f"m{i}")) for i in range(3)]
@@ -725,13 +721,13 @@ def test_hbase_same_store_works_after_the_gateway_restarts(own_double):
         store.close()
 
 
-@pytest.mark.xfail(strict=True, reason="brokerd bug: " + _HBASE_TAINTED + ": after a socket timeout the "
-                   "connection still has the late reply unread, and every later call reads the reply of the "
-                   "call before it (apply alternates 'Missing result' errors with successes confirmed by the "
-                   "wrong reply)")
 def test_hbase_gateway_that_stops_answering(own_double):
     """A gateway that hangs (SIGSTOP): the call fails after the timeout, and
-    once the gateway answers again the store's results are right."""
+    once the gateway answers again the store's results are right.
+
+    Regression (fixed in dddea46): the timed-out connection stayed in the pool
+    with the late reply unread, and thriftpy2 does not check sequence ids, so
+    every later call read the reply of the call before it."""
     store = SyncStore(f"hbase://{own_double.address}?table_prefix=s&timeout=1000")
     try:
         first = [entry(message(f"m{i}")) for i in range(3)]
