@@ -134,6 +134,7 @@ class HBaseStore(Store):
 
     def _open(self):
         import happybase
+        from Hbase_thrift import AlreadyExists  # the IDL module happybase loads
 
         self.pool = happybase.ConnectionPool(1, host=self.host, port=self.port, table_prefix=self.prefix,
                                              timeout=self.timeout, transport=self.transport,
@@ -144,9 +145,8 @@ class HBaseStore(Store):
                 if name not in existing:
                     try:
                         conn.create_table(name, families)
-                    except Exception as exc:     # created meanwhile by another node
-                        if "exists" not in str(exc).lower():
-                            raise
+                    except AlreadyExists:          # created meanwhile by another node
+                        pass
 
     def _close(self):
         self.pool = None
@@ -158,10 +158,20 @@ class HBaseStore(Store):
     # --------------------------------------------------------------- write
 
     def _apply(self, ops):
+        # Exceptions must leave the pool's context as they are: on a Thrift or
+        # socket error happybase replaces the connection (Store._run turns
+        # them into StoreError afterwards).
+        with self.pool.connection() as conn:
+            self._write(conn, ops)
+
+    def _write(self, conn, ops):
+        """Fold the batch per row, then: number the appends, delete, write."""
         rows: dict[str, dict[bytes, _Row]] = {name: defaultdict(_Row) for name in FAMILIES}
-        prefixes_to_clear: list[bytes] = []        # queues of sessions deleted in this batch
-        appends: dict[bytes, list] = defaultdict(list)   # session key -> [(tenant, cid, entry)]
         sessions, queue, retained = rows["sessions"], rows["queue"], rows["retained"]
+        appends: dict[bytes, list] = defaultdict(list)   # session key -> [(prefix, entry)] in order
+        in_batch: dict[int, bytes] = {}                  # id(entry) -> session key, for appends of this batch
+        cleared: list[bytes] = []                        # queue prefixes of sessions deleted in this batch
+        alive = self._alive(conn, ops)                   # session key -> exists (as the batch goes on)
         for op in ops:
             kind = op[0]
             if kind in ("retain", "retain_del"):
@@ -172,33 +182,39 @@ class HBaseStore(Store):
                     m = op[3]
                     row.put(b"m:p", m.payload)
                     row.put(b"m:q", _num(m.qos))
-                    for col, value in ((b"m:x", pack_props(m.properties)),
-                                       (b"m:e", None if m.expiry_at is None else _num(m.expiry_at))):
-                        if value is None:
-                            row.remove(col)
-                        else:
-                            row.put(col, value)
+                    _put_or_remove(row, b"m:x", pack_props(m.properties))
+                    _put_or_remove(row, b"m:e", None if m.expiry_at is None else _num(m.expiry_at))
                 continue
             skey = session_key(op[1], op[2])
-            srow = sessions[skey]
             if kind == "session":
+                alive[skey] = True
+                srow = sessions[skey]
                 _, _, _, expiry, disc, will, due = op
                 srow.put(b"s:e", _num(expiry))
-                for col, value in ((b"s:d", None if disc is None else _num(disc)), (b"s:w", will),
-                                   (b"s:u", None if due is None else _num(due))):
-                    if value is None:
-                        srow.remove(col)
-                    else:
-                        srow.put(col, value)
-            elif kind == "session_del":
-                srow.drop()
-                for _, _, e in appends.pop(skey, ()):
+                _put_or_remove(srow, b"s:d", None if disc is None else _num(disc))
+                _put_or_remove(srow, b"s:w", will)
+                _put_or_remove(srow, b"s:u", None if due is None else _num(due))
+                continue
+            if kind == "session_del":
+                alive[skey] = False
+                sessions[skey].drop()
+                for _, e in appends.pop(skey, ()):
+                    in_batch.pop(id(e), None)
                     e.seq = 0
-                prefixes_to_clear.append(queue_prefix(op[1], op[2]))
-            elif kind == "sub":
-                s = op[3]
-                srow.put(b"f:" + s.filter.encode(),
-                         f"{s.qos},{int(s.no_local)},{int(s.rap)},{s.rh},{s.sub_id or ''}".encode())
+                prefix = queue_prefix(op[1], op[2])
+                for key in [k for k in queue if k.startswith(prefix)]:
+                    del queue[key]                       # changes to rows that are about to go
+                cleared.append(prefix)
+                continue
+            if not alive.get(skey):
+                if kind == "q":
+                    op[3].seq = 0                        # a session that does not exist: nothing to write
+                continue
+            srow = sessions[skey]
+            if kind == "sub":
+                sub = op[3]
+                srow.put(b"f:" + sub.filter.encode(),
+                         f"{sub.qos},{int(sub.no_local)},{int(sub.rap)},{sub.rh},{sub.sub_id or ''}".encode())
             elif kind == "unsub":
                 srow.remove(b"f:" + op[3].encode())
             elif kind == "rel":
@@ -206,62 +222,67 @@ class HBaseStore(Store):
             elif kind == "rel_del":
                 srow.remove(b"r:" + _num(op[3]))
             elif kind == "q":
-                appends[skey].append((op[1], op[2], op[3]))
-            elif kind == "q_state":
                 e = op[3]
-                if e.seq:
-                    queue[queue_prefix(op[1], op[2]) + e.seq.to_bytes(8, "big")].put(b"m:f", _flags(e))
-            elif kind == "q_del":
+                appends[skey].append((queue_prefix(op[1], op[2]), e))
+                in_batch[id(e)] = skey
+            elif kind in ("q_state", "q_del"):
                 e = op[3]
-                if e.seq:
-                    queue[queue_prefix(op[1], op[2]) + e.seq.to_bytes(8, "big")].drop()
-                elif any(x is e for _, _, x in appends.get(skey, ())):
-                    appends[skey] = [a for a in appends[skey] if a[2] is not e]   # never written
+                if id(e) in in_batch:
+                    # appended in this very batch: the append writes its state;
+                    # a delete means it is never written at all
+                    if kind == "q_del":
+                        owner = in_batch.pop(id(e))
+                        appends[owner] = [a for a in appends[owner] if a[1] is not e]
+                elif e.seq:
+                    key = queue_prefix(op[1], op[2]) + e.seq.to_bytes(8, "big")
+                    if kind == "q_del":
+                        queue[key].drop()
+                    else:
+                        queue[key].put(b"m:f", _flags(e))
             else:
                 raise ValueError(f"unknown journal operation {kind!r}")
-        # Exceptions must leave the pool's context as they are: on a Thrift or
-        # socket error happybase replaces the connection (Store._run turns
-        # them into StoreError afterwards).
-        with self.pool.connection() as conn:
-            self._write(conn, rows, prefixes_to_clear, appends)
-
-    def _write(self, conn, rows, prefixes_to_clear, appends):
+        # sequence numbers: one increment per queue, for entries not numbered by
+        # an earlier, failed attempt at this batch (whose keys a retry rewrites)
         counters = conn.table("counters")
-        queue_rows = rows["queue"]
-        # sequence numbers, one increment per queue
         for skey, items in appends.items():
-            last = counters.counter_inc(skey, b"c:seq", len(items))
-            first = last - len(items) + 1
-            for i, (tenant, cid, e) in enumerate(items):
-                e.seq = first + i
-                row = queue_rows[queue_prefix(tenant, cid) + e.seq.to_bytes(8, "big")]
+            fresh = [e for _, e in items if not e.seq]
+            if fresh:
+                last = counters.counter_inc(skey, b"c:seq", len(fresh))
+                for i, e in enumerate(fresh):
+                    e.seq = last - len(fresh) + 1 + i
+            for prefix, e in items:
+                row = queue[prefix + e.seq.to_bytes(8, "big")]
                 m = e.msg
                 row.put(b"m:t", m.topic.encode())
                 row.put(b"m:p", m.payload)
                 row.put(b"m:f", _flags(e))
-                for col, value in ((b"m:x", pack_props(m.properties)),
-                                   (b"m:e", None if m.expiry_at is None else _num(m.expiry_at)),
-                                   (b"m:i", (pack_ids(e.sub_ids) or "").encode() or None),
-                                   (b"m:s", (pack_share(e.share) or "").encode() or None)):
-                    if value is not None:
-                        row.put(col, value)
-        now = time.monotonic()
-        # 1. deletes: whole rows, and the queues of deleted sessions
+                _put_or_remove(row, b"m:x", pack_props(m.properties))
+                _put_or_remove(row, b"m:e", None if m.expiry_at is None else _num(m.expiry_at))
+                _put_or_remove(row, b"m:i", (pack_ids(e.sub_ids) or "").encode() or None)
+                _put_or_remove(row, b"m:s", (pack_share(e.share) or "").encode() or None)
+        # a state change of a stored row must not create a partial row
+        missing = self._missing_queue_rows(conn, queue, appends)
+        for key in missing:
+            del queue[key]
+        # 1. deletes: whole rows, and every stored row of the deleted sessions' queues
+        deleted: list[tuple] = []
         for name in FAMILIES:
-            table = conn.table(name)
-            with table.batch() as b:
+            with conn.table(name).batch() as b:
                 for key, change in rows[name].items():
                     if change.delete:
                         b.delete(key)
-                        self._recent[(name, key)] = now
-        if prefixes_to_clear:
-            queue = conn.table("queue")
-            for prefix in prefixes_to_clear:
-                with queue.batch(batch_size=SCAN_BATCH) as b:
-                    for key, _ in queue.scan(row_prefix=prefix, columns=[b"m:f"], batch_size=SCAN_BATCH):
-                        if key not in queue_rows or not queue_rows[key].puts:
-                            b.delete(key)
-        # 2. puts and column deletes, after any recent delete of the same row
+                        deleted.append((name, key))
+        if cleared:
+            table = conn.table("queue")
+            for prefix in cleared:
+                with table.batch(batch_size=SCAN_BATCH) as b:
+                    for key, _ in table.scan(row_prefix=prefix, columns=[b"m:f"], batch_size=SCAN_BATCH):
+                        b.delete(key)
+                        deleted.append(("queue", key))
+        now = time.monotonic()
+        for k in deleted:
+            self._recent[k] = now
+        # 2. puts and column deletes, once the guard time after our deletes of those rows is over
         wait = 0.0
         for name in FAMILIES:
             for key, change in rows[name].items():
@@ -271,18 +292,49 @@ class HBaseStore(Store):
                         wait = max(wait, t + DELETE_GUARD - time.monotonic())
         if wait > 0:
             time.sleep(wait)
+        removed = []
         for name in FAMILIES:
-            table = conn.table(name)
-            with table.batch() as b:
+            with conn.table(name).batch() as b:
                 for key, change in rows[name].items():
                     if change.puts:
                         b.put(key, change.puts)
                     if change.dels:
                         b.delete(key, columns=list(change.dels))
-                        self._recent[(name, key)] = time.monotonic()
+                        removed.append((name, key))
+        now = time.monotonic()
+        for k in removed:
+            self._recent[k] = now
         if len(self._recent) > 10000:
-            cutoff = time.monotonic() - DELETE_GUARD
+            cutoff = now - DELETE_GUARD
             self._recent = {k: t for k, t in self._recent.items() if t > cutoff}
+
+    def _alive(self, conn, ops) -> dict:
+        """Which sessions the batch touches before creating or deleting them exist."""
+        unknown = []
+        seen = set()
+        for op in ops:
+            if op[0] in ("retain", "retain_del"):
+                continue
+            skey = session_key(op[1], op[2])
+            if skey in seen:
+                continue
+            seen.add(skey)
+            if op[0] not in ("session", "session_del"):
+                unknown.append(skey)
+        alive = {}
+        if unknown:
+            found = dict(conn.table("sessions").rows(unknown, columns=[b"s:e"]))
+            alive = {k: b"s:e" in found.get(k, {}) for k in unknown}
+        return alive
+
+    def _missing_queue_rows(self, conn, queue, appends) -> list[bytes]:
+        """Rows of ``queue`` that only change flags but do not exist (acknowledged already)."""
+        written = {p + e.seq.to_bytes(8, "big") for items in appends.values() for p, e in items}
+        probe = [k for k, ch in queue.items() if ch.puts and not ch.delete and k not in written]
+        if not probe:
+            return []
+        found = dict(conn.table("queue").rows(probe, columns=[b"m:t"]))
+        return [k for k in probe if b"m:t" not in found.get(k, {})]
 
     # ---------------------------------------------------------------- read
 
@@ -314,7 +366,7 @@ class HBaseStore(Store):
             for key, data in conn.table("queue").scan(batch_size=SCAN_BATCH):
                 tenant, cid, seq = _split_queue_key(key)
                 rec = sessions.get(session_key(tenant, cid))
-                if rec is not None:
+                if rec is not None and b"m:t" in data:
                     rec.queue.append(_entry(seq, data))
             retained = []
             for key, data in conn.table("retained").scan(batch_size=SCAN_BATCH):
@@ -334,7 +386,8 @@ class HBaseStore(Store):
                 rec.last_seq = int.from_bytes(counter[b"c:seq"], "big", signed=True)
             prefix = queue_prefix(tenant, client_id)
             rec.queue = [_entry(int.from_bytes(k[-8:], "big"), d)
-                         for k, d in conn.table("queue").scan(row_prefix=prefix, batch_size=SCAN_BATCH)]
+                         for k, d in conn.table("queue").scan(row_prefix=prefix, batch_size=SCAN_BATCH)
+                         if b"m:t" in d]
         return rec
 
     def _purge(self, now):
@@ -359,6 +412,13 @@ class HBaseStore(Store):
                             b.delete(key)
                             n += 1
         return n
+
+
+def _put_or_remove(row: _Row, col: bytes, value: bytes | None) -> None:
+    if value is None:
+        row.remove(col)
+    else:
+        row.put(col, value)
 
 
 def _flags(e: QueueEntry) -> bytes:

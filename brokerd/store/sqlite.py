@@ -64,13 +64,16 @@ _SQL = {
                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, client_id) DO UPDATE SET "
                "expiry_interval = excluded.expiry_interval, disconnected_at = excluded.disconnected_at, "
                "will = excluded.will, will_due = excluded.will_due",
-    "sub": "INSERT OR REPLACE INTO subscriptions VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+    # subscriptions and packet ids only for sessions that exist
+    "sub": "INSERT OR REPLACE INTO subscriptions SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8 "
+           "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)",
     "unsub": "DELETE FROM subscriptions WHERE tenant = ? AND client_id = ? AND filter = ?",
     "q": "INSERT OR REPLACE INTO queue VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     "q_state": "UPDATE queue SET state = ? WHERE tenant = ? AND client_id = ? AND seq = ?",
     "seq": "UPDATE sessions SET last_seq = last_seq + ? WHERE tenant = ? AND client_id = ? RETURNING last_seq",
     "q_del": "DELETE FROM queue WHERE tenant = ? AND client_id = ? AND seq = ?",
-    "rel": "INSERT OR IGNORE INTO awaiting_rel VALUES (?, ?, ?)",
+    "rel": "INSERT OR IGNORE INTO awaiting_rel SELECT ?1, ?2, ?3 "
+           "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)",
     "rel_del": "DELETE FROM awaiting_rel WHERE tenant = ? AND client_id = ? AND pid = ?",
     "retain": "INSERT OR REPLACE INTO retained VALUES (?, ?, ?, ?, ?, ?)",
     "retain_del": "DELETE FROM retained WHERE tenant = ? AND topic = ?",
@@ -234,6 +237,8 @@ def _number(db, run: list) -> None:
     for (tenant, cid), entries in counts.items():
         row = db.execute(_SQL["seq"], (len(entries), tenant, cid)).fetchone()
         if row is None:
+            for e in entries:
+                e.seq = 0
             continue
         first = row[0] - len(entries) + 1
         for i, e in enumerate(entries):

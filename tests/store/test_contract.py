@@ -11,8 +11,9 @@ order and never reused while the session lives), ``SessionRecord.last_seq``,
 the order of subscriptions, and the row count ``purge`` returns (only "some"
 when something expired, 0 when nothing did).
 
-Known backend bugs are strict xfails (``@bugs(backend="...")``): the test
-shows the expected behaviour and starts failing as soon as the bug is fixed.
+The backend bugs this suite found (orphan rows for missing sessions, stale
+sequence numbers in retried batches, partial HBase rows) are fixed; their
+tests remain as regression tests.
 """
 
 import asyncio
@@ -37,11 +38,7 @@ NOW = 1_700_000_000.0          # "now" for purge tests (records hold wall-clock 
 T1, T2 = "tenant-a", "tenant-b"
 
 
-def bugs(**reasons):
-    """Run a test over every backend; those named fail because of a known brokerd bug."""
-    return pytest.mark.parametrize("backend", [
-        pytest.param(b, marks=pytest.mark.xfail(strict=True, reason=f"brokerd bug: {reasons[b]}"))
-        if b in reasons else b for b in BACKENDS])
+all_backends = pytest.mark.parametrize("backend", BACKENDS)
 
 
 # ------------------------------------------------------------------ driving
@@ -265,9 +262,7 @@ def test_session_del_and_recreate_in_one_batch(store):
                                                 queue=[new])
 
 
-@bugs(hbase="HBaseStore keeps queue rows that have puts in the batch when it clears a deleted session's "
-            "queue (meant for the new appends): a q_state of the old session's entry makes that entry survive the "
-            "session_del, and it shows up in the queue of the new session of that name")
+@all_backends
 def test_session_del_after_q_state_in_one_batch(store):
     """PUBREC, then the client reconnects with Clean Start, within one group commit."""
     e, other = entry(qos=2, pid=1), entry(qos=1)
@@ -354,15 +349,9 @@ def test_append_and_delete_of_the_same_entry_in_one_batch(store):
     assert store.session(T1, "dev")["queue"] == []
 
 
-_HBASE_STALE_SEQ = ("HBaseStore._apply folds q_del/q_state by entry.seq before the batch's appends are numbered: "
-                    "an entry that carries the seq of an earlier, failed attempt (StoreWriter re-applies the same "
-                    "op objects) is addressed under that stale seq")
-
 
 @pytest.mark.parametrize("same_batch", [False, True], ids=["later-batch", "same-batch"])
-@bugs(hbase="HBaseStore puts m:f on the queue row of a q_state even when the row was deleted (acknowledged "
-            "entry): the row comes back with only m:f, and load()/load_session() raise StoreError(KeyError: "
-            "b'm:t') from then on")
+@all_backends
 def test_q_state_of_an_acknowledged_entry_is_ignored(store, same_batch):
     e, other = entry(qos=2, pid=1), entry(qos=2, pid=2)
     store.apply([session("dev"), q("dev", e), q("dev", other)])
@@ -375,7 +364,7 @@ def test_q_state_of_an_acknowledged_entry_is_ignored(store, same_batch):
     assert store.session(T1, "dev")["queue"] == [other]
 
 
-@bugs(hbase=_HBASE_STALE_SEQ + ": the q_del misses, and the acknowledged entry is written and stays queued")
+@all_backends
 def test_a_batch_applied_again_after_a_failure_q_del(store):
     """StoreWriter re-applies a failed batch -- the same op objects, plus what
     was gathered meanwhile; entries numbered by the failed attempt carry its seq."""
@@ -386,8 +375,7 @@ def test_a_batch_applied_again_after_a_failure_q_del(store):
     assert store.session(T1, "dev")["queue"] == [kept]
 
 
-@bugs(hbase=_HBASE_STALE_SEQ + ": the q_state creates a row with only m:f under the stale seq, and "
-            "load_session() raises StoreError(KeyError: b'm:t')")
+@all_backends
 def test_a_batch_applied_again_after_a_failure_q_state(store):
     store.apply([session("dev")])
     e = entry(qos=2, pid=4)
@@ -425,34 +413,6 @@ def test_a_large_batch_and_long_queues_read_back_in_order(store):
 # batch that failed and is being applied again, as StoreWriter does)
 OP_KINDS = ("sub", "unsub", "q", "q-resent", "q_state", "q_del", "rel", "rel_del")
 
-_SQLITE_ORPHAN = ("SQLiteStore writes {what} of a session that does not exist ({sql}, no check that the session "
-                  "exists); the orphan row comes back when a session of that name is created again (until a "
-                  "purge deletes orphans)")
-_SQLITE_RESENT = ("SQLiteStore._number leaves entry.seq unchanged when the session does not exist, and the "
-                  "insert keeps every op with a non-zero seq: an entry carrying a seq from an earlier append "
-                  "is written for a session that does not exist and reappears in the next session of that name")
-_HBASE_ORPHAN = ("HBaseStore puts the {col} column on the sessions row whether or not the session exists "
-                 "(the row has no s:e, so load() skips it); it reappears when a session of that name is "
-                 "created again")
-_HBASE_Q = ("HBaseStore appends to the queue of a session that does not exist (counter_inc + queue row, no "
-            "check); the entry appears in the queue of the next session of that name")
-_HBASE_Q_STATE = ("HBaseStore puts m:f on queue row salt.rcid.tenant.seq without checking that it exists, "
-                  "creating a row with only m:f; once a session of that name exists again, load() and "
-                  "load_session() raise StoreError(KeyError: b'm:t') -- brokerd cannot restore its sessions")
-
-# (backend, kind) -> reason, for both scenarios (never created, deleted)
-UNKNOWN_SESSION_BUGS = {
-    ("sqlite", "sub"): _SQLITE_ORPHAN.format(what="'sub'", sql="INSERT OR REPLACE INTO subscriptions"),
-    ("sqlite", "rel"): _SQLITE_ORPHAN.format(what="'rel'", sql="INSERT OR IGNORE INTO awaiting_rel"),
-    ("sqlite", "q-resent"): _SQLITE_RESENT,
-    ("hbase", "sub"): _HBASE_ORPHAN.format(col="f:<filter>"),
-    ("hbase", "rel"): _HBASE_ORPHAN.format(col="r:<pid>"),
-    ("hbase", "q"): _HBASE_Q,
-    ("hbase", "q-resent"): _HBASE_Q,
-    ("hbase", "q_state"): _HBASE_Q_STATE,
-}
-
-
 def _ghost_op(kind, cid, e):
     if kind == "sub":
         return sub(cid, "ghost/#", qos=1)
@@ -471,9 +431,7 @@ def _unknown_session_params():
     for b in BACKENDS:
         for kind in OP_KINDS:
             for scenario in ("never-created", "deleted"):
-                reason = UNKNOWN_SESSION_BUGS.get((b, kind))
-                marks = [pytest.mark.xfail(strict=True, reason=f"brokerd bug: {reason}")] if reason else []
-                yield pytest.param(b, kind, scenario, marks=marks, id=f"{b}-{kind}-{scenario}")
+                yield pytest.param(b, kind, scenario, id=f"{b}-{kind}-{scenario}")
 
 
 @pytest.mark.parametrize("backend,kind,scenario", list(_unknown_session_params()))
@@ -779,8 +737,7 @@ def inproc_double(tmp_path):
     double.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="brokerd bug: " + _HBASE_STALE_SEQ + ": retrying [q a, q b] + [q_del a] "
-                   "after the first attempt failed in mutateRows leaves a in the queue")
+
 def test_hbase_retried_batch_after_a_failed_write(inproc_double):
     """The StoreWriter sequence: a batch fails after its appends were numbered
     (counter incremented, queue rows refused); the broker drops one of those
