@@ -737,7 +737,6 @@ def inproc_double(tmp_path):
     double.stop()
 
 
-
 def test_hbase_retried_batch_after_a_failed_write(inproc_double):
     """The StoreWriter sequence: a batch fails after its appends were numbered
     (counter incremented, queue rows refused); the broker drops one of those
