@@ -33,8 +33,9 @@ def services() -> dict[str, list[str]]:
     host = os.environ.get("BROKERD_HOST", "127.0.0.1")
     mqtt = os.environ.get("BROKERD_MQTT_PORT", "1883")
     ws = os.environ.get("BROKERD_WS_PORT", "8083")
+    store = os.environ.get("BROKERD_STORE", "sqlite:///var/brokerd.sqlite3")
     return {
-        "brokerd": [PY, "-m", "brokerd", "--allow-anonymous",
+        "brokerd": [PY, "-m", "brokerd", "--allow-anonymous", "--store", store,
                     "--listen", f"mqtt://{host}:{mqtt}", "--listen", f"ws://{host}:{ws}/mqtt"],
     }
 
@@ -47,6 +48,8 @@ def banner() -> str:
   brokerd (MQTT 3.1.1 + 5.0, anonymous clients allowed on this development node)
     MQTT       mqtt://{host}:{mqtt}
     WebSocket  ws://{host}:{ws}/mqtt
+    sessions   {os.environ.get("BROKERD_STORE", "sqlite:///var/brokerd.sqlite3")} (persistent sessions and retained
+               messages survive a restart)
   try:
     mosquitto_sub -h {host} -p {mqtt} -t 'demo/#' -v &
     mosquitto_pub -h {host} -p {mqtt} -t demo/hello -m world
