@@ -1,0 +1,87 @@
+"""Reads of the tenants app, for views, commands and services.
+
+``get_*`` raise ``NotFound`` (a ``ServiceError``) with a user-facing message.
+"""
+
+from django.db import connection
+from django.db.models import Count, Q
+
+from . import snapshot
+from .errors import NotFound
+from .models import AclRule, Credential, Device, Quota, SystemTopicSetting, Tenant
+
+
+def tenants():
+    """All tenants by slug, each with ``device_count``."""
+    return Tenant.objects.annotate(device_count=Count("devices")).order_by("slug")
+
+
+def get_tenant(slug: str) -> Tenant:
+    tenant = Tenant.objects.filter(slug=slug).first()
+    if tenant is None:
+        raise NotFound(f"unknown tenant {slug!r}")
+    return tenant
+
+
+def devices(tenant: Tenant):
+    """The tenant's devices by name, each with ``credential_count`` and
+    ``enabled_credential_count``."""
+    return tenant.devices.annotate(
+        credential_count=Count("credentials"),
+        enabled_credential_count=Count("credentials", filter=Q(credentials__enabled=True)),
+    ).order_by("name")
+
+
+def get_device(tenant: Tenant, name: str) -> Device:
+    device = tenant.devices.filter(name=name).first()
+    if device is None:
+        raise NotFound(f"unknown device {tenant.slug}/{name}")
+    return device
+
+
+def credentials(device: Device):
+    return device.credentials.order_by("id")
+
+
+def get_credential(device: Device, credential_id: int) -> Credential:
+    credential = device.credentials.filter(pk=credential_id).first()
+    if credential is None:
+        raise NotFound(f"device {device} has no credential {credential_id}")
+    return credential
+
+
+def acl_rules(tenant: Tenant):
+    """The tenant's rules in evaluation order (position, then id)."""
+    return AclRule.objects.filter(tenant=tenant).select_related("device").order_by("position", "id")
+
+
+def get_acl_rule(tenant: Tenant, rule_id: int) -> AclRule:
+    rule = acl_rules(tenant).filter(pk=rule_id).first()
+    if rule is None:
+        raise NotFound(f"tenant {tenant.slug!r} has no ACL rule {rule_id}")
+    return rule
+
+
+def quota(tenant: Tenant) -> Quota:
+    return Quota.objects.get(tenant=tenant)
+
+
+def system_topics(tenant: Tenant) -> SystemTopicSetting:
+    return SystemTopicSetting.objects.get(tenant=tenant)
+
+
+def policy(slug: str) -> dict | None:
+    """The tenant's published snapshot document (None if never published)."""
+    return snapshot.load(slug)
+
+
+def policy_changes(since: int) -> list[tuple[str, int, str]]:
+    """``(tenant_slug, version, data)`` rows newer than ``since``: brokerd's
+    query, word for word."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT tenant_slug, version, data FROM tenants_policysnapshot "
+            "WHERE version > %s ORDER BY version",
+            [since],
+        )
+        return list(cur.fetchall())

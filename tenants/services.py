@@ -1,0 +1,554 @@
+"""Transactional writes of the tenants app, and the decisions brokerd makes.
+
+Every function that changes something a broker enforces runs in one
+transaction that ends by rebuilding the tenant's policy snapshot
+(``tenants.snapshot.publish``), so brokerd sees the change, and only the
+committed change, under a new version. Invalid input raises ``ServiceError``
+(``NotFound``, ``Conflict``) with a one-line message meant for users; nothing
+is written then.
+
+Secrets: ``create_credential``, ``rotate_credential`` and
+``provision_device`` return the new secret; it is shown once and only its
+hash is stored (see ``tenants.hashing`` for why a fast hash is right here).
+"""
+
+import datetime as dt
+
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from . import acl, hashing, limits, queries, snapshot
+from .errors import Conflict, NotFound, ServiceError
+from .models import AclRule, Credential, Device, Quota, SystemTopicSetting, Tenant
+from .validators import SYS_PARTS, normalize_fingerprint
+
+
+class _Unset:
+    def __repr__(self):
+        return "UNSET"
+
+
+UNSET = _Unset()  # "leave as it is" for optional keyword arguments
+
+
+def _message(error: ValidationError) -> str:
+    if not hasattr(error, "error_dict"):
+        return "; ".join(error.messages)
+    parts = []
+    for field, messages in error.message_dict.items():
+        for m in messages:
+            parts.append(m if field == NON_FIELD_ERRORS else f"{field}: {m}")
+    return "; ".join(parts)
+
+
+def _clean(obj, **kwargs):
+    """``full_clean`` with its errors as one ServiceError."""
+    try:
+        obj.full_clean(**kwargs)
+    except ValidationError as e:
+        raise ServiceError(_message(e))
+
+
+def _save(obj, conflict: str, **kwargs):
+    """``save``, turning a unique-constraint race into Conflict."""
+    try:
+        with transaction.atomic():
+            obj.save(**kwargs)
+    except IntegrityError:
+        raise Conflict(conflict)
+
+
+def _check_bool(name: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise ServiceError(f"{name} must be true or false")
+    return value
+
+
+def _check_datetime(name: str, value: dt.datetime | None) -> dt.datetime | None:
+    if value is not None and (not isinstance(value, dt.datetime) or timezone.is_naive(value)):
+        raise ServiceError(f"{name} must be a timezone-aware datetime")
+    return value
+
+
+# ---------------------------------------------------------------- tenants
+
+
+def _emails(value) -> list[str]:
+    if isinstance(value, str):
+        value = [value]
+    out = []
+    for email in value:
+        if not isinstance(email, str):
+            raise ServiceError(f"contact email {email!r} is not a string")
+        email = email.strip()
+        if email and email not in out:
+            out.append(email)
+    return out
+
+
+def _clean_tenant(tenant: Tenant):
+    _clean(tenant, validate_unique=False)
+
+
+@transaction.atomic
+def create_tenant(slug: str, *, name: str = "", contact_emails=(), default_acl: str = "deny") -> Tenant:
+    """A new active tenant with an unlimited quota and default $SYS settings."""
+    tenant = Tenant(
+        slug=slug, name=name or slug, contact_emails=_emails(contact_emails), default_acl=default_acl
+    )
+    _clean_tenant(tenant)
+    if Tenant.objects.filter(slug=slug).exists():
+        raise Conflict(f"tenant {slug!r} already exists")
+    _save(tenant, f"tenant {slug!r} already exists")
+    Quota.objects.create(tenant=tenant)
+    SystemTopicSetting.objects.create(tenant=tenant)
+    snapshot.publish(tenant)
+    return tenant
+
+
+@transaction.atomic
+def update_tenant(tenant: Tenant, *, name=UNSET, contact_emails=UNSET, default_acl=UNSET) -> Tenant:
+    """Change a tenant's name, contacts or default ACL (the slug never changes)."""
+    if name is not UNSET:
+        tenant.name = name or tenant.slug
+    if contact_emails is not UNSET:
+        tenant.contact_emails = _emails(contact_emails)
+    if default_acl is not UNSET:
+        tenant.default_acl = default_acl
+    _clean_tenant(tenant)
+    tenant.save()
+    snapshot.publish(tenant)
+    return tenant
+
+
+def _set_status(tenant: Tenant, status: str) -> Tenant:
+    tenant.status = status
+    tenant.save(update_fields=["status", "updated_at"])
+    snapshot.publish(tenant)
+    return tenant
+
+
+@transaction.atomic
+def suspend_tenant(tenant: Tenant) -> Tenant:
+    """Refuse the tenant's devices (brokerd decides what happens to connected ones)."""
+    return _set_status(tenant, Tenant.Status.SUSPENDED)
+
+
+@transaction.atomic
+def resume_tenant(tenant: Tenant) -> Tenant:
+    return _set_status(tenant, Tenant.Status.ACTIVE)
+
+
+@transaction.atomic
+def delete_tenant(tenant: Tenant) -> None:
+    """Delete the tenant and everything it owns; its snapshot row stays, "deleted"."""
+    slug = tenant.slug
+    tenant.delete()
+    snapshot.publish_deleted(slug)
+
+
+# ---------------------------------------------------------------- devices
+
+
+def _new_device(tenant, name, description, enabled, cert_fingerprint, cert_cn) -> Device:
+    device = Device(
+        tenant=tenant, name=name, description=description, enabled=_check_bool("enabled", enabled)
+    )
+    _set_cert(device, cert_fingerprint, cert_cn)
+    _clean(device, validate_unique=False, validate_constraints=False)
+    if tenant.devices.filter(name=name).exists():
+        raise Conflict(f"device {tenant.slug}/{name} already exists")
+    _check_fingerprint_free(device)
+    _save(device, f"device {tenant.slug}/{name} or its certificate fingerprint already exists")
+    return device
+
+
+def _set_cert(device: Device, cert_fingerprint, cert_cn):
+    if cert_fingerprint is not UNSET:
+        device.cert_fingerprint = normalize_fingerprint(cert_fingerprint)
+    if cert_cn is not UNSET:
+        device.cert_cn = (cert_cn or "").strip() or None
+
+
+def _check_fingerprint_free(device: Device):
+    if device.cert_fingerprint is None:
+        return
+    other = Device.objects.filter(cert_fingerprint=device.cert_fingerprint).exclude(pk=device.pk).first()
+    if other is not None:
+        raise Conflict(f"certificate fingerprint already belongs to device {other}")
+
+
+@transaction.atomic
+def create_device(
+    tenant: Tenant,
+    name: str,
+    *,
+    description: str = "",
+    enabled: bool = True,
+    cert_fingerprint: str | None = None,
+    cert_cn: str | None = None,
+) -> Device:
+    """A device without credentials (it may authenticate by certificate)."""
+    device = _new_device(tenant, name, description, enabled, cert_fingerprint, cert_cn)
+    snapshot.publish(tenant)
+    return device
+
+
+@transaction.atomic
+def provision_device(
+    tenant: Tenant,
+    name: str,
+    *,
+    description: str = "",
+    enabled: bool = True,
+    cert_fingerprint: str | None = None,
+    cert_cn: str | None = None,
+    label: str = "",
+    expires_at=None,
+) -> tuple[Device, Credential, str]:
+    """A device and its first credential in one change: ``(device, credential,
+    secret)``, the secret shown once and never stored."""
+    device = _new_device(tenant, name, description, enabled, cert_fingerprint, cert_cn)
+    credential, secret = _new_credential(device, label, expires_at, True)
+    snapshot.publish(tenant)
+    return device, credential, secret
+
+
+@transaction.atomic
+def update_device(device: Device, *, description=UNSET, cert_fingerprint=UNSET, cert_cn=UNSET) -> Device:
+    """Change a device's description or certificate (its name never changes)."""
+    if description is not UNSET:
+        device.description = description
+    _set_cert(device, cert_fingerprint, cert_cn)
+    _clean(device, validate_unique=False, validate_constraints=False)
+    _check_fingerprint_free(device)
+    _save(device, "certificate fingerprint already in use")
+    snapshot.publish(device.tenant)
+    return device
+
+
+def _set_device_enabled(device: Device, enabled: bool) -> Device:
+    device.enabled = enabled
+    device.save(update_fields=["enabled"])
+    snapshot.publish(device.tenant)
+    return device
+
+
+@transaction.atomic
+def disable_device(device: Device) -> Device:
+    return _set_device_enabled(device, False)
+
+
+@transaction.atomic
+def enable_device(device: Device) -> Device:
+    return _set_device_enabled(device, True)
+
+
+@transaction.atomic
+def delete_device(device: Device) -> None:
+    """Delete a device, its credentials and the ACL rules written for it alone."""
+    tenant = device.tenant
+    device.delete()
+    _renumber(list(queries.acl_rules(tenant)))
+    snapshot.publish(tenant)
+
+
+# ---------------------------------------------------------------- credentials
+
+
+def _new_credential(device: Device, label: str, expires_at, enabled: bool) -> tuple[Credential, str]:
+    _check_datetime("expires_at", expires_at)
+    if expires_at is not None and expires_at <= timezone.now():
+        raise ServiceError("expires_at is in the past")
+    secret = hashing.generate_secret()
+    now = timezone.now()
+    credential = Credential(
+        device=device,
+        label=label,
+        secret_hash=hashing.hash_secret(secret),
+        enabled=_check_bool("enabled", enabled),
+        expires_at=expires_at,
+        last_rotated_at=now,
+    )
+    _clean(credential)
+    credential.save()
+    return credential, secret
+
+
+@transaction.atomic
+def create_credential(
+    device: Device, *, label: str = "", expires_at=None, enabled: bool = True
+) -> tuple[Credential, str]:
+    """A new credential for ``device``; returns ``(credential, secret)``, the
+    secret shown once and never stored."""
+    result = _new_credential(device, label, expires_at, enabled)
+    snapshot.publish(device.tenant)
+    return result
+
+
+@transaction.atomic
+def rotate_credential(credential: Credential) -> tuple[Credential, str]:
+    """Replace the credential's secret (the old one stops working at commit);
+    returns ``(credential, new secret)``."""
+    secret = hashing.generate_secret()
+    credential.secret_hash = hashing.hash_secret(secret)
+    credential.last_rotated_at = timezone.now()
+    credential.save(update_fields=["secret_hash", "last_rotated_at"])
+    snapshot.publish(credential.device.tenant)
+    return credential, secret
+
+
+@transaction.atomic
+def rotate_device_credential(device: Device, credential: Credential | None = None) -> tuple[Credential, str]:
+    """What ``devices rotate`` does: rotate ``credential``, else the device's
+    only credential, else create its first one. A device with several
+    credentials needs the one to rotate named."""
+    if credential is None:
+        existing = list(device.credentials.all()[:2])
+        if len(existing) > 1:
+            raise ServiceError(
+                f"device {device} has {device.credentials.count()} credentials: name the one to rotate"
+            )
+        if not existing:
+            return create_credential(device)
+        credential = existing[0]
+    elif credential.device_id != device.pk:
+        raise NotFound(f"credential {credential.pk} does not belong to device {device}")
+    return rotate_credential(credential)
+
+
+def _set_credential(credential: Credential, **fields) -> Credential:
+    for k, v in fields.items():
+        setattr(credential, k, v)
+    credential.save(update_fields=list(fields))
+    snapshot.publish(credential.device.tenant)
+    return credential
+
+
+@transaction.atomic
+def disable_credential(credential: Credential) -> Credential:
+    return _set_credential(credential, enabled=False)
+
+
+@transaction.atomic
+def enable_credential(credential: Credential) -> Credential:
+    return _set_credential(credential, enabled=True)
+
+
+@transaction.atomic
+def expire_credential(credential: Credential, at: dt.datetime | None = None) -> Credential:
+    """Make the credential expire ``at`` (default: now, i.e. at once)."""
+    _check_datetime("at", at)
+    return _set_credential(credential, expires_at=at or timezone.now())
+
+
+@transaction.atomic
+def delete_credential(credential: Credential) -> None:
+    tenant = credential.device.tenant
+    credential.delete()
+    snapshot.publish(tenant)
+
+
+def authenticate_device(tenant_slug: str, device_name: str, secret: str) -> bool:
+    """Would ``TENANT/DEVICE`` with password ``secret`` be let in? The tenant
+    is active, the device enabled, and an enabled, unexpired credential's hash
+    matches (compared in constant time)."""
+    if not isinstance(secret, str):
+        return False
+    device = (
+        Device.objects.select_related("tenant").filter(tenant__slug=tenant_slug, name=device_name).first()
+    )
+    if device is None or device.tenant.status != Tenant.Status.ACTIVE or not device.enabled:
+        return False
+    now = timezone.now()
+    # every credential is compared, not just up to the first match
+    results = [
+        hashing.verify_secret(secret, c.secret_hash) and c.usable(now) for c in device.credentials.all()
+    ]
+    return any(results)
+
+
+# ---------------------------------------------------------------- ACL rules
+
+
+def _device_of(tenant: Tenant, device) -> Device | None:
+    if device is None or isinstance(device, Device):
+        return device
+    return queries.get_device(tenant, device)
+
+
+def _check_position(position) -> int:
+    if isinstance(position, bool) or not isinstance(position, int) or position < 1:
+        raise ServiceError(f"position must be a positive integer, not {position!r}")
+    return position
+
+
+def _renumber(ordered: list[AclRule]) -> None:
+    """Give ``ordered`` (saved rules) positions 1..N, writing only changed rows."""
+    changed = []
+    for i, rule in enumerate(ordered, 1):
+        if rule.position != i:
+            rule.position = i
+            changed.append(rule)
+    AclRule.objects.bulk_update(changed, ["position"])
+
+
+def _placed(tenant: Tenant, rule: AclRule, position: int | None) -> list[AclRule]:
+    """The tenant's rules in order with ``rule`` at ``position`` (1-based,
+    clamped to the end; None = last)."""
+    others = [r for r in queries.acl_rules(tenant) if r.pk != rule.pk]
+    index = len(others) if position is None else min(_check_position(position), len(others) + 1) - 1
+    others.insert(index, rule)
+    return others
+
+
+@transaction.atomic
+def add_acl_rule(
+    tenant: Tenant,
+    *,
+    topic: str,
+    action: str,
+    allow: bool,
+    device=None,
+    pattern: str | None = None,
+    who: str | None = None,
+    position: int | None = None,
+) -> AclRule:
+    """A rule at ``position`` (later rules move down; default: last).
+
+    ``who`` follows from the arguments when not given: ``device`` (a Device or
+    its name) -> "device", ``pattern`` (a glob) -> "pattern", else "all".
+    """
+    device = _device_of(tenant, device)
+    if who is None:
+        who = "device" if device is not None else "pattern" if pattern else "all"
+    rule = AclRule(
+        tenant=tenant,
+        who=who,
+        device=device,
+        device_pattern=pattern or "",
+        action=action,
+        topic=topic,
+        allow=_check_bool("allow", allow),
+        position=0,
+    )
+    ordered = _placed(tenant, rule, position)
+    rule.position = ordered.index(rule) + 1
+    _clean(rule)
+    _renumber([r for r in ordered if r is not rule])
+    rule.save()
+    snapshot.publish(tenant)
+    return rule
+
+
+@transaction.atomic
+def update_acl_rule(
+    rule: AclRule, *, who=UNSET, device=UNSET, pattern=UNSET, action=UNSET, topic=UNSET, allow=UNSET
+) -> AclRule:
+    """Change a rule in place (its position: ``move_acl_rule``). Giving a
+    device or pattern alone switches ``who`` to match; switching ``who``
+    clears the device or pattern it no longer uses."""
+    tenant = rule.tenant
+    if who is UNSET:
+        if device is not UNSET and device is not None:
+            who = "device"
+        elif pattern is not UNSET and pattern:
+            who = "pattern"
+    if who is not UNSET:
+        rule.who = who
+        if device is UNSET and who != "device":
+            rule.device = None
+        if pattern is UNSET and who != "pattern":
+            rule.device_pattern = ""
+    if device is not UNSET:
+        rule.device = _device_of(tenant, device)
+    if pattern is not UNSET:
+        rule.device_pattern = pattern or ""
+    if action is not UNSET:
+        rule.action = action
+    if topic is not UNSET:
+        rule.topic = topic
+    if allow is not UNSET:
+        rule.allow = _check_bool("allow", allow)
+    _clean(rule)
+    rule.save()
+    snapshot.publish(tenant)
+    return rule
+
+
+@transaction.atomic
+def move_acl_rule(rule: AclRule, position: int) -> AclRule:
+    """Put ``rule`` at ``position`` (clamped to the last), shifting the rules between."""
+    _renumber(_placed(rule.tenant, rule, position))
+    snapshot.publish(rule.tenant)
+    return rule
+
+
+@transaction.atomic
+def delete_acl_rule(rule: AclRule) -> None:
+    tenant = rule.tenant
+    rule.delete()
+    _renumber(list(queries.acl_rules(tenant)))
+    snapshot.publish(tenant)
+
+
+def acl_decision(
+    tenant, device_name: str, client_id: str, action: str, topic: str
+) -> tuple[bool, AclRule | None]:
+    """Would ``device_name`` (with ``client_id``) be allowed to ``action``
+    ("publish" a topic name or "subscribe" a filter) ``topic``? Returns
+    ``(allowed, deciding rule)``, the rule None when the tenant's default
+    decided. The semantics are ``tenants.acl``'s, on the snapshot's rules."""
+    if not isinstance(tenant, Tenant):
+        tenant = queries.get_tenant(tenant)
+    rules = list(queries.acl_rules(tenant))
+    documents = [snapshot.rule_json(r) for r in rules]
+    try:
+        allowed, document = acl.decide(documents, tenant.default_acl, device_name, client_id, action, topic)
+    except ValueError as e:
+        raise ServiceError(str(e))
+    return allowed, None if document is None else rules[documents.index(document)]
+
+
+# ---------------------------------------------------------------- quota, $SYS
+
+
+@transaction.atomic
+def update_quota(tenant: Tenant, **changes) -> Quota:
+    """Set quota fields (``limits.QUOTA_FIELDS``) to positive ints, or None for unlimited."""
+    unknown = sorted(set(changes) - set(limits.QUOTA_FIELDS))
+    if unknown:
+        raise ServiceError(f"unknown quota field(s): {', '.join(unknown)}")
+    quota = queries.quota(tenant)
+    for field, value in changes.items():
+        try:
+            setattr(quota, field, limits.check_limit(field, value))
+        except ValueError as e:
+            raise ServiceError(str(e))
+    _clean(quota)
+    quota.save()
+    snapshot.publish(tenant)
+    return quota
+
+
+@transaction.atomic
+def update_system_topics(tenant: Tenant, *, enabled=UNSET, interval=UNSET, parts=UNSET) -> SystemTopicSetting:
+    """Whether the tenant's clients get ``$SYS`` topics, every ``interval``
+    seconds, with which ``parts`` (a subset of ``SYS_PARTS``)."""
+    setting = queries.system_topics(tenant)
+    if enabled is not UNSET:
+        setting.enabled = _check_bool("enabled", enabled)
+    if interval is not UNSET:
+        if isinstance(interval, bool) or not isinstance(interval, int):
+            raise ServiceError(f"interval must be a whole number of seconds, not {interval!r}")
+        setting.interval = interval
+    if parts is not UNSET:
+        if isinstance(parts, str):
+            parts = [parts]
+        parts = list(parts)
+        setting.parts = [p for p in SYS_PARTS if p in parts] + [p for p in parts if p not in SYS_PARTS]
+    _clean(setting)
+    setting.save()
+    snapshot.publish(tenant)
+    return setting

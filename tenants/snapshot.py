@@ -1,0 +1,137 @@
+"""The policy snapshot: what brokerd enforces for a tenant, as one JSON row.
+
+The contract (brokerd reads it with plain SQL, no Django):
+
+table ``tenants_policysnapshot``: ``tenant_slug`` (unique text), ``version``
+(bigint, indexed), ``data`` (text, JSON). One row per tenant slug ever seen;
+a deleted tenant keeps its row with ``{"schema": 1, "tenant": SLUG, "status":
+"deleted"}``. brokerd polls::
+
+    SELECT tenant_slug, version, data FROM tenants_policysnapshot
+    WHERE version > ? ORDER BY version
+
+``version`` comes from ``tenants_policycounter`` (row id 1), bumped in the
+same transaction as the change; the UPDATE's row lock serialises publishing
+transactions, so on PostgreSQL versions become visible in increasing order
+(SQLite serialises writers anyway). Versions increase but are not contiguous
+(a rolled-back transaction leaves a gap). A row always holds the tenant's
+whole policy, never a difference.
+
+``data``::
+
+    {"schema": 1, "tenant": "acme", "status": "active"|"suspended",
+     "default_acl": "allow"|"deny",
+     "devices": {"<name>": {"enabled": bool, "cert_fingerprint": hex|null,
+                 "cert_cn": str|null,
+                 "credentials": [{"id": int, "hash": "sha256$<hex>",
+                                  "enabled": bool,
+                                  "expires_at": unix seconds float|null}]}},
+     "acl": [{"id", "position", "who", "device", "pattern", "action",
+              "topic", "allow"}],             # by position, then id
+     "quota": {QUOTA_FIELDS: int|null},
+     "sys": {"enabled": bool, "interval": int, "parts": [str]}}
+"""
+
+import json
+
+from django.db.models import F
+
+from . import limits
+from .models import AclRule, Credential, Device, PolicyCounter, PolicySnapshot, Tenant
+from .validators import SYS_PARTS
+
+SCHEMA = 1
+
+
+def credential_json(c: Credential) -> dict:
+    return {
+        "id": c.pk,
+        "hash": c.secret_hash,
+        "enabled": c.enabled,
+        "expires_at": c.expires_at.timestamp() if c.expires_at else None,
+    }
+
+
+def device_json(d: Device) -> dict:
+    return {
+        "enabled": d.enabled,
+        "cert_fingerprint": d.cert_fingerprint or None,
+        "cert_cn": d.cert_cn or None,
+        "credentials": [credential_json(c) for c in d.credentials.all()],
+    }
+
+
+def rule_json(r: AclRule) -> dict:
+    return {
+        "id": r.pk,
+        "position": r.position,
+        "who": r.who,
+        "device": r.device.name if r.device_id else None,
+        "pattern": r.device_pattern or None,
+        "action": r.action,
+        "topic": r.topic,
+        "allow": r.allow,
+    }
+
+
+def build(tenant: Tenant) -> dict:
+    """The snapshot document of an existing tenant, read afresh from the database."""
+    tenant = Tenant.objects.select_related("quota", "system_topics").get(pk=tenant.pk)
+    devices = tenant.devices.order_by("name").prefetch_related("credentials")
+    rules = tenant.acl_rules.select_related("device").order_by("position", "id")
+    sys_ = tenant.system_topics
+    return {
+        "schema": SCHEMA,
+        "tenant": tenant.slug,
+        "status": tenant.status,
+        "default_acl": tenant.default_acl,
+        "devices": {d.name: device_json(d) for d in devices},
+        "acl": [rule_json(r) for r in rules],
+        "quota": {f: getattr(tenant.quota, f) for f in limits.QUOTA_FIELDS},
+        "sys": {
+            "enabled": sys_.enabled,
+            "interval": sys_.interval,
+            "parts": [p for p in SYS_PARTS if p in sys_.parts],
+        },
+    }
+
+
+def deleted(slug: str) -> dict:
+    return {"schema": SCHEMA, "tenant": slug, "status": "deleted"}
+
+
+def next_version() -> int:
+    """Bump the policy counter (``UPDATE ... SET value = value + 1 WHERE id =
+    1``) and read it back; must run inside the publishing transaction."""
+    bumped = PolicyCounter.objects.filter(pk=1).update(value=F("value") + 1)
+    if not bumped:  # the migration creates the row; a flushed test database lacks it
+        PolicyCounter.objects.get_or_create(pk=1, defaults={"value": 0})
+        PolicyCounter.objects.filter(pk=1).update(value=F("value") + 1)
+    return PolicyCounter.objects.values_list("value", flat=True).get(pk=1)
+
+
+def _write(slug: str, document) -> int:
+    """Store the tenant's row under a new version; returns the version.
+
+    The version is taken first and ``document()`` is built after: the counter
+    row lock is then held, so the build sees every change committed by the
+    publishers before this one (PostgreSQL, READ COMMITTED)."""
+    version = next_version()
+    data = json.dumps(document(), separators=(",", ":"))
+    PolicySnapshot.objects.update_or_create(tenant_slug=slug, defaults={"version": version, "data": data})
+    return version
+
+
+def publish(tenant: Tenant) -> int:
+    """Rebuild and store the tenant's snapshot (inside the change's transaction)."""
+    return _write(tenant.slug, lambda: build(tenant))
+
+
+def publish_deleted(slug: str) -> int:
+    return _write(slug, lambda: deleted(slug))
+
+
+def load(slug: str) -> dict | None:
+    """The stored document of ``slug`` (None if never published)."""
+    row = PolicySnapshot.objects.filter(tenant_slug=slug).values_list("data", flat=True).first()
+    return None if row is None else json.loads(row)
