@@ -27,6 +27,7 @@ from .routing.retained import RetainedStore
 from .routing.topic import InvalidTopic, is_valid_filter, parse_shared
 from .routing.trie import TopicTrie
 from .session.session import Delivery, MemoryBudget, Session, Subscription
+from .tenancy.control import Identity
 
 DEFAULT_TENANT = "default"
 # PUBACK/PUBREC reason when a message that must be stored cannot be (v5 0x83
@@ -55,7 +56,8 @@ class Stats:
     __slots__ = ("connects", "disconnects", "auth_failures", "clients_max", "msgs_received_closed",
                  "msgs_sent_closed", "bytes_received_closed", "bytes_sent_closed", "dropped_queue_full",
                  "dropped_expired", "dropped_too_large", "dropped_no_subscribers", "dropped_refused",
-                 "takeovers", "wills_published", "sessions_expired")
+                 "takeovers", "wills_published", "sessions_expired", "denied_publish", "denied_subscribe",
+                 "quota_refused", "revoked")
 
     def __init__(self):
         for name in self.__slots__:
@@ -133,7 +135,7 @@ class SharedGroup:
 class Namespace:
     """One tenant's topic space."""
 
-    __slots__ = ("name", "trie", "cache", "sessions", "retained")
+    __slots__ = ("name", "trie", "cache", "sessions", "retained", "channels", "closed", "connects")
 
     MAX_CACHE = 100_000
 
@@ -143,6 +145,9 @@ class Namespace:
         self.cache: dict[str, tuple] = {}       # topic -> (subscriber entries, shared groups)
         self.sessions: dict[str, Session] = {}
         self.retained = RetainedStore()
+        self.channels: set = set()              # connected channels of this tenant
+        self.closed = [0, 0, 0, 0]              # msgs in, msgs out, bytes in, bytes out of closed channels
+        self.connects = 0
 
     def route(self, topic: str) -> tuple:
         """Subscribers of ``topic``: one merged entry per session, and the shared groups.
@@ -194,17 +199,34 @@ def _no_local(subs):
 
 
 class AnonymousAuth:
-    """Issue-2 authentication: anonymous clients into the default tenant, or nobody."""
+    """Authentication without a control plane: anonymous clients (any
+    credentials accepted) into the default tenant, or nobody. The same
+    interface as ``brokerd.tenancy.control.TenantControl``."""
 
     def __init__(self, allow_anonymous: bool, tenant: str = DEFAULT_TENANT):
         self.allow_anonymous = allow_anonymous
         self.tenant = tenant
 
-    def authenticate(self, connect, channel):
+    def authenticate(self, connect, channel, now: float, wall: float):
         """-> (reason code, tenant, identity)."""
         if self.allow_anonymous:
             return rc.SUCCESS, self.tenant, None
         return rc.NOT_AUTHORIZED, None, None
+
+    def policy(self, tenant):
+        return None
+
+    def connected_delta(self, tenant, delta) -> None:
+        pass
+
+    def client_acl(self, identity, client_id):
+        return None
+
+    def limiters(self, tenant, now):
+        return None, None
+
+    def still_valid(self, identity, wall):
+        return None if self.allow_anonymous else "anonymous access disabled"
 
 
 class Broker:
@@ -224,6 +246,8 @@ class Broker:
         self.persist = None                 # Persistence when a durable store is configured
         self.journal = None                 # its Journal
         self.gated: set = set()             # channels with stored deliveries waiting for a commit
+        self.wall_offset = 0.0              # wall clock = now + wall_offset (set by the server)
+        self.expiring: set = set()          # channels whose credential expires while connected
 
     def use_store(self, persist) -> None:
         """Mirror durable sessions through ``persist`` (a ``Persistence``)."""
@@ -244,14 +268,20 @@ class Broker:
         if self.connected >= self.config.max_connections:
             channel.refuse(rc.QUOTA_EXCEEDED, "the server is at its connection limit")
             return
-        code, tenant, identity = self.auth.authenticate(p, channel)
+        auth = self.auth
+        code, tenant, identity = auth.authenticate(p, channel, now, now + self.wall_offset)
         if code != rc.SUCCESS:
-            self.stats.auth_failures += 1
+            if code in (rc.BAD_USERNAME_OR_PASSWORD, rc.NOT_AUTHORIZED):
+                self.stats.auth_failures += 1
+            else:
+                self.stats.quota_refused += 1
             channel.refuse(code, rc.NAMES.get(code))
             return
         channel.tenant = tenant
         channel.identity = identity
         ns = self.namespace(tenant)
+        policy = auth.policy(tenant)
+        quota = policy.quota if policy is not None and policy.quota else None
         client_id = p.client_id
         assigned = None
         if not client_id:
@@ -261,6 +291,12 @@ class Broker:
         else:
             # 3.x persistent sessions last until --max-session-expiry (default: forever)
             expiry = 0 if p.clean_start else self.limits.max_session_expiry
+        connack_props = None
+        cap = quota.get("max_session_expiry") if quota else None
+        if cap is not None and expiry > cap:
+            expiry = cap
+            if p.protocol_level == MQTT5:
+                connack_props = {P.SESSION_EXPIRY_INTERVAL: cap}
         session = ns.sessions.get(client_id)
         if session is not None and session.channel is not None:
             # Session takeover: the old connection goes as if its network had
@@ -280,6 +316,17 @@ class Broker:
         if session is None:
             session = self.new_session(ns, client_id, expiry)
         session.expiry_interval = expiry
+        device = identity.device if identity is not None else None
+        if quota is not None and quota.get("max_queued") is not None:
+            session.queue.max_len = min(self.limits.max_queued, quota["max_queued"])
+        # the client's ACL, quotas and rate limits
+        channel.acl = acl = auth.client_acl(identity, client_id) if identity is not None else None
+        channel.quota = quota
+        channel.limit_in, channel.limit_out = auth.limiters(tenant, now)
+        if present and (session.device != device or acl is not None or session.read_acl is not None):
+            session.device = device
+            self._reauthorize(session, acl)
+        session.device = device
         if self.persist is not None and (expiry or session.durable):
             session.durable = True
             self.persist.session_opened(session, ns.name, channel.will)
@@ -288,7 +335,14 @@ class Broker:
         if self.connected > self.stats.clients_max:
             self.stats.clients_max = self.connected
         self.channels.add(channel)
-        channel.accept(session, present, now, assigned)
+        ns.channels.add(channel)
+        ns.connects += 1
+        auth.connected_delta(tenant, 1)
+        expires = self._credential_expiry(identity, policy)
+        if expires is not None:
+            channel.valid_until = expires
+            self.expiring.add(channel)
+        channel.accept(session, present, now, assigned, connack_props)
 
     def new_session(self, ns: Namespace, client_id: str, expiry: int) -> Session:
         limits = self.limits
@@ -314,6 +368,89 @@ class Broker:
         session.pending_will = (due, w)
         self._schedule(due, "will", session)
 
+    def _credential_expiry(self, identity, policy) -> float | None:
+        """Wall-clock time the client's credential expires, if it does."""
+        if identity is None or identity.credential is None or policy is None:
+            return None
+        dev = policy.devices.get(identity.device)
+        for cred in dev.credentials if dev is not None else ():
+            if cred.id == identity.credential:
+                return cred.expires_at
+        return None
+
+    def _reauthorize(self, session: Session, acl) -> None:
+        """Check a session's subscriptions against the client's (new) ACL:
+        those now refused are removed, those allowed in part are checked on
+        each delivery."""
+        session.read_acl = None
+        ns = session.ns
+        for sub in list(session.subscriptions.values()):
+            if acl is None:
+                sub.check = False
+                continue
+            inner = sub.filter if sub.group is None else sub.filter.split("/", 2)[2]
+            granted, check = acl.subscribe(inner)
+            if not granted:
+                del session.subscriptions[sub.filter]
+                self._remove_subscription(ns, session, sub)
+                if session.durable:
+                    self.persist.unsubscribed(session, ns.name, sub.filter)
+                continue
+            sub.check = check
+            if check:
+                session.read_acl = acl
+        ns.cache.clear()
+
+    def policy_changed(self, tenant: str, old, new, now: float, wall: float) -> None:
+        """A tenant's policy changed in the console: enforce it on live clients
+        and stored sessions now."""
+        ns = self.namespaces.get(tenant)
+        if ns is None:
+            return
+        auth = self.auth
+        for ch in list(ns.channels):
+            reason = auth.still_valid(ch.identity, wall) if ch.identity is not None else None
+            if reason is not None:
+                self.stats.revoked += 1
+                ch.disconnect(rc.NOT_AUTHORIZED, reason, now)
+                continue
+            ch.acl = auth.client_acl(ch.identity, ch.client_id) if ch.identity is not None else None
+            ch.quota = new.quota if new is not None and new.quota else None
+            ch.limit_in, ch.limit_out = auth.limiters(tenant, now)
+            expires = self._credential_expiry(ch.identity, new)
+            ch.valid_until = expires
+            if expires is not None:
+                self.expiring.add(ch)
+            else:
+                self.expiring.discard(ch)
+        if new is None:
+            # tenant deleted: its sessions and retained messages go too
+            for session in list(ns.sessions.values()):
+                self._end_session(session, now)
+            for topic, _ in list(ns.retained.items()):
+                ns.retained.delete(topic)
+                if self.persist is not None:
+                    self.persist.retained(ns.name, Publish(topic, b"", 0, True))
+            return
+        for session in list(ns.sessions.values()):
+            ch = session.channel
+            if ch is not None:
+                acl = ch.acl
+            else:
+                acl = auth.client_acl(Identity(tenant, session.device), session.client_id)
+            self._reauthorize(session, acl)
+            max_queued = new.quota.get("max_queued")
+            session.queue.max_len = self.limits.max_queued if max_queued is None else min(
+                self.limits.max_queued, max_queued)
+
+    def reauthorize_all(self) -> None:
+        """After start-up: restored sessions get their clients' ACLs."""
+        for ns in self.namespaces.values():
+            for session in ns.sessions.values():
+                acl = self.auth.client_acl(Identity(ns.name, session.device), session.client_id)
+                if acl is not None:
+                    self._reauthorize(session, acl)
+
     def connect_aborted(self, channel) -> None:
         """A channel closed while its CONNECT was being decided."""
 
@@ -330,6 +467,7 @@ class Broker:
             session.channel = None
             session.queue.attach_budget(None)
         self.channels.discard(channel)
+        self.expiring.discard(channel)
         self.connected -= 1
         st = self.stats
         st.disconnects += 1
@@ -337,6 +475,14 @@ class Broker:
         st.msgs_sent_closed += channel.msgs_out
         st.bytes_received_closed += channel.bytes_in
         st.bytes_sent_closed += channel.bytes_out
+        ns = session.ns
+        ns.channels.discard(channel)
+        closed = ns.closed
+        closed[0] += channel.msgs_in
+        closed[1] += channel.msgs_out
+        closed[2] += channel.bytes_in
+        closed[3] += channel.bytes_out
+        self.auth.connected_delta(ns.name, -1)
         w = channel.will if will else None
         channel.will = None
         if w is not None:
@@ -408,7 +554,13 @@ class Broker:
         return self._timers[0][0] if self._timers else None
 
     def tick(self, now: float) -> None:
-        """Fire due timers: delayed wills and session expiry."""
+        """Fire due timers: delayed wills, session expiry, credential expiry."""
+        if self.expiring:
+            wall = now + self.wall_offset
+            for ch in [c for c in self.expiring if c.valid_until is not None and c.valid_until <= wall]:
+                self.expiring.discard(ch)
+                self.stats.revoked += 1
+                ch.disconnect(rc.NOT_AUTHORIZED, "credential expired", now)
         timers = self._timers
         while timers and timers[0][0] <= now:
             when, _, kind, session = heapq.heappop(timers)
@@ -430,6 +582,15 @@ class Broker:
         PUBREL."""
         ns = channel.ns
         session = msg.origin = channel.session
+        acl = channel.acl
+        if acl is not None and not acl.can_publish(msg.topic):
+            self.stats.denied_publish += 1
+            return rc.NOT_AUTHORIZED
+        quota = channel.quota
+        if quota is not None:
+            code = self._publish_quota(ns, msg, quota)
+            if code:
+                return code
         journal = self.journal
         if journal is None or not msg.qos:
             if msg.retain:
@@ -453,6 +614,19 @@ class Broker:
             return code
         journal.after_commit(_AckWhenDurable(channel, msg.packet_id, msg.qos, code))
         return None
+
+    def _publish_quota(self, ns: Namespace, msg: Publish, quota: dict) -> int:
+        """A tenant quota a PUBLISH breaks: its reason code (0: none)."""
+        limit = quota.get("max_payload")
+        if limit is not None and len(msg.payload) > limit:
+            self.stats.quota_refused += 1
+            return rc.PACKET_TOO_LARGE            # the channel disconnects with 0x95
+        limit = quota.get("max_retained")
+        if (limit is not None and msg.retain and msg.payload and len(ns.retained) >= limit
+                and ns.retained.get(msg.topic) is None):
+            self.stats.quota_refused += 1
+            return rc.QUOTA_EXCEEDED
+        return 0
 
     def _needs_store(self, ns, msg, session, rel) -> bool:
         """Would this QoS 1/2 message have to be written to be acknowledged?"""
@@ -493,6 +667,9 @@ class Broker:
                 if no_local is True:
                     continue
                 qos, rap, ids = no_local
+            read_acl = session.read_acl
+            if read_acl is not None and not read_acl.can_read(topic):
+                continue
             if mqos < qos:
                 qos = mqos
             if qos and session.durable:
@@ -515,6 +692,8 @@ class Broker:
         if session is None:
             return False
         sub = group.members[session]
+        if session.read_acl is not None and not session.read_acl.can_read(msg.topic):
+            return False
         qos = msg.qos if msg.qos < sub.qos else sub.qos
         retain = msg.retain if sub.rap else False
         ids = (sub.sub_id,) if sub.sub_id else None
@@ -615,6 +794,9 @@ class Broker:
         ns = session.ns
         codes = []
         retained = []
+        acl = channel.acl
+        quota = channel.quota
+        max_subs = quota.get("max_subscriptions") if quota is not None else None
         for req in requests:
             filt = req.filter
             try:
@@ -629,8 +811,22 @@ class Broker:
                 raise RemoteProtocolError("No Local on a shared subscription")
             group, inner = shared if shared else (None, filt)
             existed = filt in session.subscriptions
+            check = False
+            if acl is not None:
+                granted, check = acl.subscribe(inner)
+                if not granted:
+                    self.stats.denied_subscribe += 1
+                    codes.append(rc.NOT_AUTHORIZED)
+                    continue
+            if max_subs is not None and not existed and len(session.subscriptions) >= max_subs:
+                self.stats.quota_refused += 1
+                codes.append(rc.QUOTA_EXCEEDED)
+                continue
             sub = Subscription(filt, req.qos, req.no_local, req.retain_as_published, req.retain_handling, sub_id,
                                group)
+            if check:
+                sub.check = True
+                session.read_acl = acl
             self.add_subscription(ns, session, sub)
             if session.durable:
                 self.persist.subscribed(session, ns.name, sub)
@@ -640,6 +836,8 @@ class Broker:
                 for msg in ns.retained.match(inner):
                     if msg.expiry_at is not None and now > msg.expiry_at:
                         ns.retained.delete(msg.topic)
+                        continue
+                    if check and not acl.can_read(msg.topic):
                         continue
                     retained.append((msg, min(msg.qos, req.qos), ids))
         ns.cache.clear()

@@ -91,6 +91,8 @@ class Config:
     write_buffer_high: int = 64 * 1024
     queue_budget: int = 64 * 1024 * 1024
     store: str = "memory://"
+    control_plane: str | None = None
+    anonymous_tenant: str = "default"
 
     def listeners(self) -> list[Listener]:
         return [parse_listener(u) for u in self.listen]
@@ -123,6 +125,13 @@ class Config:
             open_store(self.store)
         except (ValueError, ImportError) as exc:
             raise ConfigError(f"--store: {exc}")
+        if self.control_plane:
+            from .tenancy.source import PolicyDatabase
+
+            try:
+                PolicyDatabase(self.control_plane)
+            except ValueError as exc:
+                raise ConfigError(f"--control-plane: {exc}")
         return self
 
 
@@ -190,15 +199,25 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="where persistent sessions and retained messages live: memory:// (default, none "
                         "survive a restart), sqlite:///PATH (relative; sqlite:////PATH absolute; "
                         "?synchronous=full for power-loss safety) or hbase://HOST:PORT?table_prefix=NAME")
+    p.add_argument("--control-plane", metavar="URL",
+                   help="the console's database, whose tenants, credentials, ACLs and quotas this node enforces "
+                        "(sqlite:///PATH or postgres://...; default: $DATABASE_URL if set; 'none' disables)")
+    p.add_argument("--anonymous-tenant", metavar="SLUG",
+                   help="tenant of clients without credentials when --allow-anonymous (default 'default')")
     p.add_argument("--sys-interval", type=float, metavar="SECONDS",
                    help="$SYS/broker publication interval, 0 disables (default 10)")
     return p
 
 
-def load(argv=None) -> Config:
+def load(argv=None, environ=None) -> Config:
+    import os
+
+    environ = os.environ if environ is None else environ
     parser = _build_parser()
     args = parser.parse_args(argv)
     values = {}
+    if environ.get("DATABASE_URL"):
+        values["control_plane"] = environ["DATABASE_URL"]
     names = {f.name for f in dataclasses.fields(Config)}
     if args.config:
         try:
@@ -214,4 +233,6 @@ def load(argv=None) -> Config:
     for key, value in vars(args).items():
         if key != "config" and value is not None:
             values[key] = value
+    if values.get("control_plane") in ("none", ""):
+        values["control_plane"] = None
     return Config(**values).validate()

@@ -24,6 +24,8 @@ from .protocol.channel import ChannelLimits
 from .store import Journal, StoreError, open_store
 from .store.writer import StoreWriter
 from .sys_topics import SysTopics
+from .tenancy.control import TenantControl
+from .tenancy.source import PolicySource
 from .transports.connection import PAUSE_BUDGET, Flusher, MqttConnection
 from .transports.ws import WsMqttConnection
 
@@ -33,6 +35,7 @@ SWEEP_INTERVAL = 0.5     # keepalive / CONNECT timeout / will delay / expiry res
 BUDGET_PAUSE = 0.1       # longest pause of publishers over the queue budget before reading again
 STORE_PURGE_INTERVAL = 60.0     # seconds between purges of expired sessions and messages in the store
 STORE_STARTUP_TIMEOUT = 30.0    # how long start-up waits for an unavailable store
+POLICY_STARTUP_TIMEOUT = 10.0   # how long start-up waits for the console's database
 SOCKET_SLACK = 1024      # sockets accepted beyond --max-connections before refusing at accept
 
 
@@ -82,10 +85,15 @@ class Server:
                 max_connections=config.max_connections,
                 shared_strategy=config.shared_subscription_strategy,
                 queue_budget=config.queue_budget,
+                anonymous_tenant=config.anonymous_tenant,
                 limits=self.limits,
             ),
             now=now,
         )
+        self.broker.wall_offset = time.time() - now
+        self.policy_source: PolicySource | None = None
+        if config.control_plane:
+            self.broker.auth = TenantControl(config.allow_anonymous, config.anonymous_tenant)
         if config.allow_anonymous:
             self.broker.namespace(self.broker.config.anonymous_tenant)
         self.sys = SysTopics(self.broker, config.sys_interval, now)
@@ -157,7 +165,14 @@ class Server:
                 log.warning("store purge failed: %s", exc)
 
     async def start(self) -> None:
+        if self.config.control_plane:
+            self.policy_source = PolicySource(self.config.control_plane, self.broker.auth, self.broker, self.loop,
+                                              wall=lambda: time.time())
+            await self.policy_source.load(POLICY_STARTUP_TIMEOUT)
+            self.policy_source.start()
         await self.open_store()
+        if self.config.control_plane:
+            self.broker.reauthorize_all()
         ctx = None
         for lst in self.config.listeners():
             if lst.tls and ctx is None:
@@ -247,6 +262,8 @@ class Server:
         for srv in self.servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(srv.wait_closed(), 1)
+        if self.policy_source is not None:
+            await self.policy_source.stop()
         if self.writer is not None:
             if self._purger is not None:
                 self._purger.cancel()

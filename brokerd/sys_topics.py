@@ -4,6 +4,13 @@ Values are retained, QoS 0, as text, like Mosquitto's. Load figures are
 exponentially damped moving averages of the per-minute rate over 1, 5 and 15
 minutes. Differences from Mosquitto: ``messages/*`` count PUBLISH packets
 (Mosquitto counts every packet type there), and there is no ``heap/*``.
+
+With a control plane, every tenant gets its own tree inside its own topic
+space, with its own figures (its clients, its messages and bytes, its
+subscriptions and retained messages) -- so a tenant's devices see their
+tenant's ``$SYS`` subtree and nothing of others -- as far as the tenant's
+system-topic settings allow (enabled, interval, which parts). Without one,
+the anonymous tenant gets the node's figures.
 """
 
 import math
@@ -14,69 +21,26 @@ from .protocol.packets import Publish
 
 PREFIX = "$SYS/broker/"
 WINDOWS = ((1, "1min"), (5, "5min"), (15, "15min"))
+PARTS = {                     # tenant setting part -> first level(s) of the keys it controls
+    "clients": ("clients/",),
+    "messages": ("messages/", "publish/messages/"),
+    "bytes": ("bytes/",),
+    "subscriptions": ("subscriptions/",),
+    "retained": ("retained messages/",),
+    "load": ("load/",),
+}
 
 
-class SysTopics:
-    def __init__(self, broker, interval: float, now: float):
-        self.broker = broker
-        self.interval = interval
-        self.next_at = now
-        self.last = None          # (time, counters) at the previous publication
-        self.load: dict[str, float] = {}
+class _Load:
+    """Damped per-minute rates of some counters."""
 
-    def tick(self, now: float) -> None:
-        if self.interval <= 0 or now < self.next_at:
-            return
-        self.next_at = now + self.interval
-        self.publish(now)
+    __slots__ = ("last", "values")
 
-    def values(self, now: float) -> dict[str, str]:
-        b = self.broker
-        st = b.stats
-        t = b.totals()
-        sessions = b.session_count()
-        counters = {
-            "messages/received": t["msgs_received"],
-            "messages/sent": t["msgs_sent"],
-            "bytes/received": t["bytes_received"],
-            "bytes/sent": t["bytes_sent"],
-            "connections": st.connects,
-            "publish/dropped": st.dropped_queue_full + st.dropped_expired + st.dropped_too_large,
-        }
-        self._update_load(now, counters)
-        dropped = counters["publish/dropped"]
-        v = {
-            "version": f"brokerd version {__version__}",
-            "uptime": f"{int(now - b.started_at)} seconds",
-            "clients/connected": b.connected,
-            "clients/active": b.connected,
-            "clients/disconnected": sessions - b.connected,
-            "clients/inactive": sessions - b.connected,
-            "clients/total": sessions,
-            "clients/maximum": st.clients_max,
-            "clients/expired": st.sessions_expired,
-            "messages/received": t["msgs_received"],
-            "messages/sent": t["msgs_sent"],
-            "messages/inflight": sum(len(s.inflight) for ns in b.namespaces.values() for s in ns.sessions.values()),
-            "messages/stored": sum(len(s.queue) for ns in b.namespaces.values() for s in ns.sessions.values()),
-            "publish/messages/received": t["msgs_received"],
-            "publish/messages/sent": t["msgs_sent"],
-            "publish/messages/dropped": dropped,
-            "bytes/received": t["bytes_received"],
-            "bytes/sent": t["bytes_sent"],
-            "subscriptions/count": b.subscription_count(),
-            "retained messages/count": b.retained_count(),
-        }
-        for key, value in self.load.items():
-            v["load/" + key] = f"{value:.2f}"
-        try:
-            la = os.getloadavg()
-            v["load/system/1min"], v["load/system/5min"], v["load/system/15min"] = (f"{x:.2f}" for x in la)
-        except OSError:
-            pass
-        return {k: str(val) for k, val in v.items()}
+    def __init__(self):
+        self.last = None
+        self.values: dict[str, float] = {}
 
-    def _update_load(self, now: float, counters: dict) -> None:
+    def update(self, now: float, counters: dict) -> None:
         last = self.last
         self.last = (now, counters)
         if last is None:
@@ -85,19 +49,109 @@ class SysTopics:
         if dt <= 0:
             return
         for key, value in counters.items():
-            per_min = (value - last[1][key]) * 60.0 / dt
+            per_min = (value - last[1].get(key, 0)) * 60.0 / dt
             for minutes, label in WINDOWS:
                 name = f"{key}/{label}"
                 factor = math.exp(-dt / (minutes * 60.0))
-                prev = self.load.get(name, per_min)
-                self.load[name] = prev * factor + per_min * (1.0 - factor)
+                prev = self.values.get(name, per_min)
+                self.values[name] = prev * factor + per_min * (1.0 - factor)
 
-    def publish(self, now: float) -> None:
-        values = self.values(now)
+
+class SysTopics:
+    def __init__(self, broker, interval: float, now: float):
+        self.broker = broker
+        self.interval = interval
+        self.next_at: dict[str, float] = {}       # namespace -> next publication
+        self.loads: dict[str, _Load] = {}
+
+    def tick(self, now: float) -> None:
+        if self.interval <= 0:
+            return
         b = self.broker
         for ns in list(b.namespaces.values()):
-            if ns.name != b.config.anonymous_tenant:
+            policy = b.auth.policy(ns.name)
+            if policy is None:
+                if ns.name != b.config.anonymous_tenant:
+                    continue
+                interval, parts = self.interval, None
+            elif not policy.sys_enabled or not policy.sys_parts:
                 continue
-            for key, value in values.items():
-                msg = Publish(PREFIX + key, value.encode(), 0, True)
-                b.publish_internal(ns, msg, now)
+            else:
+                interval, parts = policy.sys_interval, policy.sys_parts
+            if now < self.next_at.get(ns.name, 0.0):
+                continue
+            self.next_at[ns.name] = now + interval
+            self.publish(ns, now, node=policy is None, parts=parts)
+
+    def values(self, ns, now: float, node: bool) -> dict[str, str]:
+        """The tree for ``ns``: the node's figures, or the tenant's own."""
+        b = self.broker
+        st = b.stats
+        if node:
+            t = b.totals()
+            received, sent, bytes_in, bytes_out = (t["msgs_received"], t["msgs_sent"], t["bytes_received"],
+                                                   t["bytes_sent"])
+            sessions = b.session_count()
+            connected = b.connected
+            subs = b.subscription_count()
+            retained = b.retained_count()
+            spaces = list(b.namespaces.values())
+        else:
+            received, sent, bytes_in, bytes_out = ns.closed
+            for ch in ns.channels:
+                received += ch.msgs_in
+                sent += ch.msgs_out
+                bytes_in += ch.bytes_in
+                bytes_out += ch.bytes_out
+            sessions = len(ns.sessions)
+            connected = len(ns.channels)
+            subs = sum(len(s.subscriptions) for s in ns.sessions.values())
+            retained = len(ns.retained)
+            spaces = [ns]
+        load = self.loads.setdefault(ns.name, _Load())
+        counters = {"messages/received": received, "messages/sent": sent, "bytes/received": bytes_in,
+                    "bytes/sent": bytes_out, "connections": st.connects if node else ns.connects}
+        if node:
+            counters["publish/dropped"] = st.dropped_queue_full + st.dropped_expired + st.dropped_too_large
+        load.update(now, counters)
+        v = {
+            "version": f"brokerd version {__version__}",
+            "uptime": f"{int(now - b.started_at)} seconds",
+            "clients/connected": connected,
+            "clients/active": connected,
+            "clients/disconnected": sessions - connected,
+            "clients/inactive": sessions - connected,
+            "clients/total": sessions,
+            "messages/received": received,
+            "messages/sent": sent,
+            "messages/inflight": sum(len(s.inflight) for n in spaces for s in n.sessions.values()),
+            "messages/stored": sum(len(s.queue) for n in spaces for s in n.sessions.values()),
+            "publish/messages/received": received,
+            "publish/messages/sent": sent,
+            "bytes/received": bytes_in,
+            "bytes/sent": bytes_out,
+            "subscriptions/count": subs,
+            "retained messages/count": retained,
+        }
+        if node:
+            v["clients/maximum"] = st.clients_max
+            v["clients/expired"] = st.sessions_expired
+            v["publish/messages/dropped"] = st.dropped_queue_full + st.dropped_expired + st.dropped_too_large
+            try:
+                la = os.getloadavg()
+                v["load/system/1min"], v["load/system/5min"], v["load/system/15min"] = (f"{x:.2f}" for x in la)
+            except OSError:
+                pass
+        for key, value in load.values.items():
+            v["load/" + key] = f"{value:.2f}"
+        return {k: str(val) for k, val in v.items()}
+
+    def publish(self, ns, now: float, node: bool = True, parts=None) -> None:
+        values = self.values(ns, now, node)
+        allowed = None
+        if parts is not None:
+            allowed = tuple(p for part in parts for p in PARTS.get(part, ()))
+        for key, value in values.items():
+            if allowed is not None and key not in ("version", "uptime") and not key.startswith(allowed):
+                continue
+            self.broker.publish_internal(ns, Publish(PREFIX + key, value.encode(), 0, True), now)

@@ -61,6 +61,9 @@ from .packets import (
 # channel states
 NEW, CONNECTING, CONNECTED, CLOSED = 0, 1, 2, 3
 
+# a client over its inbound rate for this long is disconnected (0x96)
+ABUSE_SECONDS = 10.0
+
 # ack reason when the session store could not make a message durable
 STORE_UNAVAILABLE = rc.IMPLEMENTATION_SPECIFIC_ERROR
 
@@ -99,6 +102,7 @@ class Channel:
         "connected_at", "in_aliases", "out_aliases", "client_max_packet", "client_alias_max",
         "send_window", "problem_info", "congested", "blocked", "pending", "max_pending", "inbound_pending", "_acks", "_held", "close_reason",
         "msgs_in", "msgs_out", "bytes_in", "bytes_out", "tenant", "identity", "response_requested",
+        "acl", "quota", "limit_in", "limit_out", "valid_until", "cert", "cert_cn", "throttled_since", "shaping",
         "__weakref__",
     )
 
@@ -119,6 +123,15 @@ class Channel:
         self.ns = None                  # namespace (tenant) assigned by the broker on accept
         self.tenant = None
         self.identity = None            # what authentication established (broker-defined)
+        self.acl = None                 # the client's ACL (None: everything allowed)
+        self.quota = None               # its tenant's quota (dict) or None
+        self.limit_in = None            # inbound rate limiter (msgs and bytes per second)
+        self.limit_out = None           # outbound rate limiter
+        self.valid_until = None         # wall clock at which its credential expires
+        self.cert = None                # DER client certificate on a TLS listener, if any
+        self.cert_cn = None             # its subject CN when it was verified
+        self.throttled_since = None     # inbound over its rate since (abuse detection)
+        self.shaping = False            # outbound over its rate: deliveries wait
         self.will = None
         self.keepalive = 0
         self.created_at = now
@@ -154,6 +167,15 @@ class Channel:
         self.bytes_in += len(data)
         if self.state == CLOSED:
             return
+        if self.limit_in is not None:
+            before = self.msgs_in
+            self._receive(data, now)
+            if self.state == CONNECTED:
+                self._rate_in(self.msgs_in - before, len(data), now)
+            return
+        self._receive(data, now)
+
+    def _receive(self, data: bytes, now: float) -> None:
         try:
             pkts = self.decoder.feed(data)
         except RemoteProtocolError as exc:
@@ -174,6 +196,21 @@ class Channel:
                 self._peer_error(exc, now)
             return
         self._process(pkts, now)
+
+    def _rate_in(self, msgs: int, nbytes: int, now: float) -> None:
+        """Over its inbound rate, a client is slowed (its socket is not read for a
+        while) before anything is dropped; one that stays over it for
+        ABUSE_SECONDS is disconnected (v5: 0x96 Message rate too high)."""
+        wait = self.limit_in.charge(msgs, nbytes, now)
+        if wait <= 0:
+            self.throttled_since = None
+            return
+        if self.throttled_since is None:
+            self.throttled_since = now
+        elif now - self.throttled_since > ABUSE_SECONDS:
+            self.disconnect(rc.MESSAGE_RATE_TOO_HIGH, "publishing above the tenant's rate limit", now)
+            return
+        self.hooks.throttle(wait)
 
     def _process(self, pkts, now):
         try:
@@ -366,7 +403,8 @@ class Channel:
             raise RemoteProtocolError("PUBLISH without a topic name or topic alias")
         qos = p.qos
         if qos == 0:
-            self.broker.publish(p, self, now)
+            if self.broker.publish(p, self, now) == rc.PACKET_TOO_LARGE:
+                raise RemoteProtocolError("payload above the tenant's maximum", rc.PACKET_TOO_LARGE)
             return
         if qos == 1:
             if self.inbound_pending >= self.limits.max_inflight and self.version == MQTT5:
@@ -436,6 +474,9 @@ class Channel:
         if code >= 0x80:
             if kind == PUBREC:
                 self.session.awaiting_rel.discard(pid)
+            if code == rc.PACKET_TOO_LARGE:
+                self.disconnect(code, "payload above the tenant's maximum", self.last_rx)
+                return
             if code == STORE_UNAVAILABLE:
                 if self.version != MQTT5 or kind == PUBCOMP:
                     # no negative ack in 3.x (nor in PUBCOMP): the client must not
@@ -599,8 +640,18 @@ class Channel:
         self._enqueue(d)
 
     def resume_output(self, now: float) -> None:
+        """Send what waited: for a commit, or for the outbound rate limit."""
+        self.shaping = False
         if self.state == CONNECTED and self.blocked and not self.congested:
             self._pump(now)
+
+    def _rate_out(self, nbytes: int, now: float) -> None:
+        """Past its outbound rate, deliveries queue (bounded) until the rate allows."""
+        wait = self.limit_out.charge(1, nbytes, now)
+        if wait > 0 and not self.shaping:
+            self.shaping = True
+            self.blocked = True
+            self.hooks.throttle_output(wait)
 
     def _send_inflight(self, d, now) -> None:
         msg = d.msg
@@ -627,7 +678,7 @@ class Channel:
         limit = self.max_pending
         journal = self.broker.journal
         committed = journal.committed if journal is not None else None
-        while queue and not self.congested and self.pending <= limit:
+        while queue and not self.congested and self.pending <= limit and not self.shaping:
             if committed is not None and queue.peek().gen > committed:
                 self.broker.gated.add(self)       # its write is not durable yet
                 break
@@ -646,7 +697,7 @@ class Channel:
                 self._write_publish(msg, 0, d.retain, 0, False, d.sub_ids, now)
             else:
                 self._send_inflight(d, now)
-        self.blocked = self.congested or bool(queue)
+        self.blocked = self.congested or self.shaping or bool(queue)
 
     def flushed(self, now: float) -> None:
         """The transport wrote ``out``: carry on with anything that waited."""
@@ -670,6 +721,8 @@ class Channel:
                 out.append(data)
                 self.pending += len(data)
                 self.msgs_out += 1
+                if self.limit_out is not None:
+                    self._rate_out(len(data), now)
                 return True
             head = publish_head(msg.topic.encode(), qos, retain, dup, pid, None, len(payload))
             out = self.out
@@ -679,6 +732,8 @@ class Channel:
             out.append(payload)
             self.pending += len(head) + len(payload)
             self.msgs_out += 1
+            if self.limit_out is not None:
+                self._rate_out(len(head) + len(payload), now)
             return True
         # MQTT 5
         if not qos and not retain and sub_ids is None and msg.expiry_at is None and self.out_aliases is None:
@@ -695,6 +750,8 @@ class Channel:
             out.append(data)
             self.pending += len(data)
             self.msgs_out += 1
+            if self.limit_out is not None:
+                self._rate_out(len(data), now)
             return True
         props = dict(msg.properties) if msg.properties else {}
         if msg.expiry_at is not None:
@@ -728,6 +785,8 @@ class Channel:
         out.append(payload)
         self.pending += len(head) + len(payload)
         self.msgs_out += 1
+        if self.limit_out is not None:
+            self._rate_out(len(head) + len(payload), now)
         return True
 
     def set_congested(self, congested: bool, now: float) -> None:

@@ -21,9 +21,10 @@ QUEUED_OVERHEAD = 256
 class Subscription:
     """One topic filter of a session, with its MQTT 5 options."""
 
-    __slots__ = ("filter", "qos", "no_local", "rap", "rh", "sub_id", "group")
+    __slots__ = ("filter", "qos", "no_local", "rap", "rh", "sub_id", "group", "check")
 
     def __init__(self, filt, qos=0, no_local=False, rap=False, rh=0, sub_id=None, group=None):
+        self.check = False          # granted only in part by the ACL: check each delivery
         self.filter = filt          # the filter as subscribed, including any "$share/GROUP/" prefix
         self.qos = qos
         self.no_local = no_local
@@ -187,6 +188,7 @@ class MessageQueue:
 class Session:
     __slots__ = ("client_id", "ns", "subscriptions", "inflight", "queue", "awaiting_rel", "expiry_interval",
                  "channel", "next_pid", "expires_at", "pending_will", "budget", "durable", "reserved",
+                 "device", "read_acl",
                  "__weakref__")
 
     def __init__(self, client_id: str, ns, max_queued=1000, max_queued_bytes=0, expiry_interval=0,
@@ -204,6 +206,9 @@ class Session:
         self.expires_at: float | None = None       # set while disconnected
         self.pending_will = None                   # (due_time, Will) while a will is delayed
         self.durable = False                       # mirrored in the store
+        self.device = None                         # the device it belongs to (tenant ACLs)
+        self.read_acl = None                       # ACL to check each delivery against, when some
+                                                   # subscription was granted only in part
         self.reserved: set[int] | None = None      # packet ids given to stored, queued deliveries
 
     def __repr__(self):

@@ -16,6 +16,7 @@ log = logging.getLogger("brokerd.connection")
 # Why reading from a connection is paused (a bit each; reading resumes when none is left).
 PAUSE_CONNECT = 1    # the broker is still deciding on the CONNECT
 PAUSE_BUDGET = 2     # the node's queue budget is exceeded and this connection publishes
+PAUSE_RATE = 4       # the client is over its tenant's inbound rate
 
 
 class Flusher:
@@ -61,6 +62,12 @@ class _Closed:
     def resume_reading(self, why=0):
         pass
 
+    def throttle(self, wait):
+        pass
+
+    def throttle_output(self, wait):
+        pass
+
 
 _CLOSED = _Closed()
 
@@ -86,7 +93,16 @@ class MqttConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
         server = self.server
-        self.channel = Channel(server.broker, server.limits, self, self.time(), peer, self.listener.url)
+        self.channel = ch = Channel(server.broker, server.limits, self, self.time(), peer, self.listener.url)
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None:
+            ch.cert = ssl_object.getpeercert(binary_form=True)
+            if ch.cert:
+                # the parsed form is only there when the certificate was verified
+                for rdn in (ssl_object.getpeercert() or {}).get("subject", ()):
+                    for key, value in rdn:
+                        if key == "commonName":
+                            ch.cert_cn = value
         server.connections.add(self)
         transport.set_write_buffer_limits(high=server.write_high, low=server.write_high // 4)
 
@@ -157,3 +173,17 @@ class MqttConnection(asyncio.Protocol):
         self.paused &= ~why
         if not self.paused and self.transport is not None and not self.closed:
             self.transport.resume_reading()
+
+    def throttle(self, wait: float) -> None:
+        """Over the inbound rate: do not read this socket for ``wait`` seconds."""
+        if not self.paused & PAUSE_RATE:
+            self.pause_reading(PAUSE_RATE)
+            self.server.loop.call_later(wait, self.resume_reading, PAUSE_RATE)
+
+    def throttle_output(self, wait: float) -> None:
+        """Over the outbound rate: deliveries wait ``wait`` seconds."""
+        self.server.loop.call_later(wait, self._resume_output)
+
+    def _resume_output(self) -> None:
+        if not self.closed:
+            self.channel.resume_output(self.time())

@@ -1,0 +1,226 @@
+"""The node's view of every tenant's policy, and the decisions made from it (pure).
+
+``TenantControl`` is the broker's authenticator when a control plane is
+configured: it answers a CONNECT from the cached policies (never from the
+database: a console outage does not stop devices from connecting), counts
+each tenant's connections and connect rate, throttles addresses and user
+names that keep failing, and builds each client's ACL and rate limiters.
+``apply`` swaps in a new snapshot and says what changed so the broker can
+act on live clients.
+"""
+
+import hashlib
+from dataclasses import dataclass
+
+from ..protocol import reason as rc
+from .acl import ClientAcl
+from .policy import TenantPolicy, open_policy
+from .ratelimit import Bucket, Limiter
+
+FAIL_LIMIT = 10          # failed CONNECTs per address or user name ...
+FAIL_WINDOW = 60.0       # ... per this many seconds, before further attempts are refused unchecked
+
+
+@dataclass(slots=True)
+class Identity:
+    """Who a connection authenticated as."""
+
+    tenant: str
+    device: str | None            # None: anonymous
+    credential: int | None = None
+    via_cert: bool = False
+
+    @property
+    def username(self) -> str:
+        return f"{self.tenant}/{self.device}" if self.device else ""
+
+
+class TenantControl:
+    def __init__(self, allow_anonymous: bool = False, anonymous_tenant: str = "default"):
+        self.allow_anonymous = allow_anonymous
+        self.anonymous_tenant = anonymous_tenant
+        self.policies: dict[str, TenantPolicy] = {}
+        self.version = 0                              # newest snapshot applied
+        self.loaded = False                           # a first full load happened
+        self.connected: dict[str, int] = {}           # tenant -> live connections on this node
+        self._fingerprints: dict[str, tuple[str, str]] = {}
+        self._connect_buckets: dict[str, Bucket] = {}
+        self._tenant_buckets: dict[tuple[str, str], Bucket] = {}
+        self._failures: dict[tuple, list] = {}        # key -> [count, window start]
+        self.refused_throttled = 0
+
+    # --------------------------------------------------------------- policy
+
+    def policy(self, tenant: str) -> TenantPolicy:
+        p = self.policies.get(tenant)
+        if p is None and tenant == self.anonymous_tenant:
+            return open_policy(tenant)
+        return p
+
+    def apply(self, slug: str, version: int, data: dict) -> tuple[TenantPolicy | None, TenantPolicy | None]:
+        """Install a snapshot; -> (old, new) policy (new None: tenant deleted)."""
+        old = self.policies.get(slug)
+        if data.get("status") == "deleted":
+            new = None
+            self.policies.pop(slug, None)
+        else:
+            new = TenantPolicy.from_snapshot(slug, version, data)
+            self.policies[slug] = new
+        self.version = max(self.version, version)
+        self._fingerprints = {d.cert_fingerprint: (p.slug, d.name) for p in self.policies.values()
+                              for d in p.devices.values() if d.cert_fingerprint}
+        # rate buckets follow the new limits
+        for key in [k for k in self._tenant_buckets if k[0] == slug]:
+            del self._tenant_buckets[key]
+        self._connect_buckets.pop(slug, None)
+        return old, new
+
+    # ------------------------------------------------------ authentication
+
+    def authenticate(self, connect, channel, now: float, wall: float):
+        """-> (reason code, tenant, Identity)."""
+        host = channel.peer.rsplit(":", 1)[0] if channel.peer else ""
+        username = connect.username
+        if self._throttled(("addr", host), now) or (username and self._throttled(("user", username), now)):
+            self.refused_throttled += 1
+            return rc.CONNECTION_RATE_EXCEEDED, None, None
+        code, tenant, ident = self._check(connect, channel, wall)
+        if code in (rc.BAD_USERNAME_OR_PASSWORD, rc.NOT_AUTHORIZED):
+            self._failed(("addr", host), now)
+            if username:
+                self._failed(("user", username), now)
+            return code, None, None
+        if code != rc.SUCCESS:
+            return code, None, None
+        policy = self.policy(tenant)
+        limit = policy.limit("max_connections")
+        if limit is not None and self.connected.get(tenant, 0) >= limit:
+            return rc.QUOTA_EXCEEDED, None, None
+        rate = policy.limit("connect_rate")
+        if rate:
+            bucket = self._connect_buckets.get(tenant)
+            if bucket is None:
+                bucket = self._connect_buckets[tenant] = Bucket(rate, rate, now)
+            if not bucket.allow(now):
+                return rc.CONNECTION_RATE_EXCEEDED, None, None
+        return rc.SUCCESS, tenant, ident
+
+    def _check(self, connect, channel, wall):
+        username, password = connect.username, connect.password
+        cert = getattr(channel, "cert", None)
+        if not username and password is None and cert is None:
+            if not self.allow_anonymous:
+                return rc.NOT_AUTHORIZED, None, None
+            policy = self.policy(self.anonymous_tenant)
+            if policy is None or not policy.active:
+                return rc.NOT_AUTHORIZED, None, None
+            return rc.SUCCESS, self.anonymous_tenant, Identity(self.anonymous_tenant, None)
+        if not username and cert is not None:
+            fp = hashlib.sha256(cert).hexdigest()
+            found = self._fingerprints.get(fp)
+            if found is None:
+                return rc.BAD_USERNAME_OR_PASSWORD, None, None
+            username = f"{found[0]}/{found[1]}"
+        tenant, sep, device = (username or "").partition("/")
+        if not sep or not tenant or not device:
+            return rc.BAD_USERNAME_OR_PASSWORD, None, None
+        policy = self.policies.get(tenant)
+        if policy is None:
+            return rc.BAD_USERNAME_OR_PASSWORD, None, None
+        if not policy.active:
+            return rc.NOT_AUTHORIZED, None, None
+        dev = policy.devices.get(device)
+        if dev is None:
+            return rc.BAD_USERNAME_OR_PASSWORD, None, None
+        if not dev.enabled:
+            return rc.NOT_AUTHORIZED, None, None
+        if password is not None:
+            cred = dev.check_secret(password, wall)
+            if cred is None:
+                return rc.BAD_USERNAME_OR_PASSWORD, None, None
+            return rc.SUCCESS, tenant, Identity(tenant, device, cred.id)
+        if cert is not None and _cert_matches(dev, cert, getattr(channel, "cert_cn", None)):
+            return rc.SUCCESS, tenant, Identity(tenant, device, None, True)
+        return rc.BAD_USERNAME_OR_PASSWORD, None, None
+
+    def still_valid(self, ident: Identity, wall: float) -> str | None:
+        """Why a connected client may no longer stay (None: it may)."""
+        policy = self.policy(ident.tenant)
+        if policy is None:
+            return "tenant deleted"
+        if not policy.active:
+            return "tenant suspended"
+        if ident.device is None:
+            return None if self.allow_anonymous else "anonymous access disabled"
+        dev = policy.devices.get(ident.device)
+        if dev is None:
+            return "device deleted"
+        if not dev.enabled:
+            return "device disabled"
+        if ident.via_cert:
+            return None
+        for cred in dev.credentials:
+            if cred.id == ident.credential:
+                return None if cred.valid(wall) else "credential revoked or expired"
+        return "credential revoked"
+
+    def _throttled(self, key, now) -> bool:
+        entry = self._failures.get(key)
+        if entry is None:
+            return False
+        if now - entry[1] > FAIL_WINDOW:
+            del self._failures[key]
+            return False
+        return entry[0] >= FAIL_LIMIT
+
+    def _failed(self, key, now) -> None:
+        entry = self._failures.get(key)
+        if entry is None or now - entry[1] > FAIL_WINDOW:
+            self._failures[key] = [1, now]
+        else:
+            entry[0] += 1
+        if len(self._failures) > 100_000:       # bounded under a distributed attack
+            cutoff = now - FAIL_WINDOW
+            self._failures = {k: v for k, v in self._failures.items() if v[1] >= cutoff}
+
+    # --------------------------------------------------- per-client policy
+
+    def connected_delta(self, tenant: str, delta: int) -> None:
+        self.connected[tenant] = self.connected.get(tenant, 0) + delta
+
+    def client_acl(self, ident: Identity, client_id: str) -> ClientAcl | None:
+        """The client's compiled ACL; None when everything is allowed."""
+        policy = self.policy(ident.tenant)
+        if policy is None:
+            return None
+        acl = ClientAcl(policy.acl, policy.default_allow, ident.device, client_id)
+        return None if acl.open else acl
+
+    def limiters(self, tenant: str, now: float) -> tuple[Limiter | None, Limiter | None]:
+        """(inbound, outbound) rate limiters for a new client of ``tenant``."""
+        policy = self.policy(tenant)
+        if policy is None or not policy.quota:
+            return None, None
+        out = []
+        for direction in ("in", "out"):
+            buckets = []
+            for unit in ("msgs", "bytes"):
+                rate = policy.limit(f"client_{unit}_{direction}")
+                if rate:
+                    buckets.append((Bucket(rate, rate, now), unit))
+                rate = policy.limit(f"tenant_{unit}_{direction}")
+                if rate:
+                    key = (tenant, f"{unit}_{direction}")
+                    bucket = self._tenant_buckets.get(key)
+                    if bucket is None:
+                        bucket = self._tenant_buckets[key] = Bucket(rate, rate, now)
+                    buckets.append((bucket, unit))
+            out.append(Limiter(buckets) if buckets else None)
+        return out[0], out[1]
+
+
+def _cert_matches(dev, cert: bytes, cn: str | None) -> bool:
+    """A verified client certificate identifies the device by fingerprint or subject CN."""
+    if dev.cert_fingerprint and hashlib.sha256(cert).hexdigest() == dev.cert_fingerprint:
+        return True
+    return bool(dev.cert_cn) and cn == dev.cert_cn

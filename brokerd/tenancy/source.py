@@ -1,0 +1,148 @@
+"""Reading the console's policy snapshots (asyncio side; plain SQL, no Django).
+
+The console writes one row per tenant into ``tenants_policysnapshot``
+(``tenant_slug``, ``version``, ``data`` JSON) in the same transaction as every
+change, with ``version`` from a counter that serialises writers. The node
+polls for ``version > newest seen`` every ``interval`` seconds (0.5 by
+default: a change is enforced well within the 2 seconds promised), applies
+the rows in version order and tells the broker what changed. When the
+database cannot be reached the node keeps its cache -- authorised devices
+stay connected and can reconnect -- logs the outage once, and retries.
+
+URLs as Django's ``DATABASE_URL``: ``sqlite:///relative.sqlite3``,
+``sqlite:////abs/path.sqlite3``, ``postgres://USER:PASS@HOST:PORT/DB``.
+"""
+
+import asyncio
+import json
+import logging
+from urllib.parse import unquote, urlsplit
+
+log = logging.getLogger("brokerd.tenancy")
+
+QUERY = "SELECT tenant_slug, version, data FROM tenants_policysnapshot WHERE version > {p} ORDER BY version"
+
+
+class PolicyDatabase:
+    """A read-only connection to the console's database (blocking; used from a thread)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        parts = urlsplit(url)
+        self.kind = {"sqlite": "sqlite", "postgres": "pg", "postgresql": "pg", "pgsql": "pg"}.get(parts.scheme)
+        if self.kind is None:
+            raise ValueError(f"control plane URL {url!r}: use sqlite:///PATH or postgres://...")
+        if self.kind == "sqlite":
+            self.path = parts.path[1:] if parts.path.startswith("/") else parts.path
+            if not self.path:
+                raise ValueError(f"control plane URL {url!r}: no path")
+        self.conn = None
+
+    def _connect(self):
+        if self.kind == "sqlite":
+            import sqlite3
+
+            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=5, check_same_thread=False)
+            conn.execute("PRAGMA query_only = ON")
+            return conn
+        import psycopg
+
+        parts = urlsplit(self.url)
+        return psycopg.connect(host=parts.hostname, port=parts.port or 5432, dbname=parts.path.lstrip("/"),
+                               user=unquote(parts.username or ""), password=unquote(parts.password or ""),
+                               autocommit=True, connect_timeout=5)
+
+    def fetch(self, since: int) -> list[tuple[str, int, dict]]:
+        if self.conn is None:
+            self.conn = self._connect()
+        try:
+            cur = self.conn.cursor()
+            cur.execute(QUERY.format(p="?" if self.kind == "sqlite" else "%s"), (since,))
+            rows = cur.fetchall()
+        except Exception:
+            self.close()
+            raise
+        return [(slug, int(version), json.loads(data)) for slug, version, data in rows]
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except Exception:
+                pass
+            self.conn = None
+
+
+class PolicySource:
+    """Polls the snapshot table and feeds ``control`` and the broker."""
+
+    def __init__(self, url: str, control, broker, loop: asyncio.AbstractEventLoop, interval: float = 0.5,
+                 wall=None):
+        self.db = PolicyDatabase(url)
+        self.control = control
+        self.broker = broker
+        self.loop = loop
+        self.interval = interval
+        self.wall = wall
+        self.down_since: float | None = None
+        self._task: asyncio.Task | None = None
+
+    async def poll(self) -> int:
+        """One round: fetch and apply what changed; -> number of snapshots applied."""
+        rows = await asyncio.to_thread(self.db.fetch, self.control.version)
+        now = self.loop.time()
+        for slug, version, data in rows:
+            try:
+                old, new = self.control.apply(slug, version, data)
+            except (ValueError, KeyError, TypeError) as exc:
+                log.error("policy snapshot of tenant %r (version %d) ignored: %s", slug, version, exc)
+                self.control.version = max(self.control.version, version)
+                continue
+            if self.control.loaded:
+                self.broker.policy_changed(slug, old, new, now, self.wall())
+        self.control.loaded = True
+        return len(rows)
+
+    async def load(self, timeout: float) -> bool:
+        """The first full load, waiting at most ``timeout`` for the database."""
+        deadline = self.loop.time() + timeout
+        while True:
+            try:
+                n = await self.poll()
+                log.info("control plane %s: %d tenants loaded", self.db.url, n)
+                return True
+            except Exception as exc:
+                if self.loop.time() >= deadline:
+                    log.error("control plane %s unreachable (%s): serving without it until it answers",
+                              self.db.url, exc)
+                    self.down_since = self.loop.time()
+                    return False
+                await asyncio.sleep(0.5)
+
+    def start(self) -> None:
+        self._task = self.loop.create_task(self._run(), name="policy-source")
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.poll()
+            except Exception as exc:
+                if self.down_since is None:
+                    self.down_since = self.loop.time()
+                    log.error("control plane %s unreachable (%s): keeping the cached policies of %d tenants",
+                              self.db.url, exc, len(self.control.policies))
+                continue
+            if self.down_since is not None:
+                log.warning("control plane %s reachable again after %.0f s", self.db.url,
+                            self.loop.time() - self.down_since)
+                self.down_since = None
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+        await asyncio.to_thread(self.db.close)
