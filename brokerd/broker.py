@@ -436,6 +436,8 @@ class Broker:
             ch = session.channel
             if ch is not None:
                 acl = ch.acl
+            elif session.device is None and tenant != self.config.anonymous_tenant:
+                continue                         # device unknown: judged when it reconnects
             else:
                 acl = auth.client_acl(Identity(tenant, session.device), session.client_id)
             self._reauthorize(session, acl)
@@ -447,6 +449,8 @@ class Broker:
         """After start-up: restored sessions get their clients' ACLs."""
         for ns in self.namespaces.values():
             for session in ns.sessions.values():
+                if session.device is None and ns.name != self.config.anonymous_tenant:
+                    continue                     # device unknown: judged when it reconnects
                 acl = self.auth.client_acl(Identity(ns.name, session.device), session.client_id)
                 if acl is not None:
                     self._reauthorize(session, acl)

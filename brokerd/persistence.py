@@ -43,7 +43,8 @@ class Persistence:
 
     def session_opened(self, session, tenant: str, will) -> None:
         """A durable session is connected (new or resumed)."""
-        self.journal.add(("session", tenant, session.client_id, session.expiry_interval, None, pack_will(will), None))
+        self.journal.add(("session", tenant, session.client_id, session.expiry_interval, None, pack_will(will), None,
+                          session.device))
 
     def session_closed(self, session, tenant: str, now: float) -> None:
         """Its connection is gone; the session stays, with its pending will if any."""
@@ -51,7 +52,7 @@ class Persistence:
         if session.pending_will is not None:
             due, will = self.wall(session.pending_will[0]), session.pending_will[1]
         self.journal.add(("session", tenant, session.client_id, session.expiry_interval, self.wall(now),
-                          pack_will(will), due))
+                          pack_will(will), due, session.device))
 
     def session_ended(self, session, tenant: str) -> None:
         self.journal.add(("session_del", tenant, session.client_id))
@@ -145,6 +146,7 @@ class Persistence:
                 continue
             session = broker.new_session(ns, rec.client_id, rec.expiry_interval)
             session.durable = True
+            session.device = rec.device
             if not never:
                 session.expires_at = self.loop_time(gone_at) + rec.expiry_interval
                 broker.schedule_expiry(session)

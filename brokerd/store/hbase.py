@@ -189,8 +189,10 @@ class HBaseStore(Store):
             if kind == "session":
                 alive[skey] = True
                 srow = sessions[skey]
-                _, _, _, expiry, disc, will, due = op
+                expiry, disc, will, due = op[3:7]
+                device = op[7] if len(op) > 7 else None
                 srow.put(b"s:e", _num(expiry))
+                _put_or_remove(srow, b"s:v", device.encode() if device else None)
                 _put_or_remove(srow, b"s:d", None if disc is None else _num(disc))
                 _put_or_remove(srow, b"s:w", will)
                 _put_or_remove(srow, b"s:u", None if due is None else _num(due))
@@ -342,8 +344,10 @@ class HBaseStore(Store):
         tenant, cid = _split_key(key)
         disc = data.get(b"s:d")
         due = data.get(b"s:u")
+        device = data.get(b"s:v")
         rec = SessionRecord(tenant, cid, int(data.get(b"s:e", b"0")), float(disc) if disc else None,
-                            unpack_will(data.get(b"s:w")), float(due) if due else None)
+                            unpack_will(data.get(b"s:w")), float(due) if due else None,
+                            device=device.decode() if device else None)
         for col, value in data.items():
             if col.startswith(b"f:"):
                 qos, nl, rap, rh, sid = value.decode().split(",")

@@ -57,6 +57,7 @@ class SessionRecord:
     disconnected_at: float | None = None     # wall clock; None: connected when last written
     will: Will | None = None                 # the will of the connection (or the pending delayed will)
     will_due: float | None = None            # wall clock at which a delayed will is due
+    device: str | None = None                # the tenant device the session belongs to
     subscriptions: list = field(default_factory=list)
     queue: list = field(default_factory=list)
     awaiting_rel: set = field(default_factory=set)

@@ -36,7 +36,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions (
     tenant TEXT NOT NULL, client_id TEXT NOT NULL, expiry_interval INTEGER NOT NULL,
-    disconnected_at REAL, will BLOB, will_due REAL, last_seq INTEGER NOT NULL DEFAULT 0,
+    disconnected_at REAL, will BLOB, will_due REAL, last_seq INTEGER NOT NULL DEFAULT 0, device TEXT,
     PRIMARY KEY (tenant, client_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS subscriptions (
     tenant TEXT NOT NULL, client_id TEXT NOT NULL, filter TEXT NOT NULL,
@@ -60,10 +60,10 @@ CREATE TABLE IF NOT EXISTS retained (
 """
 
 _SQL = {
-    "session": "INSERT INTO sessions (tenant, client_id, expiry_interval, disconnected_at, will, will_due) "
-               "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, client_id) DO UPDATE SET "
+    "session": "INSERT INTO sessions (tenant, client_id, expiry_interval, disconnected_at, will, will_due, device) "
+               "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, client_id) DO UPDATE SET "
                "expiry_interval = excluded.expiry_interval, disconnected_at = excluded.disconnected_at, "
-               "will = excluded.will, will_due = excluded.will_due",
+               "will = excluded.will, will_due = excluded.will_due, device = excluded.device",
     # subscriptions and packet ids only for sessions that exist
     "sub": "INSERT OR REPLACE INTO subscriptions SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8 "
            "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)",
@@ -85,7 +85,7 @@ _SESSION_TABLES = ("sessions", "subscriptions", "queue", "awaiting_rel")
 def _params(op: tuple) -> tuple:
     kind = op[0]
     if kind == "session":
-        return op[1:7]
+        return op[1:8] if len(op) > 7 else (*op[1:7], None)
     if kind == "sub":
         s = op[3]
         return (op[1], op[2], s.filter, s.qos, int(s.no_local), int(s.rap), s.rh, s.sub_id)
@@ -132,6 +132,9 @@ class SQLiteStore(Store):
         db.execute(f"PRAGMA synchronous = {self.synchronous}")
         db.execute("PRAGMA busy_timeout = 30000")
         db.executescript(SCHEMA)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
+        if "device" not in columns:          # files written before sessions kept their device
+            db.execute("ALTER TABLE sessions ADD COLUMN device TEXT")
         row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
         if row is None:
             db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
@@ -167,8 +170,10 @@ class SQLiteStore(Store):
     def _load(self):
         db = self.db
         sessions = {}
-        for t, c, exp, disc, will, due, last in db.execute("SELECT * FROM sessions"):
-            sessions[(t, c)] = SessionRecord(t, c, exp, disc, unpack_will(will), due, last_seq=last)
+        for t, c, exp, disc, will, due, last, device in db.execute(
+                "SELECT tenant, client_id, expiry_interval, disconnected_at, will, will_due, last_seq, device "
+                "FROM sessions"):
+            sessions[(t, c)] = SessionRecord(t, c, exp, disc, unpack_will(will), due, last_seq=last, device=device)
         for t, c, f, qos, nl, rap, rh, sid in db.execute("SELECT * FROM subscriptions"):
             rec = sessions.get((t, c))
             if rec is not None:
@@ -188,10 +193,12 @@ class SQLiteStore(Store):
     def _load_session(self, tenant, client_id):
         db = self.db
         key = (tenant, client_id)
-        row = db.execute("SELECT * FROM sessions WHERE tenant = ? AND client_id = ?", key).fetchone()
+        row = db.execute("SELECT tenant, client_id, expiry_interval, disconnected_at, will, will_due, last_seq, device "
+                         "FROM sessions WHERE tenant = ? AND client_id = ?", key).fetchone()
         if row is None:
             return None
-        rec = SessionRecord(row[0], row[1], row[2], row[3], unpack_will(row[4]), row[5], last_seq=row[6])
+        rec = SessionRecord(row[0], row[1], row[2], row[3], unpack_will(row[4]), row[5], last_seq=row[6],
+                            device=row[7])
         for _, _, f, qos, nl, rap, rh, sid in db.execute(
                 "SELECT * FROM subscriptions WHERE tenant = ? AND client_id = ?", key):
             rec.subscriptions.append(SubscriptionRecord(f, qos, bool(nl), bool(rap), rh, sid))
