@@ -385,12 +385,13 @@ def _check_position(position) -> int:
 
 
 def _renumber(ordered: list[AclRule]) -> None:
-    """Give ``ordered`` (saved rules) positions 1..N, writing only changed rows."""
+    """Give ``ordered`` positions 1..N, writing the saved rules that changed."""
     changed = []
     for i, rule in enumerate(ordered, 1):
         if rule.position != i:
             rule.position = i
-            changed.append(rule)
+            if rule.pk is not None:
+                changed.append(rule)
     AclRule.objects.bulk_update(changed, ["position"])
 
 
@@ -436,7 +437,7 @@ def add_acl_rule(
     ordered = _placed(tenant, rule, position)
     rule.position = ordered.index(rule) + 1
     _clean(rule)
-    _renumber([r for r in ordered if r is not rule])
+    _renumber(ordered)
     rule.save()
     snapshot.publish(tenant)
     return rule
