@@ -1,0 +1,174 @@
+"""The policy snapshot contract brokerd reads: table, JSON and versions."""
+
+import datetime as dt
+import json
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from tenants import queries, services
+from tenants.limits import QUOTA_FIELDS
+from tenants.models import PolicySnapshot
+
+pytestmark = pytest.mark.django_db
+
+
+def row(slug):
+    """(version, document) of the tenant's row, read with plain SQL like brokerd."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT version, data FROM tenants_policysnapshot WHERE tenant_slug = %s", [slug])
+        rows = cur.fetchall()
+    assert len(rows) == 1
+    version, data = rows[0]
+    return version, json.loads(data)
+
+
+class Versions:
+    """Asserts that each change publishes a strictly newer version."""
+
+    def __init__(self, slug):
+        self.slug = slug
+        self.last = row(slug)[0]
+
+    def next(self) -> dict:
+        version, doc = row(self.slug)
+        assert version > self.last
+        self.last = version
+        return doc
+
+
+def test_table_is_the_contract():
+    assert PolicySnapshot._meta.db_table == "tenants_policysnapshot"
+    with connection.cursor() as cur:
+        columns = {c.name for c in connection.introspection.get_table_description(cur, "tenants_policysnapshot")}
+    assert {"tenant_slug", "version", "data"} <= columns
+
+
+def test_new_tenant_document(tenant):
+    version, doc = row("acme")
+    assert version >= 1
+    assert doc == {
+        "schema": 1, "tenant": "acme", "status": "active", "default_acl": "deny",
+        "devices": {}, "acl": [], "quota": dict.fromkeys(QUOTA_FIELDS),
+        "sys": {"enabled": True, "interval": 10,
+                "parts": ["clients", "messages", "bytes", "subscriptions", "retained", "load"]},
+    }
+    assert list(doc) == ["schema", "tenant", "status", "default_acl", "devices", "acl", "quota", "sys"]
+
+
+def test_tenant_changes(tenant):
+    v = Versions("acme")
+    services.update_tenant(tenant, default_acl="allow")
+    assert v.next()["default_acl"] == "allow"
+    services.suspend_tenant(tenant)
+    assert v.next()["status"] == "suspended"
+    services.resume_tenant(tenant)
+    assert v.next()["status"] == "active"
+    services.update_tenant(tenant, name="Renamed", contact_emails=["x@y.test"])
+    assert v.next()["tenant"] == "acme"
+
+
+def test_device_and_credential_changes(tenant):
+    v = Versions("acme")
+    fp = "0f" * 32
+    d = services.create_device(tenant, "sensor-1", cert_fingerprint=fp, cert_cn="sensor-1.acme")
+    assert v.next()["devices"] == {"sensor-1": {
+        "enabled": True, "cert_fingerprint": fp, "cert_cn": "sensor-1.acme", "credentials": []}}
+    expires = timezone.now() + dt.timedelta(days=30)
+    c1, _ = services.create_credential(d, expires_at=expires)
+    creds = v.next()["devices"]["sensor-1"]["credentials"]
+    assert creds == [{"id": c1.pk, "hash": c1.secret_hash, "enabled": True,
+                      "expires_at": pytest.approx(expires.timestamp())}]
+    assert isinstance(creds[0]["expires_at"], float)
+    c2, _ = services.create_credential(d)
+    assert [c["id"] for c in v.next()["devices"]["sensor-1"]["credentials"]] == [c1.pk, c2.pk]
+    old_hash = c1.secret_hash
+    services.rotate_credential(c1)
+    assert v.next()["devices"]["sensor-1"]["credentials"][0]["hash"] not in (old_hash, None)
+    services.disable_credential(c2)
+    assert v.next()["devices"]["sensor-1"]["credentials"][1]["enabled"] is False
+    services.expire_credential(c2)
+    assert v.next()["devices"]["sensor-1"]["credentials"][1]["expires_at"] <= timezone.now().timestamp()
+    services.delete_credential(c2)
+    assert len(v.next()["devices"]["sensor-1"]["credentials"]) == 1
+    services.disable_device(d)
+    assert v.next()["devices"]["sensor-1"]["enabled"] is False
+    services.update_device(d, cert_fingerprint=None, cert_cn=None)
+    dev = v.next()["devices"]["sensor-1"]
+    assert (dev["cert_fingerprint"], dev["cert_cn"]) == (None, None)
+    services.provision_device(tenant, "a-gw")
+    assert list(v.next()["devices"]) == ["a-gw", "sensor-1"]
+    services.delete_device(d)
+    assert list(v.next()["devices"]) == ["a-gw"]
+
+
+def test_acl_changes(tenant, device):
+    v = Versions("acme")
+    r1 = services.add_acl_rule(tenant, topic="sensors/{device}/#", action="publish", allow=True,
+                               pattern="sensor-*")
+    r2 = services.add_acl_rule(tenant, topic="cmd/{client_id}", action="subscribe", allow=False,
+                               device=device, position=1)
+    assert v.next()["acl"] == [
+        {"id": r2.pk, "position": 1, "who": "device", "device": "sensor-1", "pattern": None,
+         "action": "subscribe", "topic": "cmd/{client_id}", "allow": False},
+        {"id": r1.pk, "position": 2, "who": "pattern", "device": None, "pattern": "sensor-*",
+         "action": "publish", "topic": "sensors/{device}/#", "allow": True},
+    ]
+    services.move_acl_rule(r2, 2)
+    assert [(r["id"], r["position"]) for r in v.next()["acl"]] == [(r1.pk, 1), (r2.pk, 2)]
+    services.update_acl_rule(r1, who="all", action="both")
+    first = v.next()["acl"][0]
+    assert (first["who"], first["pattern"], first["action"]) == ("all", None, "both")
+    services.delete_acl_rule(r1)
+    assert [(r["id"], r["position"]) for r in v.next()["acl"]] == [(r2.pk, 1)]
+
+
+def test_quota_and_sys_changes(tenant):
+    v = Versions("acme")
+    services.update_quota(tenant, max_connections=10, tenant_bytes_in=10**9)
+    quota = v.next()["quota"]
+    assert list(quota) == list(QUOTA_FIELDS)
+    assert (quota["max_connections"], quota["tenant_bytes_in"], quota["max_payload"]) == (10, 10**9, None)
+    services.update_system_topics(tenant, enabled=False, interval=30, parts=["load", "clients"])
+    assert v.next()["sys"] == {"enabled": False, "interval": 30, "parts": ["clients", "load"]}
+
+
+def test_delete_leaves_a_deleted_row(tenant):
+    before = row("acme")[0]
+    services.delete_tenant(tenant)
+    version, doc = row("acme")
+    assert version > before
+    assert doc == {"schema": 1, "tenant": "acme", "status": "deleted"}
+    # re-creating the slug reuses its row
+    services.create_tenant("acme")
+    version2, doc2 = row("acme")
+    assert version2 > version and doc2["status"] == "active"
+    assert PolicySnapshot.objects.filter(tenant_slug="acme").count() == 1
+
+
+def test_versions_across_tenants_and_polling():
+    services.create_tenant("a")
+    b = services.create_tenant("b")
+    start = queries.policy_changes(0)
+    assert [slug for slug, _, _ in start] == ["a", "b"]
+    last = start[-1][1]
+    services.update_quota(b, max_queued=5)
+    services.create_tenant("c")
+    services.delete_tenant(b)
+    changes = queries.policy_changes(last)
+    assert [(slug, json.loads(data)["status"]) for slug, _, data in changes] == [("c", "active"),
+                                                                                 ("b", "deleted")]
+    versions = [v for _, v, _ in queries.policy_changes(0)]
+    assert versions == sorted(versions) and len(set(versions)) == len(versions)
+
+
+def test_failed_change_publishes_nothing(tenant):
+    version = row("acme")[0]
+    with pytest.raises(services.ServiceError):
+        services.add_acl_rule(tenant, topic="a/#/b", action="both", allow=True)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        services.update_quota(tenant, max_connections=1)
+        raise RuntimeError("the caller's transaction rolls back")
+    assert row("acme")[0] == version
+    assert queries.quota(tenant).max_connections is None
