@@ -587,7 +587,7 @@ class Broker:
         ns = channel.ns
         session = msg.origin = channel.session
         acl = channel.acl
-        if acl is not None and not acl.can_publish(msg.topic):
+        if acl is not None and (not acl.can_publish(msg.topic) or msg.topic.startswith("$SYS/")):
             self.stats.denied_publish += 1
             return rc.NOT_AUTHORIZED
         quota = channel.quota
@@ -816,7 +816,14 @@ class Broker:
             group, inner = shared if shared else (None, filt)
             existed = filt in session.subscriptions
             check = False
-            if acl is not None:
+            if inner.startswith("$SYS/") or inner == "$SYS":
+                # a tenant's own $SYS tree: governed by its system-topic settings, not its ACL
+                policy = self.auth.policy(ns.name)
+                if policy is not None and not policy.sys_enabled:
+                    self.stats.denied_subscribe += 1
+                    codes.append(rc.NOT_AUTHORIZED)
+                    continue
+            elif acl is not None:
                 granted, check = acl.subscribe(inner)
                 if not granted:
                     self.stats.denied_subscribe += 1
