@@ -389,6 +389,8 @@ class Broker:
                 sub.check = False
                 continue
             inner = sub.filter if sub.group is None else sub.filter.split("/", 2)[2]
+            if inner.startswith("$SYS"):
+                continue                          # system-topic settings, not the ACL
             granted, check = acl.subscribe(inner)
             if not granted:
                 del session.subscriptions[sub.filter]
