@@ -69,7 +69,7 @@ class Device(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["tenant", "name"]
+        ordering = ["tenant_id", "name"]
         constraints = [models.UniqueConstraint(fields=["tenant", "name"], name="tenants_device_unique_name")]
 
     def __str__(self):
@@ -87,7 +87,7 @@ class Credential(models.Model):
     last_rotated_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
-        ordering = ["device", "id"]
+        ordering = ["device_id", "id"]
 
     def __str__(self):
         return f"credential {self.pk} of {self.device}"
@@ -124,7 +124,7 @@ class AclRule(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["tenant", "position", "id"]
+        ordering = ["tenant_id", "position", "id"]
         indexes = [models.Index(fields=["tenant", "position"], name="tenants_acl_tenant_pos")]
 
     def __str__(self):

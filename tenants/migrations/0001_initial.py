@@ -59,7 +59,7 @@ class Migration(migrations.Migration):
                 ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                "ordering": ["tenant", "name"],
+                "ordering": ["tenant_id", "name"],
             },
         ),
         migrations.CreateModel(
@@ -167,7 +167,7 @@ class Migration(migrations.Migration):
                 ),
             ],
             options={
-                "ordering": ["device", "id"],
+                "ordering": ["device_id", "id"],
             },
         ),
         migrations.CreateModel(
@@ -432,7 +432,7 @@ class Migration(migrations.Migration):
                 ),
             ],
             options={
-                "ordering": ["tenant", "position", "id"],
+                "ordering": ["tenant_id", "position", "id"],
             },
         ),
         migrations.AddConstraint(
