@@ -783,6 +783,10 @@ class Broker:
     def after_commit(self, fn) -> None:
         self.journal.after_commit(fn)
 
+    def durable_pending(self, session) -> bool:
+        """Must the client's ack of what just changed in ``session`` wait for the store?"""
+        return session.durable and self.journal is not None and bool(self.journal.ops)
+
     def expired(self, channel, msg) -> None:
         self.stats.dropped_expired += 1
 

@@ -34,8 +34,10 @@ def services() -> dict[str, list[str]]:
     mqtt = os.environ.get("BROKERD_MQTT_PORT", "1883")
     ws = os.environ.get("BROKERD_WS_PORT", "8083")
     store = os.environ.get("BROKERD_STORE", "sqlite:///var/brokerd.sqlite3")
+    # the console's database is the control plane (DATABASE_URL, as the console reads it)
+    control = os.environ.get("DATABASE_URL", "sqlite:///var/console.sqlite3")
     return {
-        "brokerd": [PY, "-m", "brokerd", "--allow-anonymous", "--store", store,
+        "brokerd": [PY, "-m", "brokerd", "--allow-anonymous", "--store", store, "--control-plane", control,
                     "--listen", f"mqtt://{host}:{mqtt}", "--listen", f"ws://{host}:{ws}/mqtt"],
     }
 
@@ -50,9 +52,14 @@ def banner() -> str:
     WebSocket  ws://{host}:{ws}/mqtt
     sessions   {os.environ.get("BROKERD_STORE", "sqlite:///var/brokerd.sqlite3")} (persistent sessions and retained
                messages survive a restart)
-  try:
+  try (anonymous clients land in the tenant "default"):
     mosquitto_sub -h {host} -p {mqtt} -t 'demo/#' -v &
     mosquitto_pub -h {host} -p {mqtt} -t demo/hello -m world
+  devices of your own tenant:
+    .venv/bin/python manage.py tenants create acme
+    .venv/bin/python manage.py acl add acme --allow --action both --topic '{{device}}/#'
+    .venv/bin/python manage.py devices create acme dev1      # prints the secret once
+    mosquitto_pub -h {host} -p {mqtt} -u acme/dev1 -P SECRET -t dev1/temp -m 21
   Ctrl-C stops everything.
 """
 

@@ -20,23 +20,32 @@ A rule matches a request when
     not cover ``a/#``).
 
 A subscription that earlier rules only partly govern (``deny secret/#``
-before ``allow #``, and a request for ``#``) is decided by the first rule
-that covers it; the broker must then still check each delivered message
-against the rules (as Mosquitto does) so that ``secret/...`` never reaches
-that subscriber.
+before ``allow #``, and a request for ``#``) is granted when the first rule
+that covers it, or one of those earlier rules, allows; the broker then
+checks each delivered message against the rules (as Mosquitto does), so
+``secret/...`` never reaches that subscriber. ``decide_detail`` reports such
+a grant as *filtered*.
 
 Placeholders ``{device}`` and ``{client_id}`` each fill a whole topic level.
 A rule whose value is empty or holds ``+``, ``#`` or ``/`` (which would
-widen the filter or shift its levels) does not match: allow and deny alike.
+widen the filter or shift its levels), or starts with ``$`` in the first
+level, does not match: allow and deny alike.
+
+The matching itself is brokerd's (``brokerd.tenancy.acl``, pure Python), so
+the console's checker and the broker decide with the same code.
 """
 
-from fnmatch import fnmatchcase
+from typing import NamedTuple
 
 from brokerd.routing.topic import is_valid_filter, is_valid_name, matches, parse_shared
+from brokerd.tenancy.acl import covers, expand, intersects
+from brokerd.tenancy.acl import rule_applies as applies_to
+
+__all__ = ["ACTIONS", "PLACEHOLDERS", "Decision", "applies_to", "covers", "decide", "decide_detail", "expand",
+           "intersects", "normalize_request", "topic_error"]
 
 PLACEHOLDERS = ("{device}", "{client_id}")
 ACTIONS = ("publish", "subscribe")
-_WILD = ("+", "#")
 _SAMPLE = "sample"
 
 
@@ -58,50 +67,6 @@ def topic_error(topic: str) -> str | None:
     return None
 
 
-def expand(topic: str, device: str, client_id: str) -> str | None:
-    """``topic`` with its placeholders filled, or None when a value is unsafe."""
-    if "{" not in topic:
-        return topic
-    values = {"{device}": device, "{client_id}": client_id}
-    levels = topic.split("/")
-    for i, level in enumerate(levels):
-        if level in values:
-            value = values[level]
-            if not value or "+" in value or "#" in value or "/" in value:
-                return None
-            levels[i] = value
-    return "/".join(levels)
-
-
-def covers(rule_filter: str, requested: str) -> bool:
-    """Does ``rule_filter`` match every topic that ``requested`` can match?"""
-    r, f = rule_filter.split("/"), requested.split("/")
-    if r[0] in _WILD and f[0] not in _WILD and f[0].startswith("$"):
-        return False  # a filter starting with a wildcard matches no "$" topic
-    if f == ["#"] and r == ["+", "#"]:
-        return True  # both match every topic of at least one level, i.e. all
-    for i, level in enumerate(r):
-        if level == "#":
-            return True
-        if i >= len(f) or f[i] == "#":
-            return False
-        if level != "+" and level != f[i]:  # a literal covers only itself
-            return False
-    return len(f) == len(r)
-
-
-def applies_to(rule: dict, device: str) -> bool:
-    """Does the rule's ``who`` select ``device``?"""
-    who = rule["who"]
-    if who == "all":
-        return True
-    if who == "device":
-        return rule["device"] == device
-    if who == "pattern":
-        return fnmatchcase(device, rule["pattern"])
-    raise ValueError(f"unknown who {who!r}")
-
-
 def normalize_request(action: str, topic: str) -> str:
     """The topic to evaluate, validated: a name to publish to, or the filter of
     a subscription (the inner filter of ``$share/GROUP/F``). ValueError if invalid."""
@@ -118,21 +83,36 @@ def normalize_request(action: str, topic: str) -> str:
     raise ValueError(f"action must be one of {', '.join(ACTIONS)}, not {action!r}")
 
 
-def rule_matches(rule: dict, device: str, client_id: str, action: str, topic: str) -> bool:
-    """Does ``rule`` match the (already normalized) request?"""
-    if rule["action"] not in (action, "both") or not applies_to(rule, device):
-        return False
-    filt = expand(rule["topic"], device, client_id)
-    if filt is None:
-        return False
-    return matches(filt, topic) if action == "publish" else covers(filt, topic)
+class Decision(NamedTuple):
+    allowed: bool
+    rule: dict | None          # the rule that decided, None for the tenant default
+    filtered: bool = False     # subscribe: granted, each delivered message checked
+
+
+def decide_detail(rules, default_acl: str, device: str, client_id: str, action: str, topic: str) -> Decision:
+    """What brokerd decides for this request (see the module docstring)."""
+    topic = normalize_request(action, topic)
+    partial = partial_allow = False
+    for rule in rules:
+        if rule["action"] not in (action, "both") or not applies_to(rule, device):
+            continue
+        filt = expand(rule["topic"], device, client_id)
+        if filt is None:
+            continue
+        if action == "publish":
+            if matches(filt, topic):
+                return Decision(rule["allow"], rule)
+        elif covers(filt, topic):
+            return Decision(rule["allow"] or partial_allow, rule, partial)
+        elif intersects(filt, topic):
+            partial = True
+            partial_allow = partial_allow or rule["allow"]
+    default = default_acl == "allow"
+    return Decision(default or partial_allow, None, partial)
 
 
 def decide(rules, default_acl: str, device: str, client_id: str, action: str, topic: str):
-    """``(allowed, rule)`` for the first matching rule of ``rules`` (in order),
-    else ``(default_acl == "allow", None)``."""
-    topic = normalize_request(action, topic)
-    for rule in rules:
-        if rule_matches(rule, device, client_id, action, topic):
-            return rule["allow"], rule
-    return default_acl == "allow", None
+    """``(allowed, rule)``: the first rule that decides (matching a published
+    topic, covering a subscribed filter), else ``(default_acl == "allow", None)``."""
+    allowed, rule, _ = decide_detail(rules, default_acl, device, client_id, action, topic)
+    return allowed, rule

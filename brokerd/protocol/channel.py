@@ -103,6 +103,7 @@ class Channel:
         "send_window", "problem_info", "congested", "blocked", "pending", "max_pending", "inbound_pending", "_acks", "_held", "close_reason",
         "msgs_in", "msgs_out", "bytes_in", "bytes_out", "tenant", "identity", "response_requested",
         "acl", "quota", "limit_in", "limit_out", "valid_until", "cert", "cert_cn", "throttled_since", "shaping",
+        "_rate_held",
         "__weakref__",
     )
 
@@ -132,6 +133,7 @@ class Channel:
         self.cert_cn = None             # its subject CN when it was verified
         self.throttled_since = None     # inbound over its rate since (abuse detection)
         self.shaping = False            # outbound over its rate: deliveries wait
+        self._rate_held = None          # packets waiting for the inbound rate limit
         self.will = None
         self.keepalive = 0
         self.created_at = now
@@ -167,11 +169,8 @@ class Channel:
         self.bytes_in += len(data)
         if self.state == CLOSED:
             return
-        if self.limit_in is not None:
-            before = self.msgs_in
-            self._receive(data, now)
-            if self.state == CONNECTED:
-                self._rate_in(self.msgs_in - before, len(data), now)
+        if self.limit_in is not None and self.state == CONNECTED:
+            self._receive_limited(data, now)
             return
         self._receive(data, now)
 
@@ -197,20 +196,58 @@ class Channel:
             return
         self._process(pkts, now)
 
-    def _rate_in(self, msgs: int, nbytes: int, now: float) -> None:
-        """Over its inbound rate, a client is slowed (its socket is not read for a
-        while) before anything is dropped; one that stays over it for
-        ABUSE_SECONDS is disconnected (v5: 0x96 Message rate too high)."""
-        wait = self.limit_in.charge(msgs, nbytes, now)
+    # A client over its inbound rate is slowed before anything is dropped: the
+    # PUBLISH that empties its bucket is handled, the packets after it wait
+    # (with its socket unread) until the bucket allows again; a client still
+    # over its rate after ABUSE_SECONDS is disconnected (v5: 0x96).
+
+    def _receive_limited(self, data: bytes, now: float) -> None:
+        try:
+            pkts = self.decoder.feed(data)
+        except RemoteProtocolError as exc:
+            self._peer_error(exc, now)
+            return
+        self._run_limited(pkts, now)
+
+    def _run_limited(self, pkts: list, now: float) -> None:
+        limit = self.limit_in
+        wait = 0.0
+        try:
+            for i, pkt in enumerate(pkts):
+                if self.state != CONNECTED:
+                    return
+                if pkt.type == PUBLISH:
+                    self._on_publish(pkt, now)
+                    wait = limit.charge(1, len(pkt.payload) + len(pkt.topic), now)
+                    if wait > 0 and i + 1 < len(pkts):
+                        self._rate_held = pkts[i + 1:]
+                        break
+                else:
+                    _HANDLERS[pkt.type](self, pkt, now)
+            else:
+                if self.decoder.error is not None and self.state == CONNECTED:
+                    raise self.decoder.error
+        except RemoteProtocolError as exc:
+            self._peer_error(exc, now)
+            return
+        if self.state != CONNECTED:
+            return
         if wait <= 0:
             self.throttled_since = None
             return
         if self.throttled_since is None:
             self.throttled_since = now
         elif now - self.throttled_since > ABUSE_SECONDS:
+            self._rate_held = None
             self.disconnect(rc.MESSAGE_RATE_TOO_HIGH, "publishing above the tenant's rate limit", now)
             return
         self.hooks.throttle(wait)
+
+    def resume_input(self, now: float) -> None:
+        """The rate limiter's wait is over: handle the packets that waited."""
+        held, self._rate_held = self._rate_held, None
+        if held and self.state == CONNECTED:
+            self._run_limited(held, now)
 
     def _process(self, pkts, now):
         try:
@@ -571,7 +608,17 @@ class Channel:
         codes, retained = self.broker.subscribe(self, p.topics, sub_id, p.properties, now)
         if self.version != MQTT5:
             codes = [c if c < 0x80 else rc.V3_SUBACK_FAILURE for c in codes]
-        self._send(encode(Suback(p.packet_id, codes), self.version))
+        if self.broker.durable_pending(self.session):
+            # a stored session's subscriptions are acknowledged once stored
+            self.broker.after_commit(partial(self._suback, p.packet_id, codes, retained))
+            return
+        self._suback(p.packet_id, codes, retained, True, now)
+
+    def _suback(self, pid: int, codes: list, retained: list, ok: bool, now: float | None = None) -> None:
+        if self.state != CONNECTED:
+            return
+        now = self.last_rx if now is None else now
+        self._send(encode(Suback(pid, codes), self.version))
         for msg, qos, sub_ids in retained:
             self.deliver(msg, qos, True, sub_ids, now)
 

@@ -5,7 +5,8 @@ tenant default. A rule applies to a client by who it names (every device, one
 device, or a device-name glob) and by action (publish, subscribe or both).
 Its topic filter may use ``{device}`` and ``{client_id}``, each a whole
 level; a value that is empty or holds ``+``, ``#`` or ``/`` would widen the
-filter, so the rule simply does not apply to that client.
+filter (and one starting with ``$`` in the first level would reach system
+topics), so the rule simply does not apply to that client.
 
 - PUBLISH to a topic: the first publish rule whose filter matches the topic.
 - SUBSCRIBE to a filter F: the first subscribe rule whose filter *covers* F
@@ -80,8 +81,8 @@ def expand(topic: str, device: str, client_id: str) -> str | None:
     for i, level in enumerate(levels):
         if level in values:
             v = values[level]
-            if not v or "+" in v or "#" in v or "/" in v:
-                return None
+            if not v or "+" in v or "#" in v or "/" in v or (i == 0 and v.startswith("$")):
+                return None          # would widen the filter, or reach "$" topics
             levels[i] = v
     return "/".join(levels)
 

@@ -62,6 +62,9 @@ class PolicyDatabase:
         except Exception:
             self.close()
             raise
+        if self.kind == "sqlite":
+            # reopened per poll (a fraction of a millisecond): a file that went away is noticed
+            self.close()
         return [(slug, int(version), json.loads(data)) for slug, version, data in rows]
 
     def close(self) -> None:

@@ -73,7 +73,8 @@ _CLOSED = _Closed()
 
 
 class MqttConnection(asyncio.Protocol):
-    __slots__ = ("server", "listener", "transport", "channel", "time", "flusher", "closed", "paused", "ws_free")
+    __slots__ = ("server", "listener", "transport", "channel", "time", "flusher", "closed", "paused", "ws_free",
+                 "rate_timer")
 
     def __init__(self, server, listener):
         self.server = server
@@ -85,6 +86,7 @@ class MqttConnection(asyncio.Protocol):
         self.closed = False
         self.paused = 0
         self.ws_free = not listener.websocket     # bytes go to the transport as they are
+        self.rate_timer = None
 
     # ----------------------------------------------------------- asyncio side
 
@@ -114,6 +116,9 @@ class MqttConnection(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
+        if self.rate_timer is not None:
+            self.rate_timer.cancel()
+            self.rate_timer = None
         self.server.connections.discard(self)
         ch = self.channel
         ch.out.clear()
@@ -175,10 +180,20 @@ class MqttConnection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def throttle(self, wait: float) -> None:
-        """Over the inbound rate: do not read this socket for ``wait`` seconds."""
+        """Over the inbound rate: do not read this socket for ``wait`` seconds,
+        then let the channel handle what waited."""
         if not self.paused & PAUSE_RATE:
             self.pause_reading(PAUSE_RATE)
-            self.server.loop.call_later(wait, self.resume_reading, PAUSE_RATE)
+        if self.rate_timer is None:
+            self.rate_timer = self.server.loop.call_later(wait, self._rate_resume)
+
+    def _rate_resume(self) -> None:
+        self.rate_timer = None
+        if self.closed:
+            return
+        self.channel.resume_input(self.time())
+        if self.rate_timer is None:          # the channel did not have to wait again
+            self.resume_reading(PAUSE_RATE)
 
     def throttle_output(self, wait: float) -> None:
         """Over the outbound rate: deliveries wait ``wait`` seconds."""

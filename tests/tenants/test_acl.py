@@ -87,8 +87,10 @@ def test_covers(rule_filter, requested, expected):
     ([rule("s/{device}/#")], "allow", "d1", "c", "publish", "s/d2/temp", (True, None)),
     # subscribe: the rule filter covers the requested filter
     ([rule("s/{device}/#")], "deny", "d1", "c", "subscribe", "s/d1/+", (True, 0)),
-    ([rule("s/{device}/#")], "deny", "d1", "c", "subscribe", "s/+/temp", (False, None)),
-    ([rule("s/+/temp")], "deny", "d1", "c", "subscribe", "s/#", (False, None)),
+    # a rule that allows part of the requested filter grants it, filtered per message
+    ([rule("s/{device}/#")], "deny", "d1", "c", "subscribe", "s/+/temp", (True, None)),
+    ([rule("s/+/temp")], "deny", "d1", "c", "subscribe", "s/#", (True, None)),
+    ([rule("t/#")], "deny", "d1", "c", "subscribe", "s/#", (False, None)),
     # $share/GROUP/F is judged by F
     ([rule("s/#")], "deny", "d1", "c", "subscribe", "$share/g/s/x", (True, 0)),
     ([rule("s/#")], "deny", "d1", "c", "subscribe", "$share/g/t/x", (False, None)),
@@ -133,3 +135,31 @@ def test_decide(rules, default, device, client_id, action, topic, expected):
 def test_decide_refuses_invalid_requests(action, topic):
     with pytest.raises(ValueError):
         acl.decide([], "allow", "d", "c", action, topic)
+
+
+@pytest.mark.parametrize("rules, default, topic, expected", [
+    ([rule("s/{device}/#")], "deny", "s/+/temp", (True, None, True)),
+    ([rule("s/secret/#", allow=False, id=1), rule("#", id=2)], "deny", "#", (True, 1, True)),
+    ([rule("s/secret/#", allow=False, id=1), rule("#", id=2)], "deny", "s/public/#", (True, 1, False)),
+    ([rule("s/secret/#", allow=False)], "deny", "s/#", (False, None, True)),
+])
+def test_decide_detail_reports_filtered_grants(rules, default, topic, expected):
+    """As brokerd decides: granted, and each delivered message checked."""
+    allowed, decided_by, filtered = acl.decide_detail(rules, default, "d1", "c", "subscribe", topic)
+    want_allowed, want_index, want_filtered = expected
+    assert (allowed, filtered) == (want_allowed, want_filtered)
+    assert decided_by is (None if want_index is None else rules[want_index])
+
+
+def test_console_and_broker_decide_alike():
+    """The checker and brokerd's engine agree on every request of a small rule set."""
+    from brokerd.tenancy.acl import ClientAcl
+
+    rules = [rule("s/secret/#", allow=False, id=1), rule("s/{device}/#", id=2), rule("cmd/{client_id}/+", id=3,
+             action="subscribe"), rule("#", allow=False, id=4, action="publish")]
+    engine = ClientAcl(rules, False, "d1", "c1")
+    for topic in ("s/d1/t", "s/secret/x", "s/d2/t", "cmd/c1/go", "other"):
+        assert acl.decide(rules, "deny", "d1", "c1", "publish", topic)[0] is engine.can_publish(topic)
+    for filt in ("s/#", "s/d1/#", "s/secret/#", "cmd/c1/+", "cmd/#", "#", "other/+"):
+        allowed, _, filtered = acl.decide_detail(rules, "deny", "d1", "c1", "subscribe", filt)
+        assert (allowed, filtered) == engine.subscribe(filt), filt
