@@ -169,16 +169,13 @@ class Channel:
         self.bytes_in += len(data)
         if self.state == CLOSED:
             return
-        if self.limit_in is not None and self.state == CONNECTED:
-            self._receive_limited(data, now)
-            return
-        self._receive(data, now)
-
-    def _receive(self, data: bytes, now: float) -> None:
         try:
             pkts = self.decoder.feed(data)
         except RemoteProtocolError as exc:
             self._peer_error(exc, now)
+            return
+        if self.limit_in is not None and self.state == CONNECTED:
+            self._run_limited(pkts, now)
             return
         if self.state == CONNECTED and self._held is None:
             try:
@@ -200,14 +197,6 @@ class Channel:
     # PUBLISH that empties its bucket is handled, the packets after it wait
     # (with its socket unread) until the bucket allows again; a client still
     # over its rate after ABUSE_SECONDS is disconnected (v5: 0x96).
-
-    def _receive_limited(self, data: bytes, now: float) -> None:
-        try:
-            pkts = self.decoder.feed(data)
-        except RemoteProtocolError as exc:
-            self._peer_error(exc, now)
-            return
-        self._run_limited(pkts, now)
 
     def _run_limited(self, pkts: list, now: float) -> None:
         limit = self.limit_in
