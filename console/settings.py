@@ -82,7 +82,7 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [p for p in [BASE_DIR / "static"] if p.is_dir()]
 STATIC_ROOT = VAR_DIR / "static"
 
 REDIS_URL = envstr("REDIS_URL")

@@ -73,6 +73,13 @@ class Store:
     async def ping(self) -> None:
         await self._run(self._ping)
 
+    async def get_meta(self, key: str) -> bytes | None:
+        """A small named value kept for the cluster (its route snapshot)."""
+        return await self._run(self._get_meta, key)
+
+    async def put_meta(self, key: str, value: bytes) -> None:
+        await self._run(self._put_meta, key, value)
+
     # ------------------------------------------------- backend (blocking)
 
     def _open(self) -> None:
@@ -95,6 +102,12 @@ class Store:
 
     def _ping(self) -> None:
         pass
+
+    def _get_meta(self, key):
+        raise NotImplementedError
+
+    def _put_meta(self, key, value):
+        raise NotImplementedError
 
 
 def session_expired(rec: SessionRecord, now: float) -> bool:

@@ -55,6 +55,7 @@ FAMILIES = {
     "counters": {"c": {"max_versions": 1}},
     "queue": {"m": {"max_versions": 1}},
     "retained": {"m": {"max_versions": 1}},
+    "meta": {"m": {"max_versions": 1}},
 }
 SCAN_BATCH = 1000
 DELETE_GUARD = 0.002          # seconds between deleting a row and writing it again
@@ -154,6 +155,14 @@ class HBaseStore(Store):
     def _ping(self):
         with self.pool.connection() as conn:
             conn.tables()
+
+    def _get_meta(self, key):
+        with self.pool.connection() as conn:
+            return conn.table("meta").row(key.encode(), columns=[b"m:v"]).get(b"m:v")
+
+    def _put_meta(self, key, value):
+        with self.pool.connection() as conn:
+            conn.table("meta").put(key.encode(), {b"m:v": bytes(value)})
 
     # --------------------------------------------------------------- write
 

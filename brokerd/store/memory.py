@@ -65,6 +65,14 @@ class MemoryStore(Store):
             else:
                 raise ValueError(f"unknown journal operation {kind!r}")
 
+    def _get_meta(self, key):
+        return getattr(self, "meta", {}).get(key)
+
+    def _put_meta(self, key, value):
+        if not hasattr(self, "meta"):
+            self.meta = {}
+        self.meta[key] = bytes(value)
+
     def _load(self):
         sessions = [copy.deepcopy(r) for r in self.sessions.values()]
         for r in sessions:

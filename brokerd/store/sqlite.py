@@ -34,6 +34,7 @@ SCHEMA_VERSION = "1"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS blobs (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions (
     tenant TEXT NOT NULL, client_id TEXT NOT NULL, expiry_interval INTEGER NOT NULL,
     disconnected_at REAL, will BLOB, will_due REAL, last_seq INTEGER NOT NULL DEFAULT 0, device TEXT,
@@ -231,6 +232,13 @@ class SQLiteStore(Store):
 
     def _ping(self):
         self.db.execute("SELECT 1").fetchone()
+
+    def _get_meta(self, key):
+        row = self.db.execute("SELECT value FROM blobs WHERE key = ?", (key,)).fetchone()
+        return bytes(row[0]) if row else None
+
+    def _put_meta(self, key, value):
+        self.db.execute("INSERT OR REPLACE INTO blobs VALUES (?, ?)", (key, bytes(value)))
 
 
 def _number(db, run: list) -> None:

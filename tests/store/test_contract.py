@@ -754,3 +754,15 @@ def test_hbase_retried_batch_after_a_failed_write(inproc_double):
         assert store.session(T1, "dev")["queue"] == [kept]
     finally:
         store.close()
+
+
+def test_named_values_round_trip(store):
+    """get_meta/put_meta: the cluster keeps its route snapshot there."""
+    assert run(store.store.get_meta("routes")) is None
+    blob = bytes(range(256)) * 100
+    run(store.store.put_meta("routes", blob))
+    run(store.store.put_meta("other", b"x"))
+    assert run(store.store.get_meta("routes")) == blob
+    run(store.store.put_meta("routes", b"replaced"))
+    assert run(store.store.get_meta("routes")) == b"replaced"
+    assert run(store.store.get_meta("other")) == b"x"
