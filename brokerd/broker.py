@@ -246,6 +246,8 @@ class Broker:
         self.persist = None                 # Persistence when a durable store is configured
         self.journal = None                 # its Journal
         self.gated: set = set()             # channels with stored deliveries waiting for a commit
+        self.cluster = None                 # the ClusterNode, when the node is part of a cluster
+        self._waits: list = []              # requests to other nodes a publish waits for
         self.wall_offset = 0.0              # wall clock = now + wall_offset (set by the server)
         self.expiring: set = set()          # channels whose credential expires while connected
 
@@ -297,6 +299,18 @@ class Broker:
             expiry = cap
             if p.protocol_level == MQTT5:
                 connack_props = {P.SESSION_EXPIRY_INTERVAL: cap}
+        args = (channel, p, ns, client_id, assigned, expiry, connack_props, identity, policy, quota)
+        if self.cluster is not None:
+            # the session may live on another node: fetch it first, then open it here
+            self.cluster.claim(channel, tenant, client_id, p.clean_start, channel.will,
+                               lambda later: self._open_session(*args, later))
+            return
+        self._open_session(*args, now)
+
+    def _open_session(self, channel, p, ns, client_id, assigned, expiry, connack_props, identity, policy, quota,
+                      now) -> None:
+        auth = self.auth
+        tenant = ns.name
         session = ns.sessions.get(client_id)
         if session is not None and session.channel is not None:
             # Session takeover: the old connection goes as if its network had
@@ -447,6 +461,50 @@ class Broker:
             session.queue.max_len = self.limits.max_queued if max_queued is None else min(
                 self.limits.max_queued, max_queued)
 
+    # ---------------------------------------------------- cluster hand-over
+
+    def release(self, tenant: str, client_id: str, now: float) -> bool:
+        """Another node takes this client's session over: disconnect the client
+        (0x8E) and let go of the session -- its stored state is the new node's
+        to load."""
+        ns = self.namespaces.get(tenant)
+        session = ns.sessions.get(client_id) if ns is not None else None
+        if session is None:
+            return False
+        self.stats.takeovers += 1
+        if session.channel is not None:
+            session.channel.disconnect(rc.SESSION_TAKEN_OVER, "the session moved to another node", now)
+        session = ns.sessions.get(client_id)
+        if session is not None:
+            self._drop_session(session)
+        return True
+
+    def _drop_session(self, session: Session) -> None:
+        """Forget a session here without ending it (it lives on in the store)."""
+        ns = session.ns
+        if ns.sessions.get(session.client_id) is session:
+            del ns.sessions[session.client_id]
+        durable, session.durable = session.durable, False      # no journal writes for what follows
+        for sub in list(session.subscriptions.values()):
+            self._remove_subscription(ns, session, sub)
+        session.subscriptions.clear()
+        session.queue.drain()
+        session.inflight.clear()
+        session.expires_at = None
+        session.pending_will = None
+        session.durable = durable
+
+    def drop_all_sessions(self) -> None:
+        """This node leaves (fenced): every session is left to the others."""
+        for ns in self.namespaces.values():
+            for session in list(ns.sessions.values()):
+                self._drop_session(session)
+
+    def publish_gone_will(self, tenant: str, client_id: str, will, now: float) -> None:
+        """The will of a client of a node that died (published by a survivor)."""
+        ns = self.namespace(tenant)
+        self._publish_will(_Gone(client_id, ns), will, now)
+
     def reauthorize_all(self) -> None:
         """After start-up: restored sessions get their clients' ACLs."""
         for ns in self.namespaces.values():
@@ -499,6 +557,8 @@ class Broker:
                 self._schedule(due, "will", session)
             else:
                 self._publish_will(session, w, now)
+        if self.cluster is not None:
+            self.cluster.client_gone(ns.name, session.client_id, session.expiry_interval == 0)
         if session.expiry_interval == 0:
             self._end_session(session, now)
             return
@@ -521,6 +581,7 @@ class Broker:
 
     def _publish_will(self, session, w, now) -> None:
         self.stats.wills_published += 1
+        self._waits = []
         msg = self._will_message(w, session, now)
         if msg.retain:
             self._retain(session.ns, msg)
@@ -598,13 +659,15 @@ class Broker:
             if code:
                 return code
         journal = self.journal
-        if journal is None or not msg.qos:
+        if (journal is None or not msg.qos) and self.cluster is None:
             if msg.retain:
                 self._retain(ns, msg)
             if self._dispatch(ns, msg, now):
                 return rc.SUCCESS
             self.stats.dropped_no_subscribers += 1
             return rc.NO_MATCHING_SUBSCRIBERS
+        if journal is None or not msg.qos:
+            return self._publish_clustered(ns, msg, channel, now)
         if not journal.healthy and self._needs_store(ns, msg, session, rel):
             self.stats.dropped_refused += 1
             return STORE_UNAVAILABLE
@@ -613,12 +676,32 @@ class Broker:
             self.persist.rel_added(session, ns.name, rel)
         if msg.retain:
             self._retain(ns, msg)
+        waits = self._waits = []
         code = rc.SUCCESS if self._dispatch(ns, msg, now) else rc.NO_MATCHING_SUBSCRIBERS
         if code:
             self.stats.dropped_no_subscribers += 1
-        if len(journal.ops) == before:
+        stored = len(journal.ops) > before
+        if not stored and not waits:
             return code
-        journal.after_commit(_AckWhenDurable(channel, msg.packet_id, msg.qos, code))
+        ack = _AckWhenDurable(channel, msg.packet_id, msg.qos, code, int(stored) + len(waits))
+        if stored:
+            journal.after_commit(ack)
+        if waits:
+            self.cluster.wait_for(waits, ack)
+        return None
+
+    def _publish_clustered(self, ns: Namespace, msg: Publish, channel, now: float) -> int | None:
+        """A PUBLISH that needs no local store write, on a node of a cluster:
+        QoS 1/2 still waits for the nodes that store it for their sessions."""
+        if msg.retain:
+            self._retain(ns, msg)
+        waits = self._waits = []
+        code = rc.SUCCESS if self._dispatch(ns, msg, now) else rc.NO_MATCHING_SUBSCRIBERS
+        if code:
+            self.stats.dropped_no_subscribers += 1
+        if not waits or not msg.qos:
+            return code
+        self.cluster.wait_for(waits, _AckWhenDurable(channel, msg.packet_id, msg.qos, code, len(waits)))
         return None
 
     def _publish_quota(self, ns: Namespace, msg: Publish, quota: dict) -> int:
@@ -645,6 +728,7 @@ class Broker:
 
     def publish_internal(self, ns: Namespace, msg: Publish, now: float) -> int:
         """Publish a message the broker itself originates ($SYS, admin); -> deliveries."""
+        self._waits = []
         if msg.retain:
             self._retain(ns, msg)
         return self._dispatch(ns, msg, now)
@@ -656,14 +740,17 @@ class Broker:
             ns.retained.delete(msg.topic)
         if self.persist is not None:
             self.persist.retained(ns.name, msg)
+        if self.cluster is not None:
+            self.cluster.retained_changed(ns.name, msg)
 
-    def _dispatch(self, ns: Namespace, msg: Publish, now: float) -> int:
+    def _dispatch(self, ns: Namespace, msg: Publish, now: float, entries=None, groups=None) -> int:
         """Deliver to every matching subscriber; -> number of deliveries."""
         topic = msg.topic
-        found = ns.cache.get(topic)
-        if found is None:
-            found = ns.route(topic)
-        entries, groups = found
+        if entries is None:
+            found = ns.cache.get(topic)
+            if found is None:
+                found = ns.route(topic)
+            entries, groups = found
         origin = msg.origin
         mqos = msg.qos
         mretain = msg.retain
@@ -687,11 +774,34 @@ class Broker:
                 else:
                     self._enqueue_offline(session, Delivery(msg, qos, mretain if rap else False, ids))
             delivered += 1
+        cluster = self.cluster
+        if cluster is not None:
+            count, waits = cluster.forward(ns, msg, groups, now)
+            if waits:
+                self._waits.extend(waits)
+            return delivered + count
         if groups:
             for group in groups:
                 if self._deliver_shared(ns, group, msg, now):
                     delivered += 1
         return delivered
+
+    def receive_forward(self, ns: Namespace, msg: Publish, group: str | None, gfilter: str | None,
+                        now: float) -> int:
+        """A message another node forwarded: for this node's subscribers only."""
+        if group is not None:
+            route = ns.trie.get(gfilter)
+            g = route.groups.get(group) if route is not None else None
+            return int(g is not None and self._deliver_shared(ns, g, msg, now))
+        cluster, self.cluster = self.cluster, None          # dispatch here, forward nowhere
+        try:
+            found = ns.cache.get(msg.topic) or ns.route(msg.topic)
+            return self._dispatch(ns, msg, now, found[0], ())
+        finally:
+            self.cluster = cluster
+
+    def deliver_shared(self, ns, group, msg, now) -> bool:
+        return self._deliver_shared(ns, group, msg, now)
 
     def _deliver_shared(self, ns, group: SharedGroup, msg: Publish, now: float, exclude=None) -> bool:
         session = group.pick(self.config.shared_strategy, exclude)
@@ -872,6 +982,8 @@ class Broker:
                 g = route.groups[sub.group] = SharedGroup(sub.group, inner)
             g.add(session, sub)
         ns.cache.clear()
+        if self.cluster is not None:
+            self.cluster.route_dirty(ns.name, inner)
 
     def shared_group(self, ns: Namespace, share: tuple) -> "SharedGroup | None":
         name, filt = share
@@ -914,6 +1026,8 @@ class Broker:
         if not route:
             ns.trie.discard(inner)
         ns.cache.clear()
+        if self.cluster is not None:
+            self.cluster.route_dirty(ns.name, inner)
 
     # ---------------------------------------------------------------- totals
 
@@ -954,18 +1068,25 @@ class Broker:
 
 
 class _AckWhenDurable:
-    """After-commit callback: the PUBACK/PUBREC a publisher waits for."""
+    """The PUBACK/PUBREC a publisher waits for: sent once every part it waits
+    for -- the local commit, each other node that stores the message -- has
+    answered (a failure of any part makes it a negative ack)."""
 
-    __slots__ = ("channel", "pid", "qos", "code")
+    __slots__ = ("channel", "pid", "qos", "code", "parts", "ok")
 
-    def __init__(self, channel, pid, qos, code):
+    def __init__(self, channel, pid, qos, code, parts: int = 1):
         self.channel = channel
         self.pid = pid
         self.qos = qos
         self.code = code
+        self.parts = parts
+        self.ok = True
 
     def __call__(self, ok: bool) -> None:
-        self.channel.publish_done(self.pid, self.qos, self.code if ok else STORE_UNAVAILABLE)
+        self.ok = self.ok and ok
+        self.parts -= 1
+        if self.parts == 0:
+            self.channel.publish_done(self.pid, self.qos, self.code if self.ok else STORE_UNAVAILABLE)
 
 
 class _Gone:

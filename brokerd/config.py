@@ -92,6 +92,8 @@ class Config:
     queue_budget: int = 64 * 1024 * 1024
     store: str = "memory://"
     control_plane: str | None = None
+    cluster: str | None = None
+    cluster_listen: str = "127.0.0.1:0"
     anonymous_tenant: str = "default"
 
     def listeners(self) -> list[Listener]:
@@ -125,6 +127,12 @@ class Config:
             open_store(self.store)
         except (ValueError, ImportError) as exc:
             raise ConfigError(f"--store: {exc}")
+        if self.cluster:
+            if not self.cluster.startswith(("redis://", "rediss://", "unix://")):
+                raise ConfigError("--cluster must be a redis:// URL")
+            host, _, port = self.cluster_listen.rpartition(":")
+            if not host or not port.isdigit():
+                raise ConfigError("--cluster-listen must be HOST:PORT")
         if self.control_plane:
             from .tenancy.source import PolicyDatabase
 
@@ -202,6 +210,11 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--control-plane", metavar="URL",
                    help="the console's database, whose tenants, credentials, ACLs and quotas this node enforces "
                         "(sqlite:///PATH or postgres://...; default: $DATABASE_URL if set; 'none' disables)")
+    p.add_argument("--cluster", metavar="URL",
+                   help="join the cluster whose bus is this Redis (redis://HOST:PORT/DB[?prefix=NAME]); nodes "
+                        "need a shared --store and distinct --node-id")
+    p.add_argument("--cluster-listen", metavar="HOST:PORT",
+                   help="address of this node's links to the other nodes (default 127.0.0.1:0)")
     p.add_argument("--anonymous-tenant", metavar="SLUG",
                    help="tenant of clients without credentials when --allow-anonymous (default 'default')")
     p.add_argument("--sys-interval", type=float, metavar="SECONDS",

@@ -18,8 +18,10 @@ import time
 
 from . import __version__
 from .broker import Broker, BrokerConfig
+from .cluster.node import ClusterNode
 from .config import Config, Listener
 from .persistence import Persistence
+from .protocol import reason as rc
 from .protocol.channel import ChannelLimits
 from .store import Journal, StoreError, open_store
 from .store.writer import StoreWriter
@@ -110,6 +112,7 @@ class Server:
         self._sweeper: asyncio.TimerHandle | None = None
         self.stopped = asyncio.Event()
         self.store = None
+        self.cluster: ClusterNode | None = None
         self.writer: StoreWriter | None = None
         self._purger: asyncio.Task | None = None
 
@@ -134,7 +137,11 @@ class Server:
         while True:
             try:
                 await store.open()
-                records, retained = await store.load()
+                if self.config.cluster:
+                    # sessions belong to whichever node their clients are on: loaded on demand
+                    records, retained = [], await store.load_retained()
+                else:
+                    records, retained = await store.load()
                 break
             except StoreError as exc:
                 await store.close()
@@ -183,6 +190,11 @@ class Server:
             self.servers.append(srv)
             port = srv.sockets[0].getsockname()[1]
             self.bound.append(Listener(lst.scheme, lst.host, port, lst.path))
+        if self.config.cluster:
+            host, _, port = self.config.cluster_listen.rpartition(":")
+            self.cluster = ClusterNode(self, self.config.cluster, host, int(port))
+            await self.cluster.start()
+            self.broker.cluster = self.cluster
         self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
         self.sys.tick(self.loop.time())
 
@@ -250,7 +262,12 @@ class Server:
         if self._sweeper is not None:
             self._sweeper.cancel()
         now = self.loop.time()
-        self.broker.shutdown(now)
+        reference = self.cluster.other_node_url() if self.cluster is not None else None
+        if reference:
+            # hand the clients over: v5 clients are told where to go
+            self.broker.shutdown(now, rc.USE_ANOTHER_SERVER, reference)
+        else:
+            self.broker.shutdown(now)
         for conn in list(self.connections):
             conn.close()
         deadline = self.loop.time() + timeout
@@ -262,6 +279,11 @@ class Server:
         for srv in self.servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(srv.wait_closed(), 1)
+        if self.cluster is not None:
+            if self.writer is not None:
+                await self.writer.drain(timeout)        # the others adopt what is stored
+            await self.cluster.stop(graceful=True)
+            self.broker.cluster = None
         if self.policy_source is not None:
             await self.policy_source.stop()
         if self.writer is not None:

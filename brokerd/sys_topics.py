@@ -5,6 +5,10 @@ exponentially damped moving averages of the per-minute rate over 1, 5 and 15
 minutes. Differences from Mosquitto: ``messages/*`` count PUBLISH packets
 (Mosquitto counts every packet type there), and there is no ``heap/*``.
 
+In a cluster, ``$SYS/broker/...`` is the node's own tree and
+``$SYS/cluster/...`` the sum over every node (nodes, clients, sessions,
+subscriptions, retained messages, messages and bytes).
+
 With a control plane, every tenant gets its own tree inside its own topic
 space, with its own figures (its clients, its messages and bytes, its
 subscriptions and retained messages) -- so a tenant's devices see their
@@ -20,6 +24,7 @@ from . import __version__
 from .protocol.packets import Publish
 
 PREFIX = "$SYS/broker/"
+CLUSTER_PREFIX = "$SYS/cluster/"
 WINDOWS = ((1, "1min"), (5, "5min"), (15, "15min"))
 PARTS = {                     # tenant setting part -> first level(s) of the keys it controls
     "clients": ("clients/",),
@@ -155,3 +160,16 @@ class SysTopics:
             if allowed is not None and key not in ("version", "uptime") and not key.startswith(allowed):
                 continue
             self.broker.publish_internal(ns, Publish(PREFIX + key, value.encode(), 0, True), now)
+        cluster = self.broker.cluster
+        if node and cluster is not None and cluster.stats_totals:
+            for key, value in self.cluster_values(cluster.stats_totals).items():
+                self.broker.publish_internal(ns, Publish(CLUSTER_PREFIX + key, value.encode(), 0, True), now)
+
+    @staticmethod
+    def cluster_values(t: dict) -> dict[str, str]:
+        """The whole cluster's figures (each node's, summed through the cluster bus)."""
+        names = {"nodes": "nodes", "connected": "clients/connected", "sessions": "clients/total",
+                 "subscriptions": "subscriptions/count", "retained": "retained messages/count",
+                 "msgs_received": "messages/received", "msgs_sent": "messages/sent",
+                 "bytes_received": "bytes/received", "bytes_sent": "bytes/sent"}
+        return {name: str(int(t[key])) for key, name in names.items() if key in t}

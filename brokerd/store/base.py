@@ -63,6 +63,10 @@ class Store:
         """Every session (with subscriptions, queue, packet ids) and every retained message."""
         return await self._run(self._load)
 
+    async def load_retained(self) -> list[tuple[str, str, StoredMessage]]:
+        """Every retained message (a cluster node loads sessions on demand)."""
+        return await self._run(self._load_retained)
+
     async def load_session(self, tenant: str, client_id: str) -> SessionRecord | None:
         return await self._run(self._load_session, tenant, client_id)
 
@@ -96,6 +100,9 @@ class Store:
 
     def _load_session(self, tenant, client_id):
         raise NotImplementedError
+
+    def _load_retained(self):
+        return self._load()[1]
 
     def _purge(self, now: float) -> int:
         raise NotImplementedError

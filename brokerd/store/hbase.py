@@ -387,6 +387,11 @@ class HBaseStore(Store):
                 retained.append((tenant, topic, _retained(topic, data)))
         return list(sessions.values()), retained
 
+    def _load_retained(self):
+        with self.pool.connection() as conn:
+            return [(*_split_key(key), _retained(_split_key(key)[1], data))
+                    for key, data in conn.table("retained").scan(batch_size=SCAN_BATCH)]
+
     def _load_session(self, tenant, client_id):
         key = session_key(tenant, client_id)
         with self.pool.connection() as conn:

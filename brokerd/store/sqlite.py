@@ -191,6 +191,10 @@ class SQLiteStore(Store):
                     for t, topic, payload, qos, props, exp in db.execute("SELECT * FROM retained")]
         return list(sessions.values()), retained
 
+    def _load_retained(self):
+        return [(t, topic, StoredMessage(topic, payload, qos, True, unpack_props(props), exp))
+                for t, topic, payload, qos, props, exp in self.db.execute("SELECT * FROM retained")]
+
     def _load_session(self, tenant, client_id):
         db = self.db
         key = (tenant, client_id)

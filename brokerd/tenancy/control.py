@@ -43,6 +43,7 @@ class TenantControl:
         self.version = 0                              # newest snapshot applied
         self.loaded = False                           # a first full load happened
         self.connected: dict[str, int] = {}           # tenant -> live connections on this node
+        self.remote_connected: dict[str, int] = {}    # tenant -> live connections on the other nodes
         self._fingerprints: dict[str, tuple[str, str]] = {}
         self._connect_buckets: dict[str, Bucket] = {}
         self._tenant_buckets: dict[tuple[str, str], Bucket] = {}
@@ -94,7 +95,7 @@ class TenantControl:
             return code, None, None
         policy = self.policy(tenant)
         limit = policy.limit("max_connections")
-        if limit is not None and self.connected.get(tenant, 0) >= limit:
+        if limit is not None and self.connected.get(tenant, 0) + self.remote_connected.get(tenant, 0) >= limit:
             return rc.QUOTA_EXCEEDED, None, None
         rate = policy.limit("connect_rate")
         if rate:

@@ -1,0 +1,198 @@
+"""Redis as the cluster's bus (asyncio side).
+
+Keys, all under a prefix (``brokerd`` by default, ``?prefix=NAME`` in the URL):
+
+``node:{id}``           JSON of a live node (its link address, MQTT URLs), with a
+                        TTL refreshed every second: a node whose key expired is dead
+``events``              the cluster event log (a Redis Stream): routes, shared
+                        groups, retained messages -- ordered and replayable
+``clients:{tenant}``    client id -> node that holds its session (the registry)
+``owned:{node}``        "tenant\\0client id" of the stored sessions a node holds
+``wills:{node}``        "tenant\\0client id" -> will, of connected clients without a
+                        stored session (published by a survivor if the node dies)
+``conns:{tenant}``      node -> live connections (tenant quotas, cluster-wide)
+``lock:{tenant}:{cid}`` short lock around a client id's connect (takeover)
+``reap:{node}``         which survivor adopts a dead node's sessions (once)
+``stats:{node}``        the node's counters, for the cluster-wide ``$SYS`` tree
+``left:{node}``         a node that left gracefully (its survivor publishes no wills)
+"""
+
+import json
+import time
+from urllib.parse import parse_qs, urlsplit
+
+import redis.asyncio as aioredis
+
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+_HDEL_IF = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
+return 0
+"""
+
+
+def key_of(tenant: str, client_id: str) -> str:
+    return f"{tenant}\0{client_id}"
+
+
+class Bus:
+    def __init__(self, url: str, node: str, ttl: float = 5.0):
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"cluster URL {url!r}: use redis://HOST:PORT/DB")
+        opts = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        self.prefix = opts.pop("prefix", "brokerd")
+        self.url = url.split("?", 1)[0]
+        self.node = node
+        self.ttl = ttl
+        self.redis = aioredis.from_url(self.url, socket_timeout=2.0, socket_connect_timeout=2.0,
+                                       health_check_interval=0)
+        self._unlock = self.redis.register_script(_UNLOCK)
+        self._hdel_if = self.redis.register_script(_HDEL_IF)
+
+    def k(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    # ------------------------------------------------------------ membership
+
+    async def heartbeat(self, info: dict) -> None:
+        await self.redis.set(self.k("node", self.node), json.dumps(info), px=int(self.ttl * 1000))
+
+    async def members(self) -> dict[str, dict]:
+        out = {}
+        keys = [k async for k in self.redis.scan_iter(match=self.k("node", "*"), count=1000)]
+        if keys:
+            for key, value in zip(keys, await self.redis.mget(keys), strict=True):
+                if value is not None:
+                    out[key.decode().rsplit(":", 1)[1]] = json.loads(value)
+        return out
+
+    async def leave(self) -> None:
+        pipe = self.redis.pipeline()
+        pipe.set(self.k("left", self.node), "1", ex=3600)
+        pipe.delete(self.k("node", self.node))
+        await pipe.execute()
+
+    # ---------------------------------------------------------------- events
+
+    async def publish_events(self, events: list[dict]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for e in events:
+            pipe.xadd(self.k("events"), {"e": json.dumps(e, separators=(",", ":"))})
+        await pipe.execute()
+
+    async def read_events(self, after: str, block_ms: int = 1000, count: int = 1000) -> list[tuple[str, dict]]:
+        res = await self.redis.xread({self.k("events"): after}, count=count, block=block_ms)
+        out = []
+        for _stream, entries in res or ():
+            for eid, fields in entries:
+                out.append((eid.decode(), json.loads(fields[b"e"])))
+        return out
+
+    async def last_event_id(self) -> str:
+        info = await self.redis.xinfo_stream(self.k("events")) if await self.redis.exists(self.k("events")) else None
+        return info["last-generated-id"].decode() if info else "0-0"
+
+    async def trim_events(self, min_id: str) -> None:
+        await self.redis.xtrim(self.k("events"), minid=min_id)
+
+    # --------------------------------------------------------------- clients
+
+    async def lock(self, tenant: str, client_id: str, wait: float = 5.0) -> str | None:
+        """A short lock on a client id (around a connect); -> token or None."""
+        token = f"{self.node}:{time.monotonic_ns()}"
+        deadline = time.monotonic() + wait
+        key = self.k("lock", tenant, client_id)
+        while True:
+            if await self.redis.set(key, token, nx=True, px=int(wait * 1000)):
+                return token
+            if time.monotonic() > deadline:
+                return None
+            import asyncio
+
+            await asyncio.sleep(0.02)
+
+    async def unlock(self, tenant: str, client_id: str, token: str) -> None:
+        await self._unlock(keys=[self.k("lock", tenant, client_id)], args=[token])
+
+    async def owner(self, tenant: str, client_id: str) -> str | None:
+        value = await self.redis.hget(self.k("clients", tenant), client_id)
+        return value.decode() if value else None
+
+    async def claim(self, tenant: str, client_id: str, durable: bool, previous: str | None) -> None:
+        pipe = self.redis.pipeline()
+        pipe.hset(self.k("clients", tenant), client_id, self.node)
+        if previous and previous != self.node:
+            pipe.srem(self.k("owned", previous), key_of(tenant, client_id))
+        if durable:
+            pipe.sadd(self.k("owned", self.node), key_of(tenant, client_id))
+        else:
+            pipe.srem(self.k("owned", self.node), key_of(tenant, client_id))
+        await pipe.execute()
+
+    async def release(self, tenant: str, client_id: str) -> None:
+        """The session ended here: it is nobody's any more (unless someone else took it)."""
+        await self._hdel_if(keys=[self.k("clients", tenant)], args=[client_id, self.node])
+        await self.redis.srem(self.k("owned", self.node), key_of(tenant, client_id))
+
+    async def owned(self, node: str) -> list[tuple[str, str]]:
+        members = await self.redis.smembers(self.k("owned", node))
+        return [tuple(m.decode().split("\0", 1)) for m in members]
+
+    async def set_will(self, tenant: str, client_id: str, blob: bytes | None) -> None:
+        if blob is None:
+            await self.redis.hdel(self.k("wills", self.node), key_of(tenant, client_id))
+        else:
+            await self.redis.hset(self.k("wills", self.node), key_of(tenant, client_id), blob)
+
+    async def take_wills(self, node: str) -> list[tuple[str, str, bytes]]:
+        key = self.k("wills", node)
+        pipe = self.redis.pipeline()
+        pipe.hgetall(key)
+        pipe.delete(key)
+        wills, _ = await pipe.execute()
+        return [(*k.decode().split("\0", 1), v) for k, v in wills.items()]
+
+    async def reap(self, node: str) -> bool:
+        """Be the one survivor that adopts a dead node's sessions."""
+        return bool(await self.redis.set(self.k("reap", node), self.node, nx=True, ex=3600))
+
+    async def left_gracefully(self, node: str) -> bool:
+        return bool(await self.redis.exists(self.k("left", node)))
+
+    async def forget_node(self, node: str) -> None:
+        pipe = self.redis.pipeline()
+        pipe.delete(self.k("owned", node), self.k("stats", node), self.k("left", node))
+        await pipe.execute()
+        async for key in self.redis.scan_iter(match=self.k("conns", "*"), count=1000):
+            await self.redis.hdel(key, node)
+
+    # ---------------------------------------------------------- quotas, $SYS
+
+    async def set_counts(self, counts: dict[str, int]) -> dict[str, int]:
+        """Publish this node's connections per tenant; -> the cluster's totals."""
+        pipe = self.redis.pipeline(transaction=False)
+        for tenant, n in counts.items():
+            pipe.hset(self.k("conns", tenant), self.node, n)
+        for tenant in counts:
+            pipe.hvals(self.k("conns", tenant))
+        res = await pipe.execute()
+        totals = {}
+        for tenant, values in zip(counts, res[len(counts):], strict=True):
+            totals[tenant] = sum(int(v) for v in values)
+        return totals
+
+    async def set_stats(self, stats: dict) -> None:
+        await self.redis.hset(self.k("stats", self.node), mapping={k: str(v) for k, v in stats.items()})
+
+    async def all_stats(self) -> dict[str, dict]:
+        out = {}
+        async for key in self.redis.scan_iter(match=self.k("stats", "*"), count=1000):
+            values = await self.redis.hgetall(key)
+            out[key.decode().rsplit(":", 1)[1]] = {k.decode(): v.decode() for k, v in values.items()}
+        return out

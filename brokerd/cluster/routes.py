@@ -1,0 +1,161 @@
+"""The cluster's route table (pure): which nodes have subscribers for what.
+
+Every node keeps the whole table, built from the events all nodes append to
+the cluster event log (and from a snapshot of it when joining):
+
+- plain routes: (tenant, filter) -> {node: (subscriptions, durable ones)} --
+  a node announces a filter when it gets its first local subscriber for it
+  and withdraws it with the last, and says how many of those subscriptions
+  belong to stored sessions (a message for those needs the node's
+  acknowledgement that it is stored before the publisher is acknowledged);
+- shared groups: (tenant, group, filter) -> {node: members} -- a message for
+  the group goes to one node, which picks one of its members.
+
+A publish on node A matches the table once per message; each other node
+with a match gets the message once, whatever the number of its subscribers.
+"""
+
+from ..routing.trie import TopicTrie
+
+
+class _Route:
+    __slots__ = ("filter", "nodes", "groups")
+
+    def __init__(self, filt: str = ""):
+        self.filter = filt
+        self.nodes: dict[str, list] = {}            # node -> [subscriptions, durable subscriptions]
+        self.groups: dict[str, dict] = {}           # group -> {node: members}
+
+    def __bool__(self):
+        return bool(self.nodes) or bool(self.groups)
+
+
+class ClusterRoutes:
+    def __init__(self, node: str):
+        self.node = node                             # this node: its own entries are kept elsewhere
+        self.tries: dict[str, TopicTrie] = {}
+        self.cache: dict[tuple, tuple] = {}          # (tenant, topic) -> (plain targets, group targets)
+        self.rr: dict[tuple, int] = {}               # round robin over nodes of a shared group
+
+    def _trie(self, tenant: str) -> TopicTrie:
+        trie = self.tries.get(tenant)
+        if trie is None:
+            trie = self.tries[tenant] = TopicTrie()
+        return trie
+
+    # -------------------------------------------------------------- updates
+
+    def set_route(self, node: str, tenant: str, filt: str, subs: int, durable: int) -> None:
+        """Node ``node`` has ``subs`` subscriptions on ``filt`` (0: none any more)."""
+        if node == self.node:
+            return
+        trie = self._trie(tenant)
+        if subs > 0:
+            route = trie.setdefault(filt, lambda: _Route(filt))
+            route.nodes[node] = [subs, durable]
+        else:
+            route = trie.get(filt)
+            if route is None:
+                return
+            route.nodes.pop(node, None)
+            if not route:
+                trie.discard(filt)
+        self.cache.clear()
+
+    def set_group(self, node: str, tenant: str, group: str, filt: str, members: int) -> None:
+        if node == self.node:
+            return
+        trie = self._trie(tenant)
+        if members > 0:
+            route = trie.setdefault(filt, lambda: _Route(filt))
+            route.groups.setdefault(group, {})[node] = members
+        else:
+            route = trie.get(filt)
+            if route is None:
+                return
+            nodes = route.groups.get(group)
+            if nodes is not None:
+                nodes.pop(node, None)
+                if not nodes:
+                    del route.groups[group]
+            if not route:
+                trie.discard(filt)
+        self.cache.clear()
+
+    def drop_node(self, node: str) -> None:
+        """A node left or died: forget everything it announced."""
+        for trie in self.tries.values():
+            for filt, route in list(trie.items()):
+                route.nodes.pop(node, None)
+                for group in list(route.groups):
+                    route.groups[group].pop(node, None)
+                    if not route.groups[group]:
+                        del route.groups[group]
+                if not route:
+                    trie.discard(filt)
+        self.cache.clear()
+
+    # ---------------------------------------------------------------- reads
+
+    def match(self, tenant: str, topic: str) -> tuple[dict, list]:
+        """-> ({node: needs durable ack}, [(group, filter, {node: members})])."""
+        key = (tenant, topic)
+        found = self.cache.get(key)
+        if found is not None:
+            return found
+        trie = self.tries.get(tenant)
+        nodes: dict[str, bool] = {}
+        groups = []
+        if trie is not None:
+            for route in trie.match(topic):
+                for node, (_, durable) in route.nodes.items():
+                    nodes[node] = nodes.get(node, False) or durable > 0
+                for group, members in route.groups.items():
+                    groups.append((group, route.filter, members))
+        result = (nodes, groups)
+        if len(self.cache) > 100_000:
+            self.cache.clear()
+        self.cache[key] = result
+        return result
+
+    def pick_group_node(self, tenant: str, group: str, filt: str, members: dict, local: int) -> str | None:
+        """Round robin over the nodes with members of a shared group (this node
+        counts when it has ``local`` members); None: this node."""
+        nodes = sorted(members)
+        if local:
+            nodes.append(None)
+        if not nodes:
+            return None
+        key = (tenant, group, filt)
+        i = self.rr.get(key, 0)
+        self.rr[key] = i + 1
+        return nodes[i % len(nodes)]
+
+    def snapshot(self) -> dict:
+        """Every node's announcements (for the route snapshot in the store)."""
+        out: dict = {"routes": [], "groups": []}
+        for tenant, trie in self.tries.items():
+            for filt, route in trie.items():
+                for node, (subs, durable) in route.nodes.items():
+                    out["routes"].append([node, tenant, filt, subs, durable])
+                for group, nodes in route.groups.items():
+                    for node, members in nodes.items():
+                        out["groups"].append([node, tenant, group, filt, members])
+        return out
+
+    def load(self, snap: dict, exclude: set) -> None:
+        for node, tenant, filt, subs, durable in snap.get("routes", ()):
+            if node not in exclude:
+                self.set_route(node, tenant, filt, subs, durable)
+        for node, tenant, group, filt, members in snap.get("groups", ()):
+            if node not in exclude:
+                self.set_group(node, tenant, group, filt, members)
+
+    def nodes(self) -> set:
+        out = set()
+        for trie in self.tries.values():
+            for _, route in trie.items():
+                out.update(route.nodes)
+                for nodes in route.groups.values():
+                    out.update(nodes)
+        return out
