@@ -558,7 +558,8 @@ class Broker:
             else:
                 self._publish_will(session, w, now)
         if self.cluster is not None:
-            self.cluster.client_gone(ns.name, session.client_id, session.expiry_interval == 0)
+            # a will the node registered for the cluster is no longer owed (nor one it never did)
+            self.cluster.client_gone(ns.name, session.client_id, session.expiry_interval == 0, not session.durable)
         if session.expiry_interval == 0:
             self._end_session(session, now)
             return
@@ -743,8 +744,10 @@ class Broker:
         if self.cluster is not None:
             self.cluster.retained_changed(ns.name, msg)
 
-    def _dispatch(self, ns: Namespace, msg: Publish, now: float, entries=None, groups=None) -> int:
-        """Deliver to every matching subscriber; -> number of deliveries."""
+    def _dispatch(self, ns: Namespace, msg: Publish, now: float, entries=None, groups=None,
+                  local: bool = False) -> int:
+        """Deliver to every matching subscriber; -> number of deliveries
+        (``local``: this node's plain subscribers only -- a forwarded message)."""
         topic = msg.topic
         if entries is None:
             found = ns.cache.get(topic)
@@ -775,6 +778,8 @@ class Broker:
                     self._enqueue_offline(session, Delivery(msg, qos, mretain if rap else False, ids))
             delivered += 1
         cluster = self.cluster
+        if local:
+            return delivered
         if cluster is not None:
             count, waits = cluster.forward(ns, msg, groups, now)
             if waits:
@@ -793,12 +798,10 @@ class Broker:
             route = ns.trie.get(gfilter)
             g = route.groups.get(group) if route is not None else None
             return int(g is not None and self._deliver_shared(ns, g, msg, now))
-        cluster, self.cluster = self.cluster, None          # dispatch here, forward nowhere
-        try:
-            found = ns.cache.get(msg.topic) or ns.route(msg.topic)
-            return self._dispatch(ns, msg, now, found[0], ())
-        finally:
-            self.cluster = cluster
+        found = ns.cache.get(msg.topic)
+        if found is None:
+            found = ns.route(msg.topic)
+        return self._dispatch(ns, msg, now, found[0], None, local=True)
 
     def deliver_shared(self, ns, group, msg, now) -> bool:
         return self._deliver_shared(ns, group, msg, now)

@@ -27,6 +27,13 @@ _UNLOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+_TRY_CLAIM = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return '!' end
+local owner = redis.call('HGET', KEYS[1], ARGV[1])
+if owner and owner ~= ARGV[2] then return owner end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return ''
+"""
 _HDEL_IF = """
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
 return 0
@@ -47,8 +54,11 @@ class Bus:
         self.url = url.split("?", 1)[0]
         self.node = node
         self.ttl = ttl
-        self.redis = aioredis.from_url(self.url, socket_timeout=2.0, socket_connect_timeout=2.0,
-                                       health_check_interval=0)
+        # a blocking pool: a burst of CONNECTs waits for a connection instead of failing
+        pool = aioredis.BlockingConnectionPool.from_url(self.url, max_connections=64, timeout=5,
+                                                        socket_timeout=2.0, socket_connect_timeout=2.0)
+        self.redis = aioredis.Redis(connection_pool=pool)
+        self._try_claim = self.redis.register_script(_TRY_CLAIM)
         self._unlock = self.redis.register_script(_UNLOCK)
         self._hdel_if = self.redis.register_script(_HDEL_IF)
 
@@ -120,6 +130,17 @@ class Bus:
     async def unlock(self, tenant: str, client_id: str, token: str) -> None:
         await self._unlock(keys=[self.k("lock", tenant, client_id)], args=[token])
 
+    async def try_claim(self, tenant: str, client_id: str) -> str | None:
+        """In one round trip: the client id is now this node's if it was free or
+        already here (-> None); else the node holding it, or "!" when locked."""
+        res = await self._try_claim(keys=[self.k("clients", tenant), self.k("lock", tenant, client_id)],
+                                    args=[client_id, self.node])
+        res = res.decode() if isinstance(res, bytes) else res
+        return res or None
+
+    async def mark_owned(self, tenant: str, client_id: str) -> None:
+        await self.redis.sadd(self.k("owned", self.node), key_of(tenant, client_id))
+
     async def owner(self, tenant: str, client_id: str) -> str | None:
         value = await self.redis.hget(self.k("clients", tenant), client_id)
         return value.decode() if value else None
@@ -135,10 +156,14 @@ class Bus:
             pipe.srem(self.k("owned", self.node), key_of(tenant, client_id))
         await pipe.execute()
 
-    async def release(self, tenant: str, client_id: str) -> None:
-        """The session ended here: it is nobody's any more (unless someone else took it)."""
-        await self._hdel_if(keys=[self.k("clients", tenant)], args=[client_id, self.node])
-        await self.redis.srem(self.k("owned", self.node), key_of(tenant, client_id))
+    async def gone(self, tenant: str, client_id: str, ended: bool, had_will: bool) -> None:
+        """A connection closed here: its will is no longer owed; if its session
+        ended, the client id is nobody's any more (unless another node took it)."""
+        if had_will:
+            await self.redis.hdel(self.k("wills", self.node), key_of(tenant, client_id))
+        if ended:
+            await self._hdel_if(keys=[self.k("clients", tenant)], args=[client_id, self.node])
+            await self.redis.srem(self.k("owned", self.node), key_of(tenant, client_id))
 
     async def owned(self, node: str) -> list[tuple[str, str]]:
         members = await self.redis.smembers(self.k("owned", node))

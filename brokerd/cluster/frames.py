@@ -3,10 +3,13 @@
 Every frame is ``u32 length | u8 type | body``. Strings are ``u16 length |
 UTF-8``, byte strings ``u32 length | bytes``. Types:
 
-``PUBLISH``  forward a message: req id (u32, 0 = no answer wanted), qos,
-             retain, expiry (i32 seconds left, -1 none), tenant, topic,
-             properties (MQTT 5 wire form), payload, shared group and filter
-             ("" unless the message is for one member of that group)
+``PUBLISH``  forward a message, one struct then the variable parts:
+             req id (u32, 0 = no answer wanted), qos, flags (retain; the
+             payload is the message's 3.x QoS 0 wire form, forwarded as it
+             came), expiry (i32 seconds left, -1 none), the lengths of tenant,
+             topic, properties (MQTT 5 wire form), shared group and filter
+             ("" unless the message is for one member of that group); then
+             those, then the payload (or wire form) to the end of the frame
 ``ACK``      req id, code (0: stored by every durable session it went to)
 ``TAKEOVER`` req id, tenant, client id: hand the session over to the asker
 ``RELEASED`` req id, code (0: released, 1: the session was not here)
@@ -18,7 +21,9 @@ import struct
 PUBLISH, ACK, TAKEOVER, RELEASED, HELLO = 1, 2, 3, 4, 5
 
 _HEAD = struct.Struct(">IB")
-_PUB = struct.Struct(">IBBi")
+_PUB = struct.Struct(">IBBiHHIHH")
+PUB_HEAD = 5 + _PUB.size
+RAW = 2                      # PUBLISH flag: the payload part is the 3.x QoS 0 wire form
 _ACK = struct.Struct(">IB")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -29,19 +34,17 @@ def _s(text: str) -> bytes:
     return _U16.pack(len(raw)) + raw
 
 
-def _b(raw: bytes) -> bytes:
-    return _U32.pack(len(raw)) + raw
-
-
 def _frame(kind: int, body: bytes) -> bytes:
     return _HEAD.pack(len(body) + 1, kind) + body
 
 
-def publish(req: int, qos: int, retain: bool, expiry: int, tenant: str, topic: str, props: bytes, payload: bytes,
-            group: str = "", gfilter: str = "") -> bytes:
-    body = b"".join((_PUB.pack(req, qos, 1 if retain else 0, expiry), _s(tenant), _s(topic), _b(props), _b(payload),
-                     _s(group), _s(gfilter)))
-    return _frame(PUBLISH, body)
+def publish(req: int, qos: int, flags: int, expiry: int, tenant: bytes, topic: bytes, props: bytes, payload: bytes,
+            group: bytes = b"", gfilter: bytes = b"") -> bytes:
+    """``flags``: 1 retain, RAW when ``payload`` is the 3.x QoS 0 wire form of the message."""
+    size = PUB_HEAD - 4 + len(tenant) + len(topic) + len(props) + len(group) + len(gfilter) + len(payload)
+    return b"".join((_HEAD.pack(size, PUBLISH), _PUB.pack(req, qos, flags, expiry, len(tenant), len(topic),
+                                                           len(props), len(group), len(gfilter)),
+                     tenant, topic, props, group, gfilter, payload))
 
 
 def ack(req: int, code: int) -> bytes:
@@ -66,27 +69,14 @@ class FrameError(ValueError):
 
 def _read_s(buf, i):
     n = _U16.unpack_from(buf, i)[0]
-    return bytes(buf[i + 2:i + 2 + n]).decode(), i + 2 + n
-
-
-def _read_b(buf, i):
-    n = _U32.unpack_from(buf, i)[0]
-    return bytes(buf[i + 4:i + 4 + n]), i + 4 + n
+    return buf[i + 2:i + 2 + n].decode(), i + 2 + n
 
 
 def decode(kind: int, body: bytes) -> tuple:
     """-> (kind, fields...)"""
     try:
         if kind == PUBLISH:
-            req, qos, retain, expiry = _PUB.unpack_from(body, 0)
-            i = _PUB.size
-            tenant, i = _read_s(body, i)
-            topic, i = _read_s(body, i)
-            props, i = _read_b(body, i)
-            payload, i = _read_b(body, i)
-            group, i = _read_s(body, i)
-            gfilter, i = _read_s(body, i)
-            return PUBLISH, req, qos, bool(retain), expiry, tenant, topic, props, payload, group, gfilter
+            return decode_publish(body, 0, len(body))
         if kind in (ACK, RELEASED):
             req, code = _ACK.unpack_from(body, 0)
             return kind, req, code
@@ -101,6 +91,25 @@ def decode(kind: int, body: bytes) -> tuple:
     except (struct.error, UnicodeDecodeError) as exc:
         raise FrameError(f"bad frame of type {kind}: {exc}")
     raise FrameError(f"unknown frame type {kind}")
+
+
+def decode_publish(buf: bytes, i: int, end: int) -> tuple:
+    """(PUBLISH, req, qos, flags, expiry, tenant, topic, props, payload, group, gfilter) of a body at ``buf[i:end]``."""
+    req, qos, flags, expiry, lt, lp, lx, lg, lf = _PUB.unpack_from(buf, i)
+    i += _PUB.size
+    j = i + lt
+    tenant = buf[i:j].decode()
+    i, j = j, j + lp
+    topic = buf[i:j].decode()
+    i, j = j, j + lx
+    props = buf[i:j]
+    i, j = j, j + lg
+    group = buf[i:j].decode() if lg else ""
+    i, j = j, j + lf
+    gfilter = buf[i:j].decode() if lf else ""
+    if j > end:
+        raise FrameError("PUBLISH frame shorter than its parts")
+    return PUBLISH, req, qos, flags, expiry, tenant, topic, props, buf[j:end], group, gfilter
 
 
 class FrameReader:
@@ -124,7 +133,13 @@ class FrameReader:
             end = pos + 4 + length
             if end > n:
                 break
-            out.append(decode(kind, buf[pos + 5:end]))
+            try:
+                if kind == PUBLISH:     # the common frame: decoded in place, no copy of the body
+                    out.append(decode_publish(buf, pos + 5, end))
+                else:
+                    out.append(decode(kind, buf[pos + 5:end]))
+            except (struct.error, UnicodeDecodeError) as exc:
+                raise FrameError(f"bad frame of type {kind}: {exc}")
             pos = end
         self._buf = buf[pos:]
         return out

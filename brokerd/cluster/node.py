@@ -429,14 +429,14 @@ class ClusterNode:
         if self.fenced or msg.topic.startswith("$SYS/"):
             return self._local_groups(ns, msg, groups, now), []
         nodes, rgroups = self.routes.match(ns.name, msg.topic)
+        if not nodes and not rgroups:
+            return (self._local_groups(ns, msg, groups, now) if groups else 0), []
         count = 0
         waits = []
-        frame_args = None
+        parts = self._parts(ns, msg, now)
         for node, durable in nodes.items():
             req = next(self._req) if durable and msg.qos else 0
-            if frame_args is None:
-                frame_args = self._frame_args(msg, now)
-            self._send(node, frames.publish(req, *frame_args, ns.name, msg.topic, *self._frame_tail(msg)))
+            self._send(node, frames.publish(req, *parts))
             if req:
                 self._wait_ack(req, node, waits)
             count += 1
@@ -449,10 +449,7 @@ class ClusterNode:
                     count += 1
                 continue
             req = next(self._req) if msg.qos else 0
-            if frame_args is None:
-                frame_args = self._frame_args(msg, now)
-            self._send(target, frames.publish(req, *frame_args, ns.name, msg.topic, *self._frame_tail(msg),
-                                              gname, filt))
+            self._send(target, frames.publish(req, *parts, gname.encode(), filt.encode()))
             if req:
                 self._wait_ack(req, target, waits)
             count += 1
@@ -461,13 +458,16 @@ class ClusterNode:
     def _local_groups(self, ns, msg, groups, now) -> int:
         return sum(1 for g in groups if self.broker.deliver_shared(ns, g, msg, now))
 
-    def _frame_args(self, msg: Publish, now: float) -> tuple:
-        expiry = -1 if msg.expiry_at is None else max(0, int(msg.expiry_at - now))
-        return msg.qos, msg.retain, expiry
-
     @staticmethod
-    def _frame_tail(msg: Publish) -> tuple:
-        return (encode_properties(msg.properties) if msg.properties else b""), msg.payload
+    def _parts(ns, msg: Publish, now: float) -> tuple:
+        """The fields of a PUBLISH frame for ``msg`` (after the request id)."""
+        expiry = -1 if msg.expiry_at is None else max(0, int(msg.expiry_at - now))
+        raw = msg.enc3
+        if raw is not None and not msg.qos and not msg.retain:
+            # its 3.x wire form goes as it is: the receiving node sends those bytes on
+            return 0, frames.RAW, expiry, ns.name.encode(), msg.topic.encode(), b"", raw
+        props = encode_properties(msg.properties) if msg.properties else b""
+        return msg.qos, 1 if msg.retain else 0, expiry, ns.name.encode(), msg.topic.encode(), props, msg.payload
 
     def _wait_ack(self, req: int, node: str, waits: list) -> None:
         waits.append(req)
@@ -551,12 +551,21 @@ class ClusterNode:
             if fut is not None and not fut.done():
                 fut.set_result(f[2] == 0)
 
-    def _on_publish(self, link, req, qos, retain, expiry, tenant, topic, props, payload, group, gfilter) -> None:
+    def _on_publish(self, link, req, qos, flags, expiry, tenant, topic, props, payload, group, gfilter) -> None:
         now = self.loop.time()
-        properties = None
-        if props:
-            properties, _ = _properties(props, 0, len(props), PUBLISH_PROPS)
-        msg = Publish(topic, payload, qos, retain, False, 0, properties)
+        if flags & frames.RAW:
+            # the 3.x QoS 0 wire form: PUBLISH header, remaining length, topic, payload
+            raw = payload
+            i = 2
+            while raw[i - 1] & 0x80:
+                i += 1
+            msg = Publish(topic, raw[i + 2 + len(topic.encode()):], 0, False)
+            msg.enc3 = raw
+        else:
+            properties = None
+            if props:
+                properties, _ = _properties(props, 0, len(props), PUBLISH_PROPS)
+            msg = Publish(topic, payload, qos, bool(flags & 1), False, 0, properties)
         if expiry >= 0:
             msg.expiry_at = now + expiry
         broker = self.broker
@@ -598,27 +607,27 @@ class ClusterNode:
             return
         token = None
         try:
-            token = await self.bus.lock(tenant, cid)
-            if token is None:
-                channel.refuse(rc.SERVER_BUSY, "the client id is being taken over")
-                return
-            owner = await self.bus.owner(tenant, cid)
-            ns = self.broker.namespaces.get(tenant)
-            here = ns is not None and cid in ns.sessions
-            if owner is not None and owner != self.id:
-                if owner in self.members:
+            # the common case in one round trip: the client id was free, or already here
+            owner = await self.bus.try_claim(tenant, cid)
+            if owner is not None:
+                token = await self.bus.lock(tenant, cid)
+                if token is None:
+                    channel.refuse(rc.SERVER_BUSY, "the client id is being taken over")
+                    return
+                owner = await self.bus.owner(tenant, cid)
+                if owner is not None and owner != self.id and owner in self.members:
                     await self._request_release(owner, tenant, cid)
-                here = False
-            if not here and not clean_start:
-                await self._load_session(tenant, cid)
+                if not clean_start:
+                    await self._load_session(tenant, cid)
+                await self.bus.claim(tenant, cid, False, owner)
             if channel.state != 1:         # CONNECTING: the client went away meanwhile
                 return
             cont(self.loop.time())
             session = channel.session
-            if session is not None:
-                await self.bus.claim(tenant, cid, session.durable, owner)
-                if not session.durable:
-                    await self.bus.set_will(tenant, cid, pack_will(will))
+            if session is not None and session.durable:
+                await self.bus.mark_owned(tenant, cid)
+            if will is not None and session is not None and not session.durable:
+                await self.bus.set_will(tenant, cid, pack_will(will))
         except Exception as exc:
             log.warning("CONNECT of %s/%s refused: cluster unavailable (%s)", tenant, cid, exc)
             if channel.state == 1:
@@ -643,16 +652,14 @@ class ClusterNode:
         finally:
             self._releases.pop(req, None)
 
-    def client_gone(self, tenant: str, cid: str, ended: bool) -> None:
+    def client_gone(self, tenant: str, cid: str, ended: bool, had_will: bool) -> None:
         """A connection closed here; ``ended``: its session is over too."""
-        if self.fenced:
+        if self.fenced or not (ended or had_will):
             return
 
         async def update():
             try:
-                await self.bus.set_will(tenant, cid, None)
-                if ended:
-                    await self.bus.release(tenant, cid)
+                await self.bus.gone(tenant, cid, ended, had_will)
             except Exception:
                 pass
 
