@@ -25,14 +25,11 @@ class Link(asyncio.Protocol):
         self.out: list[bytes] = []
         self.closed = False
         self.congested = False
-        self.ready = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)
         self.send(frames.hello(self.node.id))
-        if self.peer is not None and not self.ready.done():
-            self.ready.set_result(self)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -49,8 +46,6 @@ class Link(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
-        if not self.ready.done():
-            self.ready.set_exception(ConnectionError(f"link to {self.peer} lost"))
         self.node.link_lost(self)
 
     def pause_writing(self) -> None:

@@ -78,7 +78,7 @@ class ClusterNode:
         self._waiting: dict[str, list[bytes]] = {}    # frames for a peer whose link is being opened
         self._req = itertools.count(1)
         self._acks: dict[int, tuple] = {}             # req -> (waiter, deadline, peer)
-        self._releases: dict[int, asyncio.Future] = {}
+        self._releases: dict[int, tuple] = {}         # req -> (future, node asked)
         self._announced: dict[tuple, tuple] = {}      # (tenant, filter) -> (subs, durable, {group: members})
         self._dirty: set[tuple] = set()
         self._dirty_event = asyncio.Event()
@@ -101,6 +101,7 @@ class ClusterNode:
         await self.bus.heartbeat(self.info())
         # anything a former incarnation of this node announced is void
         await self.bus.publish_events([{"t": "reset", "n": self.id}])
+        await self._adopt_orphans()
         for ns in self.broker.namespaces.values():
             for filt, _ in ns.trie.items():
                 self._dirty.add((ns.name, filt))
@@ -230,6 +231,37 @@ class ClusterNode:
                         "" if graceful else f", published {wills} wills of its clients")
         except Exception:
             log.exception("adopting the sessions of node %s failed", node)
+
+    async def _adopt_orphans(self) -> None:
+        """Stored sessions no live node holds (the whole cluster was down, or
+        Redis lost its registry) come here, so that messages for them are
+        queued again -- one node at a time does this check."""
+        store = self.server.store
+        if store is None or not store.durable:
+            return
+        if not await self.bus.redis.set(self.bus.k("orphans"), self.id, nx=True, ex=60):
+            return
+        try:
+            records, _ = await store.load()
+            alive = set(self.members) | {self.id}
+            adopted = 0
+            for rec in records:
+                # under the client id's lock, as a CONNECT would take it
+                token = await self.bus.lock(rec.tenant, rec.client_id)
+                try:
+                    owner = await self.bus.owner(rec.tenant, rec.client_id)
+                    if owner in alive:
+                        continue
+                    self.broker.persist.restore(self.broker, [rec], [], self.loop.time())
+                    await self.bus.claim(rec.tenant, rec.client_id, True, owner)
+                    adopted += 1
+                finally:
+                    if token:
+                        await self.bus.unlock(rec.tenant, rec.client_id, token)
+            if adopted:
+                log.warning("adopted %d stored sessions no live node held", adopted)
+        finally:
+            await self.bus.redis.delete(self.bus.k("orphans"))
 
     async def _load_session(self, tenant: str, cid: str, wills: bool = True) -> bool:
         """Bring a stored session into this node (takeover or adoption)."""
@@ -520,8 +552,8 @@ class ClusterNode:
                 del self._acks[req]
                 if waiter is not None:
                     waiter(False)
-        for fut in list(self._releases.values()):
-            if not fut.done() and node is None:
+        for fut, peer in list(self._releases.values()):
+            if not fut.done() and (node is None or peer == node):
                 fut.set_result(False)
 
     async def _timeout_loop(self) -> None:
@@ -547,9 +579,9 @@ class ClusterNode:
         elif kind == frames.TAKEOVER:
             self.loop.create_task(self._on_takeover(link, f[1], f[2], f[3]))
         elif kind == frames.RELEASED:
-            fut = self._releases.pop(f[1], None)
-            if fut is not None and not fut.done():
-                fut.set_result(f[2] == 0)
+            entry = self._releases.pop(f[1], None)
+            if entry is not None and not entry[0].done():
+                entry[0].set_result(f[2] == 0)
 
     def _on_publish(self, link, req, qos, flags, expiry, tenant, topic, props, payload, group, gfilter) -> None:
         now = self.loop.time()
@@ -642,7 +674,7 @@ class ClusterNode:
     async def _request_release(self, node: str, tenant: str, cid: str) -> bool:
         req = next(self._req)
         fut = self.loop.create_future()
-        self._releases[req] = fut
+        self._releases[req] = (fut, node)
         self._send(node, frames.takeover(req, tenant, cid))
         try:
             return await asyncio.wait_for(fut, RELEASE_TIMEOUT)
