@@ -461,6 +461,45 @@ class Broker:
             session.queue.max_len = self.limits.max_queued if max_queued is None else min(
                 self.limits.max_queued, max_queued)
 
+    # ------------------------------------------------------ administration
+
+    def end_session(self, session: Session, now: float) -> None:
+        self._end_session(session, now)
+
+    def admin_subscribe(self, session: Session, req, now: float) -> int:
+        """Subscribe a client on an administrator's behalf (its ACL does not
+        apply); -> the granted QoS or a reason code >= 0x80."""
+        ns = session.ns
+        try:
+            shared = parse_shared(req.filter)
+        except InvalidTopic:
+            return rc.TOPIC_FILTER_INVALID
+        if shared is None and not is_valid_filter(req.filter):
+            return rc.TOPIC_FILTER_INVALID
+        group, inner = shared if shared else (None, req.filter)
+        existed = req.filter in session.subscriptions
+        sub = Subscription(req.filter, req.qos, req.no_local and group is None, req.retain_as_published,
+                           req.retain_handling, None, group)
+        self.add_subscription(ns, session, sub)
+        if session.durable:
+            self.persist.subscribed(session, ns.name, sub)
+        ch = session.channel
+        if ch is not None and group is None and (req.retain_handling == 0 or (req.retain_handling == 1
+                                                                             and not existed)):
+            for msg in ns.retained.match(inner):
+                if msg.expiry_at is None or now <= msg.expiry_at:
+                    ch.deliver(msg, min(msg.qos, req.qos), True, None, now)
+        return req.qos
+
+    def admin_unsubscribe(self, session: Session, filt: str, now: float) -> bool:
+        sub = session.subscriptions.pop(filt, None)
+        if sub is None:
+            return False
+        self._remove_subscription(session.ns, session, sub)
+        if session.durable:
+            self.persist.unsubscribed(session, session.ns.name, filt)
+        return True
+
     # ---------------------------------------------------- cluster hand-over
 
     def release(self, tenant: str, client_id: str, now: float) -> bool:

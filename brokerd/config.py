@@ -93,6 +93,7 @@ class Config:
     store: str = "memory://"
     control_plane: str | None = None
     cluster: str | None = None
+    admin: str | None = None
     cluster_listen: str = "127.0.0.1:0"
     anonymous_tenant: str = "default"
 
@@ -127,6 +128,10 @@ class Config:
             open_store(self.store)
         except (ValueError, ImportError) as exc:
             raise ConfigError(f"--store: {exc}")
+        if self.admin:
+            host, _, port = self.admin.rpartition(":")
+            if not host or not port.isdigit():
+                raise ConfigError("--admin must be HOST:PORT")
         if self.cluster:
             if not self.cluster.startswith(("redis://", "rediss://", "unix://")):
                 raise ConfigError("--cluster must be a redis:// URL")
@@ -210,6 +215,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--control-plane", metavar="URL",
                    help="the console's database, whose tenants, credentials, ACLs and quotas this node enforces "
                         "(sqlite:///PATH or postgres://...; default: $DATABASE_URL if set; 'none' disables)")
+    p.add_argument("--admin", metavar="HOST:PORT",
+                   help="serve the admin API (HTTP + JSON, bearer tokens from the console or $BROKERD_ADMIN_TOKEN)")
     p.add_argument("--cluster", metavar="URL",
                    help="join the cluster whose bus is this Redis (redis://HOST:PORT/DB[?prefix=NAME]); nodes "
                         "need a shared --store and distinct --node-id")

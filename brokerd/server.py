@@ -17,6 +17,7 @@ import sys
 import time
 
 from . import __version__
+from .admin.server import AdminServer, AdminTokens
 from .broker import Broker, BrokerConfig
 from .cluster.node import ClusterNode
 from .config import Config, Listener
@@ -27,7 +28,7 @@ from .store import Journal, StoreError, open_store
 from .store.writer import StoreWriter
 from .sys_topics import SysTopics
 from .tenancy.control import TenantControl
-from .tenancy.source import PolicySource
+from .tenancy.source import AuditSink, PolicySource
 from .transports.connection import PAUSE_BUDGET, Flusher, MqttConnection
 from .transports.ws import WsMqttConnection
 
@@ -94,6 +95,8 @@ class Server:
         )
         self.broker.wall_offset = time.time() - now
         self.policy_source: PolicySource | None = None
+        self.admin: AdminServer | None = None
+        self.admin_tokens = AdminTokens()
         if config.control_plane:
             self.broker.auth = TenantControl(config.allow_anonymous, config.anonymous_tenant)
         if config.allow_anonymous:
@@ -174,7 +177,7 @@ class Server:
     async def start(self) -> None:
         if self.config.control_plane:
             self.policy_source = PolicySource(self.config.control_plane, self.broker.auth, self.broker, self.loop,
-                                              wall=lambda: time.time())
+                                              wall=lambda: time.time(), tokens=self.admin_tokens)
             await self.policy_source.load(POLICY_STARTUP_TIMEOUT)
             self.policy_source.start()
         await self.open_store()
@@ -190,6 +193,11 @@ class Server:
             self.servers.append(srv)
             port = srv.sockets[0].getsockname()[1]
             self.bound.append(Listener(lst.scheme, lst.host, port, lst.path))
+        if self.config.admin:
+            host, _, port = self.config.admin.rpartition(":")
+            audit = AuditSink(self.policy_source.db) if self.policy_source is not None else None
+            self.admin = AdminServer(self, host, int(port), self.admin_tokens, audit)
+            await self.admin.start()
         if self.config.cluster:
             host, _, port = self.config.cluster_listen.rpartition(":")
             self.cluster = ClusterNode(self, self.config.cluster, host, int(port))
@@ -259,6 +267,8 @@ class Server:
     async def stop(self, timeout: float = 5.0) -> None:
         for srv in self.servers:
             srv.close()
+        if self.admin is not None:
+            await self.admin.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
         now = self.loop.time()
@@ -357,7 +367,8 @@ async def serve(config: Config) -> None:
         loop.add_signal_handler(sig, on_signal, sig.name)
     _tune_gc()
     urls = " ".join(lst.url for lst in server.bound)
-    print(f"brokerd ready node={config.node_id} version={__version__} listeners={urls}", flush=True)
+    admin = f" admin={server.admin.address}" if server.admin is not None else ""
+    print(f"brokerd ready node={config.node_id} version={__version__}{admin} listeners={urls}", flush=True)
     log.info("listening on %s", urls)
     await stopping.wait()
     await server.stop()

@@ -114,7 +114,9 @@ class ClusterNode:
                  self.link_address)
 
     def info(self) -> dict:
-        return {"link": self.link_address, "mqtt": [lst.url for lst in self.server.bound], "started": time.time()}
+        admin = self.server.admin.address if self.server.admin is not None else None
+        return {"link": self.link_address, "mqtt": [lst.url for lst in self.server.bound], "admin": admin,
+                "started": time.time()}
 
     async def _load_snapshot(self) -> None:
         store = self.server.store

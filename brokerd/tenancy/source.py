@@ -67,6 +67,48 @@ class PolicyDatabase:
             self.close()
         return [(slug, int(version), json.loads(data)) for slug, version, data in rows]
 
+    def fetch_tokens(self) -> list | None:
+        """Admin API tokens made in the console (None: no such table yet)."""
+        conn = self._connect()
+        try:
+            cur = conn.cursor()
+            cur.execute("SELECT id, name, token_hash, scope, revoked FROM console_apitoken")
+            return cur.fetchall()
+        except Exception as exc:
+            if "console_apitoken" in str(exc) or "does not exist" in str(exc):
+                return None
+            raise
+        finally:
+            conn.close()
+
+    def insert_audit(self, e: dict) -> None:
+        """One audit event into the console's audit log (``console_auditevent``)."""
+        import datetime
+
+        at = datetime.datetime.fromtimestamp(e["at"], datetime.UTC)
+        values = (at if self.kind == "pg" else at.replace(tzinfo=None).isoformat(" "), e["actor"], e["source"],
+                  e["action"], e["object_type"], e["object_id"], e.get("tenant"),
+                  None if e.get("before") is None else json.dumps(e["before"], default=str),
+                  None if e.get("after") is None else json.dumps(e["after"], default=str), e.get("remote_addr"))
+        p = "?" if self.kind == "sqlite" else "%s"
+        sql = ("INSERT INTO console_auditevent (at, actor, source, action, object_type, object_id, tenant, before, "
+               f"after, remote_addr) VALUES ({', '.join([p] * 10)})")
+        if self.kind == "sqlite":
+            import sqlite3
+
+            conn = sqlite3.connect(self.path, timeout=5)
+            try:
+                conn.execute(sql, values)
+                conn.commit()
+            finally:
+                conn.close()
+        else:
+            conn = self._connect()
+            try:
+                conn.cursor().execute(sql, values)
+            finally:
+                conn.close()
+
     def close(self) -> None:
         if self.conn is not None:
             try:
@@ -80,8 +122,9 @@ class PolicySource:
     """Polls the snapshot table and feeds ``control`` and the broker."""
 
     def __init__(self, url: str, control, broker, loop: asyncio.AbstractEventLoop, interval: float = 0.5,
-                 wall=None):
+                 wall=None, tokens=None):
         self.db = PolicyDatabase(url)
+        self.tokens = tokens                  # AdminTokens to refresh, if the node has an admin API
         self.control = control
         self.broker = broker
         self.loop = loop
@@ -104,6 +147,10 @@ class PolicySource:
             if self.control.loaded:
                 self.broker.policy_changed(slug, old, new, now, self.wall())
         self.control.loaded = True
+        if self.tokens is not None:
+            tokens = await asyncio.to_thread(self.db.fetch_tokens)
+            if tokens is not None:
+                self.tokens.replace(tokens)
         return len(rows)
 
     async def load(self, timeout: float) -> bool:
@@ -149,3 +196,16 @@ class PolicySource:
             except asyncio.CancelledError:
                 pass
         await asyncio.to_thread(self.db.close)
+
+
+class AuditSink:
+    """Writes admin API changes into the console's audit log (off the event loop)."""
+
+    def __init__(self, db: PolicyDatabase):
+        self.db = db
+
+    async def record(self, event: dict) -> None:
+        try:
+            await asyncio.to_thread(self.db.insert_audit, event)
+        except Exception as exc:
+            log.error("audit event not written (%s): %s", exc, json.dumps(event, default=str))

@@ -1,0 +1,230 @@
+"""What the admin API reads and does on one node (pure: broker state in, data out).
+
+Everything returned is plain JSON-able data. The HTTP layer (``server.py``)
+authenticates, parses, asks every node of the cluster and merges.
+"""
+
+import base64
+
+from ..protocol import properties as P
+from ..protocol import reason as rc
+from ..protocol.packets import Publish, SubscriptionRequest
+from ..routing.topic import is_valid_name
+
+MAX_PAGE = 1000
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _peer_ip(peer: str) -> str:
+    return peer.rsplit(":", 1)[0] if peer else ""
+
+
+def client_summary(node: str, ch, now: float, wall_offset: float) -> dict:
+    s = ch.session
+    ident = ch.identity
+    return {
+        "node": node,
+        "tenant": ch.tenant,
+        "client_id": ch.client_id,
+        "username": ch.username,
+        "device": ident.device if ident is not None else None,
+        "ip": _peer_ip(ch.peer),
+        "peer": ch.peer,
+        "listener": ch.listener,
+        "protocol": {3: "3.1", 4: "3.1.1", 5: "5.0"}.get(ch.version, str(ch.version)),
+        "connected": True,
+        "connected_at": None if ch.connected_at is None else round(ch.connected_at + wall_offset, 3),
+        "keepalive": ch.keepalive,
+        "clean_start": s is not None and s.expiry_interval == 0,
+        "session_expiry": s.expiry_interval if s is not None else 0,
+        "subscriptions": len(s.subscriptions) if s is not None else 0,
+        "queued": len(s.queue) if s is not None else 0,
+        "inflight": len(s.inflight) if s is not None else 0,
+        "messages_in": ch.msgs_in,
+        "messages_out": ch.msgs_out,
+        "bytes_in": ch.bytes_in,
+        "bytes_out": ch.bytes_out,
+    }
+
+
+def offline_summary(node: str, tenant: str, s, wall_offset: float) -> dict:
+    return {
+        "node": node, "tenant": tenant, "client_id": s.client_id, "username": None, "device": s.device,
+        "ip": None, "peer": None, "listener": None, "protocol": None, "connected": False, "connected_at": None,
+        "keepalive": None, "clean_start": False, "session_expiry": s.expiry_interval,
+        "expires_at": None if s.expires_at is None else round(s.expires_at + wall_offset, 3),
+        "subscriptions": len(s.subscriptions), "queued": len(s.queue), "inflight": len(s.inflight),
+        "messages_in": 0, "messages_out": 0, "bytes_in": 0, "bytes_out": 0,
+    }
+
+
+def list_clients(broker, node: str, q: dict, now: float) -> list[dict]:
+    """Clients of this node matching the query (connected, and offline persistent sessions)."""
+    tenant = q.get("tenant")
+    cid = q.get("client_id")
+    username = q.get("username")
+    ip = q.get("ip")
+    want = q.get("connected")          # None, "true", "false"
+    out = []
+    spaces = [broker.namespaces[tenant]] if tenant in broker.namespaces else (
+        [] if tenant else list(broker.namespaces.values()))
+    for ns in spaces:
+        for session in ns.sessions.values():
+            if cid and cid not in session.client_id:
+                continue
+            ch = session.channel
+            if ch is not None:
+                if want == "false":
+                    continue
+                if username and (ch.username or "") != username:
+                    continue
+                if ip and _peer_ip(ch.peer) != ip:
+                    continue
+                out.append(client_summary(node, ch, now, broker.wall_offset))
+            else:
+                if want == "true" or username or ip:
+                    continue
+                out.append(offline_summary(node, ns.name, session, broker.wall_offset))
+    return out
+
+
+def session_detail(broker, node: str, tenant: str, client_id: str, now: float) -> dict | None:
+    ns = broker.namespaces.get(tenant)
+    session = ns.sessions.get(client_id) if ns is not None else None
+    if session is None:
+        return None
+    ch = session.channel
+    data = (client_summary(node, ch, now, broker.wall_offset) if ch is not None
+            else offline_summary(node, tenant, session, broker.wall_offset))
+    data["subscriptions"] = [
+        {"filter": s.filter, "qos": s.qos, "no_local": s.no_local, "retain_as_published": s.rap,
+         "retain_handling": s.rh, "subscription_id": s.sub_id, "shared_group": s.group,
+         "filtered_by_acl": s.check}
+        for s in session.subscriptions.values()
+    ]
+    data["subscription_count"] = len(session.subscriptions)
+    data["persistent"] = session.persistent
+    data["stored"] = session.durable
+    data["awaiting_pubrel"] = len(session.awaiting_rel)
+    return data
+
+
+def kick(broker, tenant: str, client_id: str, clear_session: bool, now: float) -> bool:
+    """Disconnect a client (v5: DISCONNECT 0x98 Administrative action); with
+    ``clear_session`` its session ends too."""
+    ns = broker.namespaces.get(tenant)
+    session = ns.sessions.get(client_id) if ns is not None else None
+    if session is None:
+        return False
+    if session.channel is not None:
+        session.channel.disconnect(rc.ADMINISTRATIVE_ACTION, "disconnected by an administrator", now)
+    session = ns.sessions.get(client_id)
+    if clear_session and session is not None:
+        broker.end_session(session, now)
+    return True
+
+
+def add_subscription(broker, tenant: str, client_id: str, body: dict, now: float) -> dict:
+    ns = broker.namespaces.get(tenant)
+    session = ns.sessions.get(client_id) if ns is not None else None
+    if session is None:
+        raise ApiError(404, "no such client")
+    filt = body.get("filter")
+    qos = body.get("qos", 0)
+    if not isinstance(filt, str) or qos not in (0, 1, 2):
+        raise ApiError(400, "body needs 'filter' (string) and 'qos' (0, 1 or 2)")
+    req = SubscriptionRequest(filt, qos, bool(body.get("no_local", False)),
+                              bool(body.get("retain_as_published", False)), int(body.get("retain_handling", 0)))
+    code = broker.admin_subscribe(session, req, now)
+    if code >= 0x80:
+        raise ApiError(400, f"subscription refused: {rc.NAMES.get(code, hex(code))}")
+    return {"filter": filt, "qos": code}
+
+
+def remove_subscription(broker, tenant: str, client_id: str, filt: str, now: float) -> bool:
+    ns = broker.namespaces.get(tenant)
+    session = ns.sessions.get(client_id) if ns is not None else None
+    if session is None:
+        raise ApiError(404, "no such client")
+    return broker.admin_unsubscribe(session, filt, now)
+
+
+def publish(broker, body: dict, now: float) -> dict:
+    tenant = body.get("tenant")
+    topic = body.get("topic")
+    qos = body.get("qos", 0)
+    if not isinstance(tenant, str) or not tenant or not isinstance(topic, str) or not is_valid_name(topic):
+        raise ApiError(400, "body needs 'tenant' and a valid 'topic' name (no wildcards)")
+    if qos not in (0, 1, 2):
+        raise ApiError(400, "'qos' must be 0, 1 or 2")
+    payload = body.get("payload", "")
+    try:
+        payload = (base64.b64decode(payload, validate=True) if body.get("payload_encoding") == "base64"
+                   else str(payload).encode())
+    except (ValueError, TypeError):
+        raise ApiError(400, "'payload' is not valid base64")
+    props = {}
+    if body.get("content_type"):
+        props[P.CONTENT_TYPE] = str(body["content_type"])
+    if body.get("message_expiry") is not None:
+        props[P.MESSAGE_EXPIRY_INTERVAL] = int(body["message_expiry"])
+    if body.get("user_properties"):
+        props[P.USER_PROPERTY] = [(str(k), str(v)) for k, v in dict(body["user_properties"]).items()]
+    msg = Publish(topic, payload, qos, bool(body.get("retain", False)), False, 0, props or None)
+    if P.MESSAGE_EXPIRY_INTERVAL in props:
+        msg.expiry_at = now + props[P.MESSAGE_EXPIRY_INTERVAL]
+    deliveries = broker.publish_internal(broker.namespace(tenant), msg, now)
+    return {"tenant": tenant, "topic": topic, "deliveries": deliveries}
+
+
+def retained_list(broker, tenant: str, prefix: str) -> list[dict]:
+    ns = broker.namespaces.get(tenant)
+    if ns is None:
+        return []
+    out = []
+    for topic, msg in ns.retained.items():
+        if prefix and not topic.startswith(prefix):
+            continue
+        out.append(retained_view(tenant, topic, msg, broker.wall_offset, with_payload=False))
+    out.sort(key=lambda r: r["topic"])
+    return out
+
+
+def retained_view(tenant: str, topic: str, msg, wall_offset: float, with_payload: bool = True) -> dict:
+    data = {"tenant": tenant, "topic": topic, "qos": msg.qos, "size": len(msg.payload),
+            "expires_at": None if msg.expiry_at is None else round(msg.expiry_at + wall_offset, 3)}
+    if with_payload:
+        try:
+            data["payload"] = msg.payload.decode("utf-8")
+            data["payload_encoding"] = "utf8"
+        except UnicodeDecodeError:
+            data["payload"] = base64.b64encode(msg.payload).decode()
+            data["payload_encoding"] = "base64"
+        if msg.properties and P.CONTENT_TYPE in msg.properties:
+            data["content_type"] = msg.properties[P.CONTENT_TYPE]
+    return data
+
+
+def retained_delete(broker, tenant: str, topic: str, now: float) -> bool:
+    ns = broker.namespaces.get(tenant)
+    if ns is None or ns.retained.get(topic) is None:
+        return False
+    broker.publish_internal(ns, Publish(topic, b"", 0, True), now)
+    return True
+
+
+def paginate(items: list, q: dict) -> dict:
+    try:
+        page = max(1, int(q.get("page", 1)))
+        per_page = min(MAX_PAGE, max(1, int(q.get("per_page", 50))))
+    except ValueError:
+        raise ApiError(400, "'page' and 'per_page' must be integers")
+    start = (page - 1) * per_page
+    return {"items": items[start:start + per_page], "page": page, "per_page": per_page, "total": len(items),
+            "pages": (len(items) + per_page - 1) // per_page}

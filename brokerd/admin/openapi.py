@@ -1,0 +1,130 @@
+"""The OpenAPI 3.0 description of the admin API, served at ``/openapi.json``."""
+
+from .. import __version__
+
+_ERR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+_AUTH = {"401": {"description": "missing, unknown or revoked token", **_ERR},
+         "403": {"description": "a read token tried to write", **_ERR}}
+
+
+def _q(name, desc, required=False, schema=None):
+    return {"name": name, "in": "query", "required": required, "description": desc,
+            "schema": schema or {"type": "string"}}
+
+
+def _p(name, desc):
+    return {"name": name, "in": "path", "required": True, "description": desc, "schema": {"type": "string"}}
+
+
+def _json(ref):
+    return {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}}}
+
+
+_PAGE = [_q("page", "page number, from 1", schema={"type": "integer", "minimum": 1, "default": 1}),
+         _q("per_page", "items per page", schema={"type": "integer", "minimum": 1, "maximum": 1000, "default": 50})]
+_CLIENT = [_p("tenant", "tenant slug"), _p("client_id", "MQTT client identifier")]
+
+OPENAPI = {
+    "openapi": "3.0.3",
+    "info": {"title": "brokerd admin API", "version": __version__,
+             "description": "Inspect and act on a brokerd cluster. Asked on any node, it answers for the whole "
+                            "cluster. Bearer tokens are created in the console; GET needs a read token, POST and "
+                            "DELETE a write token."},
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "schemas": {
+            "Error": {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]},
+            "Node": {"type": "object", "properties": {
+                "id": {"type": "string"}, "health": {"type": "string", "enum": ["ok", "fenced", "unreachable"]},
+                "uptime": {"type": "number"}, "listeners": {"type": "array", "items": {"type": "string"}},
+                "admin": {"type": "string"}, "connected": {"type": "integer"}, "sessions": {"type": "integer"},
+                "subscriptions": {"type": "integer"}, "retained": {"type": "integer"},
+                "messages_received": {"type": "integer"}, "messages_sent": {"type": "integer"},
+                "bytes_received": {"type": "integer"}, "bytes_sent": {"type": "integer"}}, "required": ["id"]},
+            "Client": {"type": "object", "properties": {
+                "node": {"type": "string"}, "tenant": {"type": "string"}, "client_id": {"type": "string"},
+                "username": {"type": "string", "nullable": True}, "device": {"type": "string", "nullable": True},
+                "ip": {"type": "string", "nullable": True}, "protocol": {"type": "string", "nullable": True},
+                "connected": {"type": "boolean"}, "connected_at": {"type": "number", "nullable": True},
+                "keepalive": {"type": "integer", "nullable": True}, "session_expiry": {"type": "integer"},
+                "subscriptions": {}, "queued": {"type": "integer"}, "inflight": {"type": "integer"},
+                "messages_in": {"type": "integer"}, "messages_out": {"type": "integer"},
+                "bytes_in": {"type": "integer"}, "bytes_out": {"type": "integer"}},
+                "required": ["node", "tenant", "client_id", "connected"]},
+            "Page": {"type": "object", "properties": {
+                "items": {"type": "array", "items": {}}, "page": {"type": "integer"},
+                "per_page": {"type": "integer"}, "total": {"type": "integer"}, "pages": {"type": "integer"}},
+                "required": ["items", "page", "per_page", "total", "pages"]},
+            "SubscriptionRequest": {"type": "object", "properties": {
+                "filter": {"type": "string"}, "qos": {"type": "integer", "enum": [0, 1, 2]},
+                "no_local": {"type": "boolean"}, "retain_as_published": {"type": "boolean"},
+                "retain_handling": {"type": "integer", "enum": [0, 1, 2]}}, "required": ["filter"]},
+            "PublishRequest": {"type": "object", "properties": {
+                "tenant": {"type": "string"}, "topic": {"type": "string"}, "payload": {"type": "string"},
+                "payload_encoding": {"type": "string", "enum": ["utf8", "base64"], "default": "utf8"},
+                "qos": {"type": "integer", "enum": [0, 1, 2]}, "retain": {"type": "boolean"},
+                "content_type": {"type": "string"}, "message_expiry": {"type": "integer", "minimum": 0},
+                "user_properties": {"type": "object", "additionalProperties": {"type": "string"}}},
+                "required": ["tenant", "topic"]},
+            "Retained": {"type": "object", "properties": {
+                "tenant": {"type": "string"}, "topic": {"type": "string"}, "qos": {"type": "integer"},
+                "size": {"type": "integer"}, "expires_at": {"type": "number", "nullable": True},
+                "payload": {"type": "string"}, "payload_encoding": {"type": "string"}},
+                "required": ["tenant", "topic", "qos", "size"]},
+        },
+    },
+    "security": [{"bearer": []}],
+    "paths": {
+        "/healthz": {"get": {"summary": "liveness of this node", "security": [],
+                             "responses": {"200": {"description": "alive"}}}},
+        "/openapi.json": {"get": {"summary": "this document", "security": [],
+                                  "responses": {"200": {"description": "the OpenAPI document"}}}},
+        "/api/v1/nodes": {"get": {"summary": "the cluster's nodes and their health",
+                                  "responses": {"200": {"description": "nodes", "content": {"application/json": {
+                                      "schema": {"type": "object", "properties": {"items": {
+                                          "type": "array", "items": {"$ref": "#/components/schemas/Node"}}}}}}},
+                                      **_AUTH}}},
+        "/api/v1/clients": {"get": {
+            "summary": "clients and persistent sessions, searched across the cluster",
+            "parameters": [_q("tenant", "tenant slug"), _q("client_id", "part of the client id"),
+                           _q("username", "exact user name"), _q("ip", "client address"), _q("node", "node id"),
+                           _q("connected", "only connected (true) or offline sessions (false)",
+                              schema={"type": "string", "enum": ["true", "false"]}), *_PAGE],
+            "responses": {"200": {"description": "a page of clients", **_json("Page")}, **_AUTH}}},
+        "/api/v1/clients/{tenant}/{client_id}": {
+            "get": {"summary": "one client's session: subscriptions, queue depth, inflight, connection",
+                    "parameters": _CLIENT,
+                    "responses": {"200": {"description": "the session", **_json("Client")},
+                                  "404": {"description": "no such client", **_ERR}, **_AUTH}},
+            "delete": {"summary": "disconnect a client (v5: DISCONNECT 0x98), optionally ending its session",
+                       "parameters": [*_CLIENT, _q("clear_session", "also end the session",
+                                                   schema={"type": "boolean"})],
+                       "responses": {"200": {"description": "kicked"}, "404": {"description": "no such client", **_ERR},
+                                     **_AUTH}}},
+        "/api/v1/clients/{tenant}/{client_id}/subscriptions": {
+            "post": {"summary": "subscribe the client (its ACL does not apply to administrators)",
+                     "parameters": _CLIENT, "requestBody": {"required": True, **_json("SubscriptionRequest")},
+                     "responses": {"201": {"description": "subscribed"}, "400": {"description": "invalid", **_ERR},
+                                   "404": {"description": "no such client", **_ERR}, **_AUTH}},
+            "delete": {"summary": "remove one of the client's subscriptions",
+                       "parameters": [*_CLIENT, _q("filter", "the topic filter", required=True)],
+                       "responses": {"200": {"description": "removed"},
+                                     "404": {"description": "no such client or subscription", **_ERR}, **_AUTH}}},
+        "/api/v1/publish": {"post": {
+            "summary": "publish a message in a tenant's topic space",
+            "requestBody": {"required": True, **_json("PublishRequest")},
+            "responses": {"200": {"description": "published (deliveries on the nodes reached)"},
+                          "400": {"description": "invalid", **_ERR}, **_AUTH}}},
+        "/api/v1/retained": {
+            "get": {"summary": "retained messages of a tenant (list by topic prefix, or one with 'topic')",
+                    "parameters": [_q("tenant", "tenant slug", required=True), _q("prefix", "topic prefix"),
+                                   _q("topic", "one topic: its message with payload"), *_PAGE],
+                    "responses": {"200": {"description": "a page of retained messages, or one"},
+                                  "404": {"description": "no retained message", **_ERR}, **_AUTH}},
+            "delete": {"summary": "clear a retained message",
+                       "parameters": [_q("tenant", "tenant slug", required=True),
+                                      _q("topic", "topic", required=True)],
+                       "responses": {"200": {"description": "cleared"}, "404": {"description": "none", **_ERR},
+                                     **_AUTH}}},
+    },
+}

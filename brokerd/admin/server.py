@@ -1,0 +1,278 @@
+"""The admin API of a node (``--admin HOST:PORT``): HTTP + JSON, bearer tokens.
+
+Tokens are created in the console (table ``console_apitoken``: only their
+SHA-256 is stored, with a scope -- ``read`` or ``write`` -- and a revoked
+flag; the node re-reads them with the tenants' policies, so a revocation
+takes effect within a second), or given to the node as ``BROKERD_ADMIN_TOKEN``
+(a write token, for scripts and a console without database access).
+GET needs ``read``; POST and DELETE need ``write``. A missing, unknown or
+revoked token gets 401, a read token that tries to write 403.
+
+Cluster-aware: asked on any node, the API answers for the whole cluster --
+lists are gathered from every node (the same request with ``local=1``, the
+caller's token passed on), and an action on a client goes to the node that
+holds its session. Every change made through the API is written to the
+audit log (``console_auditevent``) with the token's name.
+"""
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from urllib.parse import unquote, urlencode
+
+from . import api
+from .api import ApiError
+from .http import HttpProtocol, Request, json_response, request
+from .openapi import OPENAPI
+
+log = logging.getLogger("brokerd.admin")
+
+
+@dataclass(slots=True)
+class Token:
+    id: int | None
+    name: str
+    scope: str              # "read" | "write"
+    revoked: bool = False
+
+
+class AdminTokens:
+    """Token hashes -> tokens; refreshed from the console's database."""
+
+    def __init__(self):
+        self.by_hash: dict[str, Token] = {}
+        bootstrap = os.environ.get("BROKERD_ADMIN_TOKEN")
+        self.bootstrap = ("sha256$" + hashlib.sha256(bootstrap.encode()).hexdigest()) if bootstrap else None
+
+    def replace(self, rows) -> None:
+        """Rows of (id, name, token_hash, scope, revoked)."""
+        self.by_hash = {h: Token(i, n, s, bool(r)) for i, n, h, s, r in rows}
+
+    def check(self, secret: str) -> Token | None:
+        digest = "sha256$" + hashlib.sha256(secret.encode()).hexdigest()
+        if self.bootstrap and hmac.compare_digest(digest, self.bootstrap):
+            return Token(None, "bootstrap", "write")
+        token = self.by_hash.get(digest)
+        return token if token is not None and not token.revoked else None
+
+
+class AdminServer:
+    def __init__(self, server, host: str, port: int, tokens: AdminTokens, audit=None):
+        self.server = server
+        self.broker = server.broker
+        self.loop = server.loop
+        self.host, self.port = host, port
+        self.tokens = tokens
+        self.audit = audit
+        self.address = ""
+        self._srv = None
+
+    async def start(self) -> None:
+        self._srv = await self.loop.create_server(lambda: HttpProtocol(self.handle), self.host, self.port)
+        self.address = f"{self.host}:{self._srv.sockets[0].getsockname()[1]}"
+
+    async def stop(self) -> None:
+        if self._srv is not None:
+            self._srv.close()
+
+    @property
+    def node(self) -> str:
+        return self.server.config.node_id
+
+    # ------------------------------------------------------------- dispatch
+
+    async def handle(self, req: Request) -> tuple:
+        path = req.path.rstrip("/") or "/"
+        if path == "/healthz":
+            return json_response(200, {"status": "ok", "node": self.node})
+        if path == "/openapi.json":
+            return json_response(200, OPENAPI)
+        token = self._authenticate(req)
+        if token is None:
+            return json_response(401, {"error": "a valid bearer token is required"},
+                                 [("www-authenticate", 'Bearer realm="brokerd"')])
+        if req.method not in ("GET", "HEAD") and token.scope != "write":
+            return json_response(403, {"error": f"token {token.name!r} is read-only"})
+        try:
+            return await self._route(req, path, token)
+        except ApiError as exc:
+            return json_response(exc.status, {"error": exc.message})
+        except (ValueError, KeyError, TypeError) as exc:
+            return json_response(400, {"error": f"bad request: {exc}"})
+
+    def _authenticate(self, req: Request) -> Token | None:
+        auth = req.headers.get("authorization", "")
+        scheme, _, secret = auth.partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            return None
+        return self.tokens.check(secret.strip())
+
+    async def _route(self, req: Request, path: str, token: Token) -> tuple:
+        now = self.loop.time()
+        b = self.broker
+        parts = [unquote(p) for p in path.split("/")[1:]]
+        if parts[:2] != ["api", "v1"]:
+            raise ApiError(404, "no such endpoint")
+        parts = parts[2:]
+        local = req.query.get("local") == "1"
+        m = req.method
+        if parts == ["nodes"] and m == "GET":
+            nodes = [self.node_info()]
+            if not local:
+                nodes += await self._gather(req, "nodes")
+            return json_response(200, {"items": sorted(nodes, key=lambda n: n["id"])})
+        if parts == ["clients"] and m == "GET":
+            items = api.list_clients(b, self.node, req.query, now)
+            if not local:
+                items += await self._gather(req, "clients")
+            if req.query.get("node"):
+                items = [c for c in items if c["node"] == req.query["node"]]
+            items.sort(key=lambda c: (c["tenant"], c["client_id"]))
+            return json_response(200, api.paginate(items, req.query))
+        if len(parts) >= 3 and parts[0] == "clients":
+            tenant, cid = parts[1], parts[2]
+            rest = parts[3:]
+            if not self._here(tenant, cid) and not local:
+                return await self._at_owner(req, tenant, cid)
+            if rest == [] and m == "GET":
+                detail = api.session_detail(b, self.node, tenant, cid, now)
+                if detail is None:
+                    raise ApiError(404, "no such client")
+                return json_response(200, detail)
+            if rest == [] and m == "DELETE":
+                clear = req.query.get("clear_session") in ("1", "true", "yes")
+                before = api.session_detail(b, self.node, tenant, cid, now)
+                if not api.kick(b, tenant, cid, clear, now):
+                    raise ApiError(404, "no such client")
+                await self._audit(token, req, "client.kick" + (".clear_session" if clear else ""), "client",
+                                  cid, tenant, before, None)
+                return json_response(200, {"kicked": True, "session_cleared": clear})
+            if rest == ["subscriptions"] and m == "POST":
+                body = req.json()
+                result = api.add_subscription(b, tenant, cid, body, now)
+                await self._audit(token, req, "subscription.add", "subscription", f"{cid} {body.get('filter')}",
+                                  tenant, None, result)
+                return json_response(201, result)
+            if rest == ["subscriptions"] and m == "DELETE":
+                filt = req.query.get("filter")
+                if not filt:
+                    raise ApiError(400, "'filter' query parameter required")
+                if not api.remove_subscription(b, tenant, cid, filt, now):
+                    raise ApiError(404, "no such subscription")
+                await self._audit(token, req, "subscription.remove", "subscription", f"{cid} {filt}", tenant,
+                                  {"filter": filt}, None)
+                return json_response(200, {"removed": filt})
+            raise ApiError(405 if rest in ([], ["subscriptions"]) else 404, "not allowed here")
+        if parts == ["publish"] and m == "POST":
+            body = req.json()
+            result = api.publish(b, body, now)
+            await self._audit(token, req, "message.publish", "topic", body.get("topic"), body.get("tenant"), None,
+                              {k: body.get(k) for k in ("topic", "qos", "retain")})
+            return json_response(200, result)
+        if parts == ["retained"]:
+            tenant = req.query.get("tenant")
+            if not tenant:
+                raise ApiError(400, "'tenant' query parameter required")
+            topic = req.query.get("topic")
+            if m == "GET" and topic is None:
+                return json_response(200, api.paginate(api.retained_list(b, tenant, req.query.get("prefix", "")),
+                                                       req.query))
+            if m == "GET":
+                ns = b.namespaces.get(tenant)
+                msg = ns.retained.get(topic) if ns is not None else None
+                if msg is None:
+                    raise ApiError(404, "no retained message on that topic")
+                return json_response(200, api.retained_view(tenant, topic, msg, b.wall_offset))
+            if m == "DELETE":
+                if not topic:
+                    raise ApiError(400, "'topic' query parameter required")
+                ns = b.namespaces.get(tenant)
+                msg = ns.retained.get(topic) if ns is not None else None
+                before = api.retained_view(tenant, topic, msg, b.wall_offset) if msg is not None else None
+                if not api.retained_delete(b, tenant, topic, now):
+                    raise ApiError(404, "no retained message on that topic")
+                await self._audit(token, req, "retained.delete", "retained", topic, tenant, before, None)
+                return json_response(200, {"deleted": topic})
+        raise ApiError(404, "no such endpoint")
+
+    # --------------------------------------------------------------- nodes
+
+    def node_info(self) -> dict:
+        b = self.broker
+        t = b.totals()
+        cluster = self.server.cluster
+        return {
+            "id": self.node, "health": "fenced" if cluster is not None and cluster.fenced else "ok",
+            "uptime": round(self.loop.time() - b.started_at, 1),
+            "listeners": [lst.url for lst in self.server.bound], "admin": self.address,
+            "connected": b.connected, "sessions": b.session_count(), "subscriptions": b.subscription_count(),
+            "retained": b.retained_count(), "messages_received": t["msgs_received"],
+            "messages_sent": t["msgs_sent"], "bytes_received": t["bytes_received"], "bytes_sent": t["bytes_sent"],
+        }
+
+    def _here(self, tenant: str, cid: str) -> bool:
+        ns = self.broker.namespaces.get(tenant)
+        return ns is not None and cid in ns.sessions
+
+    def _peers(self) -> dict[str, str]:
+        cluster = self.server.cluster
+        if cluster is None:
+            return {}
+        return {n: info["admin"] for n, info in cluster.members.items() if info.get("admin")}
+
+    async def _ask(self, address: str, req: Request, path: str, query: dict) -> tuple[int, bytes]:
+        host, _, port = address.rpartition(":")
+        target = path + ("?" + urlencode({**query, "local": "1"}))
+        headers = {"authorization": req.headers.get("authorization", ""), "content-type": "application/json"}
+        return await request(host, int(port), req.method, target, headers, req.body)
+
+    async def _gather(self, req: Request, what: str) -> list:
+        """The same list from every other node."""
+        peers = self._peers()
+        if not peers:
+            return []
+
+        async def one(node, address):
+            try:
+                status, body = await self._ask(address, req, f"/api/v1/{what}", {k: v for k, v in req.query.items()
+                                                                               if k not in ("page", "per_page")}
+                                               | {"per_page": str(api.MAX_PAGE * 100)})
+                if status != 200:
+                    raise ConnectionError(f"status {status}")
+                return json.loads(body)["items"]
+            except Exception as exc:
+                log.warning("node %s did not answer the admin API: %s", node, exc)
+                return [{"id": node, "health": "unreachable"}] if what == "nodes" else []
+
+        results = await asyncio.gather(*(one(n, a) for n, a in peers.items()))
+        return [x for r in results for x in r]
+
+    async def _at_owner(self, req: Request, tenant: str, cid: str) -> tuple:
+        """A client action for a session that lives on another node: ask it there."""
+        cluster = self.server.cluster
+        if cluster is None:
+            raise ApiError(404, "no such client")
+        owner = await cluster.bus.owner(tenant, cid)
+        address = self._peers().get(owner) if owner else None
+        if address is None:
+            raise ApiError(404, "no such client")
+        status, body = await self._ask(address, req, req.path, dict(req.query))
+        return status, [("content-type", "application/json")], body
+
+    async def _audit(self, token: Token, req: Request, action, object_type, object_id, tenant, before, after):
+        actor = f"api-token:{token.name}"
+        on_behalf = req.headers.get("x-on-behalf-of")
+        if on_behalf:
+            actor = f"{on_behalf} (via {actor})"
+        event = {"at": time.time(), "actor": actor, "source": "api", "action": action, "object_type": object_type,
+                 "object_id": str(object_id), "tenant": tenant, "before": before, "after": after,
+                 "remote_addr": req.peer}
+        if self.audit is not None:
+            await self.audit.record(event)
+        else:
+            log.info("audit %s", json.dumps(event, default=str))
