@@ -1,0 +1,128 @@
+"""Cross-node publish/subscribe (issue #5): a message published on one node
+reaches the subscribers of every other node once each, in publish order;
+retained messages are on every node; ``$SYS/cluster/...`` sums the nodes."""
+
+import time
+
+import pytest
+
+from ..integration.helpers import connect
+from ..mqtt import V5, V311, PacketTypes, props
+from .conftest import settle, wait_until
+
+COUNT = 500
+
+
+@pytest.mark.parametrize("qos,persistent", [(0, False), (1, False), (2, False), (1, True), (2, True)],
+                         ids=["qos0", "qos1", "qos2", "qos1-stored", "qos2-stored"])
+def test_publisher_order_across_nodes(cluster, tag, qos, persistent):
+    """A publisher on node 1 sends numbered messages; subscribers on nodes 2 and
+    3 (one 3.1.1, one 5.0; stored sessions or not) get all, in order, once."""
+    n1, n2, n3 = cluster.start(3)
+    expiry = props(PacketTypes.CONNECT, SessionExpiryInterval=300) if persistent else None
+    subs = [connect(n2.port(), f"{tag}-sub2", V311, clean=not persistent),
+            connect(n3.port(), f"{tag}-sub3", V5, clean=not persistent, properties=expiry)]
+    for c in subs:
+        c.subscribe(f"{tag}/#", qos=2)
+    pub = connect(n1.port(), f"{tag}-pub", V5)
+    # at most 16 in flight: brokerd counts a QoS 2 PUBLISH that waits for another node twice against
+    # its Receive Maximum (32), see test_sessions.py::test_qos2_burst_within_receive_maximum_...
+    pub.client.max_inflight_messages_set(16)
+    settle(pub, f"{tag}/probe", *subs)
+    infos = [pub.publish(f"{tag}/m", b"%05d" % n, qos=qos, wait=False) for n in range(COUNT)]
+    if qos:
+        codes = {pub.publish_result(info, timeout=30)[0].value for info in infos}
+        assert codes == {0}, f"PUBACK/PUBREC reason codes {codes}"
+    for c in subs:
+        msgs = c.expect_n(COUNT, timeout=30)
+        assert [int(m.payload) for m in msgs] == list(range(COUNT))
+        assert {(m.qos, m.dup, m.topic) for m in msgs} == {(qos, False, f"{tag}/m")}
+    for c in subs:
+        c.expect_none(0.5)
+
+
+def test_one_copy_per_subscriber_with_several_subscribers_on_each_node(cluster, tag):
+    """The message crosses to each node once, and there every local subscriber
+    (plain filter, wildcard, several clients) gets its own copy -- and the
+    publisher's node's own subscriber too."""
+    n1, n2, n3 = cluster.start(3)
+    subs = []
+    for i, node in enumerate((n1, n2, n2, n3, n3)):
+        c = connect(node.port(), f"{tag}-s{i}", V5)
+        c.subscribe(f"{tag}/a/b" if i % 2 else f"{tag}/+/b", qos=1)
+        subs.append(c)
+    pub = connect(n1.port(), f"{tag}-pub", V311)
+    settle(pub, f"{tag}/a/b", *subs)
+    for n in range(20):
+        pub.publish(f"{tag}/a/b", b"%d" % n, qos=1)
+    for c in subs:
+        assert [int(m.payload) for m in c.expect_n(20)] == list(range(20))
+        c.expect_none(0.3)
+
+
+def test_retained_message_is_on_every_node_and_cleared_everywhere(cluster, tag):
+    n1, n2 = cluster.start(2)
+    topic = f"{tag}/state"
+    pub = connect(n1.port(), f"{tag}-pub", V5)
+    pub.publish(topic, b"on", qos=1, retain=True)
+
+    def retained_on(node, i=[0]):  # noqa: B006 -- a counter for unique client ids
+        i[0] += 1
+        c = connect(node.port(), f"{tag}-r{i[0]}", V5)
+        try:
+            c.subscribe(f"{tag}/#", qos=1)
+            try:
+                return c.expect(0.3)
+            except AssertionError:
+                return None
+        finally:
+            c.disconnect()
+
+    msg = wait_until(lambda: retained_on(n2), timeout=5, message="retained message never reached node 2")
+    assert (msg.topic, msg.payload, msg.retain) == (topic, b"on", True)
+    # a node that joins later gets it too
+    n3 = cluster.node()
+    msg = wait_until(lambda: retained_on(n3), timeout=5, message="retained message never reached node 3")
+    assert msg.payload == b"on"
+    # replaced from node 3, cleared from node 2: everywhere
+    connect(n3.port(), f"{tag}-pub3", V311).publish(topic, b"off", qos=1, retain=True)
+    for node in (n1, n2):
+        wait_until(lambda node=node: (m := retained_on(node)) is not None and m.payload == b"off", timeout=5,
+                   message="replaced retained message not on every node")
+    connect(n2.port(), f"{tag}-pub2", V311).publish(topic, b"", qos=1, retain=True)
+    for node in (n1, n2, n3):
+        wait_until(lambda node=node: retained_on(node) is None, timeout=5,
+                   message="cleared retained message still delivered")
+    time.sleep(1.2)         # a heartbeat later: still nothing anywhere (no replay of an old copy)
+    assert [retained_on(node) for node in (n1, n2, n3)] == [None, None, None]
+
+
+def _sys_value(client, topic: str, expected: str, timeout: float = 10.0) -> str:
+    """Read the (retained, periodically republished) $SYS value until it is ``expected``."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            msg = client.expect(max(0.05, deadline - time.monotonic()))
+        except AssertionError:
+            break
+        if msg.topic == topic:
+            last = msg.payload.decode()
+            if last == expected:
+                return last
+    raise AssertionError(f"{topic}: last value {last!r}, expected {expected!r}")
+
+
+def test_sys_cluster_counts_clients_of_all_nodes(cluster, tag):
+    nodes = cluster.start(3, "--sys-interval", "1")
+    clients = [connect(node.port(), f"{tag}-c{i}-{k}", V311)
+               for i, node in enumerate(nodes) for k in range(i + 1)]           # 1 + 2 + 3
+    watcher = connect(nodes[0].port(), f"{tag}-sys", V5)
+    watcher.subscribe("$SYS/#", qos=0)
+    _sys_value(watcher, "$SYS/cluster/nodes", "3")
+    _sys_value(watcher, "$SYS/cluster/clients/connected", str(len(clients) + 1))
+    _sys_value(watcher, "$SYS/broker/clients/connected", "2")      # node 1's own: one client and the watcher
+    for c in clients[3:]:                                              # node 3's clients leave
+        c.disconnect()
+    _sys_value(watcher, "$SYS/cluster/clients/connected", "4")
+    _sys_value(watcher, "$SYS/broker/clients/connected", "2")
