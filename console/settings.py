@@ -9,7 +9,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from .env import envbool, envlist, envsecret, envstr, generated_secret
+from .env import envbool, envint, envlist, envsecret, envstr, generated_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("VAR_DIR", str(BASE_DIR / "var")))
@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    "console",
     "tenants",
     "metrics",
     "spark_reports",
@@ -84,6 +85,23 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [p for p in [BASE_DIR / "static"] if p.is_dir()]
 STATIC_ROOT = VAR_DIR / "static"
+
+# The brokerd admin API the console acts through (any node answers for the
+# cluster) and its write-scoped token; `make run` shares a generated one with
+# brokerd through var/admin_token.
+BROKERD_ADMIN_URL = envstr("BROKERD_ADMIN_URL", "http://127.0.0.1:18083")
+BROKERD_ADMIN_TOKEN = envsecret("BROKERD_ADMIN_TOKEN") or generated_secret(VAR_DIR / "admin_token")
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SECURE = envbool("SECURE_COOKIES", False)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+# failed logins: after LOGIN_FAILURE_LIMIT failures for a username or from an
+# address within LOGIN_FAILURE_WINDOW seconds, that username/address waits the window out
+LOGIN_FAILURE_LIMIT = envint("LOGIN_FAILURE_LIMIT", 5)
+LOGIN_FAILURE_WINDOW = envint("LOGIN_FAILURE_WINDOW", 900)
 
 REDIS_URL = envstr("REDIS_URL")
 if REDIS_URL:

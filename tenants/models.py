@@ -189,6 +189,37 @@ class Quota(models.Model):
         return limits.effective_limit(node_limit, getattr(self, field))
 
 
+class OwnQuota(models.Model):
+    """The limits a tenant chose for itself, within its ``Quota`` (the
+    ceilings the administrators set): a tenant may lower a limit, never raise
+    it. What brokerd enforces is the smaller of the two, field by field
+    (``effective``), so lowering a ceiling below a tenant's own value takes
+    effect at once. Made on first use; None means "the ceiling"."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.CASCADE, related_name="own_quota")
+    max_connections = _limit_field(Quota.max_connections.field.help_text)
+    connect_rate = _limit_field(Quota.connect_rate.field.help_text)
+    client_msgs_in = _limit_field(Quota.client_msgs_in.field.help_text)
+    client_bytes_in = _limit_field(Quota.client_bytes_in.field.help_text)
+    client_msgs_out = _limit_field(Quota.client_msgs_out.field.help_text)
+    client_bytes_out = _limit_field(Quota.client_bytes_out.field.help_text)
+    tenant_msgs_in = _limit_field(Quota.tenant_msgs_in.field.help_text)
+    tenant_bytes_in = _limit_field(Quota.tenant_bytes_in.field.help_text)
+    tenant_msgs_out = _limit_field(Quota.tenant_msgs_out.field.help_text)
+    tenant_bytes_out = _limit_field(Quota.tenant_bytes_out.field.help_text)
+    max_subscriptions = _limit_field(Quota.max_subscriptions.field.help_text)
+    max_queued = _limit_field(Quota.max_queued.field.help_text)
+    max_retained = _limit_field(Quota.max_retained.field.help_text)
+    max_payload = _limit_field(Quota.max_payload.field.help_text)
+    max_session_expiry = _limit_field(Quota.max_session_expiry.field.help_text)
+
+    def __str__(self):
+        return f"own limits of {self.tenant}"
+
+    def as_dict(self) -> dict:
+        return {f: getattr(self, f) for f in limits.QUOTA_FIELDS}
+
+
 def _all_sys_parts():
     return list(SYS_PARTS)
 

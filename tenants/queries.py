@@ -6,9 +6,9 @@
 from django.db import connection
 from django.db.models import Count, Q
 
-from . import snapshot
+from . import limits, snapshot
 from .errors import NotFound
-from .models import AclRule, Credential, Device, Quota, SystemTopicSetting, Tenant
+from .models import AclRule, Credential, Device, OwnQuota, Quota, SystemTopicSetting, Tenant
 
 
 def tenants():
@@ -64,6 +64,19 @@ def get_acl_rule(tenant: Tenant, rule_id: int) -> AclRule:
 
 def quota(tenant: Tenant) -> Quota:
     return Quota.objects.get(tenant=tenant)
+
+
+def own_quota(tenant: Tenant) -> OwnQuota:
+    """The tenant's own limits (made, all unset, on first use)."""
+    return OwnQuota.objects.get_or_create(tenant=tenant)[0]
+
+
+def effective_quota(tenant: Tenant) -> dict:
+    """What brokerd enforces: the ceiling and the tenant's own limit, whichever is smaller."""
+    ceiling = Quota.objects.get(tenant=tenant).as_dict()
+    own = OwnQuota.objects.filter(tenant=tenant).first()
+    own = own.as_dict() if own is not None else {}
+    return {f: limits.effective_limit(ceiling[f], own.get(f)) for f in limits.QUOTA_FIELDS}
 
 
 def system_topics(tenant: Tenant) -> SystemTopicSetting:

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from . import acl, hashing, limits, queries, snapshot
 from .errors import Conflict, NotFound, ServiceError
-from .models import AclRule, Credential, Device, Quota, SystemTopicSetting, Tenant
+from .models import AclRule, Credential, Device, OwnQuota, Quota, SystemTopicSetting, Tenant
 from .validators import SYS_PARTS, normalize_fingerprint
 
 
@@ -531,6 +531,37 @@ def update_quota(tenant: Tenant, **changes) -> Quota:
     quota.save()
     snapshot.publish(tenant)
     return quota
+
+
+@transaction.atomic
+def update_own_quota(tenant: Tenant, **changes) -> OwnQuota:
+    """The tenant's own limits (``limits.QUOTA_FIELDS``; None: the ceiling).
+
+    A value above the administrators' ceiling (``Quota``) is refused: a tenant
+    may lower a limit, never raise it."""
+    unknown = sorted(set(changes) - set(limits.QUOTA_FIELDS))
+    if unknown:
+        raise ServiceError(f"unknown quota field(s): {', '.join(unknown)}")
+    ceiling = queries.quota(tenant)
+    own = queries.own_quota(tenant)
+    errors = []
+    for field, value in changes.items():
+        try:
+            value = limits.check_limit(field, value)
+        except ValueError as e:
+            errors.append(str(e))
+            continue
+        top = getattr(ceiling, field)
+        if value is not None and top is not None and value > top:
+            errors.append(f"{field} may not exceed the limit of {top} the administrators set")
+            continue
+        setattr(own, field, value)
+    if errors:
+        raise ServiceError("; ".join(errors))
+    _clean(own)
+    own.save()
+    snapshot.publish(tenant)
+    return own
 
 
 @transaction.atomic

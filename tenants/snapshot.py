@@ -28,7 +28,7 @@ whole policy, never a difference.
                                   "expires_at": unix seconds float|null}]}},
      "acl": [{"id", "position", "who", "device", "pattern", "action",
               "topic", "allow"}],             # by position, then id
-     "quota": {QUOTA_FIELDS: int|null},
+     "quota": {QUOTA_FIELDS: int|null},     # ceiling and own limit, the smaller
      "sys": {"enabled": bool, "interval": int, "parts": [str]}}
 """
 
@@ -37,7 +37,7 @@ import json
 from django.db.models import F
 
 from . import limits
-from .models import AclRule, Credential, Device, PolicyCounter, PolicySnapshot, Tenant
+from .models import AclRule, Credential, Device, OwnQuota, PolicyCounter, PolicySnapshot, Tenant
 from .validators import SYS_PARTS
 
 SCHEMA = 1
@@ -74,6 +74,13 @@ def rule_json(r: AclRule) -> dict:
     }
 
 
+def _quota(tenant: Tenant) -> dict:
+    """The administrators' ceilings, lowered where the tenant lowered them."""
+    own = OwnQuota.objects.filter(tenant=tenant).first()
+    return {f: limits.effective_limit(getattr(tenant.quota, f), getattr(own, f) if own else None)
+            for f in limits.QUOTA_FIELDS}
+
+
 def build(tenant: Tenant) -> dict:
     """The snapshot document of an existing tenant, read afresh from the database."""
     tenant = Tenant.objects.select_related("quota", "system_topics").get(pk=tenant.pk)
@@ -87,7 +94,7 @@ def build(tenant: Tenant) -> dict:
         "default_acl": tenant.default_acl,
         "devices": {d.name: device_json(d) for d in devices},
         "acl": [rule_json(r) for r in rules],
-        "quota": {f: getattr(tenant.quota, f) for f in limits.QUOTA_FIELDS},
+        "quota": _quota(tenant),
         "sys": {
             "enabled": sys_.enabled,
             "interval": sys_.interval,

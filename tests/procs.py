@@ -17,6 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 READY = re.compile(r"brokerd ready .*listeners=(.*)$")
+ADMIN = re.compile(r" admin=(\S+)")
 
 
 def free_port() -> int:
@@ -35,6 +36,7 @@ class BrokerProcess:
         self.timeout = timeout
         self.proc: subprocess.Popen | None = None
         self.urls: list[str] = []
+        self.admin: str | None = None          # HOST:PORT of the admin API (--admin)
         self.output: list[str] = []
 
     # -- lifecycle
@@ -64,6 +66,8 @@ class BrokerProcess:
                 m = READY.search(line)
                 if m:
                     self.urls = m.group(1).split()
+                    a = ADMIN.search(line)
+                    self.admin = a.group(1) if a else None
                     self._drain_in_background()
                     return self
             elif self.proc.poll() is not None:
@@ -111,6 +115,12 @@ class BrokerProcess:
 
     def port(self, scheme: str = "mqtt") -> int:
         return int(self.url(scheme).split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+
+    @property
+    def admin_url(self) -> str:
+        if not self.admin:
+            raise KeyError("started without --admin")
+        return f"http://{self.admin}"
 
     @property
     def host(self) -> str:
