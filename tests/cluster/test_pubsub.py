@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ..integration.helpers import connect
+from ..integration.helpers import Client, connect
 from ..mqtt import V5, V311, PacketTypes, props
 from .conftest import settle, wait_until
 
@@ -24,10 +24,11 @@ def test_publisher_order_across_nodes(cluster, tag, qos, persistent):
             connect(n3.port(), f"{tag}-sub3", V5, clean=not persistent, properties=expiry)]
     for c in subs:
         c.subscribe(f"{tag}/#", qos=2)
-    pub = connect(n1.port(), f"{tag}-pub", V5)
+    pub = Client(f"{tag}-pub", V5)
     # at most 16 in flight: brokerd counts a QoS 2 PUBLISH that waits for another node twice against
     # its Receive Maximum (32), see test_sessions.py::test_qos2_burst_within_receive_maximum_...
     pub.client.max_inflight_messages_set(16)
+    pub.connect(n1.port())
     settle(pub, f"{tag}/probe", *subs)
     infos = [pub.publish(f"{tag}/m", b"%05d" % n, qos=qos, wait=False) for n in range(COUNT)]
     if qos:
