@@ -1,0 +1,92 @@
+"""Asked on any node, the admin API answers for the whole cluster (three
+real nodes on a real Redis, one console database)."""
+
+import time
+
+import pytest
+
+from ..cluster.conftest import Cluster, RedisServer, settle, wait_until
+from ..mqtt import V5, PahoClient
+from .conftest import Http
+
+
+@pytest.fixture(scope="module")
+def three(plane, tokens, tmp_path_factory):
+    redis = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    c = Cluster(redis, tmp_path_factory.mktemp("cluster"), flags=("--admin", "127.0.0.1:0"), env=plane.env)
+    try:
+        nodes = c.start(3)
+        yield c, nodes
+    finally:
+        c.stop_all()
+        redis.stop()
+
+
+def test_any_node_answers_for_every_node(three, tokens):
+    c, nodes = three
+    for node in nodes:
+        status, _, body = Http(node.admin_url)("GET", "/api/v1/nodes", token=tokens["read"])
+        assert status == 200
+        assert [n["id"] for n in body["items"]] == ["n1", "n2", "n3"]
+        assert {n["health"] for n in body["items"]} == {"ok"}
+
+
+def test_clients_of_all_nodes_listed_detailed_and_kicked_from_one(three, tokens):
+    c, (n1, n2, n3) = three
+    stem = f"cl-{time.monotonic_ns()}"
+    devs = [PahoClient(f"{stem}-{i}", version=V5).connect(node.port()) for i, node in enumerate((n1, n2, n3))]
+    try:
+        devs[2].subscribe("x/#", qos=1)
+        api = Http(n1.admin_url)
+        page = api("GET", f"/api/v1/clients?client_id={stem}", token=tokens["read"])[2]
+        assert [(x["client_id"], x["node"]) for x in page["items"]] == [
+            (f"{stem}-0", "n1"), (f"{stem}-1", "n2"), (f"{stem}-2", "n3")]
+        assert api("GET", f"/api/v1/clients?client_id={stem}&node=n2", token=tokens["read"])[2]["total"] == 1
+        # one client's session, held by n3, asked of n1
+        detail = api("GET", f"/api/v1/clients/default/{stem}-2", token=tokens["read"])[2]
+        assert (detail["node"], [s["filter"] for s in detail["subscriptions"]]) == ("n3", ["x/#"])
+        # kicked through n1: the client on n2 goes
+        status, _, _ = api("DELETE", f"/api/v1/clients/default/{stem}-1", token=tokens["write"])
+        assert status == 200
+        reason, _ = devs[1].expect_disconnect()
+        assert reason.value == 0x98
+        assert devs[0].client.is_connected() and devs[2].client.is_connected()
+    finally:
+        for d in devs:
+            d.drop()
+
+
+def test_subscription_added_on_another_node_and_publish_through_any(three, tokens):
+    c, (n1, n2, n3) = three
+    stem = f"sub-{time.monotonic_ns()}"
+    dev = PahoClient(stem).connect(n3.port())
+    other = PahoClient(stem + "-other").connect(n2.port())
+    try:
+        status, _, _ = Http(n1.admin_url)("POST", f"/api/v1/clients/default/{stem}/subscriptions",
+                                          token=tokens["write"], body={"filter": f"{stem}/#", "qos": 1})
+        assert status == 201
+        other.subscribe(f"{stem}/#", qos=1)
+        pub = PahoClient(stem + "-pub").connect(n1.port())
+        settle(pub, f"{stem}/probe", dev, other)
+        pub.disconnect()
+        status, _, _ = Http(n2.admin_url)("POST", "/api/v1/publish", token=tokens["write"],
+                                          body={"tenant": "default", "topic": f"{stem}/cmd", "payload": "go",
+                                                "qos": 1})
+        assert status == 200
+        assert dev.expect().payload == b"go"
+        assert other.expect().payload == b"go"
+    finally:
+        dev.disconnect()
+        other.disconnect()
+
+
+def test_a_console_token_works_on_every_node_and_its_revocation_too(three, plane):
+    c, nodes = three
+    secret = plane.issue_token("cluster-wide", "read")
+    for node in nodes:
+        wait_until(lambda node=node: Http(node.admin_url)("GET", "/api/v1/nodes", token=secret)[0] == 200, timeout=10,
+                   message="new token not accepted")
+    plane.revoke_token("cluster-wide")
+    for node in nodes:
+        wait_until(lambda node=node: Http(node.admin_url)("GET", "/api/v1/nodes", token=secret)[0] == 401, timeout=10,
+                   message="revoked token still accepted")

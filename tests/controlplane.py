@@ -1,0 +1,86 @@
+"""A console database on disk, provisioned through the Django layer, and
+brokerd nodes that use it as their control plane -- all real processes.
+
+``ControlPlane.manage(...)`` runs ``python manage.py ...`` with
+``DATABASE_URL`` pointing at a SQLite file in the test's directory;
+``provision(...)`` creates many tenants and devices in one Django process
+(through ``tenants.services``) and returns their secrets; ``broker(...)``
+starts brokerd with the same environment, so it reads the same database.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from .procs import ROOT, BrokerProcess
+
+PROVISION = r"""
+import json, sys
+from tenants import services
+from tenants.models import Tenant
+plan = json.loads(sys.stdin.read())
+out = {}
+for t in plan:
+    tenant = services.create_tenant(t["slug"], name=t.get("name", t["slug"]), default_acl=t.get("default_acl", "deny"))
+    for rule in t.get("acl", []):
+        services.add_acl_rule(tenant, **rule)
+    if t.get("quota"):
+        services.update_quota(tenant, **t["quota"])
+    for name in t.get("devices", []):
+        device, credential, secret = services.provision_device(tenant, name)
+        out[f"{t['slug']}/{name}"] = secret
+print("SECRETS " + json.dumps(out))
+"""
+
+
+class ControlPlane:
+    def __init__(self, directory):
+        self.dir = directory
+        self.url = f"sqlite:///{directory}/console.sqlite3"      # directory is absolute: sqlite:////...
+        self.env = dict(os.environ, DATABASE_URL=self.url, VAR_DIR=str(directory), PYTHONUNBUFFERED="1")
+        self.manage("migrate", "-v", "0")
+
+    def manage(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
+        proc = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, input=stdin,
+                              capture_output=True, text=True, timeout=120)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"manage.py {' '.join(args)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        return proc
+
+    def provision(self, plan: list[dict]) -> dict[str, str]:
+        """Tenants (with ACL rules, quotas and devices) in one go; -> {"tenant/device": secret}."""
+        proc = self.manage("shell", "-c", PROVISION, stdin=json.dumps(plan))
+        line = [ln for ln in proc.stdout.splitlines() if ln.startswith("SECRETS ")][-1]
+        return json.loads(line[len("SECRETS "):])
+
+    def device(self, tenant: str, name: str) -> str:
+        """``manage.py devices create``: the secret is alone on the last line."""
+        return self.manage("devices", "create", tenant, name).stdout.strip().splitlines()[-1]
+
+    def shell(self, code: str, stdin: str | None = None) -> str:
+        """``manage.py shell -c CODE``; -> its standard output."""
+        return self.manage("shell", "-c", code, stdin=stdin).stdout
+
+    def issue_token(self, name: str, scope: str) -> str:
+        """An admin API token made as the console makes it; -> the secret."""
+        out = self.shell("from console.models import ApiToken\n"
+                         f"t, secret = ApiToken.issue({name!r}, {scope!r})\nprint('SECRET', secret)")
+        return [ln for ln in out.splitlines() if ln.startswith("SECRET ")][-1].split(" ", 1)[1]
+
+    def revoke_token(self, name: str) -> None:
+        self.shell("from console.models import ApiToken\n"
+                   f"ApiToken.objects.filter(name={name!r}).update(revoked=True)")
+
+    def query(self, sql: str, params=()) -> list[tuple]:
+        """Rows of a plain SQL query on the console database."""
+        import sqlite3
+
+        conn = sqlite3.connect(self.dir / "console.sqlite3")
+        try:
+            return conn.execute(sql, params).fetchall()
+        finally:
+            conn.close()
+
+    def broker(self, *flags: str, anonymous: bool = False) -> BrokerProcess:
+        return BrokerProcess("--sys-interval", "0", *flags, anonymous=anonymous, env=self.env).start()
