@@ -29,33 +29,67 @@ def load_dotenv(path: Path) -> None:
         os.environ.setdefault(key.strip(), value.strip().strip('"').strip("'"))
 
 
+def var_dir() -> Path:
+    return Path(os.environ.get("VAR_DIR") or ROOT / "var")
+
+
+def generated_secret(path: Path) -> str:
+    """As console.env.generated_secret: a random value kept (0600) in ``path``."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        import secrets
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        value = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(value)
+        return value
+
+
+def admin_address() -> str:
+    return f"127.0.0.1:{os.environ.get('BROKERD_ADMIN_PORT', '18083')}"
+
+
 def services() -> dict[str, list[str]]:
     host = os.environ.get("BROKERD_HOST", "127.0.0.1")
     mqtt = os.environ.get("BROKERD_MQTT_PORT", "1883")
     ws = os.environ.get("BROKERD_WS_PORT", "8083")
-    store = os.environ.get("BROKERD_STORE", "sqlite:///var/brokerd.sqlite3")
+    store = os.environ.get("BROKERD_STORE", f"sqlite:///{var_dir() / 'brokerd.sqlite3'}")
     # the console's database is the control plane (DATABASE_URL, as the console reads it)
-    control = os.environ.get("DATABASE_URL", "sqlite:///var/console.sqlite3")
+    control = os.environ.get("DATABASE_URL", f"sqlite:///{var_dir() / 'console.sqlite3'}")
+    console_host = os.environ.get("CONSOLE_HOST", "127.0.0.1")
+    console_port = os.environ.get("CONSOLE_PORT", "8000")
     return {
         "brokerd": [PY, "-m", "brokerd", "--allow-anonymous", "--store", store, "--control-plane", control,
-                    "--listen", f"mqtt://{host}:{mqtt}", "--listen", f"ws://{host}:{ws}/mqtt"],
+                    "--listen", f"mqtt://{host}:{mqtt}", "--listen", f"ws://{host}:{ws}/mqtt",
+                    "--admin", admin_address()],
+        "console": [PY, "-m", "daphne", "-b", console_host, "-p", console_port, "--proxy-headers",
+                    "console.asgi:application"],
     }
 
 
-def banner() -> str:
+def banner(login: str) -> str:
     host = os.environ.get("BROKERD_HOST", "127.0.0.1")
     mqtt = os.environ.get("BROKERD_MQTT_PORT", "1883")
     ws = os.environ.get("BROKERD_WS_PORT", "8083")
+    console = f"http://{os.environ.get('CONSOLE_HOST', '127.0.0.1')}:{os.environ.get('CONSOLE_PORT', '8000')}/"
+    user, _, password = login.partition(" ")
     return f"""
+  console    {console}
+    log in as  {user}  {password}
+  admin API  http://{admin_address()}/api/v1/  (OpenAPI: /openapi.json; token: var/admin_token or one
+             made under API tokens in the console)
   brokerd (MQTT 3.1.1 + 5.0, anonymous clients allowed on this development node)
     MQTT       mqtt://{host}:{mqtt}
     WebSocket  ws://{host}:{ws}/mqtt
-    sessions   {os.environ.get("BROKERD_STORE", "sqlite:///var/brokerd.sqlite3")} (persistent sessions and retained
-               messages survive a restart)
+    sessions   {services()["brokerd"][5]}
+               (persistent sessions and retained messages survive a restart)
   try (anonymous clients land in the tenant "default"):
     mosquitto_sub -h {host} -p {mqtt} -t 'demo/#' -v &
     mosquitto_pub -h {host} -p {mqtt} -t demo/hello -m world
-  devices of your own tenant:
+  devices of your own tenant (in the console, or from the shell):
     .venv/bin/python manage.py tenants create acme
     .venv/bin/python manage.py acl add acme --allow --action both --topic '{{device}}/#'
     .venv/bin/python manage.py devices create acme dev1      # prints the secret once
@@ -67,8 +101,15 @@ def banner() -> str:
 def main() -> int:
     os.chdir(ROOT)
     load_dotenv(ROOT / ".env")
-    (ROOT / "var").mkdir(exist_ok=True)
+    var_dir().mkdir(parents=True, exist_ok=True)
+    # brokerd's bootstrap admin token, which the console uses to act on the cluster
+    if not os.environ.get("BROKERD_ADMIN_TOKEN"):
+        os.environ["BROKERD_ADMIN_TOKEN"] = generated_secret(var_dir() / "admin_token")
+    os.environ.setdefault("BROKERD_ADMIN_URL", f"http://{admin_address()}")
     subprocess.run([PY, "manage.py", "migrate", "--noinput", "-v", "0"], check=True)
+    subprocess.run([PY, "manage.py", "collectstatic", "--noinput", "-v", "0"], check=True)
+    boot = subprocess.run([PY, "manage.py", "console_bootstrap"], check=True, capture_output=True, text=True)
+    login = next(ln[6:] for ln in boot.stdout.splitlines() if ln.startswith("LOGIN "))
     sel = selectors.DefaultSelector()
     procs = {}
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -84,6 +125,7 @@ def main() -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    ready: set[str] = set()
     printed_banner = False
     width = max(len(n) for n in procs)
     while not stopping:
@@ -93,8 +135,12 @@ def main() -> int:
                 sel.unregister(key.fileobj)
                 continue
             print(f"{key.data:>{width}} | {line.rstrip()}", flush=True)
-            if not printed_banner and "brokerd ready" in line:
-                print(banner(), flush=True)
+            if "brokerd ready" in line:
+                ready.add("brokerd")
+            if key.data == "console" and "Listening on TCP address" in line:
+                ready.add("console")
+            if not printed_banner and ready >= {"brokerd", "console"}:
+                print(banner(login), flush=True)
                 printed_banner = True
         dead = [n for n, p in procs.items() if p.poll() is not None]
         if dead:

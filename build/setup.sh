@@ -7,10 +7,9 @@ cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
-DEBS="mosquitto mosquitto-clients redis-server"
 
 missing=""
-for cmd_pkg in mosquitto:mosquitto mosquitto_pub:mosquitto-clients redis-server:redis-server; do
+for cmd_pkg in mosquitto:mosquitto mosquitto_pub:mosquitto-clients redis-server:redis-server chromium:chromium; do
   cmd=${cmd_pkg%%:*}; pkg=${cmd_pkg#*:}
   command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || missing="$missing $pkg"
 done

@@ -35,6 +35,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -85,6 +86,9 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [p for p in [BASE_DIR / "static"] if p.is_dir()]
 STATIC_ROOT = VAR_DIR / "static"
+# served by WhiteNoise inside daphne; without `collectstatic` (development,
+# tests) straight from static/
+WHITENOISE_USE_FINDERS = True
 
 # The brokerd admin API the console acts through (any node answers for the
 # cluster) and its write-scoped token; `make run` shares a generated one with
