@@ -99,3 +99,19 @@ class AuditEvent(models.Model):
 
     def __str__(self):
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.object_type} {self.object_id}"
+
+
+class LoginFailure(models.Model):
+    """One failed console login: the throttle counts these per username and per
+    address over ``LOGIN_FAILURE_WINDOW`` (see ``console.throttle``). In the
+    database, so every console process sees the same count."""
+
+    username = models.CharField(max_length=150, db_index=True)
+    remote_addr = models.CharField(max_length=64, db_index=True)
+    at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self):
+        return f"failed login for {self.username!r} from {self.remote_addr} at {self.at:%Y-%m-%d %H:%M:%S}"

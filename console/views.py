@@ -1,5 +1,29 @@
+"""The platform pages: sign-in, home/overview, tenants, the audit log and API
+tokens. Each view authorises (``console.access``), validates a form, calls a
+service and renders -- the page, or for htmx its fragment."""
+
+import json
+
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
 from django.db import connection
+from django.db.models import Count, Q
 from django.http import JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from tenants import services as ts
+from tenants.errors import ServiceError
+from tenants.models import AclRule, Credential, Device, Tenant
+
+from . import audit
+from . import services as cs
+from .access import get_tenant_for_user, is_platform_admin, platform_admin_required, user_tenants
+from .forms import AuditFilterForm, DeleteTenantForm, LoginForm, TenantForm, TenantSearchForm, TokenForm
+from .models import ApiToken, AuditEvent, Membership
+from .shortcuts import Live, apply_service_error, paginate, render_page
 
 
 def healthz(request):
@@ -7,3 +31,254 @@ def healthz(request):
     with connection.cursor() as cur:
         cur.execute("SELECT 1")
     return JsonResponse({"status": "ok"})
+
+
+# ---------------------------------------------------------------- sign-in
+
+
+class LoginView(auth_views.LoginView):
+    template_name = "console/login.html"
+    authentication_form = LoginForm
+    redirect_authenticated_user = True
+
+
+class LogoutView(auth_views.LogoutView):
+    pass
+
+
+class PasswordChangeView(auth_views.PasswordChangeView):
+    template_name = "console/password_change.html"
+
+    def get_success_url(self):
+        return reverse("home")
+
+    def form_valid(self, form):
+        response = super().form_valid(form)
+        audit.record(self.request, "user.password_change", "user", self.request.user.get_username())
+        messages.success(self.request, "Your password was changed.")
+        return response
+
+
+# ---------------------------------------------------------------- home
+
+
+@login_required
+def home(request):
+    """Platform administrators: the overview. Tenant users: their tenant, or a
+    picker when they belong to several."""
+    if is_platform_admin(request.user):
+        return overview(request)
+    tenants = list(user_tenants(request.user))
+    if len(tenants) == 1:
+        return redirect("tenant", slug=tenants[0].slug)
+    return render(request, "console/picker.html", {"tenants": tenants})
+
+
+def _db_numbers() -> dict:
+    return {
+        "tenants": Tenant.objects.count(),
+        "tenants_active": Tenant.objects.filter(status=Tenant.Status.ACTIVE).count(),
+        "tenants_suspended": Tenant.objects.filter(status=Tenant.Status.SUSPENDED).count(),
+        "devices": Device.objects.count(),
+        "devices_enabled": Device.objects.filter(enabled=True).count(),
+        "credentials": Credential.objects.count(),
+        "acl_rules": AclRule.objects.count(),
+        "users": Membership.objects.values("user").distinct().count(),
+    }
+
+
+NODE_SUMS = ("connected", "sessions", "subscriptions", "retained", "messages_received", "messages_sent",
+             "bytes_received", "bytes_sent")
+
+
+@platform_admin_required
+def overview(request):
+    live = Live(request)
+    nodes = live.call("nodes")
+    totals = None
+    if nodes is not None:
+        totals = {k: sum(n.get(k) or 0 for n in nodes) for k in NODE_SUMS}
+        totals["nodes"] = len(nodes)
+        totals["healthy"] = sum(1 for n in nodes if n.get("health") == "ok")
+    context = {"nodes": nodes, "totals": totals, "db": _db_numbers(), **live.context()}
+    if live.error is not None:
+        context["brokerd_error"] = live.error.message
+    return render_page(request, "console/overview.html", "console/partials/cluster.html", context)
+
+
+# ---------------------------------------------------------------- tenants
+
+
+@login_required
+def tenant_list(request):
+    form = TenantSearchForm(request.GET or None)
+    qs = user_tenants(request.user).annotate(
+        device_count=Count("devices", distinct=True), member_count=Count("memberships", distinct=True))
+    if form.is_valid():
+        q = form.cleaned_data.get("q")
+        if q:
+            qs = qs.filter(Q(slug__icontains=q) | Q(name__icontains=q) | Q(contact_emails__icontains=q))
+        if form.cleaned_data.get("status"):
+            qs = qs.filter(status=form.cleaned_data["status"])
+    page = paginate(request, qs)
+    context = {"form": form, "page": page, "tenants": page.object_list,
+               "filtered": bool(request.GET.get("q") or request.GET.get("status"))}
+    return render_page(request, "console/tenant_list.html", "console/partials/tenant_table.html", context)
+
+
+@platform_admin_required
+def tenant_create(request):
+    form = TenantForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        d = form.cleaned_data
+        try:
+            tenant = ts.create_tenant(d["slug"], name=d["name"], contact_emails=d["contact_emails"],
+                                      default_acl=d["default_acl"])
+        except ServiceError as exc:
+            apply_service_error(form, exc)
+        else:
+            audit.record(request, "tenant.create", "tenant", tenant.slug, tenant=tenant, after=audit.tenant_doc(tenant))
+            messages.success(request, f"Tenant {tenant.slug} created.")
+            return redirect("tenant", slug=tenant.slug)
+    return render(request, "console/tenant_form.html", {"form": form, "creating": True})
+
+
+@platform_admin_required
+def tenant_edit(request, slug):
+    tenant, _ = get_tenant_for_user(request, slug, write=True)
+    initial = {"name": tenant.name, "contact_emails": "\n".join(tenant.contact_emails or []),
+               "default_acl": tenant.default_acl}
+    form = TenantForm(request.POST or None, initial=initial, editing=True)
+    if request.method == "POST" and form.is_valid():
+        before = audit.tenant_doc(tenant)
+        d = form.cleaned_data
+        try:
+            ts.update_tenant(tenant, name=d["name"], contact_emails=d["contact_emails"],
+                             default_acl=d["default_acl"])
+        except ServiceError as exc:
+            apply_service_error(form, exc)
+        else:
+            audit.record(request, "tenant.update", "tenant", tenant.slug, tenant=tenant, before=before,
+                         after=audit.tenant_doc(tenant))
+            messages.success(request, f"Tenant {tenant.slug} saved.")
+            return redirect("tenant", slug=tenant.slug)
+    return render(request, "console/tenant_form.html", {"form": form, "tenant": tenant, "creating": False})
+
+
+def _set_status(request, slug, suspend: bool):
+    tenant, _ = get_tenant_for_user(request, slug, write=True)
+    before = audit.tenant_doc(tenant)
+    if suspend:
+        ts.suspend_tenant(tenant)
+        messages.warning(request, f"Tenant {tenant.slug} suspended: its devices are refused.")
+    else:
+        ts.resume_tenant(tenant)
+        messages.success(request, f"Tenant {tenant.slug} resumed.")
+    audit.record(request, "tenant.suspend" if suspend else "tenant.resume", "tenant", tenant.slug, tenant=tenant,
+                 before=before, after=audit.tenant_doc(tenant))
+    return redirect(request.POST.get("next") or reverse("tenant", args=[tenant.slug]))
+
+
+@platform_admin_required
+@require_POST
+def tenant_suspend(request, slug):
+    return _set_status(request, slug, True)
+
+
+@platform_admin_required
+@require_POST
+def tenant_resume(request, slug):
+    return _set_status(request, slug, False)
+
+
+@platform_admin_required
+def tenant_delete(request, slug):
+    tenant, _ = get_tenant_for_user(request, slug, write=True)
+    counts = {
+        "devices": tenant.devices.count(),
+        "credentials": Credential.objects.filter(device__tenant=tenant).count(),
+        "acl_rules": tenant.acl_rules.count(),
+        "members": tenant.memberships.count(),
+    }
+    form = DeleteTenantForm(request.POST or None, slug=tenant.slug)
+    if request.method == "POST" and form.is_valid():
+        before = {**audit.tenant_doc(tenant), "removed": counts}
+        ts.delete_tenant(tenant)
+        audit.record(request, "tenant.delete", "tenant", slug, tenant=slug, before=before)
+        messages.success(request, f"Tenant {slug} and everything it owned were deleted.")
+        return redirect("tenant_list")
+    return render(request, "console/tenant_delete.html", {"tenant": tenant, "counts": counts, "form": form})
+
+
+# ---------------------------------------------------------------- audit log
+
+
+def _audit_page(request, qs, form, template, partial, extra):
+    if form.is_valid():
+        qs = form.filter(qs)
+    page = paginate(request, qs)
+    for event in page.object_list:
+        event.before_pretty = _pretty(event.before)
+        event.after_pretty = _pretty(event.after)
+    context = {"form": form, "page": page, "events": page.object_list, **extra}
+    return render_page(request, template, partial, context)
+
+
+def _pretty(text):
+    if not text:
+        return None
+    try:
+        return json.dumps(json.loads(text), indent=2, sort_keys=True)
+    except ValueError:
+        return text
+
+
+@platform_admin_required
+def audit_log(request):
+    form = AuditFilterForm(request.GET or None)
+    return _audit_page(request, AuditEvent.objects.all(), form, "console/audit.html",
+                       "console/partials/audit_table.html", {"scoped": False})
+
+
+# ---------------------------------------------------------------- API tokens
+
+
+@platform_admin_required
+def token_list(request):
+    tokens = ApiToken.objects.select_related("created_by").order_by("revoked", "name")
+    return render(request, "console/tokens.html", {"tokens": tokens})
+
+
+@platform_admin_required
+def token_create(request):
+    form = TokenForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            token, secret = cs.issue_token(form.cleaned_data["name"], form.cleaned_data["scope"],
+                                           created_by=request.user)
+        except ServiceError as exc:
+            apply_service_error(form, exc)
+        else:
+            audit.record(request, "token.create", "api_token", token.name, after=audit.token_doc(token))
+            response = render(request, "console/token_secret.html", {"token": token, "secret": secret})
+            response["Cache-Control"] = "no-store"
+            return response
+    return render(request, "console/token_form.html", {"form": form})
+
+
+@platform_admin_required
+def token_revoke(request, token_id):
+    token = get_object_or_404(ApiToken, pk=token_id)
+    if request.method == "POST":
+        before = audit.token_doc(token)
+        try:
+            cs.revoke_token(token)
+        except ServiceError as exc:
+            messages.error(request, str(exc))
+        else:
+            audit.record(request, "token.revoke", "api_token", token.name, before=before,
+                         after=audit.token_doc(token))
+            messages.success(request, f"Token {token.name} revoked: brokerd refuses it within a few seconds.")
+        return redirect("token_list")
+    return render(request, "console/token_revoke.html", {"token": token})
+

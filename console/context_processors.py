@@ -1,0 +1,24 @@
+"""What the layout needs on every page: the user's role, their tenants and
+the tenant of the current page (set by ``console.access``)."""
+
+from .access import is_platform_admin, user_tenants
+
+
+def console(request):
+    user = getattr(request, "user", None)
+    if user is None or not user.is_authenticated:
+        return {}
+    admin = is_platform_admin(user)
+    tenant = getattr(request, "current_tenant", None)
+    slug = getattr(request, "current_slug", None)
+    role = getattr(request, "current_role", None)
+    if role is None:
+        role = "platform administrator" if admin else "tenant user"
+    return {
+        "is_platform_admin": admin,
+        "nav_tenant": tenant,
+        "nav_slug": slug,
+        "nav_role": role,
+        "nav_rw": getattr(request, "current_rw", admin),
+        "nav_tenants": [] if admin else list(user_tenants(user)[:50]),
+    }

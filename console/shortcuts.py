@@ -1,0 +1,83 @@
+"""Small helpers the console's views share: fragments for htmx, service
+errors onto forms, paging, and calls to brokerd that degrade to a banner."""
+
+import re
+
+from django.core.paginator import Paginator
+from django.shortcuts import render
+from django.template.loader import render_to_string
+
+from .brokerd_api import BrokerdError, BrokerdUnavailable, client_for
+
+PER_PAGE = 50
+
+
+def wants_fragment(request) -> bool:
+    """An htmx request that swaps part of the page (a history restore wants the whole page)."""
+    htmx = getattr(request, "htmx", None)
+    return bool(htmx) and not htmx.history_restore_request and not htmx.boosted
+
+
+def render_page(request, template: str, partial: str, context: dict, status: int = 200):
+    """The whole page, or for htmx only the fragment (with pending flash
+    messages swapped out of band into the page's message area)."""
+    if wants_fragment(request):
+        response = render(request, partial, context, status=status)
+        oob = render_to_string("console/partials/messages.html", {"oob": True}, request=request)
+        response.content += oob.encode()
+        return response
+    return render(request, template, context, status=status)
+
+
+_FIELD_PREFIX = re.compile(r"^([a-z_]+)(?::| )\s*(.*)$", re.S)
+
+
+def apply_service_error(form, error, aliases: dict | None = None) -> None:
+    """Put a ServiceError's message(s) under the form fields they name
+    ("topic: invalid ..." or "max_connections may not ..."), the rest on top."""
+    aliases = aliases or {}
+    for part in str(error).split("; "):
+        m = _FIELD_PREFIX.match(part)
+        if m:
+            name = aliases.get(m.group(1), m.group(1))
+            if name in form.fields:
+                text = m.group(2) if part[len(m.group(1))] == ":" else part
+                form.add_error(name, text[:1].upper() + text[1:])
+                continue
+        form.add_error(None, part[:1].upper() + part[1:])
+
+
+def paginate(request, queryset, per_page: int = PER_PAGE):
+    paginator = Paginator(queryset, per_page)
+    return paginator.get_page(request.GET.get("page"))
+
+
+class Live:
+    """brokerd for one request: ``call`` returns the answer, or None after
+    noting the failure (``unavailable`` -> the banner, ``error`` -> a message)."""
+
+    def __init__(self, request):
+        self.api = client_for(request.user)
+        self.unavailable: str | None = None
+        self.error: BrokerdError | None = None
+
+    def call(self, method: str, *args, **kwargs):
+        if self.unavailable:
+            return None
+        try:
+            return getattr(self.api, method)(*args, **kwargs)
+        except BrokerdUnavailable as exc:
+            self.unavailable = exc.message
+        except BrokerdError as exc:
+            self.error = exc
+        return None
+
+    def context(self) -> dict:
+        return {"brokerd_unavailable": self.unavailable}
+
+
+def page_numbers(page: int, pages: int) -> dict:
+    """Pager data for an API answer's page/pages."""
+    pages = max(1, pages or 1)
+    return {"number": page, "pages": pages, "has_previous": page > 1, "has_next": page < pages,
+            "previous": page - 1, "next": page + 1}

@@ -1,0 +1,83 @@
+"""Template helpers of the console: active navigation, numbers and times."""
+
+import datetime as dt
+
+from django import template
+from django.utils import timezone
+
+register = template.Library()
+
+
+@register.simple_tag(takes_context=True)
+def active(context, *names):
+    """"active" when the current URL's name is one of ``names``."""
+    match = getattr(context.get("request"), "resolver_match", None)
+    return "active" if match is not None and match.url_name in names else ""
+
+
+@register.filter
+def limit(value):
+    return "unlimited" if value is None else f"{value:,}"
+
+
+@register.filter
+def count(value):
+    if value is None or value == "":
+        return "—"
+    try:
+        return f"{int(value):,}"
+    except (TypeError, ValueError):
+        return value
+
+
+@register.filter
+def humanbytes(value):
+    if value is None:
+        return "—"
+    value = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return value
+
+
+@register.filter
+def duration(seconds):
+    """``93784`` -> "1d 2h 3m"."""
+    if seconds is None or seconds == "":
+        return "—"
+    seconds = int(float(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h {minutes}m"
+    if hours:
+        return f"{hours}h {minutes}m"
+    if minutes:
+        return f"{minutes}m {secs}s"
+    return f"{secs}s"
+
+
+@register.filter
+def unixtime(value):
+    """Unix seconds (as the admin API gives them) -> an aware datetime."""
+    if value in (None, ""):
+        return None
+    return dt.datetime.fromtimestamp(float(value), tz=dt.UTC)
+
+
+@register.filter
+def expired(value):
+    return value is not None and value <= timezone.now()
+
+
+@register.filter
+def get(mapping, key):
+    return mapping.get(key) if mapping else None
+
+
+@register.filter
+def label(name):
+    return str(name).replace("_", " ")

@@ -1,0 +1,199 @@
+"""Forms of the tenant pages. They check what a form can; the services
+(``tenants.services``) have the last word and their errors are put back
+onto these forms (``console.shortcuts.apply_service_error``)."""
+
+import datetime as dt
+
+from django import forms
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+
+from console.models import Membership
+
+from . import limits
+from .models import AclRule, Quota
+from .validators import (
+    SYS_PARTS,
+    validate_device_name,
+    validate_device_pattern,
+    validate_fingerprint,
+    validate_rule_topic,
+)
+
+
+def _aware(value: dt.datetime | None) -> dt.datetime | None:
+    if value is not None and timezone.is_naive(value):
+        value = timezone.make_aware(value, timezone.get_current_timezone())
+    return value
+
+
+class DateTimeLocalInput(forms.DateTimeInput):
+    input_type = "datetime-local"
+
+    def __init__(self, attrs=None):
+        super().__init__(attrs, format="%Y-%m-%dT%H:%M")
+
+
+def _future(value):
+    value = _aware(value)
+    if value is not None and value <= timezone.now():
+        raise ValidationError("Pick a moment in the future.")
+    return value
+
+
+class FingerprintField(forms.CharField):
+    def to_python(self, value):
+        value = super().to_python(value)
+        return value.strip().replace(":", "").lower()
+
+
+class DeviceForm(forms.Form):
+    name = forms.CharField(max_length=128, validators=[validate_device_name],
+                           help_text="Lowercase letters, digits, '-', '_' and '.'. Devices sign in as "
+                                     "TENANT/NAME; the name cannot be changed later.")
+    description = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+    cert_fingerprint = FingerprintField(required=False, label="Certificate fingerprint",
+                                        validators=[validate_fingerprint],
+                                        help_text="Optional: SHA-256 of the device's client certificate "
+                                                  "(hex, colons allowed), for TLS client authentication.")
+    cert_cn = forms.CharField(required=False, max_length=255, label="Certificate common name")
+    with_credential = forms.BooleanField(required=False, initial=True, label="Create a first credential",
+                                         help_text="A password for TENANT/NAME, shown once on the next page.")
+    label = forms.CharField(required=False, max_length=100, label="Credential label")
+    expires_at = forms.DateTimeField(required=False, widget=DateTimeLocalInput, label="Credential expires",
+                                     help_text="Optional, in UTC. Leave empty for a credential that never expires.")
+
+    def __init__(self, *args, editing: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        if editing:
+            for name in ("name", "with_credential", "label", "expires_at"):
+                del self.fields[name]
+
+    def clean_name(self):
+        name = self.cleaned_data["name"]
+        if name == "new":
+            raise ValidationError("'new' is reserved; choose another name.")
+        return name
+
+    def clean_expires_at(self):
+        return _future(self.cleaned_data.get("expires_at"))
+
+
+class CredentialForm(forms.Form):
+    label = forms.CharField(required=False, max_length=100, help_text="e.g. factory, field-2025.")
+    expires_at = forms.DateTimeField(required=False, widget=DateTimeLocalInput, label="Expires",
+                                     help_text="Optional, in UTC.")
+
+    def clean_expires_at(self):
+        return _future(self.cleaned_data.get("expires_at"))
+
+
+class ExpireForm(forms.Form):
+    when = forms.ChoiceField(choices=[("now", "Now"), ("at", "At a date")], initial="now",
+                             widget=forms.RadioSelect, label="Expire")
+    at = forms.DateTimeField(required=False, widget=DateTimeLocalInput, label="Date and time (UTC)")
+
+    def clean(self):
+        data = super().clean()
+        if data.get("when") == "at":
+            if not data.get("at"):
+                self.add_error("at", "Pick the date and time it expires.")
+            else:
+                data["at"] = _aware(data["at"])
+        else:
+            data["at"] = None
+        return data
+
+
+ALLOW_CHOICES = [("allow", "Allow"), ("deny", "Deny")]
+
+
+class AclRuleForm(forms.Form):
+    who = forms.ChoiceField(choices=[("all", "All devices"), ("device", "One device"),
+                                     ("pattern", "Devices matching a pattern")], initial="all", label="Applies to")
+    device = forms.ChoiceField(required=False, choices=[])
+    pattern = forms.CharField(required=False, max_length=128, validators=[validate_device_pattern],
+                              label="Device pattern", help_text="A glob such as sensor-* or gw-?.")
+    action = forms.ChoiceField(choices=AclRule.Action.choices, initial="both")
+    topic = forms.CharField(max_length=1024, validators=[validate_rule_topic], label="Topic filter",
+                            help_text="Wildcards + and # allowed; {device} and {client_id} fill a whole level.")
+    allow = forms.ChoiceField(choices=ALLOW_CHOICES, initial="allow", label="Decision")
+    position = forms.IntegerField(required=False, min_value=1,
+                                  help_text="1 is evaluated first. Empty: after the last rule.")
+
+    def __init__(self, *args, tenant, editing: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        names = list(tenant.devices.order_by("name").values_list("name", flat=True))
+        self.fields["device"].choices = [("", "—"), *[(n, n) for n in names]]
+        if editing:
+            del self.fields["position"]
+
+    def clean(self):
+        data = super().clean()
+        who = data.get("who")
+        if who == "device" and not data.get("device"):
+            self.add_error("device", "Choose the device this rule is for.")
+        if who == "pattern" and not data.get("pattern"):
+            self.add_error("pattern", "A pattern rule needs a device pattern.")
+        return data
+
+    def service_kwargs(self) -> dict:
+        d = self.cleaned_data
+        who = d["who"]
+        return {"who": who, "device": d.get("device") if who == "device" else None,
+                "pattern": d.get("pattern") if who == "pattern" else None, "action": d["action"],
+                "topic": d["topic"], "allow": d["allow"] == "allow"}
+
+
+class AclCheckForm(forms.Form):
+    device = forms.CharField(max_length=128, validators=[validate_device_name],
+                             widget=forms.TextInput(attrs={"list": "acl-devices"}))
+    client_id = forms.CharField(required=False, max_length=256, label="Client id",
+                                help_text="Defaults to the device name.")
+    action = forms.ChoiceField(choices=[("publish", "publish to"), ("subscribe", "subscribe to")])
+    topic = forms.CharField(max_length=1024)
+
+
+def _limit_field(help_text: str):
+    return forms.IntegerField(required=False, min_value=1, max_value=limits.MAX_LIMIT, help_text=help_text)
+
+
+class QuotaForm(forms.Form):
+    """One optional positive integer per quota field (empty: unlimited / the ceiling)."""
+
+    def __init__(self, *args, ceiling=None, prefix=None, **kwargs):
+        super().__init__(*args, prefix=prefix, **kwargs)
+        self.ceiling = ceiling
+        for name in limits.QUOTA_FIELDS:
+            help_text = Quota._meta.get_field(name).help_text
+            self.fields[name] = _limit_field(help_text)
+            self.fields[name].label = name.replace("_", " ")
+            self.fields[name].widget.attrs["placeholder"] = "unlimited" if ceiling is None else "ceiling"
+
+    def clean(self):
+        data = super().clean()
+        if self.ceiling is not None:
+            for name in limits.QUOTA_FIELDS:
+                value, top = data.get(name), getattr(self.ceiling, name)
+                if value is not None and top is not None and value > top:
+                    self.add_error(name, f"May not exceed the ceiling of {top} the platform administrators set.")
+        return data
+
+
+class SystemTopicsForm(forms.Form):
+    enabled = forms.BooleanField(required=False, label="Publish $SYS topics to this tenant's clients")
+    interval = forms.IntegerField(min_value=1, max_value=86400, help_text="Seconds between publications.")
+    parts = forms.MultipleChoiceField(required=False, choices=[(p, p) for p in SYS_PARTS],
+                                      widget=forms.CheckboxSelectMultiple, label="Parts")
+
+
+class MemberForm(forms.Form):
+    username = forms.CharField(max_length=150)
+    email = forms.EmailField(required=False)
+    password = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False),
+                               label="Initial password", help_text="They can change it after signing in.")
+    role = forms.ChoiceField(choices=Membership.Role.choices, initial="viewer")
+
+
+class MemberRoleForm(forms.Form):
+    role = forms.ChoiceField(choices=Membership.Role.choices)

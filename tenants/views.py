@@ -1,0 +1,651 @@
+"""The tenant pages, shared by platform administrators and the tenant portal:
+overview and usage, devices, credentials, ACL rules (with the checker),
+quotas, $SYS settings, members and the tenant's audit log.
+
+Every view starts with ``console.access.get_*_for_user`` (404 for another
+tenant's objects, 403 for a viewer who tries to write), validates a form,
+calls ``tenants.services`` and writes one audit row when it succeeded.
+"""
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from console import audit
+from console import services as cs
+from console.access import (
+    get_credential_for_user,
+    get_device_for_user,
+    get_membership_for_user,
+    get_rule_for_user,
+    get_tenant_for_user,
+    is_platform_admin,
+    tenant_admin_or_platform,
+)
+from console.forms import AuditFilterForm
+from console.models import AuditEvent, Membership
+from console.shortcuts import Live, apply_service_error, paginate, render_page, wants_fragment
+from console.views import _audit_page
+
+from . import acl, limits, queries, services, snapshot
+from .errors import ServiceError
+from .forms import (
+    AclCheckForm,
+    AclRuleForm,
+    CredentialForm,
+    DeviceForm,
+    ExpireForm,
+    MemberForm,
+    MemberRoleForm,
+    QuotaForm,
+    SystemTopicsForm,
+)
+from .models import Credential
+
+LIVE_PAGE = 1000
+
+
+def _secret_response(request, context):
+    """The page that shows a new secret: rendered once, never stored or cached."""
+    response = render(request, "tenants/credential_secret.html", context)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+# ---------------------------------------------------------------- overview
+
+
+def _usage(request, tenant) -> dict:
+    """Live numbers of the tenant's clients and its quota usage."""
+    live = Live(request)
+    clients = live.call("clients", tenant=tenant.slug, per_page=LIVE_PAGE)
+    retained = live.call("retained", tenant.slug, per_page=1)
+    stats = None
+    if clients is not None:
+        items = clients["items"]
+        connected = [c for c in items if c.get("connected")]
+        stats = {
+            "connected": len(connected),
+            "offline": len(items) - len(connected),
+            "subscriptions": sum(c.get("subscriptions") or 0 for c in items),
+            "queued": sum(c.get("queued") or 0 for c in items),
+            "messages_in": sum(c.get("messages_in") or 0 for c in items),
+            "messages_out": sum(c.get("messages_out") or 0 for c in items),
+            "bytes_in": sum(c.get("bytes_in") or 0 for c in items),
+            "bytes_out": sum(c.get("bytes_out") or 0 for c in items),
+            "retained": retained["total"] if retained is not None else None,
+        }
+    effective = queries.effective_quota(tenant)
+    used = {"max_connections": stats and stats["connected"], "max_retained": stats and stats["retained"]}
+    quota_rows = []
+    for field in limits.QUOTA_FIELDS:
+        limit, value = effective[field], used.get(field)
+        percent = None
+        if limit and value is not None:
+            percent = min(100, round(100 * value / limit))
+        quota_rows.append({"field": field, "limit": limit, "used": value, "percent": percent,
+                           "has_usage": field in used})
+    return {"live": stats, "quota_rows": quota_rows, **live.context()}
+
+
+@login_required
+def tenant_overview(request, slug):
+    tenant, rw = get_tenant_for_user(request, slug)
+    context = {"tenant": tenant, "rw": rw, **_usage(request, tenant)}
+    if wants_fragment(request):
+        return render(request, "tenants/partials/usage.html", context)
+    context["db"] = {
+        "devices": tenant.devices.count(),
+        "devices_enabled": tenant.devices.filter(enabled=True).count(),
+        "credentials": Credential.objects.filter(device__tenant=tenant).count(),
+        "acl_rules": tenant.acl_rules.count(),
+        "members": tenant.memberships.count(),
+    }
+    context["system_topics"] = queries.system_topics(tenant)
+    return render(request, "tenants/overview.html", context)
+
+
+# ---------------------------------------------------------------- devices
+
+
+def _connected_devices(request, tenant) -> tuple[set | None, Live]:
+    live = Live(request)
+    answer = live.call("clients", tenant=tenant.slug, connected="true", per_page=LIVE_PAGE)
+    if answer is None:
+        return None, live
+    return {c["device"] for c in answer["items"] if c.get("device")}, live
+
+
+@login_required
+def device_list(request, slug):
+    tenant, rw = get_tenant_for_user(request, slug)
+    q = request.GET.get("q", "").strip()
+    qs = queries.devices(tenant)
+    if q:
+        qs = qs.filter(Q(name__icontains=q) | Q(description__icontains=q))
+    page = paginate(request, qs)
+    connected, live = _connected_devices(request, tenant)
+    for device in page.object_list:
+        device.online = None if connected is None else device.name in connected
+    context = {"tenant": tenant, "rw": rw, "page": page, "devices": page.object_list, "q": q, **live.context()}
+    return render_page(request, "tenants/devices.html", "tenants/partials/device_table.html", context)
+
+
+@login_required
+def device_create(request, slug):
+    tenant, rw = get_tenant_for_user(request, slug, write=True)
+    form = DeviceForm(request.POST or None, initial={"with_credential": True})
+    if request.method == "POST" and form.is_valid():
+        d = form.cleaned_data
+        fields = {"description": d["description"], "cert_fingerprint": d["cert_fingerprint"] or None,
+                  "cert_cn": d["cert_cn"] or None}
+        try:
+            if d["with_credential"]:
+                device, credential, secret = services.provision_device(
+                    tenant, d["name"], label=d["label"], expires_at=d["expires_at"], **fields)
+            else:
+                device, credential, secret = services.create_device(tenant, d["name"], **fields), None, None
+        except ServiceError as exc:
+            apply_service_error(form, exc, {"expires_at": "expires_at"})
+        else:
+            audit.record(request, "device.create", "device", device.name, tenant=tenant,
+                         after=audit.device_doc(device))
+            if credential is None:
+                messages.success(request, f"Device {device.name} created.")
+                return redirect("device", slug=tenant.slug, name=device.name)
+            audit.record(request, "credential.create", "credential", credential.pk, tenant=tenant,
+                         after=audit.credential_doc(credential))
+            return _secret_response(request, {"tenant": tenant, "device": device, "credential": credential,
+                                              "secret": secret, "created_device": True})
+    return render(request, "tenants/device_form.html", {"tenant": tenant, "rw": rw, "form": form, "creating": True})
+
+
+@login_required
+def device_detail(request, slug, name):
+    device, rw = get_device_for_user(request, slug, name)
+    tenant = device.tenant
+    live = Live(request)
+    sessions = live.call("clients", tenant=tenant.slug, username=f"{tenant.slug}/{device.name}",
+                         per_page=LIVE_PAGE)
+    context = {
+        "tenant": tenant, "device": device, "rw": rw, "credentials": queries.credentials(device),
+        "rules": [r for r in queries.acl_rules(tenant) if r.device_id == device.pk],
+        "sessions": sessions["items"] if sessions is not None else None,
+        "username": f"{tenant.slug}/{device.name}", **live.context(),
+    }
+    return render(request, "tenants/device_detail.html", context)
+
+
+@login_required
+def device_edit(request, slug, name):
+    device, rw = get_device_for_user(request, slug, name, write=True)
+    tenant = device.tenant
+    initial = {"description": device.description, "cert_fingerprint": device.cert_fingerprint or "",
+               "cert_cn": device.cert_cn or ""}
+    form = DeviceForm(request.POST or None, initial=initial, editing=True)
+    if request.method == "POST" and form.is_valid():
+        before = audit.device_doc(device)
+        d = form.cleaned_data
+        try:
+            services.update_device(device, description=d["description"],
+                                   cert_fingerprint=d["cert_fingerprint"] or None, cert_cn=d["cert_cn"] or None)
+        except ServiceError as exc:
+            apply_service_error(form, exc)
+        else:
+            audit.record(request, "device.update", "device", device.name, tenant=tenant, before=before,
+                         after=audit.device_doc(device))
+            messages.success(request, f"Device {device.name} saved.")
+            return redirect("device", slug=tenant.slug, name=device.name)
+    return render(request, "tenants/device_form.html",
+                  {"tenant": tenant, "rw": rw, "form": form, "device": device, "creating": False})
+
+
+def _device_enabled(request, slug, name, enabled: bool):
+    device, _ = get_device_for_user(request, slug, name, write=True)
+    before = audit.device_doc(device)
+    (services.enable_device if enabled else services.disable_device)(device)
+    audit.record(request, "device.enable" if enabled else "device.disable", "device", device.name,
+                 tenant=device.tenant, before=before, after=audit.device_doc(device))
+    messages.success(request, f"Device {device.name} {'enabled' if enabled else 'disabled'}.")
+    return redirect(request.POST.get("next") or reverse("device", args=[slug, name]))
+
+
+@login_required
+@require_POST
+def device_enable(request, slug, name):
+    return _device_enabled(request, slug, name, True)
+
+
+@login_required
+@require_POST
+def device_disable(request, slug, name):
+    return _device_enabled(request, slug, name, False)
+
+
+@login_required
+def device_delete(request, slug, name):
+    device, rw = get_device_for_user(request, slug, name, write=True)
+    tenant = device.tenant
+    counts = {"credentials": device.credentials.count(), "acl_rules": device.acl_rules.count()}
+    if request.method == "POST":
+        before = {**audit.device_doc(device), "removed": counts}
+        services.delete_device(device)
+        audit.record(request, "device.delete", "device", name, tenant=tenant, before=before)
+        messages.success(request, f"Device {name} deleted.")
+        return redirect("devices", slug=tenant.slug)
+    return render(request, "tenants/device_delete.html",
+                  {"tenant": tenant, "rw": rw, "device": device, "counts": counts})
+
+
+# ---------------------------------------------------------------- credentials
+
+
+@login_required
+def credential_create(request, slug, name):
+    device, rw = get_device_for_user(request, slug, name, write=True)
+    tenant = device.tenant
+    form = CredentialForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        try:
+            credential, secret = services.create_credential(device, label=form.cleaned_data["label"],
+                                                            expires_at=form.cleaned_data["expires_at"])
+        except ServiceError as exc:
+            apply_service_error(form, exc)
+        else:
+            audit.record(request, "credential.create", "credential", credential.pk, tenant=tenant,
+                         after=audit.credential_doc(credential))
+            return _secret_response(request, {"tenant": tenant, "device": device, "credential": credential,
+                                              "secret": secret})
+    return render(request, "tenants/credential_form.html", {"tenant": tenant, "rw": rw, "device": device,
+                                                            "form": form})
+
+
+@login_required
+def credential_rotate(request, slug, name, credential_id):
+    credential, rw = get_credential_for_user(request, slug, name, credential_id, write=True)
+    device = credential.device
+    if request.method == "POST":
+        before = audit.credential_doc(credential)
+        credential, secret = services.rotate_credential(credential)
+        audit.record(request, "credential.rotate", "credential", credential.pk, tenant=device.tenant,
+                     before=before, after=audit.credential_doc(credential))
+        return _secret_response(request, {"tenant": device.tenant, "device": device, "credential": credential,
+                                          "secret": secret, "rotated": True})
+    return render(request, "tenants/credential_confirm.html",
+                  {"tenant": device.tenant, "rw": rw, "device": device, "credential": credential,
+                   "what": "rotate"})
+
+
+def _credential_change(request, slug, name, credential_id, action: str, change, text: str):
+    credential, _ = get_credential_for_user(request, slug, name, credential_id, write=True)
+    before = audit.credential_doc(credential)
+    change(credential)
+    audit.record(request, f"credential.{action}", "credential", credential.pk, tenant=credential.device.tenant,
+                 before=before, after=audit.credential_doc(credential))
+    messages.success(request, text.format(id=credential.pk))
+    return redirect("device", slug=slug, name=name)
+
+
+@login_required
+@require_POST
+def credential_enable(request, slug, name, credential_id):
+    return _credential_change(request, slug, name, credential_id, "enable", services.enable_credential,
+                              "Credential #{id} enabled.")
+
+
+@login_required
+@require_POST
+def credential_disable(request, slug, name, credential_id):
+    return _credential_change(request, slug, name, credential_id, "disable", services.disable_credential,
+                              "Credential #{id} disabled: it no longer lets the device in.")
+
+
+@login_required
+def credential_expire(request, slug, name, credential_id):
+    credential, rw = get_credential_for_user(request, slug, name, credential_id, write=True)
+    device = credential.device
+    form = ExpireForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        before = audit.credential_doc(credential)
+        try:
+            services.expire_credential(credential, form.cleaned_data["at"])
+        except ServiceError as exc:
+            apply_service_error(form, exc)
+        else:
+            audit.record(request, "credential.expire", "credential", credential.pk, tenant=device.tenant,
+                         before=before, after=audit.credential_doc(credential))
+            when = form.cleaned_data["at"]
+            messages.success(request, f"Credential #{credential.pk} expired." if when is None else
+                             f"Credential #{credential.pk} expires {when:%Y-%m-%d %H:%M} UTC.")
+            return redirect("device", slug=slug, name=name)
+    return render(request, "tenants/credential_expire.html",
+                  {"tenant": device.tenant, "rw": rw, "device": device, "credential": credential, "form": form})
+
+
+@login_required
+def credential_delete(request, slug, name, credential_id):
+    credential, rw = get_credential_for_user(request, slug, name, credential_id, write=True)
+    device = credential.device
+    if request.method == "POST":
+        before = audit.credential_doc(credential)
+        pk = credential.pk
+        services.delete_credential(credential)
+        audit.record(request, "credential.delete", "credential", pk, tenant=device.tenant, before=before)
+        messages.success(request, f"Credential #{pk} deleted.")
+        return redirect("device", slug=slug, name=name)
+    return render(request, "tenants/credential_confirm.html",
+                  {"tenant": device.tenant, "rw": rw, "device": device, "credential": credential,
+                   "what": "delete"})
+
+
+# ---------------------------------------------------------------- ACL rules
+
+ACL_ALIASES = {"device_pattern": "pattern"}
+
+
+def _acl_context(tenant, rw, form=None, editing=None, check_form=None, check=None) -> dict:
+    rules = list(queries.acl_rules(tenant))
+    if form is None and rw:
+        form = AclRuleForm(tenant=tenant)
+    return {"tenant": tenant, "rw": rw, "rules": rules, "form": form, "editing": editing,
+            "check_form": check_form or AclCheckForm(), "check": check,
+            "device_names": list(tenant.devices.order_by("name").values_list("name", flat=True))}
+
+
+def _acl_editor(request, context):
+    return render_page(request, "tenants/acl.html", "tenants/partials/acl_editor.html", context)
+
+
+@login_required
+def acl_rules(request, slug):
+    tenant, rw = get_tenant_for_user(request, slug)
+    return render(request, "tenants/acl.html", _acl_context(tenant, rw))
+
+
+@login_required
+def acl_add(request, slug):
+    tenant, rw = get_tenant_for_user(request, slug, write=True)
+    if request.method != "POST":
+        return redirect("acl", slug=slug)
+    form = AclRuleForm(request.POST, tenant=tenant)
+    if form.is_valid():
+        try:
+            rule = services.add_acl_rule(tenant, position=form.cleaned_data.get("position"), **form.service_kwargs())
+        except ServiceError as exc:
+            apply_service_error(form, exc, ACL_ALIASES)
+        else:
+            audit.record(request, "acl.add", "acl_rule", rule.pk, tenant=tenant, after=audit.rule_doc(rule))
+            messages.success(request, f"Rule #{rule.position} added.")
+            if not request.htmx:
+                return redirect("acl", slug=slug)
+            form = None
+    return _acl_editor(request, _acl_context(tenant, rw, form=form))
+
+
+@login_required
+def acl_edit(request, slug, rule_id):
+    rule, rw = get_rule_for_user(request, slug, rule_id, write=True)
+    tenant = rule.tenant
+    if request.method == "POST":
+        form = AclRuleForm(request.POST, tenant=tenant, editing=True)
+        if form.is_valid():
+            before = audit.rule_doc(rule)
+            try:
+                services.update_acl_rule(rule, **form.service_kwargs())
+            except ServiceError as exc:
+                apply_service_error(form, exc, ACL_ALIASES)
+            else:
+                audit.record(request, "acl.update", "acl_rule", rule.pk, tenant=tenant, before=before,
+                             after=audit.rule_doc(rule))
+                messages.success(request, f"Rule #{rule.position} saved.")
+                if not request.htmx:
+                    return redirect("acl", slug=slug)
+                return _acl_editor(request, _acl_context(tenant, rw))
+    else:
+        form = AclRuleForm(tenant=tenant, editing=True, initial={
+            "who": rule.who, "device": rule.device.name if rule.device_id else "",
+            "pattern": rule.device_pattern, "action": rule.action, "topic": rule.topic,
+            "allow": "allow" if rule.allow else "deny"})
+    return _acl_editor(request, _acl_context(tenant, rw, form=form, editing=rule))
+
+
+@login_required
+@require_POST
+def acl_move(request, slug, rule_id):
+    rule, rw = get_rule_for_user(request, slug, rule_id, write=True)
+    tenant = rule.tenant
+    direction = request.POST.get("direction")
+    if direction == "up":
+        position = max(1, rule.position - 1)
+    elif direction == "down":
+        position = rule.position + 1
+    else:
+        try:
+            position = int(request.POST.get("position", ""))
+        except ValueError:
+            position = None
+    if position is not None and position >= 1 and position != rule.position:
+        before = audit.rule_doc(rule)
+        services.move_acl_rule(rule, position)
+        rule.refresh_from_db()
+        audit.record(request, "acl.move", "acl_rule", rule.pk, tenant=tenant, before=before,
+                     after=audit.rule_doc(rule))
+    if not request.htmx:
+        return redirect("acl", slug=slug)
+    return _acl_editor(request, _acl_context(tenant, rw))
+
+
+@login_required
+def acl_delete(request, slug, rule_id):
+    rule, rw = get_rule_for_user(request, slug, rule_id, write=True)
+    tenant = rule.tenant
+    if request.method == "POST":
+        before = audit.rule_doc(rule)
+        services.delete_acl_rule(rule)
+        audit.record(request, "acl.delete", "acl_rule", before["id"], tenant=tenant, before=before)
+        messages.success(request, f"Rule #{before['position']} deleted.")
+        if not request.htmx:
+            return redirect("acl", slug=slug)
+        return _acl_editor(request, _acl_context(tenant, rw))
+    return render(request, "tenants/acl_delete.html", {"tenant": tenant, "rw": rw, "rule": rule})
+
+
+@login_required
+def acl_check(request, slug):
+    """"Would device X (client id Y) be allowed to publish/subscribe TOPIC?",
+    answered with brokerd's own ACL engine on the tenant's rules."""
+    tenant, rw = get_tenant_for_user(request, slug)
+    form = AclCheckForm(request.GET or None)
+    check = None
+    if form.is_valid():
+        d = form.cleaned_data
+        rules = list(queries.acl_rules(tenant))
+        documents = [snapshot.rule_json(r) for r in rules]
+        client_id = d["client_id"] or d["device"]
+        try:
+            decision = acl.decide_detail(documents, tenant.default_acl, d["device"], client_id, d["action"],
+                                         d["topic"])
+        except ValueError as exc:
+            form.add_error("topic", str(exc)[:1].upper() + str(exc)[1:])
+        else:
+            rule = None if decision.rule is None else rules[documents.index(decision.rule)]
+            check = {"allowed": decision.allowed, "rule": rule, "filtered": decision.filtered,
+                     "device": d["device"], "client_id": client_id, "action": d["action"], "topic": d["topic"],
+                     "known_device": tenant.devices.filter(name=d["device"]).exists()}
+    if wants_fragment(request):
+        return render(request, "tenants/partials/acl_check.html",
+                      {"tenant": tenant, "check_form": form, "check": check})
+    return render(request, "tenants/acl.html", _acl_context(tenant, rw, check_form=form, check=check))
+
+
+# ---------------------------------------------------------------- quotas
+
+
+def _quota_rows(ceiling_form, own_form, tenant):
+    ceiling = queries.quota(tenant)
+    own = queries.own_quota(tenant)
+    effective = queries.effective_quota(tenant)
+    rows = []
+    for field in limits.QUOTA_FIELDS:
+        rows.append({"field": field, "help": ceiling._meta.get_field(field).help_text,
+                     "ceiling": getattr(ceiling, field), "own": getattr(own, field),
+                     "effective": effective[field],
+                     "ceiling_field": ceiling_form[field] if ceiling_form is not None else None,
+                     "own_field": own_form[field] if own_form is not None else None})
+    return rows
+
+
+@login_required
+def quotas(request, slug):
+    """Platform administrators set the ceilings; the tenant's administrators
+    (and platform administrators) its own lower limits; everyone sees what
+    is in force."""
+    tenant, rw = get_tenant_for_user(request, slug)
+    admin = is_platform_admin(request.user)
+    ceiling, own = queries.quota(tenant), queries.own_quota(tenant)
+    which = request.POST.get("which") if request.method == "POST" else None
+    if which == "ceiling" and not admin:
+        raise PermissionDenied("Only platform administrators set the ceilings")
+    if which is not None and not rw:
+        raise PermissionDenied("Viewers cannot change the limits")
+    ceiling_form = QuotaForm(request.POST if which == "ceiling" else None, prefix="ceiling",
+                             initial=ceiling.as_dict()) if admin else None
+    own_form = QuotaForm(request.POST if which == "own" else None, prefix="own", ceiling=ceiling,
+                         initial=own.as_dict()) if rw else None
+    form = ceiling_form if which == "ceiling" else own_form if which == "own" else None
+    if form is not None and form.is_valid():
+        values = {f: form.cleaned_data.get(f) for f in limits.QUOTA_FIELDS}
+        try:
+            if which == "ceiling":
+                before = audit.quota_doc(ceiling)
+                after = audit.quota_doc(services.update_quota(tenant, **values))
+            else:
+                before = audit.quota_doc(own)
+                after = audit.quota_doc(services.update_own_quota(tenant, **values))
+        except ServiceError as exc:
+            apply_service_error(form, exc)
+        else:
+            audit.record(request, "quota.update" if which == "ceiling" else "own_quota.update",
+                         "quota", tenant.slug, tenant=tenant, before=before, after=after)
+            messages.success(request, "Ceilings saved." if which == "ceiling" else "Your limits saved.")
+            if not request.htmx:
+                return redirect("quotas", slug=slug)
+            ceiling_form = QuotaForm(prefix="ceiling", initial=queries.quota(tenant).as_dict()) if admin else None
+            own_form = QuotaForm(prefix="own", ceiling=queries.quota(tenant),
+                                 initial=queries.own_quota(tenant).as_dict()) if rw else None
+    context = {"tenant": tenant, "rw": rw, "admin": admin, "ceiling_form": ceiling_form, "own_form": own_form,
+               "rows": _quota_rows(ceiling_form, own_form, tenant)}
+    return render_page(request, "tenants/quotas.html", "tenants/partials/quota_table.html", context)
+
+
+# ---------------------------------------------------------------- $SYS settings
+
+
+@login_required
+def system_topics(request, slug):
+    tenant, rw = get_tenant_for_user(request, slug)
+    admin = is_platform_admin(request.user)
+    setting = queries.system_topics(tenant)
+    if request.method == "POST" and not admin:
+        raise PermissionDenied("Only platform administrators change the system topics")
+    initial = {"enabled": setting.enabled, "interval": setting.interval, "parts": list(setting.parts)}
+    form = SystemTopicsForm(request.POST or None, initial=initial) if admin else None
+    if request.method == "POST" and form.is_valid():
+        before = audit.system_topics_doc(setting)
+        d = form.cleaned_data
+        try:
+            setting = services.update_system_topics(tenant, enabled=d["enabled"], interval=d["interval"],
+                                                    parts=d["parts"])
+        except ServiceError as exc:
+            apply_service_error(form, exc)
+        else:
+            audit.record(request, "system_topics.update", "system_topics", tenant.slug, tenant=tenant,
+                         before=before, after=audit.system_topics_doc(setting))
+            messages.success(request, "System topic settings saved.")
+            return redirect("system_topics", slug=slug)
+    return render(request, "tenants/system_topics.html",
+                  {"tenant": tenant, "rw": rw, "form": form, "setting": setting,
+                   "all_parts": SystemTopicsForm.base_fields["parts"].choices})
+
+
+# ---------------------------------------------------------------- members
+
+
+def _members_context(tenant, rw, request, form=None):
+    members = list(Membership.objects.filter(tenant=tenant).select_related("user").order_by("user__username"))
+    return {"tenant": tenant, "rw": rw, "members": members, "form": form or (MemberForm() if rw else None),
+            "role_choices": Membership.Role.choices, "allow_existing": is_platform_admin(request.user)}
+
+
+@login_required
+def members(request, slug):
+    tenant, rw = get_tenant_for_user(request, slug)
+    form = None
+    if request.method == "POST":
+        tenant, rw = get_tenant_for_user(request, slug, write=True)
+        form = MemberForm(request.POST)
+        if form.is_valid():
+            d = form.cleaned_data
+            try:
+                membership = cs.add_member(tenant, username=d["username"], email=d["email"],
+                                           password=d["password"], role=d["role"],
+                                           allow_existing=is_platform_admin(request.user))
+            except ServiceError as exc:
+                apply_service_error(form, exc)
+            else:
+                audit.record(request, "member.add", "membership", membership.user.get_username(), tenant=tenant,
+                             after=audit.membership_doc(membership))
+                messages.success(request, f"{membership.user.get_username()} added as "
+                                          f"{membership.get_role_display()}.")
+                return redirect("members", slug=slug)
+    return render(request, "tenants/members.html", _members_context(tenant, rw, request, form))
+
+
+@login_required
+@require_POST
+def member_role(request, slug, membership_id):
+    membership, _ = get_membership_for_user(request, slug, membership_id, write=True)
+    form = MemberRoleForm(request.POST)
+    if form.is_valid():
+        before = audit.membership_doc(membership)
+        cs.set_member_role(membership, form.cleaned_data["role"])
+        audit.record(request, "member.role", "membership", membership.user.get_username(),
+                     tenant=membership.tenant, before=before, after=audit.membership_doc(membership))
+        messages.success(request, f"{membership.user.get_username()} is now "
+                                  f"{membership.get_role_display()}.")
+    if membership.user_id == request.user.pk and not is_platform_admin(request.user) \
+            and membership.role != Membership.Role.ADMIN:
+        return redirect("tenant", slug=slug)
+    return redirect("members", slug=slug)
+
+
+@login_required
+def member_remove(request, slug, membership_id):
+    membership, rw = get_membership_for_user(request, slug, membership_id, write=True)
+    tenant = membership.tenant
+    if request.method == "POST":
+        before = audit.membership_doc(membership)
+        cs.remove_member(membership)
+        audit.record(request, "member.remove", "membership", before["user"], tenant=tenant, before=before)
+        messages.success(request, f"{before['user']} no longer has access to {tenant.slug}.")
+        if membership.user_id == request.user.pk and not is_platform_admin(request.user):
+            return redirect("home")
+        return redirect("members", slug=slug)
+    return render(request, "tenants/member_remove.html", {"tenant": tenant, "rw": rw, "membership": membership})
+
+
+# ---------------------------------------------------------------- audit log of the tenant
+
+
+@login_required
+def tenant_audit(request, slug):
+    tenant, rw = get_tenant_for_user(request, slug)
+    tenant_admin_or_platform(request, tenant)
+    form = AuditFilterForm(request.GET or None)
+    del form.fields["tenant"]
+    return _audit_page(request, AuditEvent.objects.filter(tenant=tenant.slug), form, "tenants/audit.html",
+                       "console/partials/audit_table.html", {"tenant": tenant, "rw": rw, "scoped": True})
