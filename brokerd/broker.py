@@ -24,7 +24,7 @@ from .protocol.channel import NEVER, ChannelLimits
 from .protocol.errors import RemoteProtocolError
 from .protocol.packets import MQTT5, Publish
 from .routing.retained import RetainedStore
-from .routing.topic import InvalidTopic, is_valid_filter, parse_shared
+from .routing.topic import InvalidTopic, is_valid_filter, matches, parse_shared
 from .routing.trie import TopicTrie
 from .session.session import Delivery, MemoryBudget, Session, Subscription
 from .tenancy.control import Identity
@@ -844,6 +844,22 @@ class Broker:
 
     def deliver_shared(self, ns, group, msg, now) -> bool:
         return self._deliver_shared(ns, group, msg, now)
+
+    def deliver_to(self, session: Session, msg: Publish, now: float) -> bool:
+        """Deliver ``msg`` to this one session, by its own (non-shared)
+        subscriptions -- a message that reached it while the session moved
+        between nodes (``cluster.node``); -> whether any subscription matched."""
+        subs = [s for s in session.subscriptions.values() if s.group is None and matches(s.filter, msg.topic)]
+        if not subs:
+            return False
+        if session.read_acl is not None and not session.read_acl.can_read(msg.topic):
+            return False
+        if len(subs) == 1:
+            s = subs[0]
+            qos, rap, ids = s.qos, s.rap, (s.sub_id,) if s.sub_id else None
+        else:
+            qos, rap, ids = _merge(subs)
+        return bool(self._dispatch(session.ns, msg, now, [(session, qos, False, rap, ids)], None, local=True))
 
     def _deliver_shared(self, ns, group: SharedGroup, msg: Publish, now: float, exclude=None) -> bool:
         session = group.pick(self.config.shared_strategy, exclude)

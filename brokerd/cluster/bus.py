@@ -22,6 +22,9 @@ import time
 from urllib.parse import parse_qs, urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 _UNLOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -55,8 +58,13 @@ class Bus:
         self.node = node
         self.ttl = ttl
         # a blocking pool: a burst of CONNECTs waits for a connection instead of failing
+        # A pooled connection that Redis closed (a restart, a proxy's idle timeout, CLIENT KILL) fails
+        # its next command with ConnectionError: that command is sent again once on a new connection.
+        # Timeouts are not retried, so a Redis that is really gone is still noticed (and fenced) in time.
+        retry = Retry(ExponentialBackoff(cap=0.2, base=0.01), 2)
         pool = aioredis.BlockingConnectionPool.from_url(self.url, max_connections=64, timeout=5,
-                                                        socket_timeout=2.0, socket_connect_timeout=2.0)
+                                                        socket_timeout=2.0, socket_connect_timeout=2.0,
+                                                        retry=retry, retry_on_error=[RedisConnectionError])
         self.redis = aioredis.Redis(connection_pool=pool)
         self._try_claim = self.redis.register_script(_TRY_CLAIM)
         self._unlock = self.redis.register_script(_UNLOCK)
@@ -90,11 +98,12 @@ class Bus:
 
     # ---------------------------------------------------------------- events
 
-    async def publish_events(self, events: list[dict]) -> None:
+    async def publish_events(self, events: list[dict]) -> list[str]:
+        """Append to the cluster event log; -> the events' ids."""
         pipe = self.redis.pipeline(transaction=False)
         for e in events:
             pipe.xadd(self.k("events"), {"e": json.dumps(e, separators=(",", ":"))})
-        await pipe.execute()
+        return [i.decode() if isinstance(i, bytes) else str(i) for i in await pipe.execute()]
 
     async def read_events(self, after: str, block_ms: int = 1000, count: int = 1000) -> list[tuple[str, dict]]:
         res = await self.redis.xread({self.k("events"): after}, count=count, block=block_ms)

@@ -14,16 +14,30 @@ UTF-8``, byte strings ``u32 length | bytes``. Types:
 ``TAKEOVER`` req id, tenant, client id: hand the session over to the asker
 ``RELEASED`` req id, code (0: released, 1: the session was not here)
 ``HELLO``    the node id of the connecting side
+
+A session on the move (``node.ClusterNode._on_takeover``):
+
+``HANDOFF``  req id, JSON ``{"tenant", "client_id", "filters"}``: old owner to
+             new owner, "hold what comes for these filters of this session"
+``HOLDING``  req id, JSON ``{filter: [subs, durable]}``: the new owner holds
+             them, and these are its announced route counts
+``SYNC``     req id, a cluster event id: "answer once you applied it"
+``SYNCED``   req id, code -- sent on the answering node's own link to the
+             asker, so everything it forwarded before arrives first
+
+PUBLISH flag ``TARGET``: for one session only, the client id in the group
+field (a message the old owner got for a session that moved).
 """
 
 import struct
 
-PUBLISH, ACK, TAKEOVER, RELEASED, HELLO = 1, 2, 3, 4, 5
+PUBLISH, ACK, TAKEOVER, RELEASED, HELLO, HANDOFF, HOLDING, SYNC, SYNCED = 1, 2, 3, 4, 5, 6, 7, 8, 9
 
 _HEAD = struct.Struct(">IB")
 _PUB = struct.Struct(">IBBiHHIHH")
 PUB_HEAD = 5 + _PUB.size
 RAW = 2                      # PUBLISH flag: the payload part is the 3.x QoS 0 wire form
+TARGET = 4                   # PUBLISH flag: for the session named in the group field only
 _ACK = struct.Struct(">IB")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -32,6 +46,11 @@ _U32 = struct.Struct(">I")
 def _s(text: str) -> bytes:
     raw = text.encode()
     return _U16.pack(len(raw)) + raw
+
+
+def _long(text: str) -> bytes:
+    raw = text.encode()
+    return _U32.pack(len(raw)) + raw
 
 
 def _frame(kind: int, body: bytes) -> bytes:
@@ -59,6 +78,22 @@ def released(req: int, code: int) -> bytes:
     return _frame(RELEASED, _ACK.pack(req, code))
 
 
+def handoff(req: int, text: str) -> bytes:
+    return _frame(HANDOFF, _U32.pack(req) + _long(text))
+
+
+def holding(req: int, text: str) -> bytes:
+    return _frame(HOLDING, _U32.pack(req) + _long(text))
+
+
+def sync(req: int, event_id: str) -> bytes:
+    return _frame(SYNC, _U32.pack(req) + _s(event_id))
+
+
+def synced(req: int, code: int = 0) -> bytes:
+    return _frame(SYNCED, _ACK.pack(req, code))
+
+
 def hello(node: str) -> bytes:
     return _frame(HELLO, _s(node))
 
@@ -77,7 +112,7 @@ def decode(kind: int, body: bytes) -> tuple:
     try:
         if kind == PUBLISH:
             return decode_publish(body, 0, len(body))
-        if kind in (ACK, RELEASED):
+        if kind in (ACK, RELEASED, SYNCED):
             req, code = _ACK.unpack_from(body, 0)
             return kind, req, code
         if kind == TAKEOVER:
@@ -88,6 +123,15 @@ def decode(kind: int, body: bytes) -> tuple:
         if kind == HELLO:
             node, _ = _read_s(body, 0)
             return HELLO, node
+        if kind == SYNC:
+            req = _U32.unpack_from(body, 0)[0]
+            text, _ = _read_s(body, 4)
+            return kind, req, text
+        if kind in (HANDOFF, HOLDING):
+            req, n = struct.unpack_from(">II", body, 0)
+            if 8 + n > len(body):
+                raise FrameError("text longer than its frame")
+            return kind, req, body[8:8 + n].decode()
     except (struct.error, UnicodeDecodeError) as exc:
         raise FrameError(f"bad frame of type {kind}: {exc}")
     raise FrameError(f"unknown frame type {kind}")

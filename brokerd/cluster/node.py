@@ -20,6 +20,15 @@ What the node does, and with what:
   store and lets go; this node loads the session from the store. The sessions
   of a dead node are adopted by one survivor, which also publishes the wills
   of its connected clients.
+- **Handoff** -- while a stored session moves, messages for it must neither
+  be lost nor doubled nor reordered, though every node's route table changes
+  at its own pace. The old owner asks the new one to hold what arrives for
+  the session's filters (HANDOFF / HOLDING), forwards to it what still
+  arrives itself, and moves the routes from itself to the new owner in one
+  event of the log; once every node confirms, on its own link, that it
+  applied that event (SYNC / SYNCED: nothing more can come by the old route),
+  it lets the session go (RELEASED). The new owner loads the session and
+  adds what it held: first what came through the old owner, then the rest.
 - **Fencing** -- a node that cannot reach Redis for longer than it takes the
   others to declare it dead disconnects its clients (v5: 0x9C Use another
   server, with the address of another node), lets go of its sessions and
@@ -38,6 +47,7 @@ from ..protocol import reason as rc
 from ..protocol.codec import _properties, encode_properties
 from ..protocol.packets import PUBLISH as PUBLISH_PROPS
 from ..protocol.packets import Publish
+from ..routing.topic import matches
 from ..store.records import pack_will, unpack_will
 from . import frames
 from .bus import Bus
@@ -49,8 +59,51 @@ log = logging.getLogger("brokerd.cluster")
 HEARTBEAT = 1.0          # seconds between membership refreshes
 ACK_TIMEOUT = 5.0        # how long a publisher waits for another node to store its message
 RELEASE_TIMEOUT = 5.0    # how long a takeover waits for the old node
+HANDOFF_TIMEOUT = 1.0    # how long the old owner waits for the new one to hold a moving session's messages
+SYNC_TIMEOUT = 2.0       # how long it waits for the other nodes to switch routes
 COMPACT_EVERY = 30.0
+ORPHAN_TIMEOUT = 30.0    # how long messages for a dead node's sessions are refused awaiting their adoption
 SNAPSHOT_KEY = "cluster.routes"
+
+
+def _event_key(eid: str) -> tuple[int, int]:
+    ms, _, seq = eid.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class _Holder:
+    """A stored session on the move, at a node it leaves (``old`` is None:
+    what arrives for its filters goes on to the new owner over ``link``) or
+    at the node it comes to (what arrives is held: ``old``, forwarded by the
+    old owner, and ``new``, the rest, until the session is loaded here)."""
+
+    __slots__ = ("tenant", "cid", "filters", "link", "peer", "counts", "old", "new", "since")
+
+    def __init__(self, tenant, cid, filters, link, peer, arriving: bool, since: float):
+        self.tenant, self.cid, self.filters = tenant, cid, filters
+        self.link, self.peer = link, peer
+        self.counts: dict = {}
+        self.old: list | None = [] if arriving else None        # [(msg, waiter or None)]
+        self.new: list = []
+        self.since = since
+
+    def wants(self, topic: str) -> bool:
+        return any(matches(f, topic) for f in self.filters)
+
+
+class _Join:
+    """Calls ``done(all ok)`` after ``n`` calls."""
+
+    __slots__ = ("n", "ok", "done")
+
+    def __init__(self, n: int, done):
+        self.n, self.ok, self.done = n, True, done
+
+    def __call__(self, ok: bool) -> None:
+        self.ok = self.ok and ok
+        self.n -= 1
+        if self.n == 0:
+            self.done(self.ok)
 
 
 def _b64(raw: bytes | None) -> str | None:
@@ -79,8 +132,17 @@ class ClusterNode:
         self._req = itertools.count(1)
         self._acks: dict[int, tuple] = {}             # req -> (waiter, deadline, peer)
         self._releases: dict[int, tuple] = {}         # req -> (future, node asked)
+        self._answers: dict[int, tuple] = {}          # req -> (future, node asked): HOLDING and SYNCED
+        self._holders: dict[str, list[_Holder]] = {}  # tenant -> its sessions moving through this node
+        self._arriving: dict[tuple, _Holder] = {}     # (tenant, client id) -> holder, at the new owner
+        self._claiming: set[tuple] = set()            # (tenant, client id) this node is taking over
+        self._frozen: set[tuple] = set()              # (tenant, filter) not announced during a handoff
+        self._syncs: list[tuple] = []                 # (event id, node, req) to answer once applied
+        self._announce_lock = asyncio.Lock()
         self._announced: dict[tuple, tuple] = {}      # (tenant, filter) -> (subs, durable, {group: members})
-        self._dirty: set[tuple] = set()
+        self._dirty: set[tuple] = set()                # (tenant, filter) whose counts changed
+        self._outbox: list[dict] = []                  # other events to publish, in order
+        self._orphaned: dict[str, float] = {}          # dead node -> until when its sessions await adoption
         self._dirty_event = asyncio.Event()
         self.last_event = "0-0"
         self.fenced = False
@@ -142,7 +204,8 @@ class ClusterNode:
                 pass
         if graceful and not self.fenced:
             try:
-                await self.bus.publish_events([{"t": "reset", "n": self.id}])
+                # its persistent sessions await adoption: the others refuse their messages meanwhile
+                await self.bus.publish_events([{"t": "reset", "n": self.id, "keep": 1}])
                 await self.bus.leave()
             except Exception as exc:
                 log.warning("could not announce leaving the cluster: %s", exc)
@@ -171,6 +234,8 @@ class ClusterNode:
                 await self._unfence()
             gone = set(self.members) - set(members)
             self.members = members
+            for node in members:
+                self._orphaned.pop(node, None)     # back (restarted): it announces its routes afresh
             for node in gone:
                 self._node_gone(node)
 
@@ -194,8 +259,13 @@ class ClusterNode:
         self.stats_totals = totals_stats
 
     def _node_gone(self, node: str) -> None:
+        """A node's membership expired. Its persistent sessions wait for a
+        survivor to adopt them: until that survivor announced them (its "gone"
+        event), QoS 1/2 messages for them are refused (the publisher is told,
+        and sends again) instead of being acknowledged for nobody."""
         log.warning("node %s left the cluster", node)
-        self.routes.drop_node(node)
+        if self.routes.drop_node(node, keep_durable=True):
+            self._orphaned[node] = self.loop.time() + ORPHAN_TIMEOUT
         link = self.links.pop(node, None)
         if link is not None:
             link.close()
@@ -206,7 +276,11 @@ class ClusterNode:
         """Adopt the stored sessions of a node that is gone (one survivor does)."""
         try:
             if not await self.bus.reap(node):
-                return
+                return                   # another survivor does it (and announces it)
+        except Exception:
+            log.exception("adopting the sessions of node %s failed", node)
+            return
+        try:
             graceful = await self.bus.left_gracefully(node)
             adopted = 0
             for tenant, cid in await self.bus.owned(node):
@@ -233,6 +307,9 @@ class ClusterNode:
                         "" if graceful else f", published {wills} wills of its clients")
         except Exception:
             log.exception("adopting the sessions of node %s failed", node)
+        finally:
+            self._apply({"t": "gone", "n": self.id, "of": node})
+            self._queue_event({"t": "gone", "n": self.id, "of": node})
 
     async def _adopt_orphans(self) -> None:
         """Stored sessions no live node holds (the whole cluster was down, or
@@ -299,6 +376,8 @@ class ClusterNode:
         self.broker.drop_all_sessions()
         for node in list(self.routes.nodes()):
             self.routes.drop_node(node)
+        for tenant, cid in list(self._arriving):
+            self._flush_arriving(tenant, cid, ok=False)
         self._fail_requests(None)
 
     async def _unfence(self) -> None:
@@ -339,15 +418,30 @@ class ClusterNode:
                     self._apply(e)
                 except Exception:
                     log.exception("bad cluster event %r", e)
+            if self._syncs and events:
+                self._answer_syncs()
 
     def _apply(self, e: dict) -> None:
         kind = e["t"]
-        if kind == "route":
+        if kind == "multi":                 # several changes at once (a handoff): no message sees half of them
+            for sub in e["e"]:
+                if sub.get("n") != self.id:
+                    self._apply(sub)
+        elif kind == "route":
             self.routes.set_route(e["n"], e["tn"], e["f"], e["s"], e["d"])
         elif kind == "group":
             self.routes.set_group(e["n"], e["tn"], e["g"], e["f"], e["m"])
-        elif kind == "reset":
-            self.routes.drop_node(e["n"])
+        elif kind == "reset":               # a node leaves (keep: its sessions await adoption) or rejoins
+            if e.get("keep") and e["n"] != self.id:
+                if self.routes.drop_node(e["n"], keep_durable=True):
+                    self._orphaned[e["n"]] = self.loop.time() + ORPHAN_TIMEOUT
+            else:
+                self.routes.drop_node(e["n"])
+                self._orphaned.pop(e["n"], None)
+        elif kind == "gone":                # node "of" is adopted: nothing of it awaits any more
+            if e["of"] != self.id:
+                self.routes.drop_node(e["of"])
+                self._orphaned.pop(e["of"], None)
         elif kind == "retain":
             ns = self.broker.namespace(e["tn"])
             payload = _unb64(e.get("p"))
@@ -373,7 +467,7 @@ class ClusterNode:
         self._queue_event(e)
 
     def _queue_event(self, e: dict) -> None:
-        self._dirty.add(("event", json.dumps(e, sort_keys=True)))
+        self._outbox.append(e)
         self._dirty_event.set()
 
     # ========================================================= announcements
@@ -387,24 +481,47 @@ class ClusterNode:
             await self._dirty_event.wait()
             await asyncio.sleep(0.01)          # gather a burst of subscriptions into one round
             self._dirty_event.clear()
-            dirty, self._dirty = self._dirty, set()
-            events = []
-            for item in dirty:
-                if item[0] == "event":
-                    events.append(json.loads(item[1]))
+            failed = False
+            async with self._announce_lock:
+                dirty, self._dirty = self._dirty, set()
+                outbox, self._outbox = self._outbox, []
+                if self._frozen:
+                    held = {item for item in dirty if item in self._frozen}
+                    if held:
+                        dirty -= held
+                        self._dirty |= held        # announced when the handoff is over
+                events = []
+                changes: list = []
+                for item in dirty:
+                    events.extend(self._route_events(*item, changes=changes))
+                events.extend(outbox)                  # after the routes (an adoption's "gone" follows its routes)
+                if not events:
                     continue
-                events.extend(self._route_events(*item))
-            if not events or self.fenced:
-                continue
-            try:
-                await self.bus.publish_events(events)
-            except Exception as exc:
-                log.warning("could not announce routes (%s); retrying", exc)
-                self._dirty |= dirty
-                self._dirty_event.set()
+                try:
+                    if self.fenced:
+                        raise ConnectionError("fenced")
+                    await self.bus.publish_events(events)
+                except Exception as exc:
+                    # not announced: forget that it was, so that the retry (or the rejoin) announces it
+                    for key, before, now in changes:
+                        if self._announced.get(key) == now:
+                            if before is None:
+                                self._announced.pop(key, None)
+                            else:
+                                self._announced[key] = before
+                    if not self.fenced:
+                        log.warning("could not announce routes (%s); retrying", exc)
+                    self._dirty |= dirty
+                    self._outbox[:0] = outbox
+                    self._dirty_event.set()
+                    failed = True
+            if failed:
                 await asyncio.sleep(0.5)
 
-    def _route_events(self, tenant: str, filt: str) -> list[dict]:
+    def _route_events(self, tenant: str, filt: str, changes: list | None = None) -> list[dict]:
+        """The events that announce this node's current counts for ``filt``;
+        records them as announced (``changes`` gets (key, before, now) to undo
+        that when the events could not be published)."""
         ns = self.broker.namespaces.get(tenant)
         route = ns.trie.get(filt) if ns is not None else None
         subs = len(route.subs) if route is not None else 0
@@ -414,6 +531,8 @@ class ClusterNode:
         now = (subs, durable, groups)
         if now == before:
             return []
+        if changes is not None:
+            changes.append(((tenant, filt), self._announced.get((tenant, filt)), now if (subs or durable or groups) else None))
         if subs or durable or groups:
             self._announced[(tenant, filt)] = now
         else:
@@ -463,12 +582,29 @@ class ClusterNode:
         if self.fenced or msg.topic.startswith("$SYS/"):
             return self._local_groups(ns, msg, groups, now), []
         nodes, rgroups = self.routes.match(ns.name, msg.topic)
-        if not nodes and not rgroups:
+        holders = self._holders.get(ns.name) if self._holders else None
+        if not nodes and not rgroups and not holders:
             return (self._local_groups(ns, msg, groups, now) if groups else 0), []
         count = 0
         waits = []
         parts = self._parts(ns, msg, now)
+        if holders:
+            for h in holders:
+                if h.wants(msg.topic):
+                    waiter = None
+                    if msg.qos:
+                        req = next(self._req)
+                        self._wait_ack(req, h.peer if h.old is None else self.id, waits)
+                        waiter = self._resolver(req)
+                    self._hold(h, msg, parts, waiter)
+                    count += 1
         for node, durable in nodes.items():
+            if node in self._orphaned:
+                if durable and msg.qos:          # for sessions awaiting adoption: refused (see _node_gone)
+                    req = next(self._req)
+                    waits.append(req)
+                    self._acks[req] = (None, 0.0, node)      # fails at the next timeout round
+                continue
             req = next(self._req) if durable and msg.qos else 0
             self._send(node, frames.publish(req, *parts))
             if req:
@@ -488,6 +624,26 @@ class ClusterNode:
                 self._wait_ack(req, target, waits)
             count += 1
         return count + self._local_groups(ns, msg, list(local.values()), now), waits
+
+    def _resolver(self, req: int):
+        """A waiter that completes the request ``req`` (as its ACK would)."""
+        def resolve(ok: bool) -> None:
+            entry = self._acks.pop(req, None)
+            if entry is not None and entry[0] is not None:
+                entry[0](ok)
+        return resolve
+
+    def _hold(self, h: _Holder, msg: Publish, parts: tuple, waiter) -> None:
+        """A message for a moving session: on to its new owner, or kept until it is here."""
+        if h.old is not None:
+            h.new.append((msg, waiter))
+            return
+        req = 0
+        if waiter is not None:
+            req = next(self._req)
+            self._acks[req] = (waiter, self.loop.time() + ACK_TIMEOUT, h.peer)
+        qos, flags = parts[0], parts[1]
+        h.link.send(frames.publish(req, qos, flags | frames.TARGET, *parts[2:], h.cid.encode(), b""))
 
     def _local_groups(self, ns, msg, groups, now) -> int:
         return sum(1 for g in groups if self.broker.deliver_shared(ns, g, msg, now))
@@ -557,16 +713,27 @@ class ClusterNode:
         for fut, peer in list(self._releases.values()):
             if not fut.done() and (node is None or peer == node):
                 fut.set_result(False)
+        for fut, peer in list(self._answers.values()):
+            if not fut.done() and (node is None or peer == node):
+                fut.set_result(None)
 
     async def _timeout_loop(self) -> None:
         while True:
             await asyncio.sleep(0.5)
             now = self.loop.time()
+            for (tenant, cid), h in list(self._arriving.items()):
+                if (tenant, cid) not in self._claiming and h.since + RELEASE_TIMEOUT < now:
+                    self._flush_arriving(tenant, cid)
             for req, (waiter, deadline, _) in list(self._acks.items()):
                 if deadline < now:
                     del self._acks[req]
                     if waiter is not None:
                         waiter(False)
+            for node, until in list(self._orphaned.items()):
+                if until < now:                  # nobody announced an adoption: stop refusing
+                    log.warning("no node announced adopting the sessions of node %s", node)
+                    self.routes.drop_node(node)
+                    del self._orphaned[node]
 
     # ============================================================== frames in
 
@@ -584,6 +751,15 @@ class ClusterNode:
             entry = self._releases.pop(f[1], None)
             if entry is not None and not entry[0].done():
                 entry[0].set_result(f[2] == 0)
+        elif kind == frames.HANDOFF:
+            self.loop.create_task(self._on_handoff(link, f[1], f[2]))
+        elif kind in (frames.HOLDING, frames.SYNCED):
+            entry = self._answers.pop(f[1], None)
+            if entry is not None and not entry[0].done():
+                entry[0].set_result(f[2])
+        elif kind == frames.SYNC:
+            self._syncs.append((f[2], link.peer, f[1]))
+            self._answer_syncs()
 
     def _on_publish(self, link, req, qos, flags, expiry, tenant, topic, props, payload, group, gfilter) -> None:
         now = self.loop.time()
@@ -604,26 +780,208 @@ class ClusterNode:
             msg.expiry_at = now + expiry
         broker = self.broker
         journal = broker.journal
-        if journal is not None and not journal.healthy and req:
+        if req and (self.fenced or (journal is not None and not journal.healthy)):
+            # a fenced node dropped its sessions (the others adopt them): it must not take on
+            # anything it could lose -- the publisher's node answers its client with the error
             link.send(frames.ack(req, rc.IMPLEMENTATION_SPECIFIC_ERROR))
             return
         before = len(journal.ops) if journal is not None else 0
-        broker.receive_forward(broker.namespace(tenant), msg, group or None, gfilter or None, now)
-        if not req:
-            return
-        if journal is not None and len(journal.ops) > before:
-            journal.after_commit(lambda ok: link.send(frames.ack(req, 0 if ok else rc.IMPLEMENTATION_SPECIFIC_ERROR)))
+        wanting = None
+        if flags & frames.TARGET:
+            # for one session that moved: the node it left sends what still came there
+            h = self._arriving.get((tenant, group))
+            if h is not None:
+                h.old.append((msg, self._acker(link, req) if req else None))
+                return
+            ns = broker.namespaces.get(tenant)
+            session = ns.sessions.get(group) if ns is not None else None
+            if session is not None:
+                broker.deliver_to(session, msg, now)
         else:
-            link.send(frames.ack(req, 0))
+            broker.receive_forward(broker.namespace(tenant), msg, group or None, gfilter or None, now)
+            if self._holders and not group:
+                holders = self._holders.get(tenant)
+                if holders:
+                    wanting = [h for h in holders if h.wants(topic)]
+        stored = journal is not None and len(journal.ops) > before
+        if not req:
+            if wanting:
+                parts = (qos, flags, expiry, tenant.encode(), topic.encode(), props, payload)
+                for h in wanting:
+                    self._hold(h, msg, parts, None)
+            return
+        if not wanting:
+            if stored:
+                journal.after_commit(self._acker(link, req))
+            else:
+                link.send(frames.ack(req, 0))
+            return
+        join = _Join(int(stored) + len(wanting), self._acker(link, req))
+        if stored:
+            journal.after_commit(join)
+        parts = (qos, flags, expiry, tenant.encode(), topic.encode(), props, payload)
+        for h in wanting:
+            self._hold(h, msg, parts, join)
+
+    @staticmethod
+    def _acker(link, req: int):
+        return lambda ok: link.send(frames.ack(req, 0 if ok else rc.IMPLEMENTATION_SPECIFIC_ERROR))
 
     async def _on_takeover(self, link, req, tenant, cid) -> None:
+        """Another node takes a session of this one over (see Handoff above)."""
+        ns = self.broker.namespaces.get(tenant)
+        session = ns.sessions.get(cid) if ns is not None else None
+        holder = None
+        if session is not None and session.durable and not self.fenced and link.peer:
+            filters = sorted({sub.filter for sub in session.subscriptions.values() if sub.group is None})
+            if filters:
+                holder = await self._begin_handoff(link, tenant, cid, filters)
+        # from here on, what arrives for the session goes to the holder (no await in between)
         found = self.broker.release(tenant, cid, self.loop.time())
         if found:
             for filt in self._announced_filters(tenant):
                 self.route_dirty(tenant, filt)
-            if self.server.writer is not None:
+        try:
+            if holder is not None:
+                await self._switch_routes(holder)
+            if found and self.server.writer is not None:
                 await self.server.writer.drain(5.0)
+        finally:
+            if holder is not None:
+                self._end_forwarding(holder)
         link.send(frames.released(req, 0 if found else 1))
+
+    async def _ask(self, node: str, send, timeout: float):
+        """Send a request (``send(req)``) and wait for its HOLDING/SYNCED answer (None: none came)."""
+        req = next(self._req)
+        fut = self.loop.create_future()
+        self._answers[req] = (fut, node)
+        send(req)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            return None
+        finally:
+            self._answers.pop(req, None)
+
+    async def _begin_handoff(self, link, tenant: str, cid: str, filters: list[str]) -> "_Holder | None":
+        """Old owner: the new owner holds the session's messages from now on."""
+        keys = [(tenant, f) for f in filters]
+        self._frozen.update(keys)
+        text = json.dumps({"tenant": tenant, "client_id": cid, "filters": filters})
+        answer = await self._ask(link.peer, lambda r: link.send(frames.handoff(r, text)), HANDOFF_TIMEOUT)
+        counts = json.loads(answer) if isinstance(answer, str) else None
+        if not counts:
+            self._frozen.difference_update(keys)
+            for key in keys:
+                self.route_dirty(*key)
+            return None
+        holder = _Holder(tenant, cid, filters, link, link.peer, False, self.loop.time())
+        holder.counts = counts
+        self._holders.setdefault(tenant, []).append(holder)
+        return holder
+
+    async def _switch_routes(self, h: _Holder) -> None:
+        """Old owner: move the session's routes to the new owner in one event,
+        then wait until every node applied it."""
+        events = []
+        async with self._announce_lock:
+            for f in h.filters:
+                key = (h.tenant, f)
+                self._frozen.discard(key)
+                self._dirty.discard(key)
+                events.extend(self._route_events(h.tenant, f))      # this node's counts, without the session
+                subs, durable = h.counts.get(f, (0, 0))
+                events.append({"t": "route", "n": h.peer, "tn": h.tenant, "f": f, "s": subs + 1, "d": durable + 1})
+            try:
+                ids = await self.bus.publish_events([{"t": "multi", "n": self.id, "e": events}])
+            except Exception as exc:
+                log.warning("handoff of %s/%s: could not switch routes (%s)", h.tenant, h.cid, exc)
+                return
+        peers = [n for n in self.members if n != self.id]
+        answers = await asyncio.gather(*(
+            self._ask(n, lambda r, n=n: self._send(n, frames.sync(r, ids[-1])), SYNC_TIMEOUT) for n in peers))
+        late = [n for n, a in zip(peers, answers, strict=True) if a is None]
+        if late:
+            log.warning("handoff of %s/%s: nodes %s did not confirm the route switch", h.tenant, h.cid, late)
+
+    def _end_forwarding(self, h: _Holder) -> None:
+        holders = self._holders.get(h.tenant)
+        if holders and h in holders:
+            holders.remove(h)
+            if not holders:
+                del self._holders[h.tenant]
+        for f in h.filters:
+            subs, durable = h.counts.get(f, (0, 0))
+            self.routes.set_route(h.peer, h.tenant, f, subs + 1, durable + 1)
+
+    async def _on_handoff(self, link, req: int, text: str) -> None:
+        """New owner: hold what arrives for a session this node is taking over."""
+        d = json.loads(text)
+        tenant, cid, filters = d["tenant"], d["client_id"], d["filters"]
+        if (tenant, cid) not in self._claiming or (tenant, cid) in self._arriving or self.fenced:
+            link.send(frames.holding(req, "null"))
+            return
+        counts = {}
+        async with self._announce_lock:
+            for f in filters:
+                key = (tenant, f)
+                self._frozen.add(key)
+                subs, durable, groups = self._announced.get(key, (0, 0, {}))
+                counts[f] = [subs, durable]
+                self._announced[key] = (subs + 1, durable + 1, groups)       # what the old owner will announce
+            h = _Holder(tenant, cid, filters, link, link.peer, True, self.loop.time())
+            self._holders.setdefault(tenant, []).append(h)
+            self._arriving[(tenant, cid)] = h
+        link.send(frames.holding(req, json.dumps(counts)))
+
+    def _flush_arriving(self, tenant: str, cid: str, ok: bool = True) -> None:
+        """New owner: the session is here (or will not be): what was held goes to it."""
+        h = self._arriving.pop((tenant, cid), None)
+        if h is None:
+            return
+        holders = self._holders.get(tenant)
+        if holders and h in holders:
+            holders.remove(h)
+            if not holders:
+                del self._holders[tenant]
+        ns = self.broker.namespaces.get(tenant)
+        session = ns.sessions.get(cid) if ns is not None and ok else None
+        now = self.loop.time()
+        waiters = []
+        for msg, waiter in h.old + h.new:
+            if session is not None:
+                self.broker.deliver_to(session, msg, now)
+            if waiter is not None:
+                waiters.append(waiter)
+        if h.old or h.new:
+            log.info("handoff of %s/%s: %d messages came through the old node, %d held here", tenant, cid,
+                     len(h.old), len(h.new))
+        journal = self.broker.journal
+        if waiters:
+            if not ok:
+                for w in waiters:
+                    w(False)
+            elif journal is not None:
+                journal.after_commit(lambda done: [w(done) for w in waiters])
+            else:
+                for w in waiters:
+                    w(True)
+        for f in h.filters:
+            self._frozen.discard((tenant, f))
+            self.route_dirty(tenant, f)
+
+    def _answer_syncs(self) -> None:
+        """SYNCs whose event this node applied: answered over this node's own link to the asker."""
+        done = _event_key(self.last_event)
+        keep = []
+        for eid, node, req in self._syncs:
+            if self.fenced or _event_key(eid) <= done:
+                if node:
+                    self._send(node, frames.synced(req))
+            else:
+                keep.append((eid, node, req))
+        self._syncs = keep
 
     def _announced_filters(self, tenant: str) -> list[str]:
         return [f for (t, f) in self._announced if t == tenant]
@@ -640,6 +998,7 @@ class ClusterNode:
             channel.refuse(rc.SERVER_UNAVAILABLE, "this node is out of the cluster")
             return
         token = None
+        key = (tenant, cid)
         try:
             # the common case in one round trip: the client id was free, or already here
             owner = await self.bus.try_claim(tenant, cid)
@@ -650,9 +1009,11 @@ class ClusterNode:
                     return
                 owner = await self.bus.owner(tenant, cid)
                 if owner is not None and owner != self.id and owner in self.members:
+                    self._claiming.add(key)
                     await self._request_release(owner, tenant, cid)
                 if not clean_start:
                     await self._load_session(tenant, cid)
+                self._flush_arriving(tenant, cid)
                 await self.bus.claim(tenant, cid, False, owner)
             if channel.state != 1:         # CONNECTING: the client went away meanwhile
                 return
@@ -667,6 +1028,8 @@ class ClusterNode:
             if channel.state == 1:
                 channel.refuse(rc.SERVER_UNAVAILABLE, "cluster unavailable")
         finally:
+            self._claiming.discard(key)
+            self._flush_arriving(tenant, cid)
             if token is not None:
                 try:
                     await self.bus.unlock(tenant, cid, token)

@@ -82,11 +82,16 @@ class ClusterRoutes:
                 trie.discard(filt)
         self.cache.clear()
 
-    def drop_node(self, node: str) -> None:
-        """A node left or died: forget everything it announced."""
+    def drop_node(self, node: str, keep_durable: bool = False) -> bool:
+        """A node left or died: forget everything it announced (but its routes
+        to persistent sessions with ``keep_durable``). -> whether any was kept."""
+        kept = False
         for trie in self.tries.values():
             for filt, route in list(trie.items()):
-                route.nodes.pop(node, None)
+                counts = route.nodes.pop(node, None)
+                if keep_durable and counts is not None and counts[1] > 0:
+                    route.nodes[node] = [counts[1], counts[1]]
+                    kept = True
                 for group in list(route.groups):
                     route.groups[group].pop(node, None)
                     if not route.groups[group]:
@@ -94,6 +99,7 @@ class ClusterRoutes:
                 if not route:
                     trie.discard(filt)
         self.cache.clear()
+        return kept
 
     # ---------------------------------------------------------------- reads
 

@@ -150,7 +150,7 @@ class Channel:
         self.blocked = False            # deliveries must queue: congested, or the queue is not empty
         self.pending = 0                # bytes added to ``out`` since the transport last wrote it
         self.max_pending = limits.max_pending
-        self.inbound_pending = 0        # QoS 1/2 PUBLISHes received whose ack the broker still owes
+        self.inbound_pending = 0        # QoS 1 PUBLISHes received whose PUBACK the broker still owes
         self._acks = None               # acks to the client waiting for the store, in arrival order
         self._held = None               # packets received while the broker decides on the CONNECT
         self.close_reason: tuple[int, str] | None = None
@@ -433,7 +433,9 @@ class Channel:
                 raise RemoteProtocolError("payload above the tenant's maximum", rc.PACKET_TOO_LARGE)
             return
         if qos == 1:
-            if self.inbound_pending >= self.limits.max_inflight and self.version == MQTT5:
+            # Receive Maximum: QoS 1 until its PUBACK, QoS 2 until its PUBCOMP (awaiting_rel)
+            if (self.version == MQTT5
+                    and self.inbound_pending + len(self.session.awaiting_rel) >= self.limits.max_inflight):
                 raise RemoteProtocolError("Receive Maximum exceeded", rc.RECEIVE_MAXIMUM_EXCEEDED)
             code = self.broker.publish(p, self, now)
             if code is None:
@@ -458,10 +460,8 @@ class Channel:
         if self.version == MQTT5 and len(awaiting) + self.inbound_pending >= self.limits.max_inflight:
             raise RemoteProtocolError("Receive Maximum exceeded", rc.RECEIVE_MAXIMUM_EXCEEDED)
         code = self.broker.publish(p, self, now, pid)
-        if code is None:
-            self.inbound_pending += 1
-            awaiting.add(pid)
-        elif code < 0x80:
+        if code is None or code < 0x80:
+            # counted against Receive Maximum from now until its PUBCOMP (also while the PUBREC waits)
             awaiting.add(pid)
         self._queue_ack(PUBREC, pid, code)
 
@@ -469,7 +469,8 @@ class Channel:
         """The broker finished a PUBLISH it answered ``None`` for: its ack may go."""
         if self.state != CONNECTED:
             return
-        self.inbound_pending -= 1
+        if qos == 1:
+            self.inbound_pending -= 1
         self._ack_ready(PUBACK if qos == 1 else PUBREC, packet_id, code)
 
     # Acks to the client leave in the order of the packets they answer

@@ -321,10 +321,13 @@ class Cluster:
         pubs = []
         try:
             for i, node in enumerate(nodes):
-                sub = PahoClient(f"{tag}-sub{i}", V311).connect(node.port())
+                sub = PahoClient(f"{tag}-sub{i}", V311)
+                subs.append(sub)                 # before connecting: a refused one is stopped too
+                sub.connect(node.port())
                 sub.subscribe(f"{tag}/#", qos=0)
-                subs.append(sub)
-                pubs.append(PahoClient(f"{tag}-pub{i}", V311).connect(node.port()))
+                pub = PahoClient(f"{tag}-pub{i}", V311)
+                pubs.append(pub)
+                pub.connect(node.port())
             missing = {(i, j) for i in range(len(nodes)) for j in range(len(nodes)) if i != j}
             deadline = time.monotonic() + timeout
             while missing:

@@ -5,8 +5,6 @@ clients to another node (0x9C + Server Reference) where their sessions wait."""
 
 import signal
 
-import pytest
-
 from ..durability.test_crash import drain, received_in_order
 from ..integration.helpers import Client, connect
 from ..integration.raw import (
@@ -83,10 +81,6 @@ def test_takeover_back_and_forth_with_311_client(cluster, tag):
         assert a.expect().payload == b"%d" % hop
 
 
-@pytest.mark.xfail(strict=True, reason="brokerd bug: after a takeover released the session, the old node still "
-                   "gets forwarded QoS 1 messages (the publisher's node has not seen the route withdrawn) and "
-                   "ACKs them with 0 without storing them (ClusterNode._on_publish): ~7 PUBACKed messages lost "
-                   "per takeover at 600 msg/s")
 def test_no_acknowledged_message_lost_while_the_session_moves(cluster, tag):
     """QoS 1 messages published on node 3 all along while a persistent session
     is taken over from node 1 to node 2 and back, three times: whatever got a
@@ -144,9 +138,6 @@ def test_sigterm_sends_v5_clients_to_another_node_with_their_sessions(cluster, t
         assert [m.payload for m in drain(w, idle=2.0, limit=10)] == [b"gone"]
 
 
-@pytest.mark.xfail(strict=True, reason="brokerd bug: a QoS 2 PUBLISH whose PUBREC waits (for another node or the "
-                   "store) is counted in awaiting_rel and in inbound_pending (channel.py Receive Maximum check), "
-                   "so the 17th of 17 in flight gets DISCONNECT 0x93 with Receive Maximum 32")
 def test_qos2_burst_within_receive_maximum_to_a_stored_session_on_another_node(cluster, tag):
     """17 QoS 2 PUBLISHes in one write from a v5 client (brokerd's Receive
     Maximum is 32) to a topic of a stored session on another node: each gets

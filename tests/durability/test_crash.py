@@ -49,7 +49,14 @@ class Publisher:
 
     @property
     def acked(self) -> set[int]:
-        return {n for mid, n in list(self._mids.items()) if mid in self._acked_mids}
+        while True:          # the publishing thread may add to _mids meanwhile: copy until it held still
+            try:
+                mids = dict(self._mids)
+                acked = set(self._acked_mids)
+                break
+            except RuntimeError:
+                continue
+        return {n for mid, n in mids.items() if mid in acked}
 
     def publish_all(self, stop: threading.Event) -> None:
         for n in range(TOTAL):

@@ -1,0 +1,95 @@
+"""Hiccups of the cluster bus that are shorter than a netsplit: Redis refuses
+a command for a moment, or drops every client connection (as a Redis restart
+or a proxy's idle timeout does). Nodes must not fence for that, and must not
+lose anything either: routes get announced, CONNECTs accepted."""
+
+import socket
+import threading
+import time
+
+import pytest
+
+from ..integration.helpers import connect
+from ..integration.raw import CONNACK, RawClient, connect_packet
+from ..mqtt import V5
+from .conftest import RedisServer, settle, wait_until
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    """A Redis of the test's own: these tests change its ACL and kill its clients."""
+    server = RedisServer(tmp_path).start()
+    yield server
+    server.stop()
+
+
+def connect_burst(port: int, n: int, stem: str) -> list[int]:
+    """``n`` CONNECTs sent at once (each on its own socket); -> their CONNACK codes."""
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(n)]
+    try:
+        barrier = threading.Barrier(n)
+
+        def send(i, s):
+            barrier.wait()
+            s.sendall(connect_packet(f"{stem}-{i}", 5))
+
+        threads = [threading.Thread(target=send, args=(i, s)) for i, s in enumerate(socks)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        codes = []
+        for s in socks:
+            raw = RawClient(0, sock=s, timeout=10)
+            raw.version = 5
+            codes.append(raw.expect(CONNACK).code)
+        return codes
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_connects_accepted_after_redis_dropped_every_connection(cluster, redis_server, tag):
+    n1, n2 = cluster.start(2)
+    keep = connect(n1.port(), f"{tag}-keep", V5)
+    assert connect_burst(n2.port(), 20, f"{tag}-a") == [0] * 20      # the node's pool grows to many connections
+    r = redis_server.client()
+    r.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    codes = connect_burst(n2.port(), 20, f"{tag}-b")
+    assert "fences" not in n1.log + n2.log
+    assert keep.client.is_connected()
+    assert codes == [0] * 20, f"CONNACK codes {codes}"
+
+
+def test_a_route_whose_announcement_failed_is_announced_later(cluster, redis_server, tag):
+    n1, n2 = cluster.start(2)
+    r = redis_server.client()
+    sub = connect(n2.port(), f"{tag}-sub", V5)
+    try:
+        r.execute_command("ACL", "SETUSER", "default", "-xadd")       # the event log refuses appends
+        sub.subscribe(f"{tag}/x", qos=1)
+        wait_until(lambda: "could not announce routes" in n2.log, timeout=5,
+                   message="the announcement did not fail")
+    finally:
+        r.execute_command("ACL", "SETUSER", "default", "+xadd")
+    assert "fences" not in n2.log
+    settle(connect(n1.port(), f"{tag}-pub", V5), f"{tag}/x", sub, timeout=5)
+
+
+def test_a_short_redis_hiccup_does_not_fence_nodes(cluster, redis_server, tag):
+    """Every client connection of Redis dropped at once: a second later nodes
+    still forward and accept clients, none fenced, no client disconnected."""
+    n1, n2 = cluster.start(2)
+    sub = connect(n2.port(), f"{tag}-sub", V5)
+    sub.subscribe(f"{tag}/x", qos=1)
+    pub = connect(n1.port(), f"{tag}-pub", V5)
+    settle(pub, f"{tag}/x", sub)
+    redis_server.client().execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    time.sleep(2.5)                  # a few heartbeats: each node has used (and renewed) its connections
+    pub.publish(f"{tag}/x", b"after", qos=1)
+    assert sub.expect().payload == b"after"
+    assert "fences" not in n1.log + n2.log
+    assert sub.client.is_connected() and pub.client.is_connected()
+    late = connect(n2.port(), f"{tag}-late", V5)
+    late.subscribe(f"{tag}/y", qos=1)
+    settle(pub, f"{tag}/y", late)
