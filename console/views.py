@@ -100,9 +100,8 @@ def overview(request):
         totals = {k: sum(n.get(k) or 0 for n in nodes) for k in NODE_SUMS}
         totals["nodes"] = len(nodes)
         totals["healthy"] = sum(1 for n in nodes if n.get("health") == "ok")
-    context = {"nodes": nodes, "totals": totals, "db": _db_numbers(), **live.context()}
-    if live.error is not None:
-        context["brokerd_error"] = live.error.message
+    context = {"nodes": nodes, "totals": totals, "db": _db_numbers(),
+               "brokerd_error": live.error.message if live.error else None, **live.context()}
     return render_page(request, "console/overview.html", "console/partials/cluster.html", context)
 
 
