@@ -77,7 +77,8 @@ def client_detail(request, slug, client_id):
 @login_required
 def client_kick(request, slug, client_id):
     tenant, rw = get_live_scope_for_user(request, slug, write=True)
-    form = KickForm(request.POST or None)
+    # bound on every POST: an unticked checkbox sends nothing, and the form must still act
+    form = KickForm(request.POST if request.method == "POST" else None)
     live = Live(request)
     if request.method == "POST" and form.is_valid():
         clear = form.cleaned_data["clear_session"]
@@ -184,7 +185,7 @@ def retained_delete(request, slug):
 @login_required
 def publish(request, slug):
     tenant, rw = get_live_scope_for_user(request, slug, write=request.method == "POST")
-    form = PublishForm(request.POST or None)
+    form = PublishForm(request.POST if request.method == "POST" else None)
     live = Live(request)
     result = None
     if request.method == "POST" and form.is_valid():
