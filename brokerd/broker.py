@@ -18,6 +18,7 @@ import os
 import random
 from dataclasses import dataclass, field
 
+from .metrics.counters import TenantCounters
 from .protocol import properties as P
 from .protocol import reason as rc
 from .protocol.channel import NEVER, ChannelLimits
@@ -135,7 +136,7 @@ class SharedGroup:
 class Namespace:
     """One tenant's topic space."""
 
-    __slots__ = ("name", "trie", "cache", "sessions", "retained", "channels", "closed", "connects")
+    __slots__ = ("name", "trie", "cache", "sessions", "retained", "channels", "closed", "connects", "m")
 
     MAX_CACHE = 100_000
 
@@ -148,6 +149,7 @@ class Namespace:
         self.channels: set = set()              # connected channels of this tenant
         self.closed = [0, 0, 0, 0]              # msgs in, msgs out, bytes in, bytes out of closed channels
         self.connects = 0
+        self.m = TenantCounters()               # the tenant's counters on this node (brokerd.metrics)
 
     def route(self, topic: str) -> tuple:
         """Subscribers of ``topic``: one merged entry per session, and the shared groups.
@@ -236,6 +238,7 @@ class Broker:
         self.auth = auth or AnonymousAuth(self.config.allow_anonymous, self.config.anonymous_tenant)
         self.namespaces: dict[str, Namespace] = {}
         self.stats = Stats()
+        self.sampler = None                     # brokerd.metrics.LatencySampler: times one PUBLISH in 64
         self.budget = MemoryBudget(self.config.queue_budget)
         self.connected = 0
         self.started_at = now
@@ -273,10 +276,15 @@ class Broker:
         auth = self.auth
         code, tenant, identity = auth.authenticate(p, channel, now, now + self.wall_offset)
         if code != rc.SUCCESS:
+            m = self.namespace(tenant).m if tenant is not None else None
             if code in (rc.BAD_USERNAME_OR_PASSWORD, rc.NOT_AUTHORIZED):
                 self.stats.auth_failures += 1
+                if m is not None:
+                    m.auth_failures += 1
             else:
                 self.stats.quota_refused += 1
+                if m is not None:
+                    m.quota += 1
             channel.refuse(code, rc.NAMES.get(code))
             return
         channel.tenant = tenant
@@ -350,6 +358,10 @@ class Broker:
             self.stats.clients_max = self.connected
         self.channels.add(channel)
         ns.channels.add(channel)
+        m = ns.m
+        m.connects += 1
+        if len(ns.channels) > m.connections_max:
+            m.connections_max = len(ns.channels)
         ns.connects += 1
         auth.connected_delta(tenant, 1)
         expires = self._credential_expiry(identity, policy)
@@ -585,6 +597,7 @@ class Broker:
         closed[1] += channel.msgs_out
         closed[2] += channel.bytes_in
         closed[3] += channel.bytes_out
+        ns.m.closed(channel)
         self.auth.connected_delta(ns.name, -1)
         w = channel.will if will else None
         channel.will = None
@@ -692,12 +705,18 @@ class Broker:
         acl = channel.acl
         if acl is not None and (not acl.can_publish(msg.topic) or msg.topic.startswith("$SYS/")):
             self.stats.denied_publish += 1
+            ns.m.acl_denied += 1
             return rc.NOT_AUTHORIZED
         quota = channel.quota
         if quota is not None:
             code = self._publish_quota(ns, msg, quota)
             if code:
                 return code
+        sampler = self.sampler
+        if sampler is not None:
+            sampler.n += 1
+            if not sampler.n & 63:
+                sampler.start(now)
         journal = self.journal
         if (journal is None or not msg.qos) and self.cluster is None:
             if msg.retain:
@@ -705,6 +724,7 @@ class Broker:
             if self._dispatch(ns, msg, now):
                 return rc.SUCCESS
             self.stats.dropped_no_subscribers += 1
+            ns.m.no_subscribers += 1
             return rc.NO_MATCHING_SUBSCRIBERS
         if journal is None or not msg.qos:
             return self._publish_clustered(ns, msg, channel, now)
@@ -720,6 +740,7 @@ class Broker:
         code = rc.SUCCESS if self._dispatch(ns, msg, now) else rc.NO_MATCHING_SUBSCRIBERS
         if code:
             self.stats.dropped_no_subscribers += 1
+            ns.m.no_subscribers += 1
         stored = len(journal.ops) > before
         if not stored and not waits:
             return code
@@ -739,6 +760,7 @@ class Broker:
         code = rc.SUCCESS if self._dispatch(ns, msg, now) else rc.NO_MATCHING_SUBSCRIBERS
         if code:
             self.stats.dropped_no_subscribers += 1
+            ns.m.no_subscribers += 1
         if not waits or not msg.qos:
             return code
         self.cluster.wait_for(waits, _AckWhenDurable(channel, msg.packet_id, msg.qos, code, len(waits)))
@@ -749,11 +771,13 @@ class Broker:
         limit = quota.get("max_payload")
         if limit is not None and len(msg.payload) > limit:
             self.stats.quota_refused += 1
+            ns.m.quota += 1
             return rc.PACKET_TOO_LARGE            # the channel disconnects with 0x95
         limit = quota.get("max_retained")
         if (limit is not None and msg.retain and msg.payload and len(ns.retained) >= limit
                 and ns.retained.get(msg.topic) is None):
             self.stats.quota_refused += 1
+            ns.m.quota += 1
             return rc.QUOTA_EXCEEDED
         return 0
 
@@ -833,6 +857,11 @@ class Broker:
     def receive_forward(self, ns: Namespace, msg: Publish, group: str | None, gfilter: str | None,
                         now: float) -> int:
         """A message another node forwarded: for this node's subscribers only."""
+        sampler = self.sampler
+        if sampler is not None:
+            sampler.n += 1
+            if not sampler.n & 63:
+                sampler.start(now)
         if group is not None:
             route = ns.trie.get(gfilter)
             g = route.groups.get(group) if route is not None else None
@@ -900,6 +929,7 @@ class Broker:
     def _enqueue_offline(self, session: Session, d: Delivery) -> None:
         if d.qos == 0 and not self.limits.queue_qos0:
             self.stats.dropped_queue_full += 1
+            session.ns.m.queue_full += 1
             return
         dropped = session.queue.put(d)
         if dropped:
@@ -914,6 +944,7 @@ class Broker:
     # drop accounting, called by channels
     def queue_dropped(self, session, dropped: list) -> None:
         self.stats.dropped_queue_full += len(dropped)
+        session.ns.m.queue_full += len(dropped)
         if session.durable:
             for d in dropped:
                 if d.entry:
@@ -923,8 +954,10 @@ class Broker:
         """A queued delivery left without being sent: expired, or too large for the client."""
         if expired:
             self.stats.dropped_expired += 1
+            session.ns.m.expired += 1
         else:
             self.stats.dropped_too_large += 1
+            session.ns.m.too_large += 1
         if d.entry and session.durable:
             self.persist.done(session, session.ns.name, d)
 
@@ -960,6 +993,8 @@ class Broker:
 
     def too_large(self, channel, msg) -> None:
         self.stats.dropped_too_large += 1
+        if channel.ns is not None:
+            channel.ns.m.too_large += 1
 
     def dropped(self, channel, msg, code) -> None:
         self.stats.dropped_refused += 1
@@ -995,16 +1030,19 @@ class Broker:
                 policy = self.auth.policy(ns.name)
                 if policy is not None and not policy.sys_enabled:
                     self.stats.denied_subscribe += 1
+                    ns.m.acl_denied += 1
                     codes.append(rc.NOT_AUTHORIZED)
                     continue
             elif acl is not None:
                 granted, check = acl.subscribe(inner)
                 if not granted:
                     self.stats.denied_subscribe += 1
+                    ns.m.acl_denied += 1
                     codes.append(rc.NOT_AUTHORIZED)
                     continue
             if max_subs is not None and not existed and len(session.subscriptions) >= max_subs:
                 self.stats.quota_refused += 1
+                ns.m.quota += 1
                 codes.append(rc.QUOTA_EXCEEDED)
                 continue
             sub = Subscription(filt, req.qos, req.no_local, req.retain_as_published, req.retain_handling, sub_id,

@@ -21,6 +21,8 @@ from .admin.server import AdminServer, AdminTokens
 from .broker import Broker, BrokerConfig
 from .cluster.node import ClusterNode
 from .config import Config, Listener
+from .metrics import LatencySampler, LoopMonitor
+from .metrics.history import History
 from .persistence import Persistence
 from .protocol import reason as rc
 from .protocol.channel import ChannelLimits
@@ -102,6 +104,9 @@ class Server:
         if config.allow_anonymous:
             self.broker.namespace(self.broker.config.anonymous_tenant)
         self.sys = SysTopics(self.broker, config.sys_interval, now)
+        self.broker.sampler = LatencySampler(self.loop)
+        self.loop_monitor = LoopMonitor(self.loop)
+        self.history = None
         self.connections: set[MqttConnection] = set()
         self.flusher = Flusher(self.loop, self.check_budget)
         self.budget = self.broker.budget
@@ -205,6 +210,10 @@ class Server:
             self.broker.cluster = self.cluster
         self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
         self.sys.tick(self.loop.time())
+        self.loop_monitor.start()
+        if self.policy_source is not None and self.config.history_interval > 0:
+            self.history = History(self, self.policy_source.db, self.config.history_interval)
+            self.history.start()
 
     def _over_budget(self) -> None:
         """The queues of connected sessions passed the budget: stop reading
@@ -267,6 +276,9 @@ class Server:
     async def stop(self, timeout: float = 5.0) -> None:
         for srv in self.servers:
             srv.close()
+        self.loop_monitor.stop()
+        if self.history is not None:
+            await self.history.stop()
         if self.admin is not None:
             await self.admin.stop()
         if self._sweeper is not None:

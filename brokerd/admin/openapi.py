@@ -34,6 +34,29 @@ OPENAPI = {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         "schemas": {
             "Error": {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]},
+            "Totals": {"type": "object", "properties": {
+                **{k: {"type": "integer"} for k in ("connections", "connections_max", "connects", "disconnects",
+                                                     "bytes_in", "bytes_out", "auth_failures", "retained",
+                                                     "subscriptions", "queued", "inflight")},
+                "messages_in": {"type": "object", "description": "PUBLISH packets by QoS ('0', '1', '2')",
+                                "additionalProperties": {"type": "integer"}},
+                "messages_out": {"type": "object", "additionalProperties": {"type": "integer"}},
+                "dropped": {"type": "object", "description": "by reason: queue_full, expired, too_large, "
+                            "no_subscribers, acl_denied, quota", "additionalProperties": {"type": "integer"}}}},
+            "NodeMetrics": {"allOf": [{"$ref": "#/components/schemas/Totals"}, {"type": "object", "properties": {
+                "node": {"type": "string"}, "health": {"type": "string", "enum": ["ok", "fenced", "unreachable"]},
+                "uptime": {"type": "number"}, "loop_lag": {"type": "number", "description": "seconds, worst of 5 s"},
+                "cpu_seconds": {"type": "number"}, "memory_rss": {"type": "integer"},
+                "open_fds": {"type": "integer"},
+                "latency": {"type": "object", "description": "histogram of 1 in 64 deliveries: cumulative "
+                            "[le_seconds, count] buckets, sum, count"},
+                "tenants": {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/Totals"}}}}]},
+            "Metrics": {"type": "object", "properties": {
+                "at": {"type": "number", "description": "unix time of the answer"},
+                "items": {"type": "array", "items": {"$ref": "#/components/schemas/NodeMetrics"}},
+                "nodes": {"type": "array", "items": {"$ref": "#/components/schemas/NodeMetrics"}},
+                "cluster": {"$ref": "#/components/schemas/Totals"},
+                "tenants": {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/Totals"}}}},
             "Node": {"type": "object", "properties": {
                 "id": {"type": "string"}, "health": {"type": "string", "enum": ["ok", "fenced", "unreachable"]},
                 "uptime": {"type": "number"}, "listeners": {"type": "array", "items": {"type": "string"}},
@@ -84,6 +107,15 @@ OPENAPI = {
                                       "schema": {"type": "object", "properties": {"items": {
                                           "type": "array", "items": {"$ref": "#/components/schemas/Node"}}}}}}},
                                       **_AUTH}}},
+        "/api/v1/metrics": {"get": {
+            "summary": "every node's figures, the cluster's and each tenant's totals (counters are cumulative "
+                       "since each node started; rates are the caller's differences)",
+            "parameters": [_q("local", "1: this node only", schema={"type": "string", "enum": ["1"]})],
+            "responses": {"200": {"description": "metrics", **_json("Metrics")}, **_AUTH}}},
+        "/metrics": {"get": {
+            "summary": "this node's figures in the Prometheus text format (tenant and node as labels)",
+            "responses": {"200": {"description": "Prometheus exposition",
+                                  "content": {"text/plain": {"schema": {"type": "string"}}}}, **_AUTH}}},
         "/api/v1/clients": {"get": {
             "summary": "clients and persistent sessions, searched across the cluster",
             "parameters": [_q("tenant", "tenant slug"), _q("client_id", "part of the client id"),

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from urllib.parse import unquote, urlencode
 
+from .. import metrics
+from ..metrics import prometheus
 from . import api
 from .api import ApiError
 from .http import HttpProtocol, Request, json_response, request
@@ -61,6 +63,27 @@ class AdminTokens:
         return token if token is not None and not token.revoked else None
 
 
+TOTAL_KEYS = ("connections", "connections_max", "connects", "disconnects", "messages_in", "messages_out", "bytes_in",
+              "bytes_out", "dropped", "auth_failures", "subscriptions", "queued", "inflight")
+
+
+def cluster_metrics(nodes: list[dict]) -> dict:
+    """The cluster's and each tenant's totals over the nodes that answered
+    (retained messages are copied to every node: the largest count, not the sum)."""
+    cluster: dict = {}
+    tenants: dict[str, dict] = {}
+    for n in nodes:
+        if n.get("health") == "unreachable":
+            continue
+        metrics.add_totals(cluster, {k: n[k] for k in TOTAL_KEYS})
+        cluster["retained"] = max(cluster.get("retained", 0), n["retained"])
+        for slug, t in n["tenants"].items():
+            into = tenants.setdefault(slug, {})
+            metrics.add_totals(into, {k: t[k] for k in TOTAL_KEYS})
+            into["retained"] = max(into.get("retained", 0), t["retained"])
+    return {"nodes": nodes, "cluster": cluster, "tenants": tenants}
+
+
 class AdminServer:
     def __init__(self, server, host: str, port: int, tokens: AdminTokens, audit=None):
         self.server = server
@@ -71,6 +94,7 @@ class AdminServer:
         self.audit = audit
         self.address = ""
         self._srv = None
+        self._registry = None
 
     async def start(self) -> None:
         self._srv = await self.loop.create_server(lambda: HttpProtocol(self.handle), self.host, self.port)
@@ -98,6 +122,10 @@ class AdminServer:
                                  [("www-authenticate", 'Bearer realm="brokerd"')])
         if req.method not in ("GET", "HEAD") and token.scope != "write":
             return json_response(403, {"error": f"token {token.name!r} is read-only"})
+        if path == "/metrics":
+            if self._registry is None:
+                self._registry = prometheus.registry_for(self.server)
+            return 200, [("content-type", prometheus.CONTENT_TYPE_LATEST)], prometheus.exposition(self._registry)
         try:
             return await self._route(req, path, token)
         except ApiError as exc:
@@ -126,6 +154,12 @@ class AdminServer:
             if not local:
                 nodes += await self._gather(req, "nodes")
             return json_response(200, {"items": sorted(nodes, key=lambda n: n["id"])})
+        if parts == ["metrics"] and m == "GET":
+            nodes = [metrics.snapshot(self.server)]
+            if not local:
+                nodes += await self._gather(req, "metrics")
+            nodes.sort(key=lambda n: n["node"])
+            return json_response(200, {"at": time.time(), "items": nodes, **cluster_metrics(nodes)})
         if parts == ["clients"] and m == "GET":
             items = api.list_clients(b, self.node, req.query, now)
             if not local:
@@ -247,6 +281,8 @@ class AdminServer:
                 return json.loads(body)["items"]
             except Exception as exc:
                 log.warning("node %s did not answer the admin API: %s", node, exc)
+                if what == "metrics":
+                    return [{"node": node, "health": "unreachable"}]
                 return [{"id": node, "health": "unreachable"}] if what == "nodes" else []
 
         results = await asyncio.gather(*(one(n, a) for n, a in peers.items()))

@@ -101,7 +101,7 @@ class Channel:
         "client_id", "username", "session", "ns", "will", "keepalive", "created_at", "last_rx",
         "connected_at", "in_aliases", "out_aliases", "client_max_packet", "client_alias_max",
         "send_window", "problem_info", "congested", "blocked", "pending", "max_pending", "inbound_pending", "_acks", "_held", "close_reason",
-        "msgs_in", "msgs_out", "bytes_in", "bytes_out", "tenant", "identity", "response_requested",
+        "msgs_in", "msgs_out", "bytes_in", "bytes_out", "qos_in", "qos_out", "tenant", "identity", "response_requested",
         "acl", "quota", "limit_in", "limit_out", "valid_until", "cert", "cert_cn", "throttled_since", "shaping",
         "_rate_held",
         "__weakref__",
@@ -158,6 +158,8 @@ class Channel:
         self.msgs_out = 0
         self.bytes_in = 0
         self.bytes_out = 0
+        self.qos_in = [0, 0, 0]         # PUBLISHes at QoS 1 and 2 (index 0 unused: QoS 0 = msgs - the others)
+        self.qos_out = [0, 0, 0]
 
     def __repr__(self):
         return f"<Channel {self.client_id!r} {self.peer} state={self.state}>"
@@ -397,6 +399,8 @@ class Channel:
 
     def _on_publish(self, p: Publish, now: float) -> None:
         self.msgs_in += 1
+        if p.qos:
+            self.qos_in[p.qos] += 1
         props = p.properties
         if props is not None:
             alias = props.pop(P.TOPIC_ALIAS, None)
@@ -762,6 +766,7 @@ class Channel:
                     self._rate_out(len(data), now)
                 return True
             head = publish_head(msg.topic.encode(), qos, retain, dup, pid, None, len(payload))
+            self.qos_out[qos] += 1
             out = self.out
             if not out:
                 self.hooks.wake()
@@ -815,6 +820,7 @@ class Channel:
         if new_alias is not None:
             # the alias is established only by a PUBLISH that is actually sent
             aliases[topic] = new_alias
+        self.qos_out[qos] += 1
         out = self.out
         if not out:
             self.hooks.wake()

@@ -79,7 +79,8 @@ class TenantControl:
     # ------------------------------------------------------ authentication
 
     def authenticate(self, connect, channel, now: float, wall: float):
-        """-> (reason code, tenant, Identity)."""
+        """-> (reason code, tenant, Identity). A refused CONNECT names the
+        tenant when it is known (for its counters), never an Identity."""
         host = channel.peer.rsplit(":", 1)[0] if channel.peer else ""
         username = connect.username
         if self._throttled(("addr", host), now) or (username and self._throttled(("user", username), now)):
@@ -90,21 +91,28 @@ class TenantControl:
             self._failed(("addr", host), now)
             if username:
                 self._failed(("user", username), now)
-            return code, None, None
+            return code, tenant or self._claimed_tenant(username), None
         if code != rc.SUCCESS:
-            return code, None, None
+            return code, tenant, None
         policy = self.policy(tenant)
         limit = policy.limit("max_connections")
         if limit is not None and self.connected.get(tenant, 0) + self.remote_connected.get(tenant, 0) >= limit:
-            return rc.QUOTA_EXCEEDED, None, None
+            return rc.QUOTA_EXCEEDED, tenant, None
         rate = policy.limit("connect_rate")
         if rate:
             bucket = self._connect_buckets.get(tenant)
             if bucket is None:
                 bucket = self._connect_buckets[tenant] = Bucket(rate, rate, now)
             if not bucket.allow(now):
-                return rc.CONNECTION_RATE_EXCEEDED, None, None
+                return rc.CONNECTION_RATE_EXCEEDED, tenant, None
         return rc.SUCCESS, tenant, ident
+
+    def _claimed_tenant(self, username) -> str | None:
+        """The existing tenant a username "TENANT/DEVICE" names (None: none)."""
+        if not username or "/" not in username:
+            return None
+        slug = username.split("/", 1)[0]
+        return slug if self.policy(slug) is not None else None
 
     def _check(self, connect, channel, wall):
         username, password = connect.username, connect.password
