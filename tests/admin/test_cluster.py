@@ -90,3 +90,37 @@ def test_a_console_token_works_on_every_node_and_its_revocation_too(three, plane
     for node in nodes:
         wait_until(lambda node=node: Http(node.admin_url)("GET", "/api/v1/nodes", token=secret)[0] == 401, timeout=10,
                    message="revoked token still accepted")
+
+
+def test_metrics_from_any_node_sum_the_cluster_and_each_tenant(three, tokens):
+    c, (n1, n2, n3) = three
+    stem = f"met-{time.monotonic_ns()}"
+    sub = PahoClient(stem + "-sub").connect(n2.port())
+    pub = PahoClient(stem + "-pub").connect(n1.port())
+    try:
+        sub.subscribe(f"{stem}/#", qos=1)
+        settle(pub, f"{stem}/probe", sub)
+        before = Http(n3.admin_url)("GET", "/api/v1/metrics", token=tokens["read"])[2]
+        for i in range(25):
+            pub.publish(f"{stem}/x", b"%d" % i, qos=1)
+        sub.expect_n(25)
+        after = Http(n3.admin_url)("GET", "/api/v1/metrics", token=tokens["read"])[2]
+        assert [n["node"] for n in after["nodes"]] == ["n1", "n2", "n3"]
+        by_node = {n["node"]: n for n in after["nodes"]}
+        old = {n["node"]: n for n in before["nodes"]}
+        assert by_node["n1"]["messages_in"]["1"] - old["n1"]["messages_in"]["1"] == 25      # read where published
+        assert by_node["n2"]["messages_out"]["1"] - old["n2"]["messages_out"]["1"] == 25    # sent where subscribed
+        assert after["cluster"]["messages_in"]["1"] == sum(n["messages_in"]["1"] for n in after["nodes"])
+        assert after["tenants"]["default"]["connections"] == sum(
+            n["tenants"].get("default", {}).get("connections", 0) for n in after["nodes"]) >= 2
+        # a node that stops answering is shown as such, the others still add up
+        n3.proc.send_signal(19)           # SIGSTOP
+        try:
+            late = Http(n1.admin_url)("GET", "/api/v1/metrics", token=tokens["read"])[2]
+        finally:
+            n3.proc.send_signal(18)       # SIGCONT
+        assert {n["node"]: n["health"] for n in late["nodes"]} == {"n1": "ok", "n2": "ok", "n3": "unreachable"}
+        assert late["cluster"]["messages_in"]["1"] >= by_node["n1"]["messages_in"]["1"]
+    finally:
+        sub.disconnect()
+        pub.disconnect()
