@@ -9,10 +9,11 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.db import connection
 from django.db.models import Count, Q
-from django.http import JsonResponse
+from django.http import HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_POST
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST, require_safe
 
 from tenants import services as ts
 from tenants.errors import ServiceError
@@ -24,6 +25,24 @@ from .access import get_tenant_for_user, is_platform_admin, platform_admin_requi
 from .forms import AuditFilterForm, DeleteTenantForm, LoginForm, TenantForm, TenantSearchForm, TokenForm
 from .models import ApiToken, AuditEvent, Membership
 from .shortcuts import Live, apply_service_error, paginate, render_page
+
+
+def posted(request):
+    """The submitted data of a POST, else None: a form is bound on every POST,
+    also one whose fields are all optional and left out (``request.POST or
+    None`` would treat that as a GET and silently do nothing)."""
+    return request.POST if request.method == "POST" else None
+
+
+def redirect_back(request, default: str):
+    """Back to the page a form came from (its "next" field) when that is a path
+    on this site; anything else -- another host, a scheme, a URL name -- goes
+    to ``default``."""
+    target = request.POST.get("next") or ""
+    if not (target.startswith("/") and url_has_allowed_host_and_scheme(
+            target, allowed_hosts={request.get_host()}, require_https=request.is_secure())):
+        target = default
+    return HttpResponseRedirect(target)
 
 
 def healthz(request):
@@ -127,7 +146,7 @@ def tenant_list(request):
 
 @platform_admin_required
 def tenant_create(request):
-    form = TenantForm(request.POST or None)
+    form = TenantForm(posted(request))
     if request.method == "POST" and form.is_valid():
         d = form.cleaned_data
         try:
@@ -147,7 +166,7 @@ def tenant_edit(request, slug):
     tenant, _ = get_tenant_for_user(request, slug, write=True)
     initial = {"name": tenant.name, "contact_emails": "\n".join(tenant.contact_emails or []),
                "default_acl": tenant.default_acl}
-    form = TenantForm(request.POST or None, initial=initial, editing=True)
+    form = TenantForm(posted(request), initial=initial, editing=True)
     if request.method == "POST" and form.is_valid():
         before = audit.tenant_doc(tenant)
         d = form.cleaned_data
@@ -175,7 +194,7 @@ def _set_status(request, slug, suspend: bool):
         messages.success(request, f"Tenant {tenant.slug} resumed.")
     audit.record(request, "tenant.suspend" if suspend else "tenant.resume", "tenant", tenant.slug, tenant=tenant,
                  before=before, after=audit.tenant_doc(tenant))
-    return redirect(request.POST.get("next") or reverse("tenant", args=[tenant.slug]))
+    return redirect_back(request, reverse("tenant", args=[tenant.slug]))
 
 
 @platform_admin_required
@@ -199,7 +218,7 @@ def tenant_delete(request, slug):
         "acl_rules": tenant.acl_rules.count(),
         "members": tenant.memberships.count(),
     }
-    form = DeleteTenantForm(request.POST or None, slug=tenant.slug)
+    form = DeleteTenantForm(posted(request), slug=tenant.slug)
     if request.method == "POST" and form.is_valid():
         before = {**audit.tenant_doc(tenant), "removed": counts}
         ts.delete_tenant(tenant)
@@ -233,6 +252,7 @@ def _pretty(text):
 
 
 @platform_admin_required
+@require_safe  # the log is read-only here: no POST, PUT, PATCH or DELETE
 def audit_log(request):
     form = AuditFilterForm(request.GET or None)
     return _audit_page(request, AuditEvent.objects.all(), form, "console/audit.html",
@@ -250,7 +270,7 @@ def token_list(request):
 
 @platform_admin_required
 def token_create(request):
-    form = TokenForm(request.POST or None)
+    form = TokenForm(posted(request))
     if request.method == "POST" and form.is_valid():
         try:
             token, secret = cs.issue_token(form.cleaned_data["name"], form.cleaned_data["scope"],

@@ -5,6 +5,7 @@ onto these forms (``console.shortcuts.apply_service_error``)."""
 import datetime as dt
 
 from django import forms
+from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
@@ -73,6 +74,9 @@ class DeviceForm(forms.Form):
         name = self.cleaned_data["name"]
         if name == "new":
             raise ValidationError("'new' is reserved; choose another name.")
+        if name in (".", ".."):
+            # a browser resolves /devices/../ to the parent page: such a device could not be opened
+            raise ValidationError(f"'{name}' cannot be a device name; choose another name.")
         return name
 
     def clean_expires_at(self):
@@ -188,7 +192,9 @@ class SystemTopicsForm(forms.Form):
 
 
 class MemberForm(forms.Form):
-    username = forms.CharField(max_length=150)
+    # the user model's own rule: the service saves the user without full_clean
+    username = forms.CharField(max_length=150, validators=[UnicodeUsernameValidator()],
+                               help_text="Letters, digits and @ . + - _ only.")
     email = forms.EmailField(required=False)
     password = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False),
                                label="Initial password", help_text="They can change it after signing in.")

@@ -10,10 +10,12 @@ calls ``tenants.services`` and writes one audit row when it succeeded.
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
+from django.db import transaction
 from django.db.models import Q
+from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from console import audit
 from console import services as cs
@@ -29,7 +31,7 @@ from console.access import (
 from console.forms import AuditFilterForm
 from console.models import AuditEvent, Membership
 from console.shortcuts import Live, apply_service_error, paginate, render_page, wants_fragment
-from console.views import _audit_page
+from console.views import _audit_page, posted, redirect_back
 
 from . import acl, limits, queries, services, snapshot
 from .errors import ServiceError
@@ -44,7 +46,7 @@ from .forms import (
     QuotaForm,
     SystemTopicsForm,
 )
-from .models import Credential
+from .models import Credential, Tenant
 
 LIVE_PAGE = 1000
 
@@ -138,7 +140,7 @@ def device_list(request, slug):
 @login_required
 def device_create(request, slug):
     tenant, rw = get_tenant_for_user(request, slug, write=True)
-    form = DeviceForm(request.POST or None, initial={"with_credential": True})
+    form = DeviceForm(posted(request), initial={"with_credential": True})
     if request.method == "POST" and form.is_valid():
         d = form.cleaned_data
         fields = {"description": d["description"], "cert_fingerprint": d["cert_fingerprint"] or None,
@@ -150,7 +152,8 @@ def device_create(request, slug):
             else:
                 device, credential, secret = services.create_device(tenant, d["name"], **fields), None, None
         except ServiceError as exc:
-            apply_service_error(form, exc, {"expires_at": "expires_at"})
+            # "device acme/x already exists" belongs under the name the user typed
+            apply_service_error(form, exc, {"device": "name"})
         else:
             audit.record(request, "device.create", "device", device.name, tenant=tenant,
                          after=audit.device_doc(device))
@@ -186,7 +189,7 @@ def device_edit(request, slug, name):
     tenant = device.tenant
     initial = {"description": device.description, "cert_fingerprint": device.cert_fingerprint or "",
                "cert_cn": device.cert_cn or ""}
-    form = DeviceForm(request.POST or None, initial=initial, editing=True)
+    form = DeviceForm(posted(request), initial=initial, editing=True)
     if request.method == "POST" and form.is_valid():
         before = audit.device_doc(device)
         d = form.cleaned_data
@@ -211,7 +214,7 @@ def _device_enabled(request, slug, name, enabled: bool):
     audit.record(request, "device.enable" if enabled else "device.disable", "device", device.name,
                  tenant=device.tenant, before=before, after=audit.device_doc(device))
     messages.success(request, f"Device {device.name} {'enabled' if enabled else 'disabled'}.")
-    return redirect(request.POST.get("next") or reverse("device", args=[slug, name]))
+    return redirect_back(request, reverse("device", args=[slug, name]))
 
 
 @login_required
@@ -248,7 +251,7 @@ def device_delete(request, slug, name):
 def credential_create(request, slug, name):
     device, rw = get_device_for_user(request, slug, name, write=True)
     tenant = device.tenant
-    form = CredentialForm(request.POST or None)
+    form = CredentialForm(posted(request))
     if request.method == "POST" and form.is_valid():
         try:
             credential, secret = services.create_credential(device, label=form.cleaned_data["label"],
@@ -308,7 +311,7 @@ def credential_disable(request, slug, name, credential_id):
 def credential_expire(request, slug, name, credential_id):
     credential, rw = get_credential_for_user(request, slug, name, credential_id, write=True)
     device = credential.device
-    form = ExpireForm(request.POST or None)
+    form = ExpireForm(posted(request))
     if request.method == "POST" and form.is_valid():
         before = audit.credential_doc(credential)
         try:
@@ -363,7 +366,7 @@ def _acl_editor(request, context):
 @login_required
 def acl_rules(request, slug):
     tenant, rw = get_tenant_for_user(request, slug)
-    return render(request, "tenants/acl.html", _acl_context(tenant, rw))
+    return _acl_editor(request, _acl_context(tenant, rw))
 
 
 @login_required
@@ -428,6 +431,9 @@ def acl_move(request, slug, rule_id):
             position = int(request.POST.get("position", ""))
         except ValueError:
             position = None
+    if position is not None:
+        # "down" on the last rule (or a position past the end) would move nothing: no change, no audit row
+        position = min(position, tenant.acl_rules.count())
     if position is not None and position >= 1 and position != rule.position:
         before = audit.rule_doc(rule)
         services.move_acl_rule(rule, position)
@@ -553,7 +559,7 @@ def system_topics(request, slug):
     if request.method == "POST" and not admin:
         raise PermissionDenied("Only platform administrators change the system topics")
     initial = {"enabled": setting.enabled, "interval": setting.interval, "parts": list(setting.parts)}
-    form = SystemTopicsForm(request.POST or None, initial=initial) if admin else None
+    form = SystemTopicsForm(posted(request), initial=initial) if admin else None
     if request.method == "POST" and form.is_valid():
         before = audit.system_topics_doc(setting)
         d = form.cleaned_data
@@ -605,18 +611,50 @@ def members(request, slug):
     return render(request, "tenants/members.html", _members_context(tenant, rw, request, form))
 
 
+LAST_ADMIN = ("{user} is the last administrator of {tenant}: make another member an administrator "
+              "first. A tenant always keeps at least one.")
+
+
+def _is_last_admin(membership) -> bool:
+    """Is ``membership`` the tenant's only administrator?"""
+    return membership.role == Membership.Role.ADMIN and not Membership.objects.filter(
+        tenant_id=membership.tenant_id, role=Membership.Role.ADMIN).exclude(pk=membership.pk).exists()
+
+
+def _lock_members(tenant, membership) -> None:
+    """Serialise membership changes of one tenant (its row lock; SQLite
+    serialises writers anyway), so two administrators demoting each other
+    cannot both pass the last-administrator check; then re-read
+    ``membership`` (404 if it went meanwhile)."""
+    Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+    try:
+        membership.refresh_from_db(fields=["role"])
+    except Membership.DoesNotExist:
+        raise Http404("No such member")
+
+
 @login_required
 @require_POST
 def member_role(request, slug, membership_id):
     membership, _ = get_membership_for_user(request, slug, membership_id, write=True)
+    username = membership.user.get_username()
     form = MemberRoleForm(request.POST)
-    if form.is_valid():
+    if not form.is_valid():
+        messages.error(request, f"Choose a role for {username}.")
+        return redirect("members", slug=slug)
+    role = form.cleaned_data["role"]
+    if role == membership.role:
+        return redirect("members", slug=slug)
+    with transaction.atomic():
+        _lock_members(membership.tenant, membership)
+        if role != Membership.Role.ADMIN and _is_last_admin(membership):
+            messages.error(request, LAST_ADMIN.format(user=username, tenant=membership.tenant.slug))
+            return redirect("members", slug=slug)
         before = audit.membership_doc(membership)
-        cs.set_member_role(membership, form.cleaned_data["role"])
-        audit.record(request, "member.role", "membership", membership.user.get_username(),
+        cs.set_member_role(membership, role)
+        audit.record(request, "member.role", "membership", username,
                      tenant=membership.tenant, before=before, after=audit.membership_doc(membership))
-        messages.success(request, f"{membership.user.get_username()} is now "
-                                  f"{membership.get_role_display()}.")
+    messages.success(request, f"{username} is now {membership.get_role_display()}.")
     if membership.user_id == request.user.pk and not is_platform_admin(request.user) \
             and membership.role != Membership.Role.ADMIN:
         return redirect("tenant", slug=slug)
@@ -628,20 +666,27 @@ def member_remove(request, slug, membership_id):
     membership, rw = get_membership_for_user(request, slug, membership_id, write=True)
     tenant = membership.tenant
     if request.method == "POST":
-        before = audit.membership_doc(membership)
-        cs.remove_member(membership)
-        audit.record(request, "member.remove", "membership", before["user"], tenant=tenant, before=before)
+        with transaction.atomic():
+            _lock_members(tenant, membership)
+            if _is_last_admin(membership):
+                messages.error(request, LAST_ADMIN.format(user=membership.user.get_username(), tenant=tenant.slug))
+                return redirect("members", slug=slug)
+            before = audit.membership_doc(membership)
+            cs.remove_member(membership)
+            audit.record(request, "member.remove", "membership", before["user"], tenant=tenant, before=before)
         messages.success(request, f"{before['user']} no longer has access to {tenant.slug}.")
         if membership.user_id == request.user.pk and not is_platform_admin(request.user):
             return redirect("home")
         return redirect("members", slug=slug)
-    return render(request, "tenants/member_remove.html", {"tenant": tenant, "rw": rw, "membership": membership})
+    return render(request, "tenants/member_remove.html", {"tenant": tenant, "rw": rw, "membership": membership,
+                                                          "last_admin": _is_last_admin(membership)})
 
 
 # ---------------------------------------------------------------- audit log of the tenant
 
 
 @login_required
+@require_safe  # the log is read-only here: no POST, PUT, PATCH or DELETE
 def tenant_audit(request, slug):
     tenant, rw = get_tenant_for_user(request, slug)
     tenant_admin_or_platform(request, tenant)
