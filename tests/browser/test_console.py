@@ -47,6 +47,18 @@ def connect_device(stack, client_id, username, password, timeout=10.0) -> Client
             time.sleep(0.3)
 
 
+def subscribe_granted(client, topic, qos=1, timeout=10.0):
+    """Subscribe until the broker grants it: a rule just added in the console
+    reaches brokerd with its next poll of the database."""
+    deadline = time.monotonic() + timeout
+    while True:
+        codes = client.subscribe(topic, qos=qos)
+        if not any(c.is_failure for c in codes):
+            return codes
+        assert time.monotonic() < deadline, f"subscription to {topic} still refused: {codes}"
+        time.sleep(0.3)
+
+
 def test_provision_a_device_connect_it_and_kick_it(page, stack):
     page.goto(stack.url("/"))
     expect(page).to_have_url(re.compile(r"/login/"))
@@ -102,7 +114,7 @@ def test_provision_a_device_connect_it_and_kick_it(page, stack):
     # the device connects with what the page showed
     device = connect_device(stack, "pump-7-main", username, secret)
     try:
-        device.subscribe("pump-7/cmd", qos=1)
+        subscribe_granted(device, "pump-7/cmd", qos=1)
         nav(page, "Devices")
         expect(page.get_by_role("link", name="pump-7")).to_be_visible()
         shot(page, "11-devices")
