@@ -41,6 +41,7 @@ import base64
 import itertools
 import json
 import logging
+import os
 import time
 
 from ..protocol import reason as rc
@@ -61,7 +62,7 @@ ACK_TIMEOUT = 5.0        # how long a publisher waits for another node to store 
 RELEASE_TIMEOUT = 5.0    # how long a takeover waits for the old node
 HANDOFF_TIMEOUT = 1.0    # how long the old owner waits for the new one to hold a moving session's messages
 SYNC_TIMEOUT = 2.0       # how long it waits for the other nodes to switch routes
-COMPACT_EVERY = 30.0
+COMPACT_EVERY = float(os.environ.get("BROKERD_COMPACT_INTERVAL", "30"))   # seconds between route snapshots
 ORPHAN_TIMEOUT = 30.0    # how long messages for a dead node's sessions are refused awaiting their adoption
 SNAPSHOT_KEY = "cluster.routes"
 
@@ -568,6 +569,8 @@ class ClusterNode:
                 snap["nodes"] = sorted(set(self.members) | {self.id})
                 snap["prev_id"] = json.loads(old).get("event_id", "0-0") if old else "0-0"
                 await store.put_meta(SNAPSHOT_KEY, json.dumps(snap).encode())
+                log.info("route snapshot written (%d routes, events up to %s)", len(snap["routes"]),
+                         snap["event_id"])
                 if snap["prev_id"] != "0-0":
                     await self.bus.trim_events(snap["prev_id"])
             except Exception as exc:
