@@ -71,6 +71,12 @@ class BrokerdClient:
     def nodes(self) -> list[dict]:
         return self._call("GET", "nodes")["items"]
 
+    def metrics(self) -> dict:
+        """The whole cluster's counters (any node answers for all of them):
+        ``{"at", "nodes": [...], "cluster": {...}, "tenants": {slug: {...}}}``;
+        see README "Live metrics" for the fields."""
+        return self._call("GET", "metrics")
+
     def clients(self, *, tenant=None, client_id=None, username=None, ip=None, node=None, connected=None,
                 page: int = 1, per_page: int = 50) -> dict:
         """``{"items": [...], "total", "page", "per_page"}``."""

@@ -25,6 +25,11 @@ def envint(name: str, default: int) -> int:
     return default if value in (None, "") else int(value)
 
 
+def envfloat(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return default if value in (None, "") else float(value)
+
+
 def envstr(name: str, default: str = "") -> str:
     value = os.environ.get(name)
     return default if value is None else value

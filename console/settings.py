@@ -9,7 +9,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from .env import envbool, envint, envlist, envsecret, envstr, generated_secret
+from .env import envbool, envfloat, envint, envlist, envsecret, envstr, generated_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("VAR_DIR", str(BASE_DIR / "var")))
@@ -114,6 +114,23 @@ if REDIS_URL:
                                   "CONFIG": {"hosts": [REDIS_URL]}}}
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# Live metrics (metrics/hub.py): each console process polls brokerd's
+# GET /api/v1/metrics every METRICS_POLL_INTERVAL seconds, streams the
+# dashboards over websockets and raises/clears alarms: a tenant at
+# METRICS_ALARM_QUOTA_PERCENT of a quota (rate quotas for 5 s), a node not ok
+# for METRICS_ALARM_NODE_DOWN_AFTER seconds, a tenant dropping at least
+# METRICS_ALARM_DROPS_RATE messages/s (not counting "no subscribers") for
+# METRICS_ALARM_DROPS_FOR seconds (cleared after METRICS_ALARM_DROPS_CLEAR_FOR
+# seconds below). METRICS_HUB=false: no polling in this process.
+METRICS_HUB = envbool("METRICS_HUB", True)
+METRICS_POLL_INTERVAL = envfloat("METRICS_POLL_INTERVAL", 1.0)
+METRICS_ALARMS = envbool("METRICS_ALARMS", True)
+METRICS_ALARM_QUOTA_PERCENT = envfloat("METRICS_ALARM_QUOTA_PERCENT", 90)
+METRICS_ALARM_NODE_DOWN_AFTER = envfloat("METRICS_ALARM_NODE_DOWN_AFTER", 3)
+METRICS_ALARM_DROPS_RATE = envfloat("METRICS_ALARM_DROPS_RATE", 10)
+METRICS_ALARM_DROPS_FOR = envfloat("METRICS_ALARM_DROPS_FOR", 10)
+METRICS_ALARM_DROPS_CLEAR_FOR = envfloat("METRICS_ALARM_DROPS_CLEAR_FOR", 30)
 
 LOGGING = {
     "version": 1,

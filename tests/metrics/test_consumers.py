@@ -1,0 +1,150 @@
+"""The live metrics websockets, fed by the hub polling a real brokerd: who
+may open which socket, and what each one carries."""
+
+import pytest
+
+from metrics.consumers import ANONYMOUS, FORBIDDEN
+from metrics.hub import get_hub
+
+from .conftest import receive_until, run, socket
+
+pytestmark = pytest.mark.django_db
+
+
+def ok_update(msg):
+    return msg.get("type") == "update" and msg.get("state") == "ok"
+
+
+def test_administrator_gets_the_cluster_with_nodes_and_tenants(live, browsers, device):
+    device("acme/d0")
+    device("globex/g0")
+
+    async def scenario():
+        comm = socket("/ws/metrics/", browsers["root"])
+        connected, _ = await comm.connect()
+        assert connected
+        hello = await comm.receive_json_from(timeout=5)
+        assert hello["type"] == "hello" and hello["scope"] == "cluster"
+        assert hello["fields"][:3] == ["t", "connections", "msgs_in"]
+        update = await receive_until(comm, lambda m: ok_update(m) and m["totals"]["connections"] >= 2)
+        await comm.disconnect()
+        return update
+
+    update = run(scenario)
+    assert update["nodes_total"] == 1 and update["nodes_ok"] == 1
+    (n,) = update["nodes"]
+    assert n["node"] == "mx1" and n["health"] == "ok"
+    assert n["memory_rss"] > 1_000_000 and n["uptime"] > 0 and n["loop_lag"] is not None
+    assert set(n["rates"]) >= {"msgs_in", "msgs_out", "bytes_in", "bytes_out", "connects", "disconnects", "drops"}
+    slugs = {t["slug"] for t in update["tenants"]}
+    assert {"acme", "globex"} <= slugs
+    assert len(update["point"]) == 7
+
+
+def test_tenant_user_gets_only_its_tenant(live, browsers, device):
+    device("acme/d0")
+    device("acme/d1")
+    device("globex/g0")
+
+    async def scenario():
+        comm = socket("/ws/metrics/tenants/acme/", browsers["alice"])
+        connected, _ = await comm.connect()
+        assert connected
+        hello = await comm.receive_json_from(timeout=5)
+        assert hello["type"] == "hello" and hello["scope"] == "tenant" and hello["tenant"] == "acme"
+        update = await receive_until(comm, lambda m: ok_update(m) and m["totals"]["connections"] >= 2)
+        await comm.disconnect()
+        return update
+
+    update = run(scenario)
+    assert update["tenant"] == "acme" and update["totals"]["connections"] == 2
+    # nothing about the cluster, its nodes or other tenants
+    assert "nodes" not in update and "tenants" not in update
+    assert "globex" not in str(update) and "mx1" not in str(update)
+
+
+def test_tenant_user_refused_the_cluster_and_other_tenants(live, browsers):
+    async def scenario():
+        codes = {}
+        for path in ("/ws/metrics/", "/ws/metrics/tenants/globex/", "/ws/metrics/tenants/no-such/"):
+            comm = socket(path, browsers["alice"])
+            connected, code = await comm.connect()
+            assert not connected, path
+            codes[path] = code
+        return codes
+
+    assert set(run(scenario).values()) == {FORBIDDEN}
+
+
+def test_administrator_may_watch_any_tenant(live, browsers):
+    async def scenario():
+        comm = socket("/ws/metrics/tenants/globex/", browsers["root"])
+        connected, _ = await comm.connect()
+        hello = await comm.receive_json_from(timeout=5)
+        update = await receive_until(comm, ok_update)
+        await comm.disconnect()
+        return connected, hello, update
+
+    connected, hello, update = run(scenario)
+    assert connected and hello["tenant"] == "globex" and update["tenant"] == "globex"
+
+
+def test_anonymous_socket_refused(live, browsers):
+    async def scenario():
+        out = []
+        for path in ("/ws/metrics/", "/ws/metrics/tenants/acme/"):
+            comm = socket(path, browsers["anonymous"])
+            out.append(await comm.connect())
+        return out
+
+    assert run(scenario) == [(False, ANONYMOUS), (False, ANONYMOUS)]
+    assert not get_hub().watchers
+
+
+def test_foreign_origin_refused(live, browsers):
+    async def scenario():
+        comm = socket("/ws/metrics/", browsers["root"], origin="http://evil.example")
+        return await comm.connect()
+
+    connected, _ = run(scenario)
+    assert not connected
+
+
+def test_brokerd_down_streams_unreachable_and_keeps_trying(settings, browsers):
+    """No admin API answers: the socket still opens and says so every poll."""
+    settings.METRICS_POLL_INTERVAL = 0.2
+
+    async def scenario():
+        comm = socket("/ws/metrics/", browsers["root"])
+        connected, _ = await comm.connect()
+        await comm.receive_json_from(timeout=5)
+        first = await receive_until(comm, lambda m: m.get("type") == "update")
+        second = await receive_until(comm, lambda m: m.get("type") == "update")
+        await comm.disconnect()
+        return connected, first, second
+
+    connected, first, second = run(scenario)
+    assert connected
+    assert first["state"] == second["state"] == "unreachable"
+    assert "unreachable" in first["error"] and second["at"] > first["at"]
+    assert get_hub().failures >= 2
+
+
+def test_the_hello_carries_recent_points(live, browsers):
+    """A socket opened later gets the last minutes of chart points at once."""
+    async def scenario():
+        first = socket("/ws/metrics/", browsers["root"])
+        await first.connect()
+        for _ in range(4):
+            await receive_until(first, ok_update)
+        late = socket("/ws/metrics/", browsers["root"])
+        await late.connect()
+        hello = await late.receive_json_from(timeout=5)
+        await first.disconnect()
+        await late.disconnect()
+        return hello
+
+    hello = run(scenario)
+    assert len(hello["series"]) >= 4 and hello["latest"]["state"] == "ok"
+    times = [p[0] for p in hello["series"]]
+    assert times == sorted(times)
