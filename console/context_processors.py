@@ -1,6 +1,8 @@
 """What the layout needs on every page: the user's role, their tenants and
 the tenant of the current page (set by ``console.access``)."""
 
+from metrics.models import Alarm
+
 from .access import is_platform_admin, user_tenants
 
 
@@ -21,4 +23,8 @@ def console(request):
         "nav_role": role,
         "nav_rw": getattr(request, "current_rw", admin),
         "nav_tenants": [] if admin else list(user_tenants(user)[:50]),
+        # open alarms: the sidebar's badges (callables: counted only when a template shows them)
+        "nav_alarms": (lambda: Alarm.objects.filter(cleared_at__isnull=True).count()) if admin else 0,
+        "nav_tenant_alarms": (lambda: Alarm.objects.filter(cleared_at__isnull=True, tenant_slug=slug).count())
+        if slug else 0,
     }

@@ -3,6 +3,7 @@
 
 from django.urls import include, path, register_converter
 
+from metrics import views as mv
 from tenants import views as tv
 
 from . import live_views as lv
@@ -60,6 +61,9 @@ tenant_patterns = [
     path("retained/message/", lv.retained_message, name="retained_message"),
     path("retained/delete/", lv.retained_delete, name="retained_delete"),
     path("publish/", lv.publish, name="publish"),
+    # live metrics (metrics app)
+    path("metrics/", mv.tenant, name="tenant_metrics"),
+    path("metrics/history/", mv.tenant_history, name="tenant_metrics_history"),
 ]
 
 urlpatterns = [
@@ -73,6 +77,7 @@ urlpatterns = [
     path("tenants/new/", views.tenant_create, name="tenant_create"),
     path("tenants/<slug:slug>/", include(tenant_patterns)),
     path("clients/", lv.clients, name="clients"),
+    path("metrics/", include("metrics.urls")),
     path("audit/", views.audit_log, name="audit"),
     path("tokens/", views.token_list, name="token_list"),
     path("tokens/new/", views.token_create, name="token_create"),
