@@ -138,6 +138,10 @@ class SysTopics:
             "subscriptions/count": subs,
             "retained messages/count": retained,
         }
+        if not node:
+            m = ns.m
+            v["clients/maximum"] = m.connections_max
+            v["publish/messages/dropped"] = m.queue_full + m.expired + m.too_large
         if node:
             v["clients/maximum"] = st.clients_max
             v["clients/expired"] = st.sessions_expired

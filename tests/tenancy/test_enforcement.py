@@ -293,10 +293,11 @@ def test_tenant_sys_tree_shows_only_its_own_figures(control_plane):
             assert [x.value for x in one.subscribe("$SYS/#", 0)] == [0]
             seen = {}
             deadline = time.monotonic() + 5
-            while "clients/connected" not in seen and time.monotonic() < deadline:
+            while not {"clients/connected", "clients/maximum"} <= set(seen) and time.monotonic() < deadline:
                 m = one.expect()
                 seen[m.topic.removeprefix("$SYS/broker/")] = m.payload
             assert seen["clients/connected"] == b"1"               # its own client, not the four
+            assert seen["clients/maximum"] == b"1"
             assert not any(k.startswith(("messages/", "bytes/")) for k in seen)   # only the "clients" part
         for c in others:
             c.disconnect()
