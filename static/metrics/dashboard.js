@@ -107,27 +107,63 @@
     };
   }
 
+  function pad(n) { return (n < 10 ? "0" : "") + n; }
+  var MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+  // x-axis labels: seconds on the live charts, minutes or days on the history charts
+  function timeLabels(step) {
+    return function (u, splits) {
+      return splits.map(function (t) {
+        var d = new Date(t * 1000);
+        if (!step) return pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+        if (step >= 3600 && d.getHours() === 0) return MONTHS[d.getMonth()] + " " + d.getDate();
+        return pad(d.getHours()) + ":" + pad(d.getMinutes());
+      });
+    };
+  }
+  function when(t) {
+    if (t === null || t === undefined) return "";
+    var d = new Date(t * 1000);
+    return MONTHS[d.getMonth()] + " " + d.getDate() + ", " + pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+  }
+
+  function isolated(u, seriesIdx) {
+    var ys = u.data[seriesIdx], out = [];
+    for (var i = 0; i < ys.length; i++) {
+      if (ys[i] !== null && ys[i] !== undefined && (i === 0 || ys[i - 1] === null) && (i === ys.length - 1 || ys[i + 1] === null)) out.push(i);
+    }
+    return out;
+  }
+
   function makeChart(el, kind, data, opts) {
     opts = opts || {};
     var defs = CHARTS[kind];
     var width = Math.max(200, el.clientWidth || el.parentNode.clientWidth || 400);
-    var series = [{}];
-    defs.forEach(function (d) {
+    var series = [{ label: "at", value: function (u, v) { return when(v); } }];
+    defs.forEach(function (d, i) {
       series.push({
-        label: d[0], stroke: d[2], width: 1.75, fill: d[2] + (defs.length === 1 ? "1f" : "12"),
-        points: { show: false }, spanGaps: false,
+        label: d[0], stroke: d[2], width: i ? 1.5 : 1.75, dash: i ? [5, 3] : undefined,
+        fill: i ? undefined : d[2] + "1a", spanGaps: false,
+        // live: lines only; history: a dot where a point stands alone between gaps
+        points: opts.step ? { show: true, size: 5, fill: d[2], filter: isolated } : { show: false },
         value: function (u, v) { return format(d[3], v); }
       });
     });
+    var axisFont = "11px system-ui, -apple-system, 'Segoe UI', sans-serif";
     var u = new uPlot({
       width: width, height: opts.height || 170,
-      padding: [8, 8, 0, 0],
+      padding: [10, 12, 0, 0],
       cursor: { points: { size: 6 }, drag: { x: false, y: false } },
       legend: { show: true, live: true },
-      scales: { x: { time: true }, y: { range: function (u, min, max) { return [0, Math.max(max * 1.15, defs[0][3] === "count" ? 2 : 1)]; } } },
+      scales: {
+        // live charts show a fixed window (the last 5 minutes), filling from the right
+        x: opts.window ? { time: true, range: function (u, min, max) { return [max - opts.window, max]; } } : { time: true },
+        y: { range: function (u, min, max) { return [0, Math.max((max || 0) * 1.15, defs[0][3] === "count" ? 2 : 1)]; } }
+      },
       axes: [
-        { stroke: "#64748b", grid: { stroke: "#eef2f7", width: 1 }, ticks: { stroke: "#e2e8f0", width: 1 }, font: "11px system-ui, sans-serif" },
-        { stroke: "#64748b", grid: { stroke: "#eef2f7", width: 1 }, ticks: { show: false }, size: 58, font: "11px system-ui, sans-serif", values: axisValues(defs[0][3]) }
+        { stroke: "#64748b", grid: { stroke: "#eef2f7", width: 1 }, ticks: { stroke: "#e2e8f0", width: 1, size: 4 },
+          font: axisFont, space: opts.step ? 60 : 70, values: timeLabels(opts.step) },
+        { stroke: "#64748b", grid: { stroke: "#eef2f7", width: 1 }, ticks: { show: false }, size: 60, font: axisFont,
+          space: 28, values: axisValues(defs[0][3]) }
       ],
       series: series
     }, data, el);
@@ -155,6 +191,7 @@
     this.wsPath = root.getAttribute("data-ws");
     this.points = [];
     this.maxPoints = 300;
+    this.window = 300;                     // seconds shown by the live charts
     this.charts = {};
     this.retry = 0;
     this.lastUpdate = 0;
@@ -212,6 +249,7 @@
   };
 
   LivePage.prototype.hello = function (msg) {
+    this.window = Math.max(60, this.maxPoints * (msg.interval || 1));
     var series = this.scope === "node" ? (msg.node_series || []) : (msg.series || []);
     this.points = series.slice(-this.maxPoints);
     this.redrawCharts();
@@ -260,7 +298,7 @@
       el.classList.toggle("high", pct >= 90);
       el.title = Math.round(pct) + "%";
     });
-    this.root.querySelectorAll("[data-health]").forEach(function (el) {
+    document.querySelectorAll("[data-health]").forEach(function (el) {
       var h = subject.health || "ok";
       el.className = "badge " + (h === "ok" ? "badge-green" : h === "fenced" ? "badge-amber" : "badge-red");
       el.textContent = h;
@@ -295,7 +333,7 @@
       var data = [self.points.map(function (p) { return p[0]; })];
       defs.forEach(function (d) { data.push(self.points.map(function (p) { return p[d[1]]; })); });
       if (el._uplot) el._uplot.setData(data);
-      else makeChart(el, kind, data);
+      else makeChart(el, kind, data, { window: self.window });
     });
   };
 
@@ -343,7 +381,7 @@
     }
     tbody.innerHTML = tenants.map(function (t) {
       var quota = t.max_connections;
-      var bar = "";
+      var bar = '<span class="muted">no limit</span>';
       if (quota) {
         var pct = Math.min(100, 100 * t.connections / quota);
         bar = '<div class="progress' + (pct >= 90 ? " high" : "") + '" title="' + Math.round(pct) + '% of ' + quota + '"><span style="width:' + pct + '%"></span></div>';
@@ -376,16 +414,20 @@
           '</div><div class="alarm-meta">' + esc(a.kind_label) + " · raised " + ago(a.raised_at) + "</div></div></li>";
       }).join("");
       var count = box.querySelector("[data-alarm-count]");
-      if (count) count.textContent = list.length;
+      if (count) {
+        count.textContent = list.length;
+        count.className = "badge plain " + (list.length ? "badge-red" : "badge-gray");
+      }
     });
   };
 
   // ------------------------------------------------------------ history (htmx fragments)
 
-  function drawHistory(scope) {
-    (scope || document).querySelectorAll("[data-history]").forEach(function (box) {
+  function drawHistory() {
+    document.querySelectorAll("[data-history]").forEach(function (box) {
       var script = box.querySelector('script[type="application/json"]');
-      if (!script) return;
+      if (!script || box._drawn) return;
+      box._drawn = true;
       var data;
       try { data = JSON.parse(script.textContent); } catch (e) { return; }
       box.querySelectorAll("[data-history-chart]").forEach(function (el) {
@@ -394,7 +436,7 @@
         HISTORY[kind].forEach(function (k) { rows.push(data[k]); });
         if (el._uplot) { el._uplot.destroy(); el._uplot = null; }
         el.innerHTML = "";
-        makeChart(el, kind, rows, { height: 150 });
+        makeChart(el, kind, rows, { height: 150, step: data.step });
       });
     });
   }
@@ -403,5 +445,6 @@
     document.querySelectorAll("[data-live]").forEach(function (root) { root._live = new LivePage(root); });
     drawHistory();
   });
-  document.addEventListener("htmx:afterSettle", function (event) { drawHistory(event.target); });
+  // a range tab swapped the fragment (outerHTML: the event's target is the old one)
+  document.addEventListener("htmx:afterSettle", function () { drawHistory(); });
 })();

@@ -29,6 +29,7 @@ from console.models import Membership
 from metrics import hub as hub_module
 from tenants import services
 
+from ..browser.conftest import browser, chromium_path, context, page  # noqa: F401  (test_browser's fixtures)
 from ..controlplane import ControlPlane
 from ..integration.helpers import Client as Paho
 from ..procs import free_port
