@@ -119,6 +119,17 @@ def histogram_delta(cur: dict | None, base: dict | None) -> list:
     return delta
 
 
+def _flat(totals: dict | None) -> dict:
+    """``flatten`` once per document: kept in the document (the next poll's
+    ``prev`` reuses it), so each node's and tenant's totals are flattened once."""
+    if totals is None:
+        return flatten(None)
+    flat = totals.get("_flat")
+    if flat is None:
+        flat = totals["_flat"] = flatten(totals)
+    return flat
+
+
 def _node_map(doc: dict | None) -> dict:
     return {n.get("node"): n for n in (doc or {}).get("nodes") or [] if n.get("node")}
 
@@ -146,8 +157,8 @@ def summarize(doc: dict, prev: dict | None, base: dict | None = None) -> dict:
             continue
         before = prev_nodes.get(name)
         usable = before is not None and "connections" in before and float(node.get("uptime") or 0) >= seconds
-        flat = flatten(node)
-        r = rates(flatten(before) if usable else None, flat, seconds)
+        flat = _flat(node)
+        r = rates(_flat(before) if usable else None, flat, seconds)
         add_rates(cluster_rates, r)
         cpu = None
         if usable and seconds > 0 and node.get("cpu_seconds") is not None:
@@ -164,8 +175,8 @@ def summarize(doc: dict, prev: dict | None, base: dict | None = None) -> dict:
         nodes.append(entry)
         prev_tenants = (before or {}).get("tenants") or {}
         for slug, totals in (node.get("tenants") or {}).items():
-            tr = rates(flatten(prev_tenants.get(slug)) if usable and slug in prev_tenants else None,
-                       flatten(totals), seconds)
+            tr = rates(_flat(prev_tenants[slug]) if usable and slug in prev_tenants else None, _flat(totals),
+                       seconds)
             add_rates(tenant_rates.setdefault(slug, dict.fromkeys(RATE_KEYS, 0.0)), tr)
     cluster = flatten(doc.get("cluster"))
     cluster["rates"] = cluster_rates

@@ -43,6 +43,7 @@ SERIES_POINTS = 300          # live chart points kept per scope (5 minutes at 1 
 LATENCY_WINDOW = 10          # latency quantiles over the last N polls
 QUOTA_REFRESH = 5.0          # seconds between reloads of the tenants' quotas
 TOP_TENANTS = 25             # tenants in the cluster view's table
+FORGET_AFTER = 600           # seconds a tenant's points are kept after its last socket closed
 # a live chart point: [unix time, connections, msgs in/s, msgs out/s, bytes in/s, bytes out/s, drops/s]
 POINT_FIELDS = ("t", "connections", "msgs_in", "msgs_out", "bytes_in", "bytes_out", "drops")
 
@@ -83,6 +84,7 @@ class Hub:
         self.node_series: dict[str, collections.deque] = {}
         self.tenant_series: dict[str, collections.deque] = {}
         self.watchers: collections.Counter = collections.Counter()   # "" = cluster, else tenant slug
+        self._unwatched: dict[str, float] = {}       # tenant -> when its last socket closed
         self.latest: dict | None = None                # the last cluster payload
         self.latest_tenant: dict[str, dict] = {}
         self.open_alarms: list[dict] = []
@@ -98,6 +100,7 @@ class Hub:
 
     def watch(self, slug: str | None) -> None:
         self.watchers[slug or ""] += 1
+        self._unwatched.pop(slug or "", None)
         if slug and slug not in self.tenant_series:
             self.tenant_series[slug] = collections.deque(maxlen=SERIES_POINTS)
 
@@ -105,6 +108,18 @@ class Hub:
         self.watchers[slug or ""] -= 1
         if self.watchers[slug or ""] <= 0:
             del self.watchers[slug or ""]
+            if slug:
+                self._unwatched[slug] = time.monotonic()
+
+    def _forget_unwatched(self) -> None:
+        """A tenant nobody watched for FORGET_AFTER seconds: drop its points
+        (kept meanwhile, so a reloaded page keeps its chart)."""
+        now = time.monotonic()
+        for slug, since in list(self._unwatched.items()):
+            if now - since > FORGET_AFTER:
+                del self._unwatched[slug]
+                self.tenant_series.pop(slug, None)
+                self.latest_tenant.pop(slug, None)
 
     def hello(self, slug: str | None = None, node: str | None = None) -> dict:
         """The first message on a new socket: the recent chart points and the last update."""
@@ -212,6 +227,7 @@ class Hub:
     # ------------------------------------------------------------ updates
 
     async def broadcast(self, layer, now: float, summary: dict | None, error: str | None) -> None:
+        self._forget_unwatched()
         if summary is None:
             cluster = {"type": "update", "state": "unreachable", "error": error, "at": now,
                        "alarms": self.open_alarms}

@@ -148,3 +148,17 @@ def test_the_hello_carries_recent_points(live, browsers):
     assert len(hello["series"]) >= 4 and hello["latest"]["state"] == "ok"
     times = [p[0] for p in hello["series"]]
     assert times == sorted(times)
+
+
+def test_hub_forgets_a_tenant_nobody_watched_for_a_while(monkeypatch):
+    from metrics import hub as hub_module
+
+    hub = get_hub()
+    hub.watch("acme")
+    hub.tenant_series["acme"].append([1.0, 0, 0, 0, 0, 0, 0])
+    hub.unwatch("acme")
+    hub._forget_unwatched()
+    assert list(hub.tenant_series["acme"]) and not hub.watchers      # kept for a reload of the page
+    monkeypatch.setattr(hub_module, "FORGET_AFTER", -1)
+    hub._forget_unwatched()
+    assert "acme" not in hub.tenant_series
