@@ -134,3 +134,21 @@ def test_hub_stops_watching_a_dismissed_node(tenants):
     assert hub._alarm_round(now + 1, summary, None) == []
     assert "n9" not in hub.rules.last_ok
     assert not Alarm.objects.filter(cleared_at__isnull=True).exists()
+
+
+def test_alarm_filters_answer_htmx_with_the_table_only(browsers, tenants):
+    alarm_db.apply([Condition("quota", "tiny:max_connections", "tiny", "tenant tiny: 2 of 2 connections")], [])
+    r = browsers["root"].get("/metrics/alarms/?state=open&kind=quota", HTTP_HX_REQUEST="true")
+    html = text(r)
+    assert html.lstrip().startswith('<div id="alarm-table">') and "<html" not in html
+    assert "tenant tiny: 2 of 2 connections" in html and 'href="/tenants/tiny/metrics/"' in html
+    assert "No alarms" in text(browsers["root"].get("/metrics/alarms/?kind=drops", HTTP_HX_REQUEST="true"))
+
+
+def test_history_range_without_javascript_reloads_the_page(browsers):
+    html = text(browsers["root"].get("/metrics/?range=7d"))
+    assert 'href="/metrics/?range=24h"' in html and 'class="active">7d<' in html
+    assert "one point per hour" in html
+    assert browsers["root"].get("/metrics/?range=1y").status_code == 404
+    html = text(browsers["root"].get("/metrics/nodes/web1/?range=24h"))
+    assert 'hx-get="/metrics/history/?node=web1&amp;range=1h"' in html
