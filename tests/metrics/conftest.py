@@ -36,7 +36,8 @@ from ..procs import free_port
 
 PASSWORD = "correct-horse-battery-9"
 TOKEN = "metrics-console-token"
-DEVICES = {"acme": [f"d{i}" for i in range(4)], "globex": ["g0", "g1"], "tiny": ["t0", "t1", "t2"]}
+DEVICES = {"acme": [f"d{i}" for i in range(4)], "globex": ["g0", "g1"], "tiny": ["t0", "t1", "t2"],
+           "strict": ["s0"]}
 TINY_MAX_CONNECTIONS = 2
 
 
@@ -51,12 +52,15 @@ def plane(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def secrets(plane):
-    """{"acme/d0": secret, ...}: acme and globex allow everything; tiny may hold 2 connections."""
+    """{"acme/d0": secret, ...}: acme, globex and tiny allow everything (tiny may hold 2
+    connections); strict allows only ok/#."""
     return plane.provision([
         {"slug": "acme", "default_acl": "allow", "devices": DEVICES["acme"]},
         {"slug": "globex", "default_acl": "allow", "devices": DEVICES["globex"]},
         {"slug": "tiny", "default_acl": "allow", "devices": DEVICES["tiny"],
          "quota": {"max_connections": TINY_MAX_CONNECTIONS}},
+        {"slug": "strict", "default_acl": "deny", "devices": DEVICES["strict"],
+         "acl": [{"topic": "ok/#", "action": "both", "allow": True}]},
     ])
 
 

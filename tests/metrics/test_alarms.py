@@ -4,6 +4,8 @@ and the database (open, then kept as history)."""
 
 import asyncio
 import signal
+import threading
+import time
 
 import pytest
 
@@ -104,3 +106,45 @@ def test_node_that_stops_answering_raises_node_down_and_clears_when_back(setting
     assert back["nodes"][0]["health"] == "ok"
     row = Alarm.objects.get(kind="node_down", subject="frozen1")
     assert row.cleared_at is not None and row.tenant is None
+
+
+def test_drops_rising_raised_while_a_device_keeps_being_denied_then_cleared(live, settings, browsers, device):
+    """strict allows only ok/#: a device publishing elsewhere ~40 times a second
+    is dropped (ACL denied) -> "drops rising" after 1 s at >= 5/s; quiet -> cleared."""
+    settings.METRICS_ALARM_DROPS_RATE = 5
+    settings.METRICS_ALARM_DROPS_FOR = 1
+    settings.METRICS_ALARM_DROPS_CLEAR_FOR = 1
+    from metrics.hub import get_hub
+
+    get_hub().reset()                              # the thresholds above
+    d = device("strict/s0")
+    stop = threading.Event()
+
+    def deny_forever():
+        while not stop.is_set():
+            d.publish("forbidden/x", b"x", qos=0)
+            time.sleep(0.025)
+
+    def drops(m):
+        return [a for a in m.get("alarms", []) if a["kind"] == "drops" and a["subject"] == "strict"]
+
+    async def scenario():
+        comm = socket("/ws/metrics/tenants/strict/", browsers["root"])
+        await comm.connect()
+        await receive_until(comm, ok)
+        thread = threading.Thread(target=deny_forever, daemon=True)
+        thread.start()
+        raised = await receive_until(comm, lambda m: ok(m) and drops(m), timeout=8)
+        stop.set()
+        await asyncio.to_thread(thread.join, 5)
+        cleared = await receive_until(comm, lambda m: ok(m) and not drops(m), timeout=8)
+        await comm.disconnect()
+        return raised, cleared
+
+    raised, cleared = run(scenario)
+    (alarm,) = drops(raised)
+    assert "messages dropped per second" in alarm["message"] and "acl denied" in alarm["message"]
+    assert raised["rates"]["drops_by_reason"]["acl_denied"] >= 5
+    assert cleared["rates"]["drops"] < 5
+    row = Alarm.objects.get(kind="drops", subject="strict")
+    assert row.cleared_at is not None and row.tenant_slug == "strict"
