@@ -9,7 +9,7 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 
 missing=""
-for cmd_pkg in mosquitto:mosquitto mosquitto_pub:mosquitto-clients redis-server:redis-server chromium:chromium; do
+for cmd_pkg in mosquitto:mosquitto mosquitto_pub:mosquitto-clients redis-server:redis-server chromium:chromium java:openjdk-17-jre-headless; do
   cmd=${cmd_pkg%%:*}; pkg=${cmd_pkg#*:}
   command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || missing="$missing $pkg"
 done

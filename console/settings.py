@@ -31,6 +31,7 @@ INSTALLED_APPS = [
     "tenants",
     "metrics",
     "spark_reports",
+    "django_celery_beat",
 ]
 
 MIDDLEWARE = [
@@ -131,6 +132,65 @@ METRICS_ALARM_NODE_DOWN_AFTER = envfloat("METRICS_ALARM_NODE_DOWN_AFTER", 3)
 METRICS_ALARM_DROPS_RATE = envfloat("METRICS_ALARM_DROPS_RATE", 10)
 METRICS_ALARM_DROPS_FOR = envfloat("METRICS_ALARM_DROPS_FOR", 10)
 METRICS_ALARM_DROPS_CLEAR_FOR = envfloat("METRICS_ALARM_DROPS_CLEAR_FOR", 30)
+
+# Usage reports (spark_reports, README *Usage reports*): PySpark jobs over the
+# usage log brokerd writes under USAGE_DIR (a local path, or any Hadoop
+# filesystem URI: hdfs://..., s3a://...), run by Celery workers. Celery's
+# broker is Redis when REDIS_URL is set, else kombu's filesystem transport
+# under CELERY_BROKER_DIR (no server); results live in ReportRun, not Celery.
+# Beat reads its schedule from the database (django-celery-beat): one periodic
+# task every REPORTS_DISPATCH_INTERVAL seconds starts the ReportSchedules due.
+USAGE_DIR = envstr("USAGE_DIR", str(VAR_DIR / "usage"))
+SPARK_MASTER = envstr("SPARK_MASTER", "local[*]")
+SPARK_SHUFFLE_PARTITIONS = envint("SPARK_SHUFFLE_PARTITIONS", 4)
+SPARK_DRIVER_MEMORY = envstr("SPARK_DRIVER_MEMORY", "1g")
+REPORTS_TOP_N = envint("REPORTS_TOP_N", 10)
+REPORTS_MAX_RETRIES = envint("REPORTS_MAX_RETRIES", 3)
+REPORTS_RETRY_BACKOFF = envint("REPORTS_RETRY_BACKOFF", 30)  # seconds before the first retry, doubled each time
+REPORTS_DISPATCH_INTERVAL = envint("REPORTS_DISPATCH_INTERVAL", 60)
+CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", REDIS_URL or "filesystem://")
+CELERY_BROKER_DIR = Path(envstr("CELERY_BROKER_DIR", str(VAR_DIR / "celery")))
+if CELERY_BROKER_URL.startswith("filesystem:"):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(CELERY_BROKER_DIR / "queue"),
+        "data_folder_out": str(CELERY_BROKER_DIR / "queue"),
+        "control_folder": str(CELERY_BROKER_DIR / "control"),
+        "store_processed": False,
+    }
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TIMEZONE = TIME_ZONE
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+
+# Email (scheduled reports): files under EMAIL_FILE_PATH by default; SMTP with
+# EMAIL_URL (smtp://USER:PASSWORD@HOST:587?tls=true, smtps://...:465) or
+# EMAIL_HOST / EMAIL_PORT / EMAIL_HOST_USER / EMAIL_HOST_PASSWORD / EMAIL_USE_TLS.
+DEFAULT_FROM_EMAIL = envstr("DEFAULT_FROM_EMAIL", "mqtthub reports <reports@localhost>")
+EMAIL_FILE_PATH = envstr("EMAIL_FILE_PATH", str(VAR_DIR / "mail"))
+EMAIL_TIMEOUT = envint("EMAIL_TIMEOUT", 30)
+_email_url = envsecret("EMAIL_URL")
+if _email_url:
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    _u = urlsplit(_email_url)
+    _q = {k: v[-1].lower() for k, v in parse_qs(_u.query).items()}
+    EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    EMAIL_HOST = _u.hostname or "localhost"
+    EMAIL_USE_SSL = _u.scheme == "smtps"
+    EMAIL_USE_TLS = not EMAIL_USE_SSL and _q.get("tls", "false") in ("1", "true", "yes", "on")
+    EMAIL_PORT = _u.port or (465 if EMAIL_USE_SSL else 587 if EMAIL_USE_TLS else 25)
+    EMAIL_HOST_USER = unquote(_u.username or "")
+    EMAIL_HOST_PASSWORD = unquote(_u.password or "")
+elif envstr("EMAIL_HOST"):
+    EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    EMAIL_HOST = envstr("EMAIL_HOST")
+    EMAIL_PORT = envint("EMAIL_PORT", 587)
+    EMAIL_HOST_USER = envstr("EMAIL_HOST_USER", envstr("EMAIL_USER"))
+    EMAIL_HOST_PASSWORD = envsecret("EMAIL_HOST_PASSWORD") or envsecret("EMAIL_PASSWORD") or ""
+    EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", True)
+else:
+    EMAIL_BACKEND = envstr("EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")
 
 LOGGING = {
     "version": 1,

@@ -4,6 +4,7 @@
 from django.urls import include, path, register_converter
 
 from metrics import views as mv
+from spark_reports import urls as report_urls
 from tenants import views as tv
 
 from . import live_views as lv
@@ -64,6 +65,8 @@ tenant_patterns = [
     # live metrics (metrics app)
     path("metrics/", mv.tenant, name="tenant_metrics"),
     path("metrics/history/", mv.tenant_history, name="tenant_metrics_history"),
+    # usage reports (spark_reports app)
+    path("reports/", include(report_urls.tenant_patterns)),
 ]
 
 urlpatterns = [
@@ -78,6 +81,7 @@ urlpatterns = [
     path("tenants/<slug:slug>/", include(tenant_patterns)),
     path("clients/", lv.clients, name="clients"),
     path("metrics/", include("metrics.urls")),
+    path("reports/", include("spark_reports.urls")),
     path("audit/", views.audit_log, name="audit"),
     path("tokens/", views.token_list, name="token_list"),
     path("tokens/new/", views.token_create, name="token_create"),

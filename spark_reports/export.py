@@ -1,0 +1,72 @@
+"""A report's result as CSV: the whole report in one tidy file (``section,
+item, metric, value`` -- what the email attaches and "Download CSV" gives),
+or one table of it as a plain CSV."""
+
+import csv
+import io
+
+# table -> (key column, value columns) in the order they are written
+TABLES = {
+    "daily": ("date", ["msgs_in", "msgs_out", "bytes_in", "bytes_out", "connects", "disconnects", "rejected",
+                       "dropped"]),
+    "top_topics": ("topic", ["messages", "msgs_in", "msgs_out", "bytes", "bytes_in", "bytes_out"]),
+    "top_devices": ("device", ["messages", "msgs_in", "msgs_out", "bytes", "bytes_in", "bytes_out", "connections",
+                               "connected_seconds"]),
+    "rejections": ("kind", ["count"]),
+    "reasons": ("reason", ["count"]),
+    "tenants": ("tenant", ["rank", "messages", "msgs_in", "msgs_out", "bytes_in", "bytes_out", "connects",
+                           "devices", "peak_connections", "rejected", "dropped"]),
+    "nodes": ("node", ["messages", "msgs_in", "msgs_out", "bytes_in", "bytes_out", "connects", "disconnects",
+                       "peak_connections"]),
+}
+
+TOTALS = ["messages", "msgs_in", "msgs_in_q0", "msgs_in_q1", "msgs_in_q2", "msgs_out", "bytes_in", "bytes_out",
+          "connects", "disconnects", "devices", "peak_connections", "peak_at", "median_session", "tenants",
+          "rejected", "dropped", "acl_denied", "quota_rejected", "auth_failures", "dropped_queue_full",
+          "dropped_expired", "dropped_no_subscribers"]
+
+
+def tables_of(result: dict) -> list[str]:
+    return [name for name in TABLES if name in result]
+
+
+def _cell(value):
+    if isinstance(value, float):
+        return f"{value:.3f}".rstrip("0").rstrip(".")
+    return "" if value is None else value
+
+
+def report_csv(result: dict) -> str:
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(["section", "item", "metric", "value"])
+    w.writerow(["report", result.get("tenant") or "platform", "kind", result["kind"]])
+    w.writerow(["report", "", "start", result["start"]])
+    w.writerow(["report", "", "end", result["end"]])
+    totals = result.get("totals", {})
+    for metric in TOTALS:
+        if metric in totals:
+            w.writerow(["totals", "", metric, _cell(totals[metric])])
+    for table in tables_of(result):
+        key, metrics = TABLES[table]
+        for row in result[table]:
+            for metric in metrics:
+                if metric in row:
+                    w.writerow([table, row[key], metric, _cell(row[metric])])
+    return out.getvalue()
+
+
+def table_csv(result: dict, table: str) -> str:
+    key, metrics = TABLES[table]
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow([key, *metrics])
+    for row in result.get(table, []):
+        w.writerow([_cell(row.get(key)), *[_cell(row.get(m)) for m in metrics]])
+    return out.getvalue()
+
+
+def filename(run, table: str | None = None) -> str:
+    who = run.tenant.slug if run.tenant_id else "platform"
+    base = f"usage-{who}-{run.period_start:%Y-%m-%d}-to-{run.last_day:%Y-%m-%d}"
+    return f"{base}-{table}.csv" if table else f"{base}.csv"

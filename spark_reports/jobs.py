@@ -1,0 +1,340 @@
+"""The usage reports as PySpark jobs: plain functions, DataFrame -> DataFrame.
+
+Input: the usage log brokerd writes (README, *Usage reports*), two JSON Lines
+datasets partitioned by UTC date, read with the explicit schemas below:
+
+- ``connections/date=YYYY-MM-DD/<node>-<YYYYMMDDHHMM>.jsonl``: one row per
+  closed connection (``date`` = the UTC date of ``disconnected_at``);
+- ``traffic/date=YYYY-MM-DD/...``: per minute, node, tenant and topic, the
+  message counters (``topic`` "" for tenant-wide rows such as authentication
+  failures, "(other)" beyond 10,000 topics per tenant and minute).
+
+A period is ``[start, end)`` in epoch seconds. What counts where:
+
+- messages, bytes, rejections, drops and topics: the traffic rows whose
+  minute ``ts`` lies in the period;
+- connects: connections opened in the period; disconnects, session lengths,
+  disconnect reasons and each device's traffic: connections closed in the
+  period (a connection's counters are known only when it closes, so its
+  traffic belongs to the day it closed);
+- devices and peak concurrency: every connection that touches the period
+  (opened or closed in it, or open across it). A device is the DEVICE of the
+  user name ``TENANT/DEVICE``, or the client id of an anonymous client.
+  Connections still open when the report runs are not in the log yet, so
+  they are not counted.
+
+Peak concurrency is a sweep over connection intervals ``[connected_at,
+disconnected_at)`` clipped to the period: +1 at each connect, -1 at each
+disconnect, running sum in time order, maximum. At one instant disconnects
+count before connects, so a client that reconnects at the very instant its
+old connection closed (touching intervals) is one connection, not two, and
+a connection that opens and closes at the same instant never counts. The job
+sums the +1s and -1s of each instant before the running sum, which is the
+same thing: the level after an instant is all that a disconnect-first order
+can reach at it.
+
+Top-N tables are ordered by their value descending, then by name ascending,
+so ties always come out in the same order.
+"""
+
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
+
+from pyspark.sql import DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+DAY = 86400
+
+CONNECTIONS_SCHEMA = T.StructType([
+    T.StructField("tenant", T.StringType()),
+    T.StructField("client_id", T.StringType()),
+    T.StructField("username", T.StringType()),
+    T.StructField("node", T.StringType()),
+    T.StructField("protocol", T.StringType()),
+    T.StructField("ip", T.StringType()),
+    T.StructField("connected_at", T.DoubleType()),
+    T.StructField("disconnected_at", T.DoubleType()),
+    T.StructField("msgs_in", T.LongType()),
+    T.StructField("msgs_out", T.LongType()),
+    T.StructField("bytes_in", T.LongType()),
+    T.StructField("bytes_out", T.LongType()),
+    T.StructField("reason", T.StringType()),
+    T.StructField("date", T.StringType()),      # the partition directory
+])
+
+TRAFFIC_COUNTERS = [
+    "msgs_in_q0", "msgs_in_q1", "msgs_in_q2", "bytes_in", "msgs_out", "bytes_out",
+    "dropped_queue_full", "dropped_expired", "dropped_no_subscribers",
+    "acl_denied", "quota_rejected", "auth_failures",
+]
+
+TRAFFIC_SCHEMA = T.StructType([
+    T.StructField("ts", T.LongType()),
+    T.StructField("node", T.StringType()),
+    T.StructField("tenant", T.StringType()),
+    T.StructField("topic", T.StringType()),
+    *[T.StructField(name, T.LongType()) for name in TRAFFIC_COUNTERS],
+    T.StructField("date", T.StringType()),
+])
+
+# (traffic column, label) in the order reports show them
+REJECTION_KINDS = [
+    ("acl_denied", "ACL denied"),
+    ("quota_rejected", "quota exceeded"),
+    ("auth_failures", "authentication failed"),
+    ("dropped_queue_full", "dropped: queue full"),
+    ("dropped_expired", "dropped: expired"),
+    ("dropped_no_subscribers", "dropped: no subscribers"),
+]
+REJECTED = ["acl_denied", "quota_rejected", "auth_failures"]
+DROPPED = ["dropped_queue_full", "dropped_expired", "dropped_no_subscribers"]
+
+
+class UsageLogError(Exception):
+    """The usage log cannot be read (missing, not a directory, unreachable)."""
+
+
+@dataclass(frozen=True)
+class Period:
+    """``[start, end)`` in epoch seconds."""
+
+    start: float
+    end: float
+
+    @classmethod
+    def days(cls, first: date, last: date) -> "Period":
+        """Whole UTC days, ``last`` included."""
+        start = datetime(first.year, first.month, first.day, tzinfo=UTC)
+        end = datetime(last.year, last.month, last.day, tzinfo=UTC) + timedelta(days=1)
+        return cls(start.timestamp(), end.timestamp())
+
+    @classmethod
+    def between(cls, start: datetime, end: datetime) -> "Period":
+        return cls(start.timestamp(), end.timestamp())
+
+    @property
+    def first_day(self) -> int:
+        return int(self.start // DAY)
+
+    @property
+    def last_day(self) -> int:
+        """The UTC day number of the period's last instant (inclusive)."""
+        return int(max(self.start, self.end - 1e-6) // DAY)
+
+    def date_of(self, day: int) -> str:
+        return (date(1970, 1, 1) + timedelta(days=day)).isoformat()
+
+
+# ---------------------------------------------------------------- reading
+
+
+def _hadoop_path_status(spark, uri: str):
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(uri)
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    return fs, path
+
+
+def check_usage_dir(spark, root: str) -> None:
+    """UsageLogError unless ``root`` is a readable directory (any Hadoop filesystem)."""
+    try:
+        fs, path = _hadoop_path_status(spark, root)
+        if not fs.exists(path):
+            raise UsageLogError(f"usage log directory not found: {root}")
+        if not fs.getFileStatus(path).isDirectory():
+            raise UsageLogError(f"usage log path is not a directory: {root}")
+        fs.listStatus(path)
+    except UsageLogError:
+        raise
+    except Exception as exc:  # Py4JJavaError and friends: the Java message is what matters
+        message = str(getattr(exc, "java_exception", exc)).strip().splitlines()[0]
+        raise UsageLogError(f"usage log unreadable: {root}: {message}") from None
+
+
+def _dataset(spark, root: str, name: str, schema) -> DataFrame | None:
+    fs, path = _hadoop_path_status(spark, f"{root.rstrip('/')}/{name}")
+    if not fs.exists(path):
+        return None
+    return (spark.read.schema(schema)
+            .option("pathGlobFilter", "*.jsonl")           # never a temporary file
+            .option("mode", "DROPMALFORMED")
+            .json(path.toString()))
+
+
+def read_connections(spark, root: str, period: Period) -> DataFrame:
+    """Connection rows that may touch ``period``: closed on or after its first day
+    (a connection open across the period is in a later partition)."""
+    df = _dataset(spark, root, "connections", CONNECTIONS_SCHEMA)
+    if df is None:
+        return spark.createDataFrame([], CONNECTIONS_SCHEMA)
+    return df.filter(F.col("date") >= period.date_of(period.first_day)).filter(
+        F.col("tenant").isNotNull() & F.col("connected_at").isNotNull() & F.col("disconnected_at").isNotNull())
+
+
+def read_traffic(spark, root: str, period: Period) -> DataFrame:
+    df = _dataset(spark, root, "traffic", TRAFFIC_SCHEMA)
+    if df is None:
+        return spark.createDataFrame([], TRAFFIC_SCHEMA)
+    return df.filter(F.col("date").between(period.date_of(period.first_day), period.date_of(period.last_day))).filter(
+        F.col("tenant").isNotNull() & F.col("ts").isNotNull())
+
+
+# ---------------------------------------------------------------- selections
+
+
+def for_tenant(df: DataFrame, tenant: str) -> DataFrame:
+    return df.filter(F.col("tenant") == tenant)
+
+
+def traffic_in(traffic: DataFrame, period: Period) -> DataFrame:
+    """Traffic rows of minutes in the period, counters null -> 0, ``msgs_in`` added."""
+    df = traffic.filter((F.col("ts") >= F.lit(period.start)) & (F.col("ts") < F.lit(period.end)))
+    df = df.fillna(0, subset=TRAFFIC_COUNTERS).fillna("", subset=["topic", "node"])
+    return df.withColumn("msgs_in", F.col("msgs_in_q0") + F.col("msgs_in_q1") + F.col("msgs_in_q2"))
+
+
+def touching(conns: DataFrame, period: Period) -> DataFrame:
+    """Connections opened or closed in the period, or open across it; with
+    ``device``, ``duration`` and counters null -> 0."""
+    df = conns.filter((F.col("connected_at") < F.lit(period.end)) & (F.col("disconnected_at") >= F.lit(period.start)))
+    df = df.fillna(0, subset=["msgs_in", "msgs_out", "bytes_in", "bytes_out"]).fillna(
+        {"reason": "", "node": ""})
+    device = F.when(F.col("username").contains("/"), F.expr("substr(username, instr(username, '/') + 1)")
+                    ).otherwise(F.coalesce(F.col("username"), F.col("client_id")))
+    return df.withColumn("device", device).withColumn(
+        "duration", F.col("disconnected_at") - F.col("connected_at"))
+
+
+def _in(col: str, period: Period):
+    return (F.col(col) >= F.lit(period.start)) & (F.col(col) < F.lit(period.end))
+
+
+def _day(col: str):
+    return F.floor(F.col(col) / DAY).cast("long")
+
+
+def _sums(cols):
+    return [F.coalesce(F.sum(c), F.lit(0)).cast("long").alias(c) for c in cols]
+
+
+# ---------------------------------------------------------------- jobs
+
+
+def traffic_totals(traffic: DataFrame, by: list[str] | None = None) -> DataFrame:
+    """Sums of every counter (one row, or one per ``by`` group); ``messages`` = in + out."""
+    cols = ["msgs_in", *TRAFFIC_COUNTERS]
+    df = traffic.groupBy(*(by or [])).agg(*_sums(cols))
+    return df.withColumn("messages", F.col("msgs_in") + F.col("msgs_out")).withColumn(
+        "rejected", sum((F.col(c) for c in REJECTED), F.lit(0))).withColumn(
+        "dropped", sum((F.col(c) for c in DROPPED), F.lit(0)))
+
+
+def connection_totals(conns: DataFrame, period: Period, by: list[str] | None = None) -> DataFrame:
+    """connects, disconnects, distinct devices and the median length of the
+    sessions closed in the period (exact median; null without any)."""
+    opened = _in("connected_at", period)
+    closed = _in("disconnected_at", period)
+    return conns.groupBy(*(by or [])).agg(
+        F.sum(F.when(opened, 1).otherwise(0)).cast("long").alias("connects"),
+        F.sum(F.when(closed, 1).otherwise(0)).cast("long").alias("disconnects"),
+        F.countDistinct("device").alias("devices"),
+        F.percentile(F.when(closed, F.col("duration")), F.lit(0.5)).alias("median_session"),
+    )
+
+
+def peak_concurrency(conns: DataFrame, period: Period, by: list[str] | None = None) -> DataFrame:
+    """``peak_connections`` and ``peak_at`` (the first instant it was reached),
+    one row (per ``by`` group); no row without connections."""
+    by = by or []
+    start = F.greatest(F.col("connected_at"), F.lit(float(period.start)))
+    end = F.least(F.col("disconnected_at"), F.lit(float(period.end)))
+    events = conns.select(*by, start.alias("t"), F.lit(1).alias("delta")).unionByName(
+        conns.select(*by, end.alias("t"), F.lit(-1).alias("delta")))
+    # net change per instant: disconnects before connects at one instant (see the module's docstring)
+    per_instant = events.groupBy(*by, "t").agg(F.sum("delta").alias("net"))
+    running = Window.partitionBy(*by).orderBy("t").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    levels = per_instant.withColumn("level", F.sum("net").over(running))
+    best = Window.partitionBy(*by).orderBy(F.desc("level"), F.asc("t"))
+    return (levels.withColumn("rank", F.row_number().over(best)).filter(F.col("rank") == 1)
+            .select(*by, F.greatest(F.col("level"), F.lit(0)).cast("long").alias("peak_connections"),
+                    F.col("t").alias("peak_at")))
+
+
+def daily(traffic: DataFrame, conns: DataFrame, period: Period) -> DataFrame:
+    """One row per UTC day of the period (days without data: zeros): messages,
+    bytes, rejections, drops, connects and disconnects (the churn)."""
+    spark = traffic.sparkSession
+    days = spark.range(period.first_day, period.last_day + 1).select(F.col("id").alias("day"))
+    t = traffic.withColumn("day", _day("ts")).groupBy("day").agg(
+        *_sums(["msgs_in", "msgs_out", "bytes_in", "bytes_out"]),
+        F.sum(sum((F.col(c) for c in REJECTED), F.lit(0))).cast("long").alias("rejected"),
+        F.sum(sum((F.col(c) for c in DROPPED), F.lit(0))).cast("long").alias("dropped"),
+    )
+    c_in = conns.filter(_in("connected_at", period)).groupBy(_day("connected_at").alias("day")).agg(
+        F.count(F.lit(1)).alias("connects"))
+    c_out = conns.filter(_in("disconnected_at", period)).groupBy(_day("disconnected_at").alias("day")).agg(
+        F.count(F.lit(1)).alias("disconnects"))
+    out = days.join(t, "day", "left").join(c_in, "day", "left").join(c_out, "day", "left")
+    value_cols = ["msgs_in", "msgs_out", "bytes_in", "bytes_out", "rejected", "dropped", "connects", "disconnects"]
+    return out.fillna(0, subset=value_cols).select("day", *[F.col(c).cast("long").alias(c) for c in value_cols]).orderBy(
+        "day")
+
+
+def top_topics(traffic: DataFrame, n: int = 10) -> DataFrame:
+    """Topics by messages (in + out), then by name; tenant-wide rows (topic "") left out."""
+    df = traffic.filter(F.col("topic") != "").groupBy("topic").agg(
+        *_sums(["msgs_in", "msgs_out", "bytes_in", "bytes_out"]))
+    df = df.withColumn("messages", F.col("msgs_in") + F.col("msgs_out")).withColumn(
+        "bytes", F.col("bytes_in") + F.col("bytes_out"))
+    return df.orderBy(F.desc("messages"), F.asc("topic")).limit(n)
+
+
+def top_devices(conns: DataFrame, period: Period, n: int = 10) -> DataFrame:
+    """Devices by the messages (in + out) of their connections closed in the
+    period, then by name."""
+    df = conns.filter(_in("disconnected_at", period)).groupBy("device").agg(
+        *_sums(["msgs_in", "msgs_out", "bytes_in", "bytes_out"]),
+        F.count(F.lit(1)).alias("connections"),
+        F.sum("duration").alias("connected_seconds"),
+    )
+    df = df.withColumn("messages", F.col("msgs_in") + F.col("msgs_out")).withColumn(
+        "bytes", F.col("bytes_in") + F.col("bytes_out"))
+    return df.orderBy(F.desc("messages"), F.asc("device")).limit(n)
+
+
+def rejections(traffic: DataFrame) -> DataFrame:
+    """One row per kind of REJECTION_KINDS, in that order: ``kind``, ``label``, ``count``."""
+    totals = traffic.agg(*_sums([k for k, _ in REJECTION_KINDS]))
+    stack = ", ".join(f"{i}, '{k}', '{label}', {k}" for i, (k, label) in enumerate(REJECTION_KINDS))
+    return totals.selectExpr(f"stack({len(REJECTION_KINDS)}, {stack}) as (position, kind, label, count)").orderBy(
+        "position").drop("position")
+
+
+def disconnect_reasons(conns: DataFrame, period: Period) -> DataFrame:
+    return (conns.filter(_in("disconnected_at", period)).groupBy("reason").agg(F.count(F.lit(1)).alias("count"))
+            .orderBy(F.desc("count"), F.asc("reason")))
+
+
+def tenant_ranking(traffic: DataFrame, conns: DataFrame, period: Period) -> DataFrame:
+    """Every tenant with traffic or connections in the period, by messages
+    (in + out) descending, then by slug; ``rank`` 1.."""
+    t = traffic_totals(traffic, ["tenant"]).select(
+        "tenant", "msgs_in", "msgs_out", "messages", "bytes_in", "bytes_out", "rejected", "dropped")
+    c = connection_totals(conns, period, ["tenant"]).select("tenant", "connects", "devices")
+    p = peak_concurrency(conns, period, ["tenant"]).select("tenant", "peak_connections")
+    df = t.join(c, "tenant", "full_outer").join(p, "tenant", "left")
+    df = df.fillna(0, subset=["msgs_in", "msgs_out", "messages", "bytes_in", "bytes_out", "rejected", "dropped",
+                              "connects", "devices", "peak_connections"])
+    order = Window.orderBy(F.desc("messages"), F.asc("tenant"))
+    return df.withColumn("rank", F.row_number().over(order)).orderBy("rank")
+
+
+def node_load(traffic: DataFrame, conns: DataFrame, period: Period) -> DataFrame:
+    """Per node: messages and bytes it handled, connects, disconnects and its own peak concurrency."""
+    t = traffic_totals(traffic, ["node"]).select("node", "msgs_in", "msgs_out", "messages", "bytes_in", "bytes_out")
+    c = connection_totals(conns, period, ["node"]).select("node", "connects", "disconnects")
+    p = peak_concurrency(conns, period, ["node"]).select("node", "peak_connections")
+    df = t.join(c, "node", "full_outer").join(p, "node", "left")
+    return df.fillna(0, subset=["msgs_in", "msgs_out", "messages", "bytes_in", "bytes_out", "connects",
+                                "disconnects", "peak_connections"]).orderBy("node")

@@ -1,0 +1,145 @@
+"""The reports: which jobs make them and what their result looks like (a
+registry after django-oscar's ``dashboard/reports``: a code, who may run it,
+how to run it).
+
+``run`` returns a plain, JSON-ready dict that ``ReportRun.result`` stores and
+the pages, the CSV and the email read; nothing downstream touches Spark.
+"""
+
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from . import jobs
+from .jobs import Period
+
+TOP_N = 10
+
+Progress = Callable[[int, int, str], None]
+
+
+def _noop(step: int, total: int, text: str) -> None:
+    pass
+
+
+def _rows(df) -> list[dict]:
+    return [row.asDict() for row in df.collect()]
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts, tz=UTC).isoformat()
+
+
+def _with_dates(rows: list[dict], period: Period) -> list[dict]:
+    return [{"date": period.date_of(r.pop("day")), **r} for r in rows]
+
+
+class Report:
+    code = ""
+    title = ""
+    steps: list[str] = []
+
+    def is_available_to(self, user, tenant=None) -> bool:
+        raise NotImplementedError
+
+    def run(self, spark, root: str, period: Period, tenant: str | None = None, top_n: int = TOP_N,
+            progress: Progress = _noop) -> dict:
+        raise NotImplementedError
+
+
+def _cached(df):
+    """Small files (one per node and minute) make many small partitions: after
+    the filters, one partition per core is plenty for what a report keeps."""
+    return df.coalesce(max(1, df.sparkSession.sparkContext.defaultParallelism)).cache()
+
+
+def _header(kind: str, period: Period, tenant: str | None, top_n: int) -> dict:
+    return {"kind": kind, "tenant": tenant, "start": _iso(period.start), "end": _iso(period.end),
+            "generated_at": datetime.now(tz=UTC).isoformat(timespec="seconds"), "top_n": top_n}
+
+
+def _totals(traffic, conns, period: Period) -> dict:
+    t = jobs.traffic_totals(traffic).collect()[0].asDict()
+    c = jobs.connection_totals(conns, period).collect()[0].asDict()
+    p = jobs.peak_concurrency(conns, period).collect()
+    peak = p[0].asDict() if p else {"peak_connections": 0, "peak_at": None}
+    return {**t, **c, "peak_connections": peak["peak_connections"], "peak_at": _iso(peak["peak_at"])}
+
+
+class TenantUsageReport(Report):
+    code = "tenant"
+    title = "Tenant usage"
+    steps = ["Reading the usage log", "Totals and peak concurrency", "Daily series", "Top topics and devices",
+             "Rejections and disconnect reasons"]
+
+    def is_available_to(self, user, tenant=None) -> bool:
+        from console.access import is_platform_admin, membership_of
+
+        return is_platform_admin(user) or (tenant is not None and membership_of(user, tenant) is not None)
+
+    def run(self, spark, root, period, tenant=None, top_n=TOP_N, progress=_noop) -> dict:
+        assert tenant, "a tenant report needs a tenant"
+        n = len(self.steps)
+        progress(1, n, self.steps[0])
+        jobs.check_usage_dir(spark, root)
+        conns = _cached(jobs.touching(jobs.for_tenant(jobs.read_connections(spark, root, period), tenant), period))
+        traffic = _cached(jobs.traffic_in(jobs.for_tenant(jobs.read_traffic(spark, root, period), tenant), period))
+        try:
+            out = _header(self.code, period, tenant, top_n)
+            out["rows"] = {"connections": conns.count(), "traffic": traffic.count()}
+            progress(2, n, self.steps[1])
+            out["totals"] = _totals(traffic, conns, period)
+            progress(3, n, self.steps[2])
+            out["daily"] = _with_dates(_rows(jobs.daily(traffic, conns, period)), period)
+            progress(4, n, self.steps[3])
+            out["top_topics"] = _rows(jobs.top_topics(traffic, top_n))
+            out["top_devices"] = _rows(jobs.top_devices(conns, period, top_n))
+            progress(5, n, self.steps[4])
+            out["rejections"] = _rows(jobs.rejections(traffic))
+            out["reasons"] = _rows(jobs.disconnect_reasons(conns, period))
+            return out
+        finally:
+            conns.unpersist()
+            traffic.unpersist()
+
+
+class PlatformReport(Report):
+    code = "platform"
+    title = "Platform usage"
+    steps = ["Reading the usage log", "Totals and peak concurrency", "Daily series", "Tenants ranked",
+             "Load per node"]
+
+    def is_available_to(self, user, tenant=None) -> bool:
+        from console.access import is_platform_admin
+
+        return is_platform_admin(user)
+
+    def run(self, spark, root, period, tenant=None, top_n=TOP_N, progress=_noop) -> dict:
+        n = len(self.steps)
+        progress(1, n, self.steps[0])
+        jobs.check_usage_dir(spark, root)
+        conns = _cached(jobs.touching(jobs.read_connections(spark, root, period), period))
+        traffic = _cached(jobs.traffic_in(jobs.read_traffic(spark, root, period), period))
+        try:
+            out = _header(self.code, period, None, top_n)
+            out["rows"] = {"connections": conns.count(), "traffic": traffic.count()}
+            progress(2, n, self.steps[1])
+            out["totals"] = _totals(traffic, conns, period)
+            progress(3, n, self.steps[2])
+            out["daily"] = _with_dates(_rows(jobs.daily(traffic, conns, period)), period)
+            progress(4, n, self.steps[3])
+            out["tenants"] = _rows(jobs.tenant_ranking(traffic, conns, period))
+            out["totals"]["tenants"] = len(out["tenants"])
+            out["rejections"] = _rows(jobs.rejections(traffic))
+            progress(5, n, self.steps[4])
+            out["nodes"] = _rows(jobs.node_load(traffic, conns, period))
+            return out
+        finally:
+            conns.unpersist()
+            traffic.unpersist()
+
+
+REPORTS: dict[str, Report] = {r.code: r for r in (TenantUsageReport(), PlatformReport())}
+
+
+def get(code: str) -> Report:
+    return REPORTS[code]

@@ -1,0 +1,81 @@
+"""One long-lived SparkSession per process, and where the usage log lives.
+
+A Celery worker (``-P threads``: its tasks share the process) starts the JVM
+on its first report and keeps it: later reports skip the few seconds a
+session takes to start. Settings (Django settings when configured, else the
+environment, so bench/ and plain scripts work without Django):
+
+- ``SPARK_MASTER``: ``local[*]`` (embedded default), ``spark://HOST:7077`` or ``yarn``;
+- ``SPARK_SHUFFLE_PARTITIONS``: 4 -- reports aggregate a few thousand groups,
+  Spark's 200 default would spend its time on empty tasks;
+- ``SPARK_DRIVER_MEMORY``: the driver JVM's heap (``1g``);
+- ``USAGE_DIR``: the usage log brokerd writes (``VAR_DIR/usage``); any URI a
+  Hadoop filesystem reads (``hdfs://...``, ``s3a://...``) in production.
+
+``SPARK_LOCAL_IP`` defaults to 127.0.0.1 so a local session never looks
+for a routable interface; the web UI is off.
+"""
+
+import os
+import sys
+import threading
+from pathlib import Path
+
+_lock = threading.Lock()
+_session = None
+
+
+def setting(name: str, default: str) -> str:
+    try:
+        from django.conf import settings
+
+        if settings.configured:
+            value = getattr(settings, name, None)
+            if value not in (None, ""):
+                return str(value)
+    except ImportError:  # pragma: no cover - Django is always installed here
+        pass
+    return os.environ.get(name) or default
+
+
+def usage_dir() -> str:
+    """The usage log's root: a local path or a Hadoop filesystem URI."""
+    var = setting("VAR_DIR", str(Path(__file__).resolve().parent.parent / "var"))
+    return setting("USAGE_DIR", str(Path(var) / "usage"))
+
+
+def get_spark():
+    """This process's SparkSession, started on first use."""
+    global _session
+    with _lock:
+        if _session is not None and _session._jsc is not None and not _session._jsc.sc().isStopped():
+            return _session
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # executors (local or remote) run the Python of this virtualenv
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        from pyspark.sql import SparkSession
+
+        master = setting("SPARK_MASTER", "local[*]")
+        builder = (
+            SparkSession.builder.appName("mqtthub-reports")
+            .master(master)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", setting("SPARK_SHUFFLE_PARTITIONS", "4"))
+            .config("spark.sql.session.timeZone", "UTC")
+            .config("spark.driver.memory", setting("SPARK_DRIVER_MEMORY", "1g"))
+        )
+        if master.startswith("local"):
+            builder = builder.config("spark.driver.host", os.environ["SPARK_LOCAL_IP"]).config(
+                "spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
+        _session = builder.getOrCreate()
+        _session.sparkContext.setLogLevel(setting("SPARK_LOG_LEVEL", "ERROR"))
+        return _session
+
+
+def stop_spark() -> None:
+    global _session
+    with _lock:
+        if _session is not None:
+            _session.stop()
+            _session = None

@@ -1,0 +1,87 @@
+"""Celery tasks: thin wrappers over ``spark_reports.services`` and ``delivery``.
+
+- ``run_report(run_id)``: the Spark job; retried with exponential backoff
+  (REPORTS_RETRY_BACKOFF seconds, doubled, at most REPORTS_MAX_RETRIES times),
+  each failure's reason recorded on the run, the last one marking it failed.
+  A scheduled run then queues ``deliver_report``.
+- ``deliver_report(run_id)``: the email, retried on its own (an SMTP outage
+  does not re-run Spark).
+- ``dispatch_due_schedules()``: run by beat every REPORTS_DISPATCH_INTERVAL
+  seconds from the database schedule (django-celery-beat); starts the
+  ReportSchedules that are due.
+"""
+
+import logging
+
+from celery import shared_task
+from celery.signals import beat_init
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+
+DISPATCH_TASK_NAME = "spark_reports: start due report schedules"
+
+
+@shared_task(bind=True, autoretry_for=(Exception,), max_retries=settings.REPORTS_MAX_RETRIES,
+             retry_backoff=settings.REPORTS_RETRY_BACKOFF, retry_backoff_max=3600, retry_jitter=False)
+def run_report(self, run_id: int) -> str:
+    from . import services
+    from .models import ReportRun
+
+    run = ReportRun.objects.select_related("tenant", "schedule").filter(pk=run_id).first()
+    if run is None or run.status == ReportRun.Status.SUCCEEDED:
+        return "gone" if run is None else "already done"
+    retries = self.request.retries
+    try:
+        run = services.execute_run(run, attempt=retries + 1)
+    except Exception as exc:
+        final = retries >= self.max_retries
+        delay = None if final else min(3600, self.retry_backoff * 2 ** retries)
+        services.record_failure(run_id, exc, final=final, retry_in=delay)
+        log.warning("report %s attempt %s failed%s: %s", run_id, retries + 1, "" if final else ", retrying",
+                    services.describe_error(exc))
+        raise
+    if run.schedule_id:
+        deliver_report.delay(run.pk)
+    return "succeeded"
+
+
+@shared_task(bind=True, autoretry_for=(Exception,), dont_autoretry_for=(ValueError,), max_retries=5,
+             retry_backoff=60, retry_jitter=False)
+def deliver_report(self, run_id: int) -> str:
+    from . import delivery
+    from .models import ReportRun
+
+    run = ReportRun.objects.select_related("tenant", "schedule__tenant").filter(pk=run_id).first()
+    if run is None or run.emailed_at is not None:
+        return "nothing to do"
+    try:
+        delivery.send_report(run)
+    except Exception as exc:
+        ReportRun.objects.filter(pk=run_id).update(email_error=str(exc)[:500])
+        raise
+    return "sent"
+
+
+@shared_task
+def dispatch_due_schedules() -> int:
+    from . import services
+
+    return len(services.dispatch_due())
+
+
+def ensure_periodic_task() -> None:
+    """The one database-scheduled task beat runs (kept in step with the setting)."""
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    interval, _ = IntervalSchedule.objects.get_or_create(every=settings.REPORTS_DISPATCH_INTERVAL,
+                                                         period=IntervalSchedule.SECONDS)
+    PeriodicTask.objects.update_or_create(
+        name=DISPATCH_TASK_NAME,
+        defaults={"task": "spark_reports.tasks.dispatch_due_schedules", "interval": interval, "enabled": True,
+                  "crontab": None, "solar": None, "clocked": None, "one_off": False})
+
+
+@beat_init.connect
+def _beat_init(sender=None, **kwargs):
+    ensure_periodic_task()

@@ -1,0 +1,43 @@
+"""What a report page, its printable version and its email show of a result:
+key figures, tables and charts, prepared once from ``ReportRun.result``."""
+
+from . import charts, jobs
+
+
+def _num(v) -> str:
+    return f"{int(v or 0):,}"
+
+
+def report_context(run) -> dict:
+    r = run.result or {}
+    t = r.get("totals", {})
+    labels, series = charts.daily_series(r)
+    churn_labels, churn = charts.churn_series(r)
+    figures = [
+        {"label": "Messages", "value": _num(t.get("messages")),
+         "sub": f"{_num(t.get('msgs_in'))} in · {_num(t.get('msgs_out'))} out"},
+        {"label": "Bytes", "bytes": (t.get("bytes_in") or 0) + (t.get("bytes_out") or 0),
+         "sub_bytes": (t.get("bytes_in") or 0, t.get("bytes_out") or 0)},
+        {"label": "Connections", "value": _num(t.get("connects")),
+         "sub": f"{_num(t.get('disconnects'))} disconnects · {_num(t.get('devices'))} devices"},
+        {"label": "Peak concurrent", "value": _num(t.get("peak_connections")),
+         "sub": (f"at {t['peak_at'][:19].replace('T', ' ')} UTC" if t.get("peak_at") else "no connections")},
+        {"label": "Median session", "seconds": t.get("median_session"),
+         "sub": f"of {_num(t.get('disconnects'))} closed"},
+        {"label": "Rejected", "value": _num(t.get("rejected")),
+         "sub": f"{_num(t.get('dropped'))} dropped"},
+    ]
+    if r.get("kind") == "platform":
+        figures.insert(0, {"label": "Tenants", "value": _num(t.get("tenants")), "sub": "with usage"})
+    rejection_labels = dict(jobs.REJECTION_KINDS)
+    return {
+        "r": r,
+        "generated": (r.get("generated_at") or "")[:19].replace("T", " "),
+        "t": t,
+        "figures": figures,
+        "traffic_chart": charts.bar_chart(labels, series, title="Messages per day") if labels else "",
+        "churn_chart": charts.bar_chart(churn_labels, churn, title="Connects and disconnects per day",
+                                        stacked=False) if churn_labels else "",
+        "rejection_rows": [{**row, "label": row.get("label") or rejection_labels.get(row["kind"], row["kind"])}
+                           for row in r.get("rejections", [])],
+    }
