@@ -236,8 +236,8 @@ def connection_totals(conns: DataFrame, period: Period, by: list[str] | None = N
     opened = _in("connected_at", period)
     closed = _in("disconnected_at", period)
     return conns.groupBy(*(by or [])).agg(
-        F.sum(F.when(opened, 1).otherwise(0)).cast("long").alias("connects"),
-        F.sum(F.when(closed, 1).otherwise(0)).cast("long").alias("disconnects"),
+        F.coalesce(F.sum(F.when(opened, 1).otherwise(0)), F.lit(0)).cast("long").alias("connects"),
+        F.coalesce(F.sum(F.when(closed, 1).otherwise(0)), F.lit(0)).cast("long").alias("disconnects"),
         F.countDistinct("device").alias("devices"),
         F.percentile(F.when(closed, F.col("duration")), F.lit(0.5)).alias("median_session"),
     )

@@ -16,6 +16,7 @@ environment, so bench/ and plain scripts work without Django):
 for a routable interface; the web UI is off.
 """
 
+import logging
 import os
 import sys
 import threading
@@ -51,6 +52,7 @@ def get_spark():
         if _session is not None and _session._jsc is not None and not _session._jsc.sc().isStopped():
             return _session
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        logging.getLogger("py4j").setLevel(logging.WARNING)
         # executors (local or remote) run the Python of this virtualenv
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         from pyspark.sql import SparkSession

@@ -1,0 +1,238 @@
+"""The report pages and who may use them: root (platform administrator),
+alice (admin of acme), victor (viewer of acme), bob (admin of globex, an
+outsider to acme), anonymous. No worker here: runs are made as a worker
+leaves them (``make_run``)."""
+
+import pytest
+from django.urls import reverse
+
+from spark_reports.models import ReportRun, ReportSchedule
+
+HTMX = {"HTTP_HX_REQUEST": "true"}
+
+
+@pytest.fixture
+def acme_run(make_run, acme):
+    return make_run(acme)
+
+
+# ---------------------------------------------------------------- tenant reports
+
+
+@pytest.mark.parametrize("who,status", [("root", 200), ("alice", 200), ("victor", 200), ("bob", 404),
+                                        ("anonymous", 302)])
+def test_report_list_access(clients, who, status):
+    response = clients[who].get(reverse("reports", args=["acme"]))
+    assert response.status_code == status
+    if who == "anonymous":
+        assert response["Location"].startswith(reverse("login"))
+
+
+@pytest.mark.parametrize("who,status", [("root", 302), ("alice", 302), ("victor", 403), ("bob", 404)])
+def test_run_report_access(clients, who, status):
+    response = clients[who].post(reverse("reports", args=["acme"]),
+                                 {"preset": "custom", "first": "2026-03-02", "last": "2026-03-08"})
+    assert response.status_code == status
+    runs = ReportRun.objects.filter(tenant__slug="acme")
+    if status == 302:
+        run = runs.get()
+        assert response["Location"] == reverse("report", args=["acme", run.pk])
+        assert run.status == "queued" and run.kind == "tenant"
+        assert (run.period_start.date().isoformat(), run.last_day.isoformat()) == ("2026-03-02", "2026-03-08")
+        assert run.requested_by.username == who
+    else:
+        assert not runs.exists()
+
+
+def test_run_report_enqueues_after_commit(clients, django_capture_on_commit_callbacks, monkeypatch):
+    sent = []
+    monkeypatch.setattr("spark_reports.tasks.run_report.delay", lambda run_id: sent.append(run_id))
+    with django_capture_on_commit_callbacks(execute=True):
+        clients["alice"].post(reverse("reports", args=["acme"]), {"preset": "last_7"})
+    assert sent == [ReportRun.objects.get().pk]
+
+
+@pytest.mark.parametrize("data,error", [
+    ({"preset": "custom", "first": "2026-03-09", "last": "2026-03-01"}, "ends before it starts"),
+    ({"preset": "custom", "first": "2020-01-01", "last": "2026-03-01"}, "at most 366 days"),
+    ({"preset": "custom", "first": "2026-03-01"}, "both dates"),
+])
+def test_run_report_form_errors(clients, data, error):
+    response = clients["alice"].post(reverse("reports", args=["acme"]), data)
+    assert response.status_code == 200 and error in response.content.decode()
+    assert not ReportRun.objects.exists()
+
+
+@pytest.mark.parametrize("who,status", [("root", 200), ("alice", 200), ("victor", 200), ("bob", 404)])
+def test_result_page_access(clients, acme_run, who, status):
+    response = clients[who].get(reverse("report", args=["acme", acme_run.pk]))
+    assert response.status_code == status
+    if status == 200:
+        html = response.content.decode()
+        assert "5,250" in html and "12" in html and "sensor-1" in html
+        assert "plant/&lt;b&gt;boiler&lt;/b&gt;" in html and "<b>boiler" not in html      # escaped
+        assert "<svg" in html
+        assert reverse("report_csv", args=["acme", acme_run.pk]) in html
+
+
+def test_other_tenants_run_is_404(clients, make_run, globex, acme):
+    globex_run = make_run(globex)
+    assert clients["alice"].get(reverse("report", args=["acme", globex_run.pk])).status_code == 404
+    assert clients["alice"].get(reverse("report_csv", args=["acme", globex_run.pk])).status_code == 404
+    assert clients["alice"].get(reverse("report", args=["globex", globex_run.pk])).status_code == 404
+    assert clients["bob"].get(reverse("report", args=["globex", globex_run.pk])).status_code == 200
+    # a platform run is not a tenant's
+    platform_run = make_run(None)
+    assert clients["root"].get(reverse("report", args=["acme", platform_run.pk])).status_code == 404
+
+
+def test_progress_polls_then_refreshes(clients, make_run, acme):
+    run = make_run(acme, status="running", progress="Daily series", progress_step=3)
+    page = clients["victor"].get(reverse("report", args=["acme", run.pk])).content.decode()
+    assert 'hx-trigger="every 1s"' in page and "Daily series" in page
+    status = clients["victor"].get(reverse("report_status", args=["acme", run.pk]), **HTMX)
+    assert status.status_code == 200 and "Step 3 of 5" in status.content.decode()
+    run.status = "succeeded"
+    run.save()
+    done = clients["victor"].get(reverse("report_status", args=["acme", run.pk]), **HTMX)
+    assert done["HX-Refresh"] == "true"
+
+
+def test_csv_download(clients, acme_run):
+    response = clients["victor"].get(reverse("report_csv", args=["acme", acme_run.pk]))
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
+    assert 'filename="usage-acme-2026-03-02-to-2026-03-08.csv"' in response["Content-Disposition"]
+    body = response.content.decode()
+    assert body.startswith("section,item,metric,value\n")
+    assert "totals,,messages,5250\n" in body and "top_topics,plant/pump,messages,700\n" in body
+    daily = clients["victor"].get(reverse("report_csv", args=["acme", acme_run.pk]) + "?table=daily")
+    lines = daily.content.decode().splitlines()
+    assert lines[0].startswith("date,msgs_in") and len(lines) == 8
+    assert clients["victor"].get(reverse("report_csv", args=["acme", acme_run.pk]) + "?table=nope").status_code == 404
+
+
+def test_printable_version(clients, acme_run):
+    response = clients["victor"].get(reverse("report_print", args=["acme", acme_run.pk]))
+    html = response.content.decode()
+    assert response.status_code == 200 and "window.print()" in html and "@media print" not in html
+    assert "reports.css" in html and "sidebar" not in html and "5,250" in html
+
+
+def test_failure_shows_reason_and_retry(clients, make_run, acme):
+    run = make_run(acme, status="failed", error="usage log directory not found: /nowhere", attempts=4)
+    alice_page = clients["alice"].get(reverse("report", args=["acme", run.pk])).content.decode()
+    assert "usage log directory not found: /nowhere" in alice_page and "After 4 attempts" in alice_page
+    assert reverse("report_retry", args=["acme", run.pk]) in alice_page
+    victor_page = clients["victor"].get(reverse("report", args=["acme", run.pk])).content.decode()
+    assert "usage log directory not found" in victor_page
+    assert reverse("report_retry", args=["acme", run.pk]) not in victor_page
+    assert clients["victor"].post(reverse("report_retry", args=["acme", run.pk])).status_code == 403
+    assert clients["bob"].post(reverse("report_retry", args=["acme", run.pk])).status_code == 404
+    response = clients["alice"].post(reverse("report_retry", args=["acme", run.pk]))
+    assert response.status_code == 302
+    run.refresh_from_db()
+    assert run.status == "queued" and run.error == ""
+    # a failed run has no CSV
+    failed = make_run(acme, status="failed", error="x")
+    assert clients["alice"].get(reverse("report_csv", args=["acme", failed.pk])).status_code == 404
+
+
+def test_reports_nav_entry(clients):
+    html = clients["victor"].get(reverse("tenant", args=["acme"])).content.decode()
+    assert reverse("reports", args=["acme"]) in html
+    assert f'href="{reverse("platform_reports")}"' not in html
+    assert f'href="{reverse("platform_reports")}"' in clients["root"].get(reverse("tenant_list")).content.decode()
+
+
+# ---------------------------------------------------------------- schedules
+
+
+def _schedule(tenant, **kw):
+    from spark_reports import services
+
+    s = ReportSchedule.objects.create(tenant=tenant, frequency=kw.pop("frequency", "weekly"),
+                                      recipients=kw.pop("recipients", list(tenant.contact_emails)), **kw)
+    return services.schedule_saved(s)
+
+
+def test_schedules_viewer_reads_only(clients, acme):
+    s = _schedule(acme)
+    page = clients["victor"].get(reverse("report_schedules", args=["acme"]))
+    html = page.content.decode()
+    assert page.status_code == 200 and "ops@acme.test" in html and "Add schedule" not in html
+    assert reverse("report_schedule_edit", args=["acme", s.pk]) not in html
+    assert clients["victor"].post(reverse("report_schedules", args=["acme"]),
+                                  {"frequency": "daily", "hour": "6", "recipients": ["ops@acme.test"]}).status_code == 403
+    assert clients["victor"].post(reverse("report_schedule_toggle", args=["acme", s.pk])).status_code == 403
+    assert clients["victor"].post(reverse("report_schedule_delete", args=["acme", s.pk])).status_code == 403
+    assert clients["victor"].get(reverse("report_schedule_edit", args=["acme", s.pk])).status_code == 403
+
+
+def test_schedules_outsider_404(clients, acme, globex):
+    s = _schedule(acme)
+    assert clients["bob"].get(reverse("report_schedules", args=["acme"])).status_code == 404
+    assert clients["bob"].post(reverse("report_schedule_delete", args=["acme", s.pk])).status_code == 404
+    # through his own tenant's URL: still not his
+    assert clients["bob"].post(reverse("report_schedule_delete", args=["globex", s.pk])).status_code == 404
+    assert ReportSchedule.objects.filter(pk=s.pk).exists()
+
+
+def test_schedule_create_edit_disable_delete(clients, acme):
+    c = clients["alice"]
+    response = c.post(reverse("report_schedules", args=["acme"]),
+                      {"frequency": "monthly", "hour": "7", "recipients": ["cto@acme.test"], "enabled": "on"})
+    assert response.status_code == 302
+    s = ReportSchedule.objects.get()
+    assert (s.frequency, s.hour, s.recipients, s.enabled) == ("monthly", 7, ["cto@acme.test"], True)
+    assert s.next_run_at.day == 1 and s.next_run_at.hour == 7
+    html = c.get(reverse("report_schedules", args=["acme"])).content.decode()
+    assert s.next_run_at.strftime("%Y-%m-%d 07:00") in html        # the next run is shown
+    # edit
+    response = c.post(reverse("report_schedule_edit", args=["acme", s.pk]),
+                      {"frequency": "daily", "hour": "5", "recipients": ["ops@acme.test", "cto@acme.test"],
+                       "enabled": "on"})
+    assert response.status_code == 302
+    s.refresh_from_db()
+    assert s.frequency == "daily" and s.next_run_at.hour == 5 and len(s.recipients) == 2
+    # disable: no next run
+    c.post(reverse("report_schedule_toggle", args=["acme", s.pk]))
+    s.refresh_from_db()
+    assert not s.enabled and s.next_run_at is None
+    c.post(reverse("report_schedule_toggle", args=["acme", s.pk]))
+    s.refresh_from_db()
+    assert s.enabled and s.next_run_at is not None
+    # delete
+    assert c.get(reverse("report_schedule_delete", args=["acme", s.pk])).status_code == 200
+    assert c.post(reverse("report_schedule_delete", args=["acme", s.pk])).status_code == 302
+    assert not ReportSchedule.objects.exists()
+
+
+def test_schedule_recipients_are_tenant_contacts(clients, acme):
+    response = clients["alice"].post(reverse("report_schedules", args=["acme"]),
+                                     {"frequency": "daily", "hour": "6", "recipients": ["evil@elsewhere.test"]})
+    assert response.status_code == 200 and "not one of the available choices" in response.content.decode()
+    assert not ReportSchedule.objects.exists()
+
+
+# ---------------------------------------------------------------- platform report
+
+
+@pytest.mark.parametrize("who,status", [("root", 200), ("alice", 403), ("victor", 403), ("bob", 403),
+                                        ("anonymous", 302)])
+def test_platform_reports_admin_only(clients, make_run, who, status):
+    run = make_run(None)
+    assert clients[who].get(reverse("platform_reports")).status_code == status
+    assert clients[who].get(reverse("platform_report", args=[run.pk])).status_code == status
+    assert clients[who].get(reverse("platform_report_csv", args=[run.pk])).status_code == status
+    response = clients[who].post(reverse("platform_reports"), {"preset": "last_30"})
+    assert response.status_code == (302 if who in ("root", "anonymous") else 403)
+    assert ReportRun.objects.filter(kind="platform").count() == (2 if who == "root" else 1)
+
+
+def test_platform_result_page(clients, make_run, acme):
+    run = make_run(None)
+    html = clients["root"].get(reverse("platform_report", args=[run.pk])).content.decode()
+    assert "Tenants by messages" in html and "globex" in html and "node1" in html
+    # a tenant's run is not reachable as a platform run
+    tenant_run = make_run(acme)
+    assert clients["root"].get(reverse("platform_report", args=[tenant_run.pk])).status_code == 404
