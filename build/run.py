@@ -67,6 +67,11 @@ def services() -> dict[str, list[str]]:
                     "--admin", admin_address()],
         "console": [PY, "-m", "daphne", "-b", console_host, "-p", console_port, "--proxy-headers",
                     "console.asgi:application"],
+        # usage reports: Spark jobs in a Celery worker (threads share one Spark session), schedules by beat
+        "worker": [PY, "-m", "celery", "-A", "console", "worker", "-P", "threads",
+                   "-c", os.environ.get("REPORTS_WORKER_CONCURRENCY", "2"), "--without-mingle", "--without-gossip",
+                   "-l", "info"],
+        "beat": [PY, "-m", "celery", "-A", "console", "beat", "-l", "info", "--pidfile="],
     }
 
 
@@ -94,6 +99,10 @@ def banner(login: str) -> str:
     .venv/bin/python manage.py acl add acme --allow --action both --topic '{{device}}/#'
     .venv/bin/python manage.py devices create acme dev1      # prints the secret once
     mosquitto_pub -h {host} -p {mqtt} -u acme/dev1 -P SECRET -t dev1/temp -m 21
+  usage reports (Spark, run by the Celery worker; schedules by beat)
+    {console}reports/  and Reports under each tenant
+    usage log  {os.environ.get("USAGE_DIR", str(var_dir() / "usage"))}
+    emails     {os.environ.get("EMAIL_FILE_PATH", str(var_dir() / "mail"))} (files; set EMAIL_URL for SMTP)
   Ctrl-C stops everything.
 """
 
@@ -102,6 +111,9 @@ def main() -> int:
     os.chdir(ROOT)
     load_dotenv(ROOT / ".env")
     var_dir().mkdir(parents=True, exist_ok=True)
+    if "://" not in os.environ.get("USAGE_DIR", ""):
+        # the reports read it from the first minute on, before brokerd has logged anything
+        Path(os.environ.get("USAGE_DIR") or var_dir() / "usage").mkdir(parents=True, exist_ok=True)
     # brokerd's bootstrap admin token, which the console uses to act on the cluster
     if not os.environ.get("BROKERD_ADMIN_TOKEN"):
         os.environ["BROKERD_ADMIN_TOKEN"] = generated_secret(var_dir() / "admin_token")
