@@ -27,7 +27,7 @@ def _short(n: float) -> str:
     return f"{n:.3g}" if n != int(n) else str(int(n))
 
 
-def bar_chart(labels: list[str], series: list[tuple[str, list[float]]], *, width: int = 760, height: int = 220,
+def bar_chart(labels: list[str], series: list[tuple[str, list[float]]], *, width: int = 560, height: int = 200,
               title: str = "", stacked: bool = True) -> SafeString:
     """Bars per label, stacked or side by side; ``series`` = [(name, values)]. Every text is escaped."""
     left, right, top, bottom = 48, 8, 10, 34
