@@ -19,6 +19,12 @@ import random
 from dataclasses import dataclass, field
 
 from .metrics.counters import TenantCounters
+from .metrics.usage import ACL as U_ACL
+from .metrics.usage import AUTH as U_AUTH
+from .metrics.usage import EXPIRED as U_EXPIRED
+from .metrics.usage import NO_SUBS as U_NO_SUBS
+from .metrics.usage import QUEUE_FULL as U_QUEUE_FULL
+from .metrics.usage import QUOTA as U_QUOTA
 from .protocol import properties as P
 from .protocol import reason as rc
 from .protocol.channel import NEVER, ChannelLimits
@@ -239,6 +245,7 @@ class Broker:
         self.namespaces: dict[str, Namespace] = {}
         self.stats = Stats()
         self.sampler = None                     # brokerd.metrics.LatencySampler: times one PUBLISH in 64
+        self.usage = None                       # brokerd.metrics.usage.UsageLog (--usage-dir)
         self.budget = MemoryBudget(self.config.queue_budget)
         self.connected = 0
         self.started_at = now
@@ -281,6 +288,8 @@ class Broker:
                 self.stats.auth_failures += 1
                 if m is not None:
                     m.auth_failures += 1
+                    if self.usage is not None:
+                        self.usage.count(tenant, "", U_AUTH)
             else:
                 self.stats.quota_refused += 1
                 if m is not None:
@@ -598,6 +607,8 @@ class Broker:
         closed[2] += channel.bytes_in
         closed[3] += channel.bytes_out
         ns.m.closed(channel)
+        if self.usage is not None:
+            self.usage.connection_closed(channel, ns.name, now)
         self.auth.connected_delta(ns.name, -1)
         w = channel.will if will else None
         channel.will = None
@@ -706,6 +717,8 @@ class Broker:
         if acl is not None and (not acl.can_publish(msg.topic) or msg.topic.startswith("$SYS/")):
             self.stats.denied_publish += 1
             ns.m.acl_denied += 1
+            if self.usage is not None:
+                self.usage.count(ns.name, msg.topic, U_ACL)
             return rc.NOT_AUTHORIZED
         quota = channel.quota
         if quota is not None:
@@ -717,6 +730,9 @@ class Broker:
             sampler.n += 1
             if not sampler.n & 63:
                 sampler.start(now)
+        usage = self.usage
+        if usage is not None:
+            usage.published(ns.name, msg.topic, msg.qos, len(msg.payload))
         journal = self.journal
         if (journal is None or not msg.qos) and self.cluster is None:
             if msg.retain:
@@ -725,6 +741,8 @@ class Broker:
                 return rc.SUCCESS
             self.stats.dropped_no_subscribers += 1
             ns.m.no_subscribers += 1
+            if self.usage is not None:
+                self.usage.count(ns.name, msg.topic, U_NO_SUBS)
             return rc.NO_MATCHING_SUBSCRIBERS
         if journal is None or not msg.qos:
             return self._publish_clustered(ns, msg, channel, now)
@@ -741,6 +759,8 @@ class Broker:
         if code:
             self.stats.dropped_no_subscribers += 1
             ns.m.no_subscribers += 1
+            if self.usage is not None:
+                self.usage.count(ns.name, msg.topic, U_NO_SUBS)
         stored = len(journal.ops) > before
         if not stored and not waits:
             return code
@@ -761,6 +781,8 @@ class Broker:
         if code:
             self.stats.dropped_no_subscribers += 1
             ns.m.no_subscribers += 1
+            if self.usage is not None:
+                self.usage.count(ns.name, msg.topic, U_NO_SUBS)
         if not waits or not msg.qos:
             return code
         self.cluster.wait_for(waits, _AckWhenDurable(channel, msg.packet_id, msg.qos, code, len(waits)))
@@ -772,12 +794,16 @@ class Broker:
         if limit is not None and len(msg.payload) > limit:
             self.stats.quota_refused += 1
             ns.m.quota += 1
+            if self.usage is not None:
+                self.usage.count(ns.name, msg.topic, U_QUOTA)
             return rc.PACKET_TOO_LARGE            # the channel disconnects with 0x95
         limit = quota.get("max_retained")
         if (limit is not None and msg.retain and msg.payload and len(ns.retained) >= limit
                 and ns.retained.get(msg.topic) is None):
             self.stats.quota_refused += 1
             ns.m.quota += 1
+            if self.usage is not None:
+                self.usage.count(ns.name, msg.topic, U_QUOTA)
             return rc.QUOTA_EXCEEDED
         return 0
 
@@ -841,9 +867,14 @@ class Broker:
                     self._enqueue_offline(session, Delivery(msg, qos, mretain if rap else False, ids))
             delivered += 1
         cluster = self.cluster
+        usage = self.usage
         if local:
+            if usage is not None and delivered:
+                usage.delivered(ns.name, topic, delivered, len(msg.payload))
             return delivered
         if cluster is not None:
+            if usage is not None and delivered:
+                usage.delivered(ns.name, topic, delivered, len(msg.payload))
             count, waits = cluster.forward(ns, msg, groups, now)
             if waits:
                 self._waits.extend(waits)
@@ -852,6 +883,8 @@ class Broker:
             for group in groups:
                 if self._deliver_shared(ns, group, msg, now):
                     delivered += 1
+        if usage is not None and delivered:
+            usage.delivered(ns.name, topic, delivered, len(msg.payload))
         return delivered
 
     def receive_forward(self, ns: Namespace, msg: Publish, group: str | None, gfilter: str | None,
@@ -930,6 +963,8 @@ class Broker:
         if d.qos == 0 and not self.limits.queue_qos0:
             self.stats.dropped_queue_full += 1
             session.ns.m.queue_full += 1
+            if self.usage is not None:
+                self.usage.count(session.ns.name, d.msg.topic, U_QUEUE_FULL)
             return
         dropped = session.queue.put(d)
         if dropped:
@@ -945,6 +980,9 @@ class Broker:
     def queue_dropped(self, session, dropped: list) -> None:
         self.stats.dropped_queue_full += len(dropped)
         session.ns.m.queue_full += len(dropped)
+        if self.usage is not None:
+            for d in dropped:
+                self.usage.count(session.ns.name, d.msg.topic, U_QUEUE_FULL)
         if session.durable:
             for d in dropped:
                 if d.entry:
@@ -955,6 +993,8 @@ class Broker:
         if expired:
             self.stats.dropped_expired += 1
             session.ns.m.expired += 1
+            if self.usage is not None:
+                self.usage.count(session.ns.name, d.msg.topic, U_EXPIRED)
         else:
             self.stats.dropped_too_large += 1
             session.ns.m.too_large += 1

@@ -89,6 +89,7 @@ class Config:
     response_information: str = ""
     sys_interval: float = 10.0
     history_interval: float = 60.0
+    usage_dir: str | None = None
     write_buffer_high: int = 64 * 1024
     queue_budget: int = 64 * 1024 * 1024
     store: str = "memory://"
@@ -227,6 +228,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="tenant of clients without credentials when --allow-anonymous (default 'default')")
     p.add_argument("--sys-interval", type=float, metavar="SECONDS",
                    help="$SYS/broker publication interval, 0 disables (default 10)")
+    p.add_argument("--usage-dir", metavar="PATH",
+                   help="write the usage log (connections, per-minute traffic per tenant and topic; JSON Lines) "
+                        "under PATH for the Spark reports (default: off)")
     p.add_argument("--history-interval", type=float, metavar="SECONDS",
                    help="metrics history rows into the control plane's metrics_sample table every SECONDS "
                         "(default 60: per minute, as the console's charts expect; 0 disables)")

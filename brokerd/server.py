@@ -10,6 +10,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import logging
+import os
 import resource
 import signal
 import ssl
@@ -23,6 +24,7 @@ from .cluster.node import ClusterNode
 from .config import Config, Listener
 from .metrics import LatencySampler, LoopMonitor
 from .metrics.history import History
+from .metrics.usage import UsageLog
 from .persistence import Persistence
 from .protocol import reason as rc
 from .protocol.channel import ChannelLimits
@@ -211,6 +213,10 @@ class Server:
         self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
         self.sys.tick(self.loop.time())
         self.loop_monitor.start()
+        if self.config.usage_dir:
+            self.broker.usage = UsageLog(self.config.usage_dir, self.config.node_id, self.broker.wall_offset,
+                                         float(os.environ.get("BROKERD_USAGE_INTERVAL", "60")))
+            self.broker.usage.start()
         if self.policy_source is not None and self.config.history_interval > 0:
             self.history = History(self, self.policy_source.db, self.config.history_interval)
             self.history.start()
@@ -301,6 +307,8 @@ class Server:
         for srv in self.servers:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(srv.wait_closed(), 1)
+        if self.broker.usage is not None:
+            await self.broker.usage.stop()              # the closed connections' rows go out too
         if self.cluster is not None:
             if self.writer is not None:
                 await self.writer.drain(timeout)        # the others adopt what is stored

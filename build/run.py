@@ -64,7 +64,8 @@ def services() -> dict[str, list[str]]:
     return {
         "brokerd": [PY, "-m", "brokerd", "--allow-anonymous", "--store", store, "--control-plane", control,
                     "--listen", f"mqtt://{host}:{mqtt}", "--listen", f"ws://{host}:{ws}/mqtt",
-                    "--admin", admin_address()],
+                    "--admin", admin_address(),
+                    "--usage-dir", os.environ.get("USAGE_DIR", str(var_dir() / "usage"))],
         "console": [PY, "-m", "daphne", "-b", console_host, "-p", console_port, "--proxy-headers",
                     "console.asgi:application"],
         # usage reports: Spark jobs in a Celery worker (threads share one Spark session), schedules by beat

@@ -1,0 +1,126 @@
+"""brokerd's usage log (``--usage-dir``), what the Spark reports read: real
+paho clients make traffic whose figures the test counts itself, then the
+JSON Lines files are read back (every BROKERD_USAGE_INTERVAL seconds a new
+file: 1 s here, a minute by default)."""
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ..controlplane import ControlPlane
+from ..mqtt import V5, V311, PahoClient
+from ..procs import BrokerProcess
+
+FIELDS = ("msgs_in_q0", "msgs_in_q1", "msgs_in_q2", "bytes_in", "msgs_out", "bytes_out", "dropped_queue_full",
+          "dropped_expired", "dropped_no_subscribers", "acl_denied", "quota_rejected", "auth_failures")
+
+
+def rows(directory: Path, dataset: str) -> list[dict]:
+    out = []
+    for path in sorted((directory / dataset).glob("date=*/*.jsonl")):
+        for line in path.read_text().splitlines():
+            out.append(json.loads(line))
+    return out
+
+
+def traffic_by(directory: Path, tenant: str) -> dict[str, dict]:
+    """Per topic, the sums over every file and minute."""
+    out: dict[str, dict] = {}
+    for r in rows(directory, "traffic"):
+        if r["tenant"] != tenant:
+            continue
+        acc = out.setdefault(r["topic"], dict.fromkeys(FIELDS, 0))
+        for f in FIELDS:
+            acc[f] += r[f]
+    return out
+
+
+def wait_for(fn, timeout=8.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def plane(tmp_path):
+    (tmp_path / "console").mkdir()
+    return ControlPlane(tmp_path / "console")
+
+
+def test_traffic_and_connections_written_as_counted(plane, tmp_path):
+    usage = tmp_path / "usage"
+    secrets = plane.provision([
+        {"slug": "acme", "default_acl": "deny", "devices": ["sub", "pub"],
+         "acl": [{"topic": "t/#", "action": "both", "allow": True}]},
+    ])
+    env = dict(plane.env, BROKERD_USAGE_INTERVAL="1")
+    node = BrokerProcess("--sys-interval", "0", "--usage-dir", str(usage), "--node-id", "u1", env=env).start()
+    try:
+        port = node.port()
+        sub = PahoClient("usage-sub", version=V5, username="acme/sub", password=secrets["acme/sub"]).connect(port)
+        sub.subscribe("t/a", qos=2)
+        sub.subscribe("t/+", qos=0)                 # overlapping: one delivery per message still
+        pub = PahoClient("usage-pub", version=V311, username="acme/pub", password=secrets["acme/pub"]).connect(port)
+        sent = {0: 6, 1: 4, 2: 3}
+        size_in = 0
+        for qos, n in sent.items():
+            for i in range(n):
+                payload = b"x" * (10 + i)
+                pub.publish("t/a", payload, qos=qos)
+                size_in += len(payload)
+        pub.publish("t/b/deep", b"nobody", qos=1)   # allowed, no subscriber
+        pub.publish("forbidden", b"no", qos=1)      # ACL denies (3.1.1: dropped, PUBACK sent)
+        sub.expect_n(13)
+        with pytest.raises(ConnectionError):
+            PahoClient("usage-bad", version=V311, username="acme/pub", password="wrong").connect(port)
+        pub.disconnect()
+
+        def settled():
+            t = traffic_by(usage, "acme")
+            return t if t.get("t/a", {}).get("msgs_out") == 13 and t.get("", {}).get("auth_failures") else None
+        t = wait_for(settled)
+        assert t, traffic_by(usage, "acme")
+        a = t["t/a"]
+        assert (a["msgs_in_q0"], a["msgs_in_q1"], a["msgs_in_q2"]) == (6, 4, 3)
+        assert a["bytes_in"] == size_in
+        assert (a["msgs_out"], a["bytes_out"]) == (13, size_in)
+        assert t["t/b/deep"]["dropped_no_subscribers"] == 1 and t["t/b/deep"]["msgs_out"] == 0
+        assert t["forbidden"]["acl_denied"] == 1 and t["forbidden"]["msgs_in_q1"] == 0
+        assert t[""]["auth_failures"] == 1
+        # the publisher's connection row
+        conns = wait_for(lambda: [c for c in rows(usage, "connections") if c["client_id"] == "usage-pub"])
+        (c,) = conns
+        assert (c["tenant"], c["username"], c["node"], c["protocol"], c["ip"]) == (
+            "acme", "acme/pub", "u1", "3.1.1", "127.0.0.1")
+        assert c["msgs_in"] == 15 and c["bytes_in"] > size_in
+        assert 0 < c["disconnected_at"] - c["connected_at"] < 60
+        assert abs(c["disconnected_at"] - time.time()) < 30
+    finally:
+        node.stop()
+    # the subscriber, still connected when the node stopped, is written on the way out
+    (s,) = [c for c in rows(usage, "connections") if c["client_id"] == "usage-sub"]
+    assert s["protocol"] == "5.0" and s["msgs_out"] == 13 and "shutting down" in s["reason"].lower()
+    # only whole files, each in the partition of its date
+    for path in usage.rglob("*"):
+        assert not path.name.startswith("."), f"temporary file left: {path}"
+        if path.suffix == ".jsonl":
+            day = path.parent.name.removeprefix("date=")
+            for line in path.read_text().splitlines():
+                r = json.loads(line)
+                ts = r.get("ts", r.get("disconnected_at"))
+                assert time.strftime("%Y-%m-%d", time.gmtime(ts)) == day
+
+
+def test_no_usage_dir_no_files(tmp_path):
+    node = BrokerProcess("--sys-interval", "0", anonymous=True, env=dict(os.environ, VAR_DIR=str(tmp_path))).start()
+    try:
+        PahoClient("quiet").connect(node.port()).disconnect()
+    finally:
+        node.stop()
+    assert not (tmp_path / "usage").exists()
