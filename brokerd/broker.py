@@ -739,10 +739,7 @@ class Broker:
                 self._retain(ns, msg)
             if self._dispatch(ns, msg, now):
                 return rc.SUCCESS
-            self.stats.dropped_no_subscribers += 1
-            ns.m.no_subscribers += 1
-            if self.usage is not None:
-                self.usage.count(ns.name, msg.topic, U_NO_SUBS)
+            self._no_subscribers(ns, msg)
             return rc.NO_MATCHING_SUBSCRIBERS
         if journal is None or not msg.qos:
             return self._publish_clustered(ns, msg, channel, now)
@@ -757,10 +754,7 @@ class Broker:
         waits = self._waits = []
         code = rc.SUCCESS if self._dispatch(ns, msg, now) else rc.NO_MATCHING_SUBSCRIBERS
         if code:
-            self.stats.dropped_no_subscribers += 1
-            ns.m.no_subscribers += 1
-            if self.usage is not None:
-                self.usage.count(ns.name, msg.topic, U_NO_SUBS)
+            self._no_subscribers(ns, msg)
         stored = len(journal.ops) > before
         if not stored and not waits:
             return code
@@ -771,6 +765,13 @@ class Broker:
             self.cluster.wait_for(waits, ack)
         return None
 
+    def _no_subscribers(self, ns: Namespace, msg: Publish) -> None:
+        """A client's PUBLISH matched no subscription: counted for the node, the tenant and the usage log."""
+        self.stats.dropped_no_subscribers += 1
+        ns.m.no_subscribers += 1
+        if self.usage is not None:
+            self.usage.count(ns.name, msg.topic, U_NO_SUBS)
+
     def _publish_clustered(self, ns: Namespace, msg: Publish, channel, now: float) -> int | None:
         """A PUBLISH that needs no local store write, on a node of a cluster:
         QoS 1/2 still waits for the nodes that store it for their sessions."""
@@ -779,10 +780,7 @@ class Broker:
         waits = self._waits = []
         code = rc.SUCCESS if self._dispatch(ns, msg, now) else rc.NO_MATCHING_SUBSCRIBERS
         if code:
-            self.stats.dropped_no_subscribers += 1
-            ns.m.no_subscribers += 1
-            if self.usage is not None:
-                self.usage.count(ns.name, msg.topic, U_NO_SUBS)
+            self._no_subscribers(ns, msg)
         if not waits or not msg.qos:
             return code
         self.cluster.wait_for(waits, _AckWhenDurable(channel, msg.packet_id, msg.qos, code, len(waits)))

@@ -108,28 +108,6 @@ class History:
 
     # ------------------------------------------------------------------ SQL
 
-    def _execute(self, statements: list[tuple[str, tuple]]) -> None:
-        db = self.db
-        if db.kind == "sqlite":
-            import sqlite3
-
-            conn = sqlite3.connect(db.path, timeout=5)
-            try:
-                for sql, values in statements:
-                    conn.execute(sql, values)
-                conn.commit()
-            finally:
-                conn.close()
-        else:
-            conn = db._connect()
-            try:
-                with conn.transaction():
-                    cur = conn.cursor()
-                    for sql, values in statements:
-                        cur.execute(sql, values)
-            finally:
-                conn.close()
-
     def _at(self, dt: datetime.datetime):
         return dt if self.db.kind == "pg" else dt.replace(tzinfo=None).isoformat(" ")
 
@@ -149,11 +127,11 @@ class History:
             statements.append((upsert, ("m", self._at(minute), self.node, tenant, *values)))
             statements.append((upsert, ("h", self._at(hour), self.node, tenant, *values)))
         if statements:
-            self._execute(statements)
+            self.db.execute(statements)
 
     def prune(self, now: datetime.datetime) -> None:
         p = "?" if self.db.kind == "sqlite" else "%s"
-        self._execute([(f"DELETE FROM metrics_sample WHERE node = {p} AND resolution = {p} AND at < {p}",
+        self.db.execute([(f"DELETE FROM metrics_sample WHERE node = {p} AND resolution = {p} AND at < {p}",
                         (self.node, "m", self._at(now - KEEP_MINUTES))),
                        (f"DELETE FROM metrics_sample WHERE node = {p} AND resolution = {p} AND at < {p}",
                         (self.node, "h", self._at(now - KEEP_HOURS)))])

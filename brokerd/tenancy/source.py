@@ -93,19 +93,27 @@ class PolicyDatabase:
         p = "?" if self.kind == "sqlite" else "%s"
         sql = ("INSERT INTO console_auditevent (at, actor, source, action, object_type, object_id, tenant, before, "
                f"after, remote_addr) VALUES ({', '.join([p] * 10)})")
+        self.execute([(sql, values)])
+
+    def execute(self, statements: list[tuple[str, tuple]]) -> None:
+        """Writes into the console's database, in one transaction, on a connection of their own."""
         if self.kind == "sqlite":
             import sqlite3
 
             conn = sqlite3.connect(self.path, timeout=5)
             try:
-                conn.execute(sql, values)
+                for sql, values in statements:
+                    conn.execute(sql, values)
                 conn.commit()
             finally:
                 conn.close()
         else:
             conn = self._connect()
             try:
-                conn.cursor().execute(sql, values)
+                with conn.transaction():
+                    cur = conn.cursor()
+                    for sql, values in statements:
+                        cur.execute(sql, values)
             finally:
                 conn.close()
 

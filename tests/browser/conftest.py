@@ -34,6 +34,8 @@ SCREENSHOT_DIR = ROOT / "var" / "screenshots"
 class Stack:
     """The running system: ``url(path)``, ``manage(...)``, ``broker`` and the admin login."""
 
+    broker_flags: tuple[str, ...] = ()          # more brokerd flags (a subclass's)
+
     def __init__(self, var: Path):
         self.var = var
         self.env = {k: v for k, v in os.environ.items()
@@ -56,7 +58,7 @@ class Stack:
     def start(self) -> "Stack":
         self.manage("migrate", "--noinput", "-v", "0")
         self.manage("console_bootstrap")
-        self.broker = BrokerProcess("--sys-interval", "0", "--node-id", "web1",
+        self.broker = BrokerProcess("--sys-interval", "0", "--node-id", "web1", *self.broker_flags,
                                     "--control-plane", self.env["DATABASE_URL"], "--admin", "127.0.0.1:0",
                                     anonymous=False, env=self.env).start()
         self.env["BROKERD_ADMIN_URL"] = self.broker.admin_url

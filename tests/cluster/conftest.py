@@ -21,6 +21,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from ..durability.test_crash import Publisher
+from ..integration.helpers import wait_until as _wait_until
 from ..mqtt import V5, V311, PahoClient
 from ..procs import BrokerProcess, free_port
 
@@ -29,15 +30,8 @@ _seq = itertools.count()
 
 
 def wait_until(predicate, timeout: float = 10.0, interval: float = 0.05, message: str = "condition not met"):
-    """Poll ``predicate`` until it returns something true; -> that value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(message)
-        time.sleep(interval)
+    """tests/integration's ``wait_until`` with the longer defaults cluster events need; -> the true value."""
+    return _wait_until(predicate, timeout, interval, message)
 
 
 def settle(publisher, topic: str, *subscribers, timeout: float = 10.0) -> None:

@@ -7,18 +7,14 @@ the tenant's and the node's pages)."""
 import math
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 
 import pytest
 from playwright.sync_api import expect
 
 from ..browser.conftest import ADMIN_PASSWORD, ADMIN_USER, Stack, shot
 from ..integration.helpers import Client
-from ..procs import ROOT, BrokerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -26,29 +22,7 @@ pytestmark = pytest.mark.slow
 class MetricsStack(Stack):
     """tests/browser's stack with brokerd writing its history every 2 s."""
 
-    def start(self) -> "MetricsStack":
-        self.manage("migrate", "--noinput", "-v", "0")
-        self.manage("console_bootstrap")
-        self.broker = BrokerProcess("--sys-interval", "0", "--node-id", "web1", "--history-interval", "2",
-                                    "--control-plane", self.env["DATABASE_URL"], "--admin", "127.0.0.1:0",
-                                    anonymous=False, env=self.env).start()
-        self.env["BROKERD_ADMIN_URL"] = self.broker.admin_url
-        with open(self.log_path, "w") as log:
-            self.console = subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "console.asgi:application"],
-                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(self.url("/healthz"), timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                pass
-            if self.console.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"daphne did not come up:\n{self.log_path.read_text()[-3000:]}")
-            time.sleep(0.2)
+    broker_flags = ("--history-interval", "2")
 
 
 @pytest.fixture(scope="module")
