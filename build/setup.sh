@@ -13,6 +13,8 @@ for cmd_pkg in mosquitto:mosquitto mosquitto_pub:mosquitto-clients redis-server:
   cmd=${cmd_pkg%%:*}; pkg=${cmd_pkg#*:}
   command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || missing="$missing $pkg"
 done
+# PostgreSQL's server binaries (tests/deploy starts a private cluster with them)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$missing postgresql"
 if [ -n "$missing" ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing Debian packages:$missing"
@@ -32,9 +34,10 @@ stamp="$VENV/.installed-$(sha256sum pyproject.toml build/constraints-mqtt-codec.
 if [ ! -f "$stamp" ]; then
   echo "setup: installing Python packages (pinned in pyproject.toml)"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade "pip>=23" wheel
-  # mqtt-codec is sdist-only and its setup.py needs setuptools<58 in its build env.
+  # mqtt-codec is sdist-only and its setup.py needs setuptools<58 in its build env:
+  # PIP_CONSTRAINT reaches the build env up to pip 26.1, PIP_BUILD_CONSTRAINT from pip 25.3 on.
   codec=$("$VENV/bin/python" build/requirements.py | grep '^mqtt-codec')
-  PIP_CONSTRAINT="$PWD/build/constraints-mqtt-codec.txt" \
+  PIP_CONSTRAINT="$PWD/build/constraints-mqtt-codec.txt" PIP_BUILD_CONSTRAINT="$PWD/build/constraints-mqtt-codec.txt" \
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$codec"
   "$VENV/bin/python" build/requirements.py test > "$VENV/requirements.txt"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$VENV/requirements.txt"

@@ -70,3 +70,23 @@ def hbase_url(request):
                 conn.delete_table(name, disable=True)
         finally:
             conn.close()
+
+
+# ------------------------------------------------------------------ PostgreSQL
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A private PostgreSQL server (tests/postgres.py) for the test session."""
+    from .postgres import PostgresServer
+
+    server = PostgresServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_db(postgres, request):
+    """A new empty database on it; -> its ``postgres://`` URL."""
+    import uuid
+
+    return postgres.create_database(f"t{uuid.uuid4().hex[:12]}")
