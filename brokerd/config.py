@@ -1,12 +1,18 @@
-"""brokerd settings: command-line flags, an optional TOML file, defaults.
+"""brokerd settings: command-line flags, environment variables, an optional
+TOML file, defaults.
 
 Every flag has a TOML key of the same name with ``_`` for ``-``
 (``--max-inflight 16`` == ``max_inflight = 16``); ``listen`` is a list.
-Flags win over the file.
+Every flag is also an environment variable ``BROKERD_`` + the key in upper
+case (``BROKERD_MAX_INFLIGHT=16``; ``BROKERD_LISTEN`` separates URLs with
+commas or spaces; booleans are true/false); ``BROKERD_CONFIG`` names the
+TOML file. Flags win over the environment, the environment over the file,
+the file over ``DATABASE_URL`` (the control plane's default).
 """
 
 import argparse
 import dataclasses
+import re
 import tomllib
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -97,6 +103,8 @@ class Config:
     cluster: str | None = None
     admin: str | None = None
     cluster_listen: str = "127.0.0.1:0"
+    advertise_host: str | None = None
+    server_reference: str | None = None
     anonymous_tenant: str = "default"
 
     def listeners(self) -> list[Listener]:
@@ -140,6 +148,12 @@ class Config:
             host, _, port = self.cluster_listen.rpartition(":")
             if not host or not port.isdigit():
                 raise ConfigError("--cluster-listen must be HOST:PORT")
+        if self.advertise_host is not None and (not self.advertise_host or "/" in self.advertise_host):
+            raise ConfigError("--advertise-host must be a host name or address")
+        if self.server_reference is not None:
+            host, _, port = self.server_reference.rpartition(":")
+            if not host or not port.isdigit():
+                raise ConfigError("--server-reference must be HOST:PORT")
         if self.control_plane:
             from .tenancy.source import PolicyDatabase
 
@@ -172,9 +186,41 @@ def _check_type(name: str, value, source: str):
     return value
 
 
+ENV_PREFIX = "BROKERD_"
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def from_environ(environ) -> dict:
+    """The settings given as ``BROKERD_<NAME>`` variables (empty ones are unset)."""
+    values = {}
+    for f in dataclasses.fields(Config):
+        var = ENV_PREFIX + f.name.upper()
+        raw = environ.get(var, "").strip()
+        if not raw:
+            continue
+        if f.name == "listen":
+            values["listen"] = [u for u in re.split(r"[,\s]+", raw) if u]
+            continue
+        default = f.default
+        expected = str if default is None else type(default)
+        try:
+            if expected is bool:
+                if raw.lower() not in _TRUE + _FALSE:
+                    raise ValueError
+                value = raw.lower() in _TRUE
+            else:
+                value = expected(raw)
+        except ValueError:
+            raise ConfigError(f"${var}: expected {'true/false' if expected is bool else expected.__name__}, "
+                              f"not {raw!r}")
+        values[f.name] = value
+    return values
+
+
 def _build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m brokerd", description="MQTT 3.1.1 + 5.0 broker node")
-    p.add_argument("--config", metavar="FILE", help="TOML file with the same keys as these flags")
+    p.add_argument("--config", metavar="FILE",
+                   help="TOML file with the same keys as these flags (default: $BROKERD_CONFIG)")
     p.add_argument("--listen", action="append", metavar="URL",
                    help="mqtt://HOST:PORT, mqtts://HOST:PORT, ws://HOST:PORT/mqtt or wss://HOST:PORT/mqtt "
                         "(repeatable; default mqtt://127.0.0.1:1883)")
@@ -224,6 +270,12 @@ def _build_parser() -> argparse.ArgumentParser:
                         "need a shared --store and distinct --node-id")
     p.add_argument("--cluster-listen", metavar="HOST:PORT",
                    help="address of this node's links to the other nodes (default 127.0.0.1:0)")
+    p.add_argument("--advertise-host", metavar="HOST",
+                   help="name or address the other nodes reach this node's cluster link and admin API at "
+                        "(default: the address they are bound to; this host's name when bound to 0.0.0.0 or ::)")
+    p.add_argument("--server-reference", metavar="HOST:PORT",
+                   help="where the other nodes send MQTT 5 clients they move to this node (DISCONNECT 0x9C "
+                        "Server Reference; default: this node's first mqtt:// listener as advertised)")
     p.add_argument("--anonymous-tenant", metavar="SLUG",
                    help="tenant of clients without credentials when --allow-anonymous (default 'default')")
     p.add_argument("--sys-interval", type=float, metavar="SECONDS",
@@ -247,6 +299,8 @@ def load(argv=None, environ=None) -> Config:
     if environ.get("DATABASE_URL"):
         values["control_plane"] = environ["DATABASE_URL"]
     names = {f.name for f in dataclasses.fields(Config)}
+    if not args.config and environ.get(ENV_PREFIX + "CONFIG"):
+        args.config = environ[ENV_PREFIX + "CONFIG"]
     if args.config:
         try:
             with open(args.config, "rb") as fh:
@@ -258,6 +312,7 @@ def load(argv=None, environ=None) -> Config:
             if key not in names:
                 raise ConfigError(f"{args.config}: unknown setting {key!r}")
             values[key] = _check_type(key, value, args.config)
+    values.update(from_environ(environ))
     for key, value in vars(args).items():
         if key != "config" and value is not None:
             values[key] = value

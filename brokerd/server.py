@@ -13,6 +13,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 import ssl
 import sys
 import time
@@ -180,6 +181,17 @@ class Server:
                     log.info("store: purged %d expired rows", n)
             except StoreError as exc:
                 log.warning("store purge failed: %s", exc)
+
+    def advertised(self, address: str) -> str:
+        """``HOST:PORT`` of something this node bound, as the other nodes reach it:
+        --advertise-host, else the bound host (this host's name for 0.0.0.0 / ::)."""
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        if self.config.advertise_host:
+            host = self.config.advertise_host
+        elif host in ("", "0.0.0.0", "::"):
+            host = socket.gethostname()
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     async def start(self) -> None:
         if self.config.control_plane:

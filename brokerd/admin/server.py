@@ -49,6 +49,9 @@ class AdminTokens:
     def __init__(self):
         self.by_hash: dict[str, Token] = {}
         bootstrap = os.environ.get("BROKERD_ADMIN_TOKEN")
+        if not bootstrap and os.environ.get("BROKERD_ADMIN_TOKEN_FILE"):     # a Docker/Kubernetes secret
+            with open(os.environ["BROKERD_ADMIN_TOKEN_FILE"]) as fh:
+                bootstrap = fh.read().strip()
         self.bootstrap = ("sha256$" + hashlib.sha256(bootstrap.encode()).hexdigest()) if bootstrap else None
 
     def replace(self, rows) -> None:

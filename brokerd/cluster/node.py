@@ -178,7 +178,10 @@ class ClusterNode:
 
     def info(self) -> dict:
         admin = self.server.admin.address if self.server.admin is not None else None
-        return {"link": self.link_address, "mqtt": [lst.url for lst in self.server.bound], "admin": admin,
+        mqtt = [f"{lst.scheme}://{self.server.advertised(f'{lst.host}:{lst.port}')}{lst.path}"
+                for lst in self.server.bound]
+        return {"link": self.server.advertised(self.link_address), "mqtt": mqtt,
+                "admin": admin and self.server.advertised(admin), "ref": self.server.config.server_reference,
                 "started": time.time()}
 
     async def _load_snapshot(self) -> None:
@@ -395,6 +398,8 @@ class ClusterNode:
 
     def other_node_url(self, scheme: str = "mqtt") -> str | None:
         for info in self.members.values():
+            if info.get("ref") and scheme == "mqtt":
+                return info["ref"]
             for url in info.get("mqtt", ()):
                 if url.startswith(scheme + "://"):
                     return url.split("://", 1)[1].split("/", 1)[0]
@@ -688,7 +693,7 @@ class ClusterNode:
             if info is None:
                 raise ConnectionError(f"node {node} is not a member")
             host, _, port = info["link"].rpartition(":")
-            _, link = await self.loop.create_connection(lambda: Link(self, node), host, int(port))
+            _, link = await self.loop.create_connection(lambda: Link(self, node), host.strip("[]"), int(port))
             self.links[node] = link
             for frame in self._waiting.pop(node, ()):
                 link.send(frame)

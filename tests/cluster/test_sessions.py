@@ -162,3 +162,19 @@ def test_qos2_burst_within_receive_maximum_to_a_stored_session_on_another_node(c
         pass
     assert DISCONNECT not in {t for t, _ in answers}, f"disconnected: {answers[-1]}"
     assert answers == [(PUBREC, 0)] * 17
+
+
+def test_advertised_addresses_for_nodes_behind_names(cluster, tag):
+    """Nodes in containers bind 0.0.0.0 and are reached by name: the others link to and fan admin
+    requests out to --advertise-host, and a node leaving sends v5 clients to the address the other
+    node gives as --server-reference (its published port), not to its address inside the network."""
+    n1 = cluster.node("--advertise-host", "localhost", "--server-reference", "mqtt2.example.net:18842")
+    n2 = cluster.node("--advertise-host", "localhost")
+    topic = f"{tag}/t"
+    sub = connect(n1.port(), f"{tag}-sub", V5)
+    sub.subscribe(topic, qos=1)
+    pub = connect(n2.port(), f"{tag}-pub", V5)
+    settle(pub, topic, sub)                       # a publish on n2 reached n1 over the link to localhost:PORT
+    assert n2.stop(signal.SIGTERM) == 0
+    code, p = pub.expect_disconnect()
+    assert (code.value, getattr(p, "ServerReference", None)) == (0x9C, "mqtt2.example.net:18842")

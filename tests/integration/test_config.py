@@ -146,3 +146,35 @@ def test_quoted_number_in_config_is_refused_or_works(tmp_path):
             c.expect_closed(timeout=3)
     finally:
         b.stop()
+
+
+# ------------------------------------------------------------------ environment (docker/compose.yaml)
+
+def test_environment_variables_set_every_flag(tmp_path, client_id):
+    """``BROKERD_<FLAG>`` works like the flag (the container image configures nodes this way); the
+    environment wins over the TOML file, flags win over the environment."""
+    cfg = write(tmp_path, BASE + "max_inflight = 3\ntopic_alias_maximum = 7\n")
+    env = {"BROKERD_CONFIG": cfg, "BROKERD_LISTEN": "mqtt://127.0.0.1:0, ws://127.0.0.1:0/mqtt",
+           "BROKERD_ALLOW_ANONYMOUS": "true", "BROKERD_TOPIC_ALIAS_MAXIMUM": "11", "BROKERD_MAX_INFLIGHT": "4",
+           "BROKERD_MAX_KEEPALIVE": "40", "BROKERD_NODE_ID": "envnode"}
+    with BrokerProcess("--max-inflight", "6", listen=(), anonymous=False, env=env) as b:
+        assert sorted(u.split(":")[0] for u in b.urls) == ["mqtt", "ws"]
+        c = connect(b.port(), "", V5, keepalive=100)
+        p = c.connack_props
+        assert (p.ReceiveMaximum, p.TopicAliasMaximum, p.ServerKeepAlive) == (6, 11, 40)
+        assert p.AssignedClientIdentifier.startswith("auto-envnode-")
+        c.disconnect()
+
+
+@pytest.mark.parametrize("var, value, message", [
+    ("BROKERD_MAX_INFLIGHT", "many", "$BROKERD_MAX_INFLIGHT: expected int, not 'many'"),
+    ("BROKERD_ALLOW_ANONYMOUS", "perhaps", "$BROKERD_ALLOW_ANONYMOUS: expected true/false"),
+    ("BROKERD_SERVER_REFERENCE", "nowhere", "--server-reference must be HOST:PORT"),
+])
+def test_bad_environment_variable_exits_2(var, value, message):
+    import os
+
+    proc = subprocess.run([sys.executable, "-m", "brokerd"], cwd=ROOT, capture_output=True, text=True, timeout=15,
+                          env=dict(os.environ, **{var: value}))
+    assert proc.returncode == 2
+    assert message in proc.stderr
