@@ -1,18 +1,31 @@
 """Console settings, all from the environment (see .env.example).
 
 Embedded defaults need nothing: SQLite under var/, a generated secret key
-under var/, in-memory channel layer. Production sets DATABASE_URL,
-SECRET_KEY, ALLOWED_HOSTS and friends.
+under var/, in-memory channel layer. ``PRODUCTION=true`` (the container
+image's default, docs/operations.md) generates nothing and guesses nothing:
+SECRET_KEY, ALLOWED_HOSTS, DATABASE_URL and BROKERD_ADMIN_TOKEN must be
+set (else the process stops with ImproperlyConfigured naming them), cookies
+are secure, HSTS is sent on HTTPS requests, static files are served
+compressed with hashed names from ``collectstatic``, logs are JSON lines.
 """
 
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from .env import envbool, envfloat, envint, envlist, envsecret, envstr, generated_secret
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("VAR_DIR", str(BASE_DIR / "var")))
+
+PRODUCTION = envbool("PRODUCTION", False)
+_missing = [name for name, present in (
+    ("SECRET_KEY", envsecret("SECRET_KEY")), ("ALLOWED_HOSTS", envstr("ALLOWED_HOSTS").strip()),
+    ("DATABASE_URL", envsecret("DATABASE_URL")), ("BROKERD_ADMIN_TOKEN", envsecret("BROKERD_ADMIN_TOKEN")),
+) if not present]
+if PRODUCTION and _missing:
+    raise ImproperlyConfigured(f"PRODUCTION=true needs {', '.join(_missing)} (or NAME_FILE) in the environment")
 
 DEBUG = envbool("DEBUG", False)
 SECRET_KEY = envsecret("SECRET_KEY") or generated_secret(VAR_DIR / "secret_key")
@@ -68,7 +81,8 @@ TEMPLATES = [
 
 DATABASES = {
     "default": dj_database_url.parse(
-        envstr("DATABASE_URL", f"sqlite:///{VAR_DIR / 'console.sqlite3'}"), conn_max_age=600
+        envsecret("DATABASE_URL") or f"sqlite:///{VAR_DIR / 'console.sqlite3'}", conn_max_age=600,
+        conn_health_checks=True,
     )
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -89,8 +103,15 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [p for p in [BASE_DIR / "static"] if p.is_dir()]
 STATIC_ROOT = VAR_DIR / "static"
 # served by WhiteNoise inside daphne; without `collectstatic` (development,
-# tests) straight from static/
-WHITENOISE_USE_FINDERS = True
+# tests) straight from static/; in production from STATIC_ROOT, compressed,
+# with content hashes in their names (cached for a year)
+STATIC_ROOT = Path(envstr("STATIC_ROOT", str(STATIC_ROOT)))
+WHITENOISE_USE_FINDERS = not PRODUCTION
+if PRODUCTION:
+    STORAGES = {
+        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+        "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+    }
 
 # The brokerd admin API the console acts through (any node answers for the
 # cluster) and its write-scoped token; `make run` shares a generated one with
@@ -102,14 +123,32 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
 SESSION_COOKIE_HTTPONLY = True
-SESSION_COOKIE_SECURE = envbool("SECURE_COOKIES", False)
+# Behind TLS (daphne's own TLS port, or a proxy that terminates TLS and says so
+# in X-Forwarded-Proto with TRUST_X_FORWARDED_PROTO=true): secure cookies and
+# HSTS (SecurityMiddleware sends it on HTTPS requests only).
+SESSION_COOKIE_SECURE = envbool("SECURE_COOKIES", PRODUCTION)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+SESSION_COOKIE_SAMESITE = "Lax"
+SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 31536000 if SESSION_COOKIE_SECURE else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", False)
+# whether every subdomain is HTTPS-only, and asking for the browsers' preload
+# list, are the domain owner's decisions: off unless set, and not warned about
+SILENCED_SYSTEM_CHECKS = ["security.W005", "security.W021"]
+SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", PRODUCTION)
+SECURE_REDIRECT_EXEMPT = [r"^healthz$"]            # health checks come over plain HTTP from inside
+if envbool("TRUST_X_FORWARDED_PROTO", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS")
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
 # failed logins: after LOGIN_FAILURE_LIMIT failures for a username or from an
 # address within LOGIN_FAILURE_WINDOW seconds, that username/address waits the window out
 LOGIN_FAILURE_LIMIT = envint("LOGIN_FAILURE_LIMIT", 5)
 LOGIN_FAILURE_WINDOW = envint("LOGIN_FAILURE_WINDOW", 900)
 
-REDIS_URL = envstr("REDIS_URL")
+REDIS_URL = envsecret("REDIS_URL") or ""
 if REDIS_URL:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
                                   "CONFIG": {"hosts": [REDIS_URL]}}}
@@ -192,9 +231,22 @@ elif envstr("EMAIL_HOST"):
 else:
     EMAIL_BACKEND = envstr("EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")
 
+# Logs go to stdout; LOG_FORMAT=json (production's default) writes one JSON
+# object a line (time, level, logger, message, and any extra fields) for a log
+# collector, text a plain line for people.
+LOG_FORMAT = envstr("LOG_FORMAT", "json" if PRODUCTION else "text")
+if LOG_FORMAT not in ("json", "text"):
+    raise ImproperlyConfigured(f"LOG_FORMAT={LOG_FORMAT!r}: expected json or text")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {
+        "json": {"()": "pythonjsonlogger.json.JsonFormatter",
+                 "fmt": "%(asctime)s %(levelname)s %(name)s %(process)d %(message)s",
+                 "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger", "process": "pid"}},
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "stream": "ext://sys.stdout",
+                             "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO").upper()},
 }

@@ -116,6 +116,9 @@ class AdminServer:
     async def handle(self, req: Request) -> tuple:
         path = req.path.rstrip("/") or "/"
         if path == "/healthz":
+            cluster = self.server.cluster
+            if cluster is not None and cluster.fenced:      # container health checks: send traffic elsewhere
+                return json_response(503, {"status": "fenced", "node": self.node})
             return json_response(200, {"status": "ok", "node": self.node})
         if path == "/openapi.json":
             return json_response(200, OPENAPI)
