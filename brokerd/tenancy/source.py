@@ -10,15 +10,37 @@ database cannot be reached the node keeps its cache -- authorised devices
 stay connected and can reconnect -- logs the outage once, and retries.
 
 URLs as Django's ``DATABASE_URL``: ``sqlite:///relative.sqlite3``,
-``sqlite:////abs/path.sqlite3``, ``postgres://USER:PASS@HOST:PORT/DB``.
+``sqlite:////abs/path.sqlite3``, ``postgres://USER:PASS@HOST:PORT/DB``
+(``postgresql://``, ``pgsql://``; the query's parameters -- ``sslmode``,
+``sslrootcert``, ``application_name``, ``currentSchema``... -- are the libpq
+connection parameters Django's backend is given, read as dj-database-url
+reads them, so the node connects as the console does).
 """
 
 import asyncio
 import json
 import logging
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 log = logging.getLogger("brokerd.tenancy")
+
+# OPTIONS Django's PostgreSQL backend takes for itself; the rest goes to libpq
+DJANGO_ONLY = {"isolation_level", "server_side_binding", "assume_role", "pool"}
+
+
+def pg_params(url: str) -> dict:
+    """A ``postgres://`` URL -> keyword arguments for ``psycopg.connect``, as
+    dj-database-url and Django's backend turn the same URL into a connection."""
+    parts = urlsplit(url)
+    params = {k: v for k, v in parse_qsl(parts.query) if k not in DJANGO_ONLY}
+    schema = params.pop("currentSchema", None)
+    if schema:
+        params["options"] = f"-c search_path={schema}"
+    params.update(host=unquote(parts.hostname or ""), port=parts.port, dbname=unquote(parts.path[1:]),
+                  user=unquote(parts.username or ""), password=unquote(parts.password or ""))
+    params.setdefault("connect_timeout", 5)
+    return {k: v for k, v in params.items() if v not in (None, "")}
+
 
 QUERY = "SELECT tenant_slug, version, data FROM tenants_policysnapshot WHERE version > {p} ORDER BY version"
 
@@ -47,39 +69,38 @@ class PolicyDatabase:
             return conn
         import psycopg
 
-        parts = urlsplit(self.url)
-        return psycopg.connect(host=parts.hostname, port=parts.port or 5432, dbname=parts.path.lstrip("/"),
-                               user=unquote(parts.username or ""), password=unquote(parts.password or ""),
-                               autocommit=True, connect_timeout=5)
+        return psycopg.connect(**pg_params(self.url), autocommit=True)
 
-    def fetch(self, since: int) -> list[tuple[str, int, dict]]:
+    def _rows(self, sql: str, params=()) -> list[tuple]:
+        """One read on the node's connection: kept open on PostgreSQL (autocommit,
+        so every poll sees what was committed before it; a failed read closes it
+        and the next one reconnects), reopened per poll on SQLite."""
         if self.conn is None:
             self.conn = self._connect()
         try:
             cur = self.conn.cursor()
-            cur.execute(QUERY.format(p="?" if self.kind == "sqlite" else "%s"), (since,))
-            rows = cur.fetchall()
+            cur.execute(sql.format(p="?" if self.kind == "sqlite" else "%s"), params)
+            return cur.fetchall()
         except Exception:
             self.close()
             raise
-        if self.kind == "sqlite":
-            # reopened per poll (a fraction of a millisecond): a file that went away is noticed
-            self.close()
+        finally:
+            if self.kind == "sqlite":
+                # reopened per poll (a fraction of a millisecond): a file that went away is noticed
+                self.close()
+
+    def fetch(self, since: int) -> list[tuple[str, int, dict]]:
+        rows = self._rows(QUERY, (since,))
         return [(slug, int(version), json.loads(data)) for slug, version, data in rows]
 
     def fetch_tokens(self) -> list | None:
         """Admin API tokens made in the console (None: no such table yet)."""
-        conn = self._connect()
         try:
-            cur = conn.cursor()
-            cur.execute("SELECT id, name, token_hash, scope, revoked FROM console_apitoken")
-            return cur.fetchall()
+            return self._rows("SELECT id, name, token_hash, scope, revoked FROM console_apitoken")
         except Exception as exc:
             if "console_apitoken" in str(exc) or "does not exist" in str(exc):
                 return None
             raise
-        finally:
-            conn.close()
 
     def insert_audit(self, e: dict) -> None:
         """One audit event into the console's audit log (``console_auditevent``)."""
