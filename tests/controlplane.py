@@ -2,7 +2,9 @@
 brokerd nodes that use it as their control plane -- all real processes.
 
 ``ControlPlane.manage(...)`` runs ``python manage.py ...`` with
-``DATABASE_URL`` pointing at a SQLite file in the test's directory;
+``DATABASE_URL`` pointing at a SQLite file in the test's directory -- or at
+the PostgreSQL database given as ``database_url`` (``postgres://...``, e.g.
+the ``postgres_db`` fixture);
 ``provision(...)`` creates many tenants and devices in one Django process
 (through ``tenants.services``) and returns their secrets; ``broker(...)``
 starts brokerd with the same environment, so it reads the same database.
@@ -35,9 +37,11 @@ print("SECRETS " + json.dumps(out))
 
 
 class ControlPlane:
-    def __init__(self, directory):
+    def __init__(self, directory, database_url: str | None = None):
         self.dir = directory
-        self.url = f"sqlite:///{directory}/console.sqlite3"      # directory is absolute: sqlite:////...
+        # directory is absolute: sqlite:////...
+        self.url = database_url or f"sqlite:///{directory}/console.sqlite3"
+        self.kind = "sqlite" if self.url.startswith("sqlite:") else "pg"
         self.env = dict(os.environ, DATABASE_URL=self.url, VAR_DIR=str(directory), PYTHONUNBUFFERED="1")
         self.manage("migrate", "-v", "0")
 
@@ -73,14 +77,29 @@ class ControlPlane:
                    f"ApiToken.objects.filter(name={name!r}).update(revoked=True)")
 
     def query(self, sql: str, params=()) -> list[tuple]:
-        """Rows of a plain SQL query on the console database."""
-        import sqlite3
+        """Rows of a plain SQL query on the console database, ``?`` placeholders
+        on either database. The values are the driver's: on PostgreSQL
+        timestamps come back as aware datetimes, on SQLite as text."""
+        if self.kind == "sqlite":
+            import sqlite3
 
-        conn = sqlite3.connect(self.dir / "console.sqlite3")
-        try:
-            return conn.execute(sql, params).fetchall()
-        finally:
-            conn.close()
+            conn = sqlite3.connect(self.dir / "console.sqlite3")
+            try:
+                return conn.execute(sql, params).fetchall()
+            finally:
+                conn.close()
+        from urllib.parse import unquote, urlsplit
+
+        import psycopg
+
+        u = urlsplit(self.url)
+        if params:
+            sql = sql.replace("%", "%%").replace("?", "%s")
+        with psycopg.connect(host=u.hostname, port=u.port or 5432, dbname=u.path.lstrip("/"),
+                             user=unquote(u.username or ""), password=unquote(u.password or ""),
+                             autocommit=True, connect_timeout=5) as conn:
+            cur = conn.execute(sql, tuple(params) if params else None)
+            return cur.fetchall() if cur.description else []
 
     def broker(self, *flags: str, anonymous: bool = False) -> BrokerProcess:
         return BrokerProcess("--sys-interval", "0", *flags, anonymous=anonymous, env=self.env).start()
