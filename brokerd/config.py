@@ -81,6 +81,7 @@ class Config:
     node_id: str = "node1"
     allow_anonymous: bool = False
     log_level: str = "info"
+    log_format: str = "text"                # text | json
     max_keepalive: int = 3600
     max_packet_size: int = 1024 * 1024
     max_inflight: int = 32
@@ -130,6 +131,8 @@ class Config:
             raise ConfigError("--max-queued must be at least 1")
         if not 0 <= self.topic_alias_maximum <= 65535:
             raise ConfigError("--topic-alias-maximum must be 0..65535")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError("--log-format must be text or json")
         if self.shared_subscription_strategy not in ("round_robin", "random"):
             raise ConfigError("--shared-subscription-strategy must be round_robin or random")
         from .store import open_store
@@ -233,6 +236,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-anonymous", action="store_true", default=None,
                    help="accept clients without credentials into the default tenant")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", choices=["text", "json"],
+                   help="log lines as text (default) or one JSON object a line (time, level, logger, node, message)")
     p.add_argument("--max-keepalive", type=int, metavar="SECONDS",
                    help="v5: sent as Server Keep Alive when a client asks for more or 0; "
                         "3.1.1 clients asking for more are refused (default 3600)")

@@ -120,6 +120,7 @@ class Server:
         self.write_high = config.write_buffer_high
         self.servers: list[asyncio.AbstractServer] = []
         self.bound: list[Listener] = []
+        self.tls: ssl.SSLContext | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         self.stopped = asyncio.Event()
         self.store = None
@@ -182,6 +183,21 @@ class Server:
             except StoreError as exc:
                 log.warning("store purge failed: %s", exc)
 
+    def reload_tls(self) -> bool:
+        """SIGHUP: the certificate and key files read again (a rotated certificate), for the
+        handshakes from now on; connected clients keep theirs. Bad files keep the old one."""
+        if self.tls is None:
+            return False
+        try:
+            self.tls.load_cert_chain(self.config.tls_cert, self.config.tls_key)
+            if self.config.tls_ca:
+                self.tls.load_verify_locations(self.config.tls_ca)
+        except (OSError, ssl.SSLError) as exc:
+            log.error("TLS certificate not reloaded (%s): still serving the previous one", exc)
+            return False
+        log.info("TLS certificate reloaded from %s", self.config.tls_cert)
+        return True
+
     def advertised(self, address: str) -> str:
         """``HOST:PORT`` of something this node bound, as the other nodes reach it:
         --advertise-host, else the bound host (this host's name for 0.0.0.0 / ::)."""
@@ -202,11 +218,10 @@ class Server:
         await self.open_store()
         if self.config.control_plane:
             self.broker.reauthorize_all()
-        ctx = None
         for lst in self.config.listeners():
-            if lst.tls and ctx is None:
-                ctx = tls_context(self.config)
-            tls = {"ssl": ctx, "ssl_handshake_timeout": self.config.connect_timeout} if lst.tls else {}
+            if lst.tls and self.tls is None:
+                self.tls = tls_context(self.config)
+            tls = {"ssl": self.tls, "ssl_handshake_timeout": self.config.connect_timeout} if lst.tls else {}
             srv = await self.loop.create_server(self._factory(lst), lst.host, lst.port, backlog=4096,
                                                 reuse_address=True, **tls)
             self.servers.append(srv)
@@ -397,6 +412,7 @@ async def serve(config: Config) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig.name)
+    loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
     _tune_gc()
     urls = " ".join(lst.url for lst in server.bound)
     admin = f" admin={server.admin.address}" if server.admin is not None else ""
@@ -415,8 +431,15 @@ def main(argv=None) -> int:
     except ConfigError as exc:
         print(f"brokerd: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=config.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler(sys.stderr)
+    if config.log_format == "json":         # one JSON object a line, for a log collector
+        from pythonjsonlogger.json import JsonFormatter
+
+        handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s", rename_fields={
+            "asctime": "time", "levelname": "level", "name": "logger"}, static_fields={"node": config.node_id}))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
     _tune_process()
     try:
         import uvloop
