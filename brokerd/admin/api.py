@@ -21,6 +21,19 @@ class ApiError(Exception):
         self.message = message
 
 
+def mqtt_text(value) -> bool:
+    """A name from the API obeys what the codec enforces on one from a packet:
+    a string, well-formed UTF-8 (no lone surrogates), no U+0000, at most
+    65535 bytes -- else subscribers would get what MQTT forbids and the
+    audit log on PostgreSQL (text without NUL) could not record the change."""
+    if not isinstance(value, str) or "\x00" in value:
+        return False
+    try:
+        return len(value.encode("utf-8")) <= 65535
+    except UnicodeEncodeError:
+        return False
+
+
 def _peer_ip(peer: str) -> str:
     return peer.rsplit(":", 1)[0] if peer else ""
 
@@ -137,7 +150,7 @@ def add_subscription(broker, tenant: str, client_id: str, body: dict, now: float
         raise ApiError(404, "no such client")
     filt = body.get("filter")
     qos = body.get("qos", 0)
-    if not isinstance(filt, str) or qos not in (0, 1, 2):
+    if not mqtt_text(filt) or qos not in (0, 1, 2):
         raise ApiError(400, "body needs 'filter' (string) and 'qos' (0, 1 or 2)")
     req = SubscriptionRequest(filt, qos, bool(body.get("no_local", False)),
                               bool(body.get("retain_as_published", False)), int(body.get("retain_handling", 0)))
@@ -159,7 +172,7 @@ def publish(broker, body: dict, now: float) -> dict:
     tenant = body.get("tenant")
     topic = body.get("topic")
     qos = body.get("qos", 0)
-    if not isinstance(tenant, str) or not tenant or not isinstance(topic, str) or not is_valid_name(topic):
+    if not mqtt_text(tenant) or not tenant or not mqtt_text(topic) or not is_valid_name(topic):
         raise ApiError(400, "body needs 'tenant' and a valid 'topic' name (no wildcards)")
     if qos not in (0, 1, 2):
         raise ApiError(400, "'qos' must be 0, 1 or 2")
@@ -172,10 +185,14 @@ def publish(broker, body: dict, now: float) -> dict:
     props = {}
     if body.get("content_type"):
         props[P.CONTENT_TYPE] = str(body["content_type"])
+        if not mqtt_text(props[P.CONTENT_TYPE]):
+            raise ApiError(400, "'content_type' is not a valid MQTT string")
     if body.get("message_expiry") is not None:
         props[P.MESSAGE_EXPIRY_INTERVAL] = int(body["message_expiry"])
     if body.get("user_properties"):
         props[P.USER_PROPERTY] = [(str(k), str(v)) for k, v in dict(body["user_properties"]).items()]
+        if not all(mqtt_text(k) and mqtt_text(v) for k, v in props[P.USER_PROPERTY]):
+            raise ApiError(400, "'user_properties' are not valid MQTT strings")
     msg = Publish(topic, payload, qos, bool(body.get("retain", False)), False, 0, props or None)
     if P.MESSAGE_EXPIRY_INTERVAL in props:
         msg.expiry_at = now + props[P.MESSAGE_EXPIRY_INTERVAL]

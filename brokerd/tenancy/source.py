@@ -42,6 +42,22 @@ def pg_params(url: str) -> dict:
     return {k: v for k, v in params.items() if v not in (None, "")}
 
 
+def _text(value):
+    """A value for a text column on either database: PostgreSQL refuses U+0000
+    and both refuse what is not UTF-8 (lone surrogates), so an audit row is
+    written with U+FFFD / "?" in their place rather than lost."""
+    if value is None:
+        return None
+    value = str(value)
+    if "\x00" in value:
+        value = value.replace("\x00", "\ufffd")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        value = value.encode("utf-8", "replace").decode("utf-8")
+    return value
+
+
 QUERY = "SELECT tenant_slug, version, data FROM tenants_policysnapshot WHERE version > {p} ORDER BY version"
 
 
@@ -107,10 +123,11 @@ class PolicyDatabase:
         import datetime
 
         at = datetime.datetime.fromtimestamp(e["at"], datetime.UTC)
-        values = (at if self.kind == "pg" else at.replace(tzinfo=None).isoformat(" "), e["actor"], e["source"],
-                  e["action"], e["object_type"], e["object_id"], e.get("tenant"),
+        values = (at if self.kind == "pg" else at.replace(tzinfo=None).isoformat(" "),
+                  *map(_text, (e["actor"], e["source"], e["action"], e["object_type"], e["object_id"],
+                               e.get("tenant"))),
                   None if e.get("before") is None else json.dumps(e["before"], default=str),
-                  None if e.get("after") is None else json.dumps(e["after"], default=str), e.get("remote_addr"))
+                  None if e.get("after") is None else json.dumps(e["after"], default=str), _text(e.get("remote_addr")))
         p = "?" if self.kind == "sqlite" else "%s"
         sql = ("INSERT INTO console_auditevent (at, actor, source, action, object_type, object_id, tenant, before, "
                f"after, remote_addr) VALUES ({', '.join([p] * 10)})")
