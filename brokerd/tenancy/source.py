@@ -28,17 +28,27 @@ log = logging.getLogger("brokerd.tenancy")
 DJANGO_ONLY = {"isolation_level", "server_side_binding", "assume_role", "pool"}
 
 
+STATEMENT_TIMEOUT_MS = 10_000
+
+
 def pg_params(url: str) -> dict:
     """A ``postgres://`` URL -> keyword arguments for ``psycopg.connect``, as
     dj-database-url and Django's backend turn the same URL into a connection."""
     parts = urlsplit(url)
     params = {k: v for k, v in parse_qsl(parts.query) if k not in DJANGO_ONLY}
     schema = params.pop("currentSchema", None)
-    if schema:
-        params["options"] = f"-c search_path={schema}"
+    # a query never holds the node's poll for long, on a live server or not
+    options = [f"-c search_path={schema}"] if schema else []
+    options.append(f"-c statement_timeout={STATEMENT_TIMEOUT_MS}")
+    params["options"] = " ".join([params["options"], *options] if params.get("options") else options)
     params.update(host=unquote(parts.hostname or ""), port=parts.port, dbname=unquote(parts.path[1:]),
                   user=unquote(parts.username or ""), password=unquote(parts.password or ""))
     params.setdefault("connect_timeout", 5)
+    # a server or network that went away without a word is noticed in about 20 s, not hours:
+    # TCP keepalives on the idle kept connection, and unacknowledged writes given up on
+    for key, value in (("keepalives", 1), ("keepalives_idle", 10), ("keepalives_interval", 3),
+                       ("keepalives_count", 3), ("tcp_user_timeout", 20000)):
+        params.setdefault(key, value)
     return {k: v for k, v in params.items() if v not in (None, "")}
 
 

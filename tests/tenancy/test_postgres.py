@@ -261,3 +261,19 @@ def test_database_outage_keeps_devices_served_and_the_node_recovers(world, postg
     plane.manage("devices", "disable", "globex", "g1")
     reason, _ = live.expect_disconnect(timeout=5)
     assert reason.value == 0x87
+
+
+def test_the_nodes_connection_bounds_every_wait(postgres):
+    """A query cannot hold the node's poll for long (statement_timeout) and a server or
+    network gone silent is given up on (TCP keepalives, tcp_user_timeout), whatever the URL
+    already asks for."""
+    import psycopg
+
+    from brokerd.tenancy.source import pg_params
+
+    params = pg_params(postgres.url() + "?options=-c%20work_mem%3D8MB&application_name=bounds")
+    assert (params["keepalives"], params["tcp_user_timeout"]) == (1, 20000)
+    with psycopg.connect(**params, autocommit=True) as conn:
+        assert conn.execute("SHOW statement_timeout").fetchone()[0] == "10s"
+        assert conn.execute("SHOW work_mem").fetchone()[0] == "8MB"
+        assert conn.execute("SHOW application_name").fetchone()[0] == "bounds"
