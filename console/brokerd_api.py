@@ -48,7 +48,8 @@ class BrokerdClient:
         if data is not None:
             req.add_header("Content-Type", "application/json")
         if self.actor:
-            req.add_header("X-On-Behalf-Of", self.actor)
+            # user names may be any letters (Django's \w): UTF-8, percent-encoded, in a header
+            req.add_header("X-On-Behalf-Of", urllib.parse.quote(self.actor, safe=":@+-_. "))
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return json.loads(resp.read() or b"null")

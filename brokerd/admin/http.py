@@ -78,7 +78,7 @@ class HttpProtocol(asyncio.Protocol):
                 return
             if isinstance(event, h11.Request):
                 self._pending = {"method": event.method.decode(), "target": event.target.decode(),
-                                 "headers": {k.decode().lower(): v.decode() for k, v in event.headers},
+                                 "headers": {k.decode().lower(): v.decode("latin-1") for k, v in event.headers},
                                  "body": bytearray()}
             elif isinstance(event, h11.Data):
                 self._pending["body"] += event.data

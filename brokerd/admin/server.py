@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import time
+import urllib.parse
 from dataclasses import dataclass
 from urllib.parse import unquote, urlencode
 
@@ -308,7 +309,8 @@ class AdminServer:
 
     async def _audit(self, token: Token, req: Request, action, object_type, object_id, tenant, before, after):
         actor = f"api-token:{token.name}"
-        on_behalf = req.headers.get("x-on-behalf-of")
+        # the console's user, percent-encoded UTF-8 (any bytes a client sends decode to something)
+        on_behalf = urllib.parse.unquote(req.headers.get("x-on-behalf-of") or "", errors="replace")
         if on_behalf:
             actor = f"{on_behalf} (via {actor})"
         event = {"at": time.time(), "actor": actor, "source": "api", "action": action, "object_type": object_type,

@@ -108,3 +108,42 @@ def test_bootstrap_token_from_the_environment(tmp_path):
         assert http("POST", "/api/v1/publish", token="s3cret-bootstrap",
                     body={"tenant": "default", "topic": "t", "payload": "x"})[0] == 200
         assert http("GET", "/api/v1/nodes", token="s3cret-bootstrap-not")[0] == 401
+
+
+def _audit_actor(plane, client_id: str) -> str:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        rows = plane.query("SELECT actor FROM console_auditevent WHERE object_id = ?", (client_id,))
+        if rows:
+            return rows[0][0]
+        time.sleep(0.05)
+    raise AssertionError(f"no audit row for {client_id}")
+
+
+def test_a_console_user_with_a_non_ascii_name_acts_and_is_audited(plane, node, tokens, client_id):
+    """Django user names may be any letters: the console's client sends them percent-encoded,
+    the node records them as they are (was: the request dropped without an answer)."""
+    from console.brokerd_api import BrokerdClient
+
+    c = PahoClient(client_id).connect(node.port())
+    api = BrokerdClient(base_url=node.admin_url, token=tokens["write"], actor="console:débora-東京")
+    assert api.kick("default", client_id)["kicked"] is True
+    c.expect_disconnect()
+    assert _audit_actor(plane, client_id) == "console:débora-東京 (via api-token:ops)"
+
+
+def test_a_header_that_is_not_utf8_still_gets_an_answer(plane, node, http, tokens, client_id):
+    import http.client
+    from urllib.parse import urlsplit
+
+    c = PahoClient(client_id).connect(node.port())
+    url = urlsplit(node.admin_url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=5)
+    conn.putrequest("DELETE", f"/api/v1/clients/default/{client_id}")
+    conn.putheader("Authorization", f"Bearer {tokens['write']}")
+    conn.putheader("X-On-Behalf-Of", "caf\xe9".encode("latin-1"))
+    conn.endheaders()
+    assert conn.getresponse().status == 200
+    conn.close()
+    c.expect_disconnect()
+    assert _audit_actor(plane, client_id) == "café (via api-token:ops)"     # read as Latin-1, as HTTP does
