@@ -346,6 +346,10 @@ class ClusterNode:
         finally:
             await self.bus.redis.delete(self.bus.k("orphans"))
 
+    def _holds(self, tenant: str, cid: str) -> bool:
+        ns = self.broker.namespaces.get(tenant)
+        return ns is not None and cid in ns.sessions
+
     async def _load_session(self, tenant: str, cid: str, wills: bool = True) -> bool:
         """Bring a stored session into this node (takeover or adoption)."""
         store, persist = self.server.store, self.broker.persist
@@ -357,9 +361,8 @@ class ClusterNode:
         if not wills:
             rec.will = None
         persist.restore(self.broker, [rec], [], self.loop.time())
-        ns = self.broker.namespaces.get(tenant)
-        if ns is not None and cid in ns.sessions:
-            for filt in ns.sessions[cid].subscriptions:
+        if self._holds(tenant, cid):
+            for filt in self.broker.namespaces[tenant].sessions[cid].subscriptions:
                 self.route_dirty(tenant, filt)
             return True
         return False
@@ -1023,6 +1026,10 @@ class ClusterNode:
                     await self._load_session(tenant, cid)
                 self._flush_arriving(tenant, cid)
                 await self.bus.claim(tenant, cid, False, owner)
+            elif not clean_start and not self._holds(tenant, cid):
+                # free in the registry but perhaps stored: Redis may have lost its registry (restarted
+                # empty) before anyone adopted the session -- the store, not the registry, is the truth
+                await self._load_session(tenant, cid)
             if channel.state != 1:         # CONNECTING: the client went away meanwhile
                 return
             cont(self.loop.time())

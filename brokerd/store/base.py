@@ -44,6 +44,15 @@ class Store:
         except Exception as exc:  # backend-specific failures become StoreError
             raise StoreError(f"{type(exc).__name__}: {exc}") from exc
 
+    async def _read(self, fn, *args):
+        """A read, tried a second time if the first fails: a pooled connection to a
+        server that restarted fails once and is replaced (happybase drops a connection
+        on a Thrift or socket error). Reads only -- a write batch is never replayed."""
+        try:
+            return await self._run(fn, *args)
+        except StoreError:
+            return await self._run(fn, *args)
+
     async def open(self) -> None:
         await self._run(self._open)
 
@@ -61,14 +70,14 @@ class Store:
 
     async def load(self) -> tuple[list[SessionRecord], list[tuple[str, str, StoredMessage]]]:
         """Every session (with subscriptions, queue, packet ids) and every retained message."""
-        return await self._run(self._load)
+        return await self._read(self._load)
 
     async def load_retained(self) -> list[tuple[str, str, StoredMessage]]:
         """Every retained message (a cluster node loads sessions on demand)."""
-        return await self._run(self._load_retained)
+        return await self._read(self._load_retained)
 
     async def load_session(self, tenant: str, client_id: str) -> SessionRecord | None:
-        return await self._run(self._load_session, tenant, client_id)
+        return await self._read(self._load_session, tenant, client_id)
 
     async def purge(self, now: float) -> int:
         """Delete sessions and messages whose expiry (wall clock) has passed; -> rows removed."""
@@ -79,7 +88,7 @@ class Store:
 
     async def get_meta(self, key: str) -> bytes | None:
         """A small named value kept for the cluster (its route snapshot)."""
-        return await self._run(self._get_meta, key)
+        return await self._read(self._get_meta, key)
 
     async def put_meta(self, key: str, value: bytes) -> None:
         await self._run(self._put_meta, key, value)

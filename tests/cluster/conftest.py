@@ -139,9 +139,7 @@ class RedisServer:
 
     def start(self) -> "RedisServer":
         self.port = free_port()
-        self.proc = subprocess.Popen([REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
-                                      "--save", "", "--appendonly", "no", "--dir", self.dir],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._spawn()
         wait_until(self.ping, timeout=10, message=f"redis-server did not start on port {self.port}")
         return self
 
@@ -166,6 +164,24 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+
+    def kill(self) -> None:
+        """SIGKILL: connections cut with no goodbye, everything in memory gone."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def restart(self) -> "RedisServer":
+        """A new, empty server on the same port."""
+        self.kill()
+        self._spawn()
+        wait_until(self.ping, timeout=10, message=f"redis-server did not restart on port {self.port}")
+        return self
+
+    def _spawn(self) -> None:
+        self.proc = subprocess.Popen([REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
+                                      "--save", "", "--appendonly", "no", "--dir", self.dir],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 @pytest.fixture(scope="module")
