@@ -40,7 +40,7 @@ from .transports.ws import WsMqttConnection
 log = logging.getLogger("brokerd")
 
 SWEEP_INTERVAL = 0.5     # keepalive / CONNECT timeout / will delay / expiry resolution, seconds
-BUDGET_PAUSE = 0.1       # longest pause of publishers over the queue budget before reading again
+BUDGET_PAUSE = 0.1       # publishers over the queue budget read again if the queues did not shrink for this long
 STORE_PURGE_INTERVAL = 60.0     # seconds between purges of expired sessions and messages in the store
 STORE_STARTUP_TIMEOUT = 30.0    # how long start-up waits for an unavailable store
 POLICY_STARTUP_TIMEOUT = 10.0   # how long start-up waits for the console's database
@@ -116,6 +116,7 @@ class Server:
         self.budget.on_exceeded = self._over_budget
         self.budget_paused: list[MqttConnection] | None = None
         self._budget_timer: asyncio.TimerHandle | None = None
+        self._budget_mark: int | None = None   # queued bytes at the last check of a pause
         self._budget_warned = False
         self.write_high = config.write_buffer_high
         self.servers: list[asyncio.AbstractServer] = []
@@ -254,9 +255,11 @@ class Server:
 
         Connections with deliveries of their own outstanding keep reading:
         their acknowledgements are what frees the queues. The pause lasts
-        until the queues are down to half the budget, or BUDGET_PAUSE at most
-        -- then reading resumes and the next message over the budget pauses
-        again, so publishers are paced, never stopped for good.
+        until the queues are down to half the budget, as long as they drain;
+        if they did not shrink at all for BUDGET_PAUSE (a subscriber that
+        stopped reading holds them) reading resumes and the next message over
+        the budget pauses again, so publishers are paced, never stopped for
+        good by one stuck client.
         """
         budget = self.budget
         paused = self.budget_paused = []
@@ -265,11 +268,28 @@ class Server:
             if ch.msgs_in and not ch.blocked and not (ch.session and ch.session.inflight):
                 conn.pause_reading(PAUSE_BUDGET)
                 paused.append(conn)
-        self._budget_timer = self.loop.call_later(BUDGET_PAUSE, self._resume_publishers)
+        # measured at the first check: the rest of the socket read that tripped
+        # the budget is still being handled now
+        self._budget_mark = None
+        self._budget_timer = self.loop.call_later(BUDGET_PAUSE, self._budget_check_progress)
         if not self._budget_warned:
             self._budget_warned = True
             log.warning("queued messages hold %d bytes (budget %d): pacing %d publishers",
                         budget.used, budget.limit, len(paused))
+
+    def _budget_check_progress(self) -> None:
+        """BUDGET_PAUSE after a pause (and after each one since): still paused
+        while the queues drain -- resuming on a timer alone let publishers in
+        one socket read per BUDGET_PAUSE whatever the subscribers took, and
+        the queues grew past the budget until their QoS 1/2 messages were
+        dropped as queue_full after having been acknowledged."""
+        self._budget_timer = None
+        used = self.budget.used
+        if self._budget_mark is None or used < self._budget_mark:
+            self._budget_mark = used
+            self._budget_timer = self.loop.call_later(BUDGET_PAUSE, self._budget_check_progress)
+            return
+        self._resume_publishers()
 
     def _resume_publishers(self) -> None:
         paused = self.budget_paused or []
