@@ -67,8 +67,10 @@ def quota(tenant: Tenant) -> Quota:
 
 
 def own_quota(tenant: Tenant) -> OwnQuota:
-    """The tenant's own limits (made, all unset, on first use)."""
-    return OwnQuota.objects.get_or_create(tenant=tenant)[0]
+    """The tenant's own limits; all unset, and not saved, until the tenant
+    first sets one (``services.update_own_quota``): reading them -- a page a
+    viewer opens, a request refused -- writes nothing."""
+    return OwnQuota.objects.filter(tenant=tenant).first() or OwnQuota(tenant=tenant)
 
 
 def effective_quota(tenant: Tenant) -> dict:

@@ -1,0 +1,383 @@
+"""Every named URL of the console, tried by everyone, in both tenants.
+
+``TABLE`` has one entry per URL name (``test_every_url_has_an_entry`` fails
+when a URL is added without one, or an entry outlives its URL). An entry
+lists the requests to make (GET for pages, POST for actions, some both), how
+to fill the URL's arguments from the objects of the ``world`` fixture, and
+the *kind* of access the view intends (``console.access``):
+
+- ``PUBLIC``: anyone, signed in or not;
+- ``AUTHENTICATED``: any signed-in user, anonymous visitors go to the login page;
+- ``PLATFORM``: platform administrators; tenant users 403. Under
+  /tenants/<slug>/ too (edit, suspend, resume, delete): these views refuse
+  before looking the tenant up, so a tenant user gets 403 for any slug --
+  one that exists or not -- and learns nothing (a documented exception to
+  "another tenant is a 404");
+- ``TENANT_READ``: platform administrators and any member of *that* tenant;
+  a non-member gets 404 (never 403, never data);
+- ``TENANT_WRITE``: platform administrators and the tenant's administrators;
+  its viewers 403, non-members 404 (confirmation pages of writes, GET, too);
+- ``TENANT_ADMIN_READ``: like a write, for pages viewers may not even read
+  (the tenant's audit log);
+- ``TENANT_PLATFORM_WRITE``: a tenant page whose change only platform
+  administrators make (the quota ceilings, $SYS settings): members 403,
+  non-members 404.
+
+Every per-tenant request is made for acme (alice administers it) and globex
+(bob reads it) by root, alice, bob and an anonymous visitor. Allowed: the
+view's own answer (200, a redirect that is not to the login page, 204 for a
+finished report's status) and, for a POST that writes, a changed database.
+Refused: exactly 403, 404 or the login redirect, the database unchanged (every
+row of the console's tables, audit log included) and not one call to brokerd's
+admin API (brokerd's fake here records them and is "down").
+"""
+
+import datetime as dt
+from dataclasses import dataclass, field
+
+import pytest
+from django.apps import apps
+from django.contrib.auth import get_user_model
+from django.db import transaction
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
+from django.utils import timezone
+
+from console.brokerd_api import BrokerdClient, BrokerdUnavailable
+from console.models import ApiToken, Membership
+from metrics.models import Alarm
+from spark_reports.models import ReportRun, ReportSchedule
+from tenants import services
+
+from ..reports.conftest import sample_result
+from .conftest import PASSWORD
+
+PUBLIC = "public"
+AUTHENTICATED = "authenticated"
+PLATFORM = "platform"
+TENANT_READ = "tenant read"
+TENANT_WRITE = "tenant write"
+TENANT_ADMIN_READ = "tenant-admin read"
+TENANT_PLATFORM_WRITE = "tenant, platform write"
+
+TENANT_KINDS = {TENANT_READ, TENANT_WRITE, TENANT_ADMIN_READ, TENANT_PLATFORM_WRITE}
+USERS = ("admin", "alice", "bob", "anonymous")
+# the roles of the conftest's people: alice administers acme, bob views globex
+ROLES = {("alice", "acme"): "admin", ("bob", "globex"): "viewer"}
+
+
+@dataclass
+class Try:
+    method: str
+    kind: str
+    data: dict = field(default_factory=dict)
+    query: str = ""
+    # allowed answers; a POST is also expected to change the database unless ``writes`` is False
+    ok: tuple = (200,)
+    writes: bool = True
+    # URL kwargs: name -> key of the ``world`` objects of the tenant (or of the platform)
+    args: dict = field(default_factory=dict)
+
+
+def get(kind, **kw):
+    kw.setdefault("ok", (200,))
+    return Try("GET", kind, **kw)
+
+
+def post(kind, data=None, **kw):
+    kw.setdefault("ok", (302,))
+    return Try("POST", kind, data or {}, **kw)
+
+
+DEV = {"name": "device"}
+CRED = {"name": "device", "credential_id": "credential"}
+RULE = {"rule_id": "rule"}
+MEMBER = {"membership_id": "member"}
+CLIENT = {"client_id": "client"}
+RUN = {"run_id": "run"}
+FAILED = {"run_id": "failed_run"}
+SCHEDULE = {"schedule_id": "schedule"}
+# brokerd is down: live writes answer with the page and its banner (or go back to it)
+LIVE_WRITE = {"ok": (200,), "writes": False}
+
+TABLE: dict[str, list[Try]] = {
+    # ------------------------------------------------------------ sign-in, home
+    "healthz": [get(PUBLIC)],
+    "login": [get(PUBLIC, ok=(200, 302))],              # signed in: on to the home page
+    "logout": [post(PUBLIC, writes=False)],             # Django 5: POST only; anonymous too goes to the login page
+    "password_change": [get(AUTHENTICATED),
+                        post(AUTHENTICATED, {"old_password": PASSWORD, "new_password1": "An0ther-l0ng-pass",
+                                             "new_password2": "An0ther-l0ng-pass"})],
+    "home": [get(AUTHENTICATED, ok=(200, 302))],        # tenant users: on to their tenant
+    "overview": [get(PLATFORM)],
+    "tenant_list": [get(AUTHENTICATED)],                # each sees her own tenants (test_access)
+    "tenant_create": [get(PLATFORM), post(PLATFORM, {"slug": "initech", "default_acl": "deny"})],
+    # ------------------------------------------------------------ the tenant itself
+    "tenant": [get(TENANT_READ)],
+    "tenant_edit": [get(PLATFORM), post(PLATFORM, {"name": "Renamed", "default_acl": "allow"})],
+    "tenant_suspend": [post(PLATFORM)],
+    "tenant_resume": [post(PLATFORM)],
+    "tenant_delete": [get(PLATFORM), post(PLATFORM, {"confirm": "{slug}"})],
+    # ------------------------------------------------------------ devices, credentials
+    "devices": [get(TENANT_READ)],
+    "device_create": [get(TENANT_WRITE), post(TENANT_WRITE, {"name": "new-device"})],
+    "device": [get(TENANT_READ, args=DEV)],
+    "device_edit": [get(TENANT_WRITE, args=DEV), post(TENANT_WRITE, {"description": "moved"}, args=DEV)],
+    "device_enable": [post(TENANT_WRITE, args=DEV)],
+    "device_disable": [post(TENANT_WRITE, args=DEV)],
+    "device_delete": [get(TENANT_WRITE, args=DEV), post(TENANT_WRITE, args=DEV)],
+    # the new secret is shown on a page (200), not behind a redirect
+    "credential_create": [get(TENANT_WRITE, args=DEV), post(TENANT_WRITE, {"label": "spare"}, args=DEV, ok=(200,))],
+    "credential_rotate": [get(TENANT_WRITE, args=CRED), post(TENANT_WRITE, args=CRED, ok=(200,))],
+    "credential_enable": [post(TENANT_WRITE, args=CRED)],
+    "credential_disable": [post(TENANT_WRITE, args=CRED)],
+    "credential_expire": [get(TENANT_WRITE, args=CRED), post(TENANT_WRITE, {"when": "now"}, args=CRED)],
+    "credential_delete": [get(TENANT_WRITE, args=CRED), post(TENANT_WRITE, args=CRED)],
+    # ------------------------------------------------------------ ACL rules
+    "acl": [get(TENANT_READ)],
+    "acl_add": [post(TENANT_WRITE, {"who": "all", "action": "both", "topic": "x/#", "allow": "allow"})],
+    "acl_check": [get(TENANT_READ, query="device=d&action=publish&topic=a/b")],
+    "acl_edit": [get(TENANT_WRITE, args=RULE),
+                 post(TENANT_WRITE, {"who": "all", "action": "subscribe", "topic": "y/#", "allow": "deny"},
+                      args=RULE)],
+    "acl_move": [post(TENANT_WRITE, {"direction": "down"}, args=RULE)],
+    "acl_delete": [get(TENANT_WRITE, args=RULE), post(TENANT_WRITE, args=RULE)],
+    # ------------------------------------------------------------ limits, settings, members, audit
+    "quotas": [get(TENANT_READ),
+               post(TENANT_WRITE, {"which": "own", "own-max_connections": "3"}),
+               post(TENANT_PLATFORM_WRITE, {"which": "ceiling", "ceiling-max_connections": "7"})],
+    "system_topics": [get(TENANT_READ), post(TENANT_PLATFORM_WRITE, {"enabled": "on", "interval": "5"})],
+    "members": [get(TENANT_READ),
+                post(TENANT_WRITE, {"username": "newcomer", "password": "a-Long-passw0rd-9", "role": "viewer"})],
+    "member_role": [post(TENANT_WRITE, {"role": "admin"}, args=MEMBER)],
+    "member_remove": [get(TENANT_WRITE, args=MEMBER), post(TENANT_WRITE, args=MEMBER)],
+    "tenant_audit": [get(TENANT_ADMIN_READ)],
+    # ------------------------------------------------------------ live (brokerd down)
+    "tenant_clients": [get(TENANT_READ)],
+    "client_detail": [get(TENANT_READ, args=CLIENT)],
+    "client_kick": [get(TENANT_WRITE, args=CLIENT), post(TENANT_WRITE, args=CLIENT, **LIVE_WRITE)],
+    "client_subscribe": [post(TENANT_WRITE, {"filter": "a/#", "qos": "1"}, args=CLIENT, **LIVE_WRITE)],
+    "client_unsubscribe": [post(TENANT_WRITE, {"filter": "a/#"}, args=CLIENT, ok=(302,), writes=False)],
+    "retained": [get(TENANT_READ)],
+    "retained_message": [get(TENANT_READ, query="topic=a/b")],
+    "retained_delete": [get(TENANT_WRITE, query="topic=a/b"), post(TENANT_WRITE, {"topic": "a/b"}, **LIVE_WRITE)],
+    # the form is a page members may open; sending it is a write
+    "publish": [get(TENANT_READ), post(TENANT_WRITE, {"topic": "a/b", "payload": "hi", "qos": "0"}, **LIVE_WRITE)],
+    "tenant_metrics": [get(TENANT_READ)],
+    "tenant_metrics_history": [get(TENANT_READ), get(TENANT_READ, query="format=json&range=24h")],
+    # ------------------------------------------------------------ tenant reports
+    "reports": [get(TENANT_READ), post(TENANT_WRITE, {"preset": "last_7"})],
+    "report": [get(TENANT_READ, args=RUN)],
+    "report_status": [get(TENANT_READ, args=RUN, ok=(204,))],   # done: the page reloads itself
+    "report_csv": [get(TENANT_READ, args=RUN)],
+    "report_print": [get(TENANT_READ, args=RUN)],
+    "report_retry": [post(TENANT_WRITE, args=FAILED)],
+    "report_schedules": [get(TENANT_READ),
+                         post(TENANT_WRITE, {"frequency": "daily", "hour": "7", "recipients": "{contact}",
+                                             "enabled": "on"})],
+    "report_schedule_edit": [get(TENANT_WRITE, args=SCHEDULE),
+                             post(TENANT_WRITE, {"frequency": "monthly", "hour": "3", "recipients": "{contact}"},
+                                  args=SCHEDULE)],
+    "report_schedule_toggle": [post(TENANT_WRITE, args=SCHEDULE)],
+    "report_schedule_delete": [get(TENANT_WRITE, args=SCHEDULE), post(TENANT_WRITE, args=SCHEDULE)],
+    # ------------------------------------------------------------ platform pages
+    "clients": [get(PLATFORM)],
+    "metrics": [get(PLATFORM)],
+    "metrics_history": [get(PLATFORM), get(PLATFORM, query="format=json&node=n1")],
+    "metrics_node": [get(PLATFORM, args={"node": "node"})],
+    "alarms": [get(PLATFORM)],
+    "alarm_dismiss": [post(PLATFORM, args={"alarm_id": "alarm"})],
+    "platform_reports": [get(PLATFORM), post(PLATFORM, {"preset": "last_7"})],
+    "platform_report": [get(PLATFORM, args=RUN)],
+    "platform_report_status": [get(PLATFORM, args=RUN, ok=(204,))],
+    "platform_report_csv": [get(PLATFORM, args=RUN)],
+    "platform_report_print": [get(PLATFORM, args=RUN)],
+    "platform_report_retry": [post(PLATFORM, args=FAILED)],
+    "audit": [get(PLATFORM)],
+    "token_list": [get(PLATFORM)],
+    "token_create": [get(PLATFORM), post(PLATFORM, {"name": "deploy", "scope": "write"}, ok=(200,))],
+    "token_revoke": [get(PLATFORM, args={"token_id": "token"}), post(PLATFORM, args={"token_id": "token"})],
+}
+
+# platform pages under /tenants/<slug>/: tried in both tenants too
+TENANT_SCOPED_PLATFORM = {"tenant_edit", "tenant_suspend", "tenant_resume", "tenant_delete"}
+
+
+def _url_names(resolver=None, prefix=""):
+    """Every URL name of the site, and the patterns that have none."""
+    names, unnamed = [], []
+    for p in (resolver or get_resolver()).url_patterns:
+        if isinstance(p, URLResolver):
+            n, u = _url_names(p, prefix + str(p.pattern))
+            names += [f"{p.namespace}:{x}" if p.namespace else x for x in n]
+            unnamed += u
+        elif isinstance(p, URLPattern):
+            (names if p.name else unnamed).append(p.name or prefix + str(p.pattern))
+    return names, unnamed
+
+
+def test_every_url_has_an_entry():
+    names, unnamed = _url_names()
+    assert not unnamed, f"URLs without a name cannot be in TABLE: {unnamed}"
+    assert len(names) == len(set(names)), "two URLs share a name"
+    missing = sorted(set(names) - set(TABLE))
+    assert not missing, f"URL names without an entry in TABLE (say who may use them): {missing}"
+    stale = sorted(set(TABLE) - set(names))
+    assert not stale, f"entries of TABLE whose URL is gone: {stale}"
+
+
+def test_every_entry_is_well_formed():
+    kinds = {PUBLIC, AUTHENTICATED, PLATFORM, *TENANT_KINDS}
+    for name, tries in TABLE.items():
+        assert tries, name
+        for t in tries:
+            assert t.kind in kinds and t.method in ("GET", "POST"), name
+
+
+# ---------------------------------------------------------------- the people's world
+
+
+@pytest.fixture
+def brokerd_calls(monkeypatch):
+    """brokerd's admin API, down, recording what the views asked of it."""
+    calls = []
+
+    def call(self, method, path, query=None, body=None):
+        calls.append((method, path))
+        raise BrokerdUnavailable("brokerd admin API unreachable (test)")
+
+    monkeypatch.setattr(BrokerdClient, "_call", call)
+    return calls
+
+
+@pytest.fixture
+def world(acme, globex, people):
+    """The objects the URLs name, one of each per tenant, and the platform's."""
+    ops = {"acme": ["ops@acme.test"], "globex": ["noc@globex.test"]}
+    out = {}
+    for tenant in (acme, globex):
+        services.update_tenant(tenant, name=tenant.name, contact_emails=ops[tenant.slug],
+                               default_acl=tenant.default_acl)
+        if tenant.acl_rules.count() < 2:
+            services.add_acl_rule(tenant, topic="extra/#", action="both", allow=True)
+        other = get_user_model().objects.create_user(f"member-of-{tenant.slug}", password=PASSWORD)
+        member = Membership.objects.create(user=other, tenant=tenant, role=Membership.Role.VIEWER)
+        device = tenant.test_credential.device
+        run = ReportRun.objects.create(
+            kind="tenant", tenant=tenant, status="succeeded", period_start=dt.datetime(2026, 3, 2, tzinfo=dt.UTC),
+            period_end=dt.datetime(2026, 3, 9, tzinfo=dt.UTC), result=sample_result("tenant", tenant.slug))
+        failed = ReportRun.objects.create(
+            kind="tenant", tenant=tenant, status="failed", error="boom",
+            period_start=dt.datetime(2026, 3, 2, tzinfo=dt.UTC), period_end=dt.datetime(2026, 3, 9, tzinfo=dt.UTC))
+        schedule = ReportSchedule.objects.create(tenant=tenant, frequency="weekly", hour=6, recipients=ops[tenant.slug])
+        out[tenant.slug] = {"slug": tenant.slug, "device": device.name, "credential": tenant.test_credential.pk,
+                            "rule": tenant.acl_rules.order_by("position").first().pk, "member": member.pk,
+                            "client": "dev/1~x", "run": run.pk, "failed_run": failed.pk, "schedule": schedule.pk,
+                            "contact": ops[tenant.slug][0]}
+    run = ReportRun.objects.create(
+        kind="platform", status="succeeded", period_start=dt.datetime(2026, 3, 2, tzinfo=dt.UTC),
+        period_end=dt.datetime(2026, 3, 9, tzinfo=dt.UTC), result=sample_result("platform", None))
+    failed = ReportRun.objects.create(
+        kind="platform", status="failed", error="boom", period_start=dt.datetime(2026, 3, 2, tzinfo=dt.UTC),
+        period_end=dt.datetime(2026, 3, 9, tzinfo=dt.UTC))
+    alarm = Alarm.objects.create(kind="node_down", subject="n9", message="node n9 is down",
+                                 raised_at=timezone.now())
+    token, _ = ApiToken.issue("grafana", "read")
+    out[None] = {"run": run.pk, "failed_run": failed.pk, "alarm": alarm.pk, "token": token.pk, "node": "n1"}
+    return out
+
+
+SKIPPED_TABLES = {"sessions.Session", "contenttypes.ContentType", "auth.Permission"}
+
+
+def snapshot() -> dict:
+    """Every row of the site's tables (users without their last login)."""
+    out = {}
+    for model in apps.get_models():
+        if model._meta.label in SKIPPED_TABLES:
+            continue
+        rows = list(model.objects.order_by("pk").values())
+        if model._meta.label == "auth.User":
+            for r in rows:
+                r.pop("last_login")
+        out[model._meta.label] = rows
+    return out
+
+
+def expected(kind: str, who: str, slug: str | None) -> str | int:
+    """"ok", 403, 404 or "login"."""
+    if kind == PUBLIC:
+        return "ok"
+    if who == "anonymous":
+        return "login"
+    if who == "admin" or kind == AUTHENTICATED:
+        return "ok"
+    if kind == PLATFORM:
+        return 403
+    role = ROLES.get((who, slug))
+    if role is None:
+        return 404
+    if kind == TENANT_READ or (role == "admin" and kind in (TENANT_WRITE, TENANT_ADMIN_READ)):
+        return "ok"
+    return 403
+
+
+def _cases():
+    for name, tries in TABLE.items():
+        for i, t in enumerate(tries):
+            yield pytest.param(name, i, id=f"{name}-{t.method}{i}")
+
+
+def _fill(value, objects: dict):
+    return value.format(**objects) if isinstance(value, str) else value
+
+
+def _try(t: Try, name: str, slug: str | None, who: str, client, world, brokerd_calls) -> str | None:
+    """One request; what was wrong with its answer, or None."""
+    objects = {**world[None], **(world[slug] if slug else {})}
+    kwargs = {k: objects[v] for k, v in t.args.items()}
+    if slug:
+        kwargs = {"slug": slug, **kwargs}
+    url = reverse(name, kwargs=kwargs) + (f"?{t.query}" if t.query else "")
+    data = {k: _fill(v, objects) for k, v in t.data.items()}
+    del brokerd_calls[:]
+    before = snapshot()
+    response = client.get(url) if t.method == "GET" else client.post(url, data)
+    status, where = response.status_code, response.get("Location", "")
+    want = expected(t.kind, who, slug)
+    said = f"{who} {t.method} {url} ({t.kind}) -> {status} {where}"
+    if want == "ok":
+        if status not in t.ok:
+            return f"{said}: expected {t.ok}"
+        if where.startswith(reverse("login")) and name != "logout":
+            return f"{said}: sent to the login page"
+        if t.method == "POST" and t.writes and snapshot() == before:
+            return f"{said}: allowed, yet changed nothing (the table's data no longer does the action?)"
+        return None
+    if want == "login":
+        if not (status == 302 and where.startswith(reverse("login") + "?next=")):
+            return f"{said}: expected the login page"
+    elif status != want:
+        return f"{said}: expected {want}"
+    if snapshot() != before:
+        return f"{said}: refused, yet changed the database"
+    if brokerd_calls:
+        return f"{said}: refused, yet asked brokerd {brokerd_calls}"
+    return None
+
+
+@pytest.mark.parametrize(("name", "index"), list(_cases()))
+def test_access(clients, world, brokerd_calls, name, index):
+    """The entry's request by root, alice, bob and anonymous -- in acme and in
+    globex for the tenant pages -- each in a savepoint rolled back after it,
+    so every one of them meets the same world."""
+    t = TABLE[name][index]
+    tenant_scoped = t.kind in TENANT_KINDS or name in TENANT_SCOPED_PLATFORM
+    wrong = []
+    for slug in ("acme", "globex") if tenant_scoped else (None,):
+        for who in USERS:
+            with transaction.atomic():
+                problem = _try(t, name, slug, who, clients[who], world, brokerd_calls)
+                transaction.set_rollback(True)
+            if problem:
+                wrong.append(problem)
+    assert not wrong, "\n".join(wrong)
