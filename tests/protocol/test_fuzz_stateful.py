@@ -231,6 +231,8 @@ class ChannelMachine(RuleBasedStateMachine):
         self.state = "connected"
         self.keepalive = keepalive
         self.persistent = persistent
+        # a resumed session keeps its incoming QoS 2 ids awaiting PUBREL
+        self.awaiting_rel = set(self.ch.session.awaiting_rel)
         # a resumed session may resend what it had in flight
         assert all(p.type in (PUBLISH, PUBREL) for p in pkts[1:]), pkts
         if self.old[0] is not None and self.old[0].state != CLOSED:
@@ -334,6 +336,9 @@ class ChannelMachine(RuleBasedStateMachine):
                     return self.expect_close(pkts, {PROTOCOL}, "unknown topic alias")
             else:
                 self.aliases.add(alias)
+        if qos == 1 and v5 and len(self.awaiting_rel) >= RECEIVE_MAX:
+            # QoS 2 messages count against Receive Maximum until their PUBCOMP
+            return self.expect_close(pkts, {0x93}, "Receive Maximum exceeded")
         if qos == 1:
             # 0x10 No matching subscribers is a success too
             assert any(a.type == PUBACK and a.packet_id == pid and a.reason_code in (0, 0x10) for a in pkts), pkts
@@ -488,10 +493,9 @@ class ChannelMachine(RuleBasedStateMachine):
     def windows(self):
         if self.ch is None:
             return
-        H.check_window(self.ch, self.run.limits)
+        H.check_window(self.ch, self.run.limits, self.obs.resumed)
         if self.ch.state == CONNECTED and self.version == MQTT5:
             assert self.ch.send_window <= CLIENT_RECEIVE_MAX
-            assert len(self.ch.session.inflight) <= CLIENT_RECEIVE_MAX
         assert self.ch.decoder.buffered < MAX_PACKET
 
     @invariant()
