@@ -32,6 +32,19 @@ def persistent(port: int, client_id: str) -> PahoClient:
     return c
 
 
+def offline_subscriber(pub_node, sub_node, name: str) -> tuple[str, str]:
+    """A persistent QoS 1 subscriber ``TAG-sub`` whose session ``sub_node`` stores, offline, and
+    whose route ``pub_node`` knows; -> (TAG, its topic)."""
+    tag = f"{name}-{uuid.uuid4().hex[:6]}"
+    topic = f"{tag}/stream"
+    sub = persistent(sub_node.port(), f"{tag}-sub")
+    sub.subscribe(topic, qos=1)
+    settle(PahoClient(f"{tag}-probe", V5).connect(pub_node.port()), topic, sub)
+    sub.disconnect()
+    time.sleep(0.2)
+    return tag, topic
+
+
 def record_disconnects(pub: PacedPublisher) -> list[int]:
     codes: list[int] = []
     pub.client.on_disconnect = lambda c, u, flags, rc, p: codes.append(rc.value)
@@ -52,13 +65,7 @@ def test_sigkill_of_redis_mid_stream(redis, tmp_path):
     cluster = Cluster(redis, tmp_path)
     try:
         n1, n2 = cluster.start(2, "--max-queued", str(TOTAL * 2))
-        tag = f"chaos-redis-{uuid.uuid4().hex[:6]}"
-        topic = f"{tag}/stream"
-        sub = persistent(n2.port(), f"{tag}-sub")
-        sub.subscribe(topic, qos=1)
-        settle(PahoClient(f"{tag}-probe", V5).connect(n1.port()), topic, sub)
-        sub.disconnect()
-        time.sleep(0.2)
+        tag, topic = offline_subscriber(n1, n2, "chaos-redis")
 
         pub = PacedPublisher(n1.port(), topic, total=TOTAL, rate=RATE).start()
         pub_codes = record_disconnects(pub)
@@ -111,13 +118,7 @@ def test_sigkill_of_the_hbase_gateway_mid_stream(redis, tmp_path):
     cluster = Cluster(redis, tmp_path, store=store)
     try:
         n1, n2 = cluster.start(2, "--max-queued", str(TOTAL * 2))
-        tag = f"chaos-hbase-{uuid.uuid4().hex[:6]}"
-        topic = f"{tag}/stream"
-        sub = persistent(n2.port(), f"{tag}-sub")
-        sub.subscribe(topic, qos=1)
-        settle(PahoClient(f"{tag}-probe", V5).connect(n1.port()), topic, sub)
-        sub.disconnect()
-        time.sleep(0.2)
+        tag, topic = offline_subscriber(n1, n2, "chaos-hbase")
 
         pub = PacedPublisher(n1.port(), topic, total=TOTAL, rate=RATE).start()
         pub.wait_acked(TOTAL // 4)

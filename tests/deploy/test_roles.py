@@ -26,6 +26,7 @@ from urllib.parse import urlencode
 import pytest
 
 from ..cluster.conftest import RedisServer
+from ..integration.helpers import wait_until
 from ..mqtt import PahoClient
 from ..procs import ROOT, free_port
 
@@ -36,12 +37,7 @@ VENV_BIN = os.path.dirname(os.path.abspath(os.sys.executable))
 
 
 def wait_for(predicate, timeout: float, explain=lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s\n{explain()}")
+    wait_until(predicate, timeout, interval=0.2, message="timed out", explain=explain)
 
 
 class Role:

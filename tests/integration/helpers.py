@@ -19,14 +19,17 @@ MOSQUITTO = "/usr/sbin/mosquitto"
 VERSIONS = {V311: "mqttv311", V5: "mqttv5", V31: "mqttv31"}
 
 
-def wait_until(predicate, timeout: float = 5.0, interval: float = 0.02, message: str = "condition not met"):
+def wait_until(predicate, timeout: float = 5.0, interval: float = 0.02, message: str = "condition not met",
+               explain=None):
+    """``predicate()``'s first true value; else AssertionError with ``message`` and, if given,
+    what ``explain()`` says then (a process's log at the moment it failed)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(message)
+            raise AssertionError(f"{message} within {timeout} s" + (f"\n{explain()}" if explain else ""))
         time.sleep(interval)
 
 

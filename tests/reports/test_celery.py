@@ -18,7 +18,6 @@ import random
 import subprocess
 import sys
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 from email import policy
 
@@ -31,6 +30,7 @@ from spark_reports import usagegen as gen
 from spark_reports.jobs import Period
 
 from ..controlplane import ControlPlane
+from ..integration.helpers import wait_until
 from ..procs import ROOT
 from . import expected as X
 
@@ -70,12 +70,7 @@ class Proc:
 
 
 def wait_for(predicate, timeout: float, explain=lambda: "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s\n{explain()}")
+    wait_until(predicate, timeout, interval=0.2, message="timed out", explain=explain)
 
 
 @pytest.fixture(scope="module")
