@@ -27,7 +27,8 @@ def test_publisher_outrunning_its_subscriber_is_slowed_not_dropped(hostile_broke
     --queue-budget 200000 --max-queued 2000.
 
     - the publisher is slowed: its socket is left unread -- thousands of its messages sit
-      unacknowledged in the kernel buffers and its send() blocks for seconds in total;
+      unacknowledged in the kernel buffers, and its send() blocks (or, with kernel buffers big
+      enough to take all 8 MB, the broker has read less than half when the sending is done);
     - what the broker has acknowledged but not yet delivered never exceeds the budget plus one
       socket read (~256 KiB) plus the inflight window: under 1000 messages, never the 2000 of the
       subscriber's queue bound;
@@ -97,6 +98,7 @@ def test_publisher_outrunning_its_subscriber_is_slowed_not_dropped(hostile_broke
     for t in threads:
         t.start()
     blocked = 0.0
+    total = 0
     t0 = time.monotonic()
     try:
         with canary.running(interval=0.1):
@@ -109,7 +111,9 @@ def test_publisher_outrunning_its_subscriber_is_slowed_not_dropped(hostile_broke
                 if dt > 0.01:
                     blocked += dt
                 sent[0] += 1
+                total += len(data)
             send_done = time.monotonic() - t0
+            read_at_send_done = client_info(b, "blaster")["bytes_in"]
             deadline = time.monotonic() + 30
             while len(delivered) < N and time.monotonic() < deadline and not errors:
                 time.sleep(0.05)
@@ -125,13 +129,16 @@ def test_publisher_outrunning_its_subscriber_is_slowed_not_dropped(hostile_broke
         assert m["dropped"]["queue_full"] == 0, m["dropped"]
         assert client_info(b, "slow-sub")["queued"] == 0
         assert unread[0] > 2000, f"the broker read everything at once (at most {unread[0]} unacknowledged)"
-        assert blocked > 0.5, f"the publisher's send never blocked long ({blocked:.2f} s)"
+        # its socket is not read: either its send() blocks (small kernel buffers), or the kernel
+        # buffers take everything and the broker has read a fraction when the sending is done
+        assert blocked > 0.5 or read_at_send_done < total // 2, (blocked, read_at_send_done, total)
         assert backlog[0] < 1000, f"{backlog[0]} messages acknowledged and not delivered: above the budget"
         assert peak_rss - rss0 < 8 * MIB, (rss0, peak_rss)
         assert "pacing" in b.log
         canary.check()
         report(request, messages=N, payload=PAYLOAD, queue_budget=BUDGET, seconds=round(elapsed, 2),
                publisher_send_done_s=round(send_done, 2), publisher_blocked_s=round(blocked, 2),
+               bytes_sent=total, bytes_read_by_broker_at_send_done=read_at_send_done,
                max_unacked_in_socket=unread[0], max_acked_not_delivered=backlog[0], dropped=m["dropped"],
                rss_before_kib=rss0, rss_peak_kib=peak_rss, canary_worst_s=round(canary.worst, 3))
     finally:
