@@ -156,11 +156,12 @@ class Observer:
                 raise Violation(f"{self.t.name}: PUBLISH without topic or alias")
             self.packets.append(p)
         if v5 and len(data) > ch.client_max_packet:
-            # Exact per-packet sizes only when it could matter. Known gap, not checked: a
-            # CONNACK, SUBACK or UNSUBACK is sent even when it exceeds a (tiny) client
-            # Maximum Packet Size -- there is no smaller form of them to fall back to.
+            # Exact per-packet sizes only when it could matter. Known gaps, not checked: a
+            # SUBACK or UNSUBACK is sent even when it exceeds a (tiny) client Maximum Packet
+            # Size, and so is a bare 5-byte refusal CONNACK.
             for b0, size in _frames(data):
-                if size > ch.client_max_packet and b0 >> 4 not in (CONNACK, SUBACK, UNSUBACK):
+                kind = b0 >> 4
+                if size > ch.client_max_packet and kind not in (SUBACK, UNSUBACK) and (kind, size) != (CONNACK, 5):
                     raise Violation(f"{self.t.name}: sent a packet of {size} bytes (type {b0 >> 4}), "
                                     f"above the client's maximum of {ch.client_max_packet}")
 

@@ -352,7 +352,14 @@ class Channel:
                 props[P.RESPONSE_INFORMATION] = limits.response_information + self.client_id
             if self.client_alias_max:
                 self.out_aliases = {}
-            self._send(encode(Connack(session_present, rc.SUCCESS, props or None), MQTT5))
+            data = encode(Connack(session_present, rc.SUCCESS, props or None), MQTT5)
+            if len(data) > self.client_max_packet:
+                # [MQTT-3.1.2-24]: never send more than the client's Maximum Packet Size,
+                # not even the CONNACK; like Mosquitto, close without it
+                self.close_reason = (rc.PACKET_TOO_LARGE, "CONNACK above the client's Maximum Packet Size")
+                self._close(now, True)
+                return
+            self._send(data)
         else:
             # MQTT 3.1 has no session-present flag: the byte is reserved
             self._send(encode(Connack(session_present and self.version != MQTT31, 0), self.version))

@@ -163,7 +163,8 @@ def test_maximum_packet_size_applies_to_retained_on_subscribe(net):
 
 
 def test_server_disconnect_reason_string_omitted_when_too_large_for_client(net):
-    c = v5(net, "c", properties={P.MAXIMUM_PACKET_SIZE: 8})
+    # room for the CONNACK (11 bytes), not for a DISCONNECT with its reason string
+    c = v5(net, "c", properties={P.MAXIMUM_PACKET_SIZE: 16})
     c.send(Publish("", b"x", properties={P.TOPIC_ALIAS: 7}))  # unknown alias -> 0x82
     d = c.server_disconnect()
     assert d == Disconnect(0x82)
