@@ -156,9 +156,9 @@ class Observer:
                 raise Violation(f"{self.t.name}: PUBLISH without topic or alias")
             self.packets.append(p)
         if v5 and len(data) > ch.client_max_packet:
-            # Exact per-packet sizes only when it could matter. Known gaps, not checked: a
-            # SUBACK or UNSUBACK is sent even when it exceeds a (tiny) client Maximum Packet
-            # Size, and so is a bare 5-byte refusal CONNACK.
+            # Exact per-packet sizes only when it could matter. Not checked: a SUBACK or
+            # UNSUBACK is sent even when it exceeds a (tiny) client Maximum Packet Size, as
+            # Mosquitto 2.0 does, and so is a bare 5-byte refusal CONNACK.
             for b0, size in _frames(data):
                 kind = b0 >> 4
                 if size > ch.client_max_packet and kind not in (SUBACK, UNSUBACK) and (kind, size) != (CONNACK, 5):
