@@ -264,6 +264,8 @@ def check_window(ch: Channel, limits: ChannelLimits, resumed=()):
         return
     if len(s.inflight) > max(ch.send_window, len(s.inflight.keys() & resumed)):
         raise Violation(f"{len(s.inflight)} outgoing messages in flight, window {ch.send_window}")
+    if len(s.queue) > limits.max_queued:
+        raise Violation(f"{len(s.queue)} messages queued, max_queued {limits.max_queued}")
     if ch.version == MQTT5 and ch.inbound_pending + len(s.awaiting_rel) > limits.max_inflight:
         raise Violation(f"{ch.inbound_pending + len(s.awaiting_rel)} incoming QoS 1/2 messages pending, "
                         f"Receive Maximum {limits.max_inflight}")

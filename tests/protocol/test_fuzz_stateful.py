@@ -157,6 +157,8 @@ class ChannelMachine(RuleBasedStateMachine):
         self.run = H.Run(MAX_PACKET)
         self.run.connect_peer()
         self.peer_pid = 0
+        self.peer_seq = 0          # payload b"peer:N" of the peer's Nth message
+        self.last_peer_seq = 0     # the highest N the client has received
         self.ch = self.t = self.obs = None
         self.generation = 0
 
@@ -196,6 +198,13 @@ class ChannelMachine(RuleBasedStateMachine):
             if p.type == PUBLISH and p.qos:
                 assert p.packet_id not in self.out_pending or p.dup, p
                 self.out_pending[p.packet_id] = p.qos
+            if p.type == PUBLISH and p.payload.startswith(b"peer:") and not p.dup:
+                # one publisher's messages reach the subscriber in the order sent, whatever
+                # their QoS, the window and the queue (drops aside); a copy per matching
+                # subscription may repeat one
+                seq = int(p.payload[5:])
+                assert seq >= self.last_peer_seq, (seq, self.last_peer_seq)
+                self.last_peer_seq = seq
         return pkts
 
     def expect_close(self, pkts, codes, what):
@@ -376,14 +385,17 @@ class ChannelMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ publish out
 
     @precondition(lambda self: self.state == "connected")
-    @rule(topic=st.sampled_from(TOPICS), qos=st.integers(0, 2), n=st.integers(1, 4))
+    @rule(topic=st.sampled_from(TOPICS), qos=st.integers(0, 2), n=st.sampled_from([1, 2, 4, 20]))
     def peer_publishes(self, topic, qos, n):
+        """Another client publishes; 20 at once fill the window and the queue (16), which drops."""
         ch, t, obs = self.run.peer
         for _ in range(n):
             pid = 0
             if qos:
                 self.peer_pid = pid = self.peer_pid % 65535 + 1
-            ch.receive_data(encode(Publish(topic, b"from peer", qos, False, False, pid)), self.run.now)
+            self.peer_seq += 1
+            ch.receive_data(encode(Publish(topic, b"peer:%d" % self.peer_seq, qos, False, False, pid)),
+                            self.run.now)
             if qos == 2:
                 ch.receive_data(encode(Pubrel(pid)), self.run.now)
             t.flush()
