@@ -7,6 +7,8 @@ user with ``X-On-Behalf-Of``), so these views write none. When no node
 answers, pages show the banner instead of failing.
 """
 
+from urllib.parse import urlencode
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
@@ -197,7 +199,7 @@ def publish(request, slug):
                                       + (f": delivered to {n} subscriber{'s' if n != 1 else ''}." if n is not None
                                          else "."))
             if not request.htmx:
-                return redirect(reverse("publish", args=[slug]) + "?topic=" + d["topic"])
+                return redirect(reverse("publish", args=[slug]) + "?" + urlencode({"topic": d["topic"]}))
         elif live.error is not None:
             form.add_error(None, live.error.message[:1].upper() + live.error.message[1:])
     elif request.method == "GET" and request.GET.get("topic"):
