@@ -252,6 +252,11 @@ def brokerd_calls(monkeypatch):
 @pytest.fixture
 def world(acme, globex, people):
     """The objects the URLs name, one of each per tenant, and the platform's."""
+    return build_world(acme, globex)
+
+
+def build_world(acme, globex) -> dict:
+    """{slug: {name: object id or name}, None: the platform's} (also tests/console/test_escaping)."""
     ops = {"acme": ["ops@acme.test"], "globex": ["noc@globex.test"]}
     out = {}
     for tenant in (acme, globex):
