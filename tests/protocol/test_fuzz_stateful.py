@@ -17,7 +17,8 @@ but the protocol's own errors escapes (the transport catches nothing), the
 decoder holds less than one maximum-size packet, the output is well-formed,
 nothing is emitted after close, the in-flight windows hold.
 
-``FUZZ_EXAMPLES=2000 .venv/bin/pytest tests/protocol/test_fuzz_stateful.py`` runs longer.
+300 sequences by default (a few seconds); ``FUZZ_EXAMPLES=2000 .venv/bin/pytest
+tests/protocol/test_fuzz_stateful.py`` runs longer.
 """
 
 import importlib.util
@@ -528,7 +529,7 @@ class ChannelMachine(RuleBasedStateMachine):
 
 
 ChannelMachine.TestCase.settings = settings(
-    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "120")),
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", "300")),
     stateful_step_count=30,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
