@@ -386,3 +386,43 @@ def test_access(clients, world, brokerd_calls, name, index):
             if problem:
                 wrong.append(problem)
     assert not wrong, "\n".join(wrong)
+
+
+# ---------------------------------------------------------------- websockets (metrics.routing)
+
+# route -> kind; the consumer closes refused sockets before the handshake completes (4401 anonymous,
+# 4403 otherwise -- also for a tenant that does not exist, so the code tells nothing either)
+WEBSOCKETS = {
+    r"^ws/metrics/$": PLATFORM,
+    r"^ws/metrics/tenants/(?P<slug>[a-z0-9-]{1,63})/$": TENANT_READ,
+}
+
+
+def test_every_websocket_route_has_an_entry():
+    from metrics.routing import websocket_urlpatterns
+
+    routes = {str(p.pattern) for p in websocket_urlpatterns}
+    assert routes == set(WEBSOCKETS), f"routes without an entry: {routes - set(WEBSOCKETS)}; " \
+                                      f"entries without a route: {set(WEBSOCKETS) - routes}"
+
+
+@pytest.mark.parametrize("route", list(WEBSOCKETS))
+def test_websocket_access(people, acme, globex, route):
+    """``metrics.consumers.may_watch``, what the consumer asks before accepting
+    (tests/metrics/test_consumers opens real sockets)."""
+    from django.contrib.auth.models import AnonymousUser
+
+    from metrics.consumers import may_watch
+
+    kind = WEBSOCKETS[route]
+    users = {**people, "anonymous": AnonymousUser()}
+    wrong = []
+    for slug in ("acme", "globex") if kind in TENANT_KINDS else (None,):
+        for who in USERS:
+            allowed = may_watch(users[who], slug)
+            if allowed != (expected(kind, who, slug) == "ok"):
+                wrong.append(f"{who} on {route} ({slug}): {'allowed' if allowed else 'refused'}")
+    if kind in TENANT_KINDS:
+        wrong += [f"{who}: a tenant that does not exist" for who in ("alice", "bob", "anonymous")
+                  if may_watch(users[who], "no-such-tenant")]
+    assert not wrong, wrong
