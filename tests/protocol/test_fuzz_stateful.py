@@ -1,6 +1,6 @@
 """Stateful fuzzing of the server side: a FrameDecoder and a Channel on a real
 Broker, driven by Hypothesis with sequences of valid and invalid packets and
-bytes (3.1.1 and 5.0), every send cut into random pieces.
+bytes (3.1, 3.1.1 and 5.0), every send cut into random pieces.
 
 The machine keeps a model of what the server must answer -- acks, PUBREC again
 for a reused QoS 2 id, PUBREL/PUBCOMP 0x92 for unknown ids, topic aliases --
@@ -36,6 +36,7 @@ from brokerd.protocol.packets import (
     CONNACK,
     DISCONNECT,
     MQTT5,
+    MQTT31,
     MQTT311,
     PINGRESP,
     PUBACK,
@@ -221,7 +222,7 @@ class ChannelMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ connect
 
-    @initialize(v=st.sampled_from([MQTT311, MQTT5]))
+    @initialize(v=st.sampled_from([MQTT31, MQTT311, MQTT5]))
     def start(self, v):
         self.open(v)
 
@@ -288,7 +289,7 @@ class ChannelMachine(RuleBasedStateMachine):
         self.state = "closed"
 
     @precondition(lambda self: self.state in ("closed", "connected"))
-    @rule(v=st.sampled_from([MQTT311, MQTT5]))
+    @rule(v=st.sampled_from([MQTT31, MQTT311, MQTT5]))
     def new_connection(self, v):
         """Another connection; with the same client id, it takes the session over once it connects."""
         self.open(v)
