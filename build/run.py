@@ -126,9 +126,11 @@ def main() -> int:
     sel = selectors.DefaultSelector()
     procs = {}
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    partial: dict[str, bytes] = {}
     for name, cmd in services().items():
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, bufsize=1)
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         procs[name] = p
+        partial[name] = b""
         sel.register(p.stdout, selectors.EVENT_READ, name)
     stopping = False
 
@@ -141,20 +143,28 @@ def main() -> int:
     ready: set[str] = set()
     printed_banner = False
     width = max(len(n) for n in procs)
+    def lines_of(key) -> list[str]:
+        """Every complete line the process wrote so far (os.read: a buffered readline would
+        keep lines select() no longer reports), or what is left of its output at its end."""
+        chunk = os.read(key.fileobj.fileno(), 65536)
+        if not chunk:
+            sel.unregister(key.fileobj)
+            rest, partial[key.data] = partial[key.data], b""
+            return [rest.decode(errors="replace")] if rest else []
+        *lines, partial[key.data] = (partial[key.data] + chunk).split(b"\n")
+        return [ln.decode(errors="replace") for ln in lines]
+
     while not stopping:
         for key, _ in sel.select(0.5):
-            line = key.fileobj.readline()
-            if not line:
-                sel.unregister(key.fileobj)
-                continue
-            print(f"{key.data:>{width}} | {line.rstrip()}", flush=True)
-            if "brokerd ready" in line:
-                ready.add("brokerd")
-            if key.data == "console" and "Listening on TCP address" in line:
-                ready.add("console")
-            if not printed_banner and ready >= {"brokerd", "console"}:
-                print(banner(login), flush=True)
-                printed_banner = True
+            for line in lines_of(key):
+                print(f"{key.data:>{width}} | {line.rstrip()}", flush=True)
+                if "brokerd ready" in line:
+                    ready.add("brokerd")
+                if key.data == "console" and "Listening on TCP address" in line:
+                    ready.add("console")
+                if not printed_banner and ready >= {"brokerd", "console"}:
+                    print(banner(login), flush=True)
+                    printed_banner = True
         dead = [n for n, p in procs.items() if p.poll() is not None]
         if dead:
             print(f"{', '.join(dead)} exited (status {procs[dead[0]].returncode}); stopping", flush=True)
@@ -169,7 +179,7 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             p.kill()
     for key in list(sel.get_map().values()):
-        for line in key.fileobj:
+        for line in (partial[key.data] + key.fileobj.read()).decode(errors="replace").splitlines():
             print(f"{key.data:>{width}} | {line.rstrip()}", flush=True)
     return 0
 
