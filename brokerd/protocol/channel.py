@@ -167,7 +167,6 @@ class Channel:
     # ------------------------------------------------------------------ input
 
     def receive_data(self, data: bytes, now: float) -> None:
-        self.last_rx = now
         self.bytes_in += len(data)
         if self.state == CLOSED:
             return
@@ -176,6 +175,10 @@ class Channel:
         except RemoteProtocolError as exc:
             self._peer_error(exc, now)
             return
+        if pkts:
+            # Keep Alive counts Control Packets, not bytes: a packet trickled in a byte at a
+            # time does not keep a connection alive (MQTT 3.1.1 / 5.0 section 3.1.2.10)
+            self.last_rx = now
         if self.limit_in is not None and self.state == CONNECTED:
             self._run_limited(pkts, now)
             return

@@ -255,3 +255,28 @@ def test_failed_connect_flood_from_one_address_is_throttled(tmp_path, request):
 
 
 __all__ = ["CONNACK"]
+
+
+@pytest.mark.parametrize("version", [V311, V5], ids=["v311", "v5"])
+def test_a_packet_trickled_after_connect_does_not_keep_the_connection_alive(hostile_broker, version):
+    """Keep Alive counts Control Packets, not bytes (MQTT 3.1.1 3.1.2.10, 5.0 3.1.2.10): a client
+    with keepalive 2 that sends one byte of a PUBLISH every 0.5 s is closed after 1.5 x 2 s
+    (v5: DISCONNECT 0x8D Keep Alive timeout) although bytes keep arriving."""
+    b = hostile_broker()
+    c = RawClient(b.port())
+    c.connect("trickler", version=version, keepalive=2)
+    data = raw.publish_packet("trickle/t", b"x" * 200, qos=0, version=version)
+    t0 = time.monotonic()
+    closed_at = None
+    for byte in data:
+        try:
+            c.send(bytes([byte]))
+        except OSError:
+            closed_at = time.monotonic() - t0
+            break
+        if not c.is_open(wait=0.5):
+            closed_at = time.monotonic() - t0
+            break
+    assert closed_at is not None, "the trickling client was never cut"
+    # 1.5 x keepalive = 3 s after the CONNECT (the packet alone would take ~100 s); slack for a busy machine
+    assert 2.5 <= closed_at <= 10.0, f"closed after {closed_at:.1f} s"
