@@ -73,7 +73,20 @@ DEFAULT_SCENARIOS = ["a2", "a1", "b5k", "b10k", "b20k", "c1", "d10"]
 # double of its Thrift gateway, tests/hbase_double.py); "mosquitto-persist"
 # turns Mosquitto's persistence on -- which only writes snapshots (on
 # shutdown and every autosave_interval), not every message.
-BROKERS = ("brokerd", "brokerd-sqlite", "brokerd-hbase", "mosquitto", "mosquitto-persist")
+BROKERS = ("brokerd", "brokerd-sqlite", "brokerd-hbase", "mosquitto", "mosquitto-persist", "amqtt")
+# amqtt, the other Python broker (shared/bench/peers): installed on first use into its own
+# virtualenv under var/ (it pins other versions of packages brokerd uses)
+AMQTT = "amqtt==0.12.1"
+AMQTT_VENV = ROOT / "var" / "bench-amqtt"
+
+
+def amqtt_python() -> str:
+    py = AMQTT_VENV / "bin" / "python"
+    if not py.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(AMQTT_VENV)], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", AMQTT, "uvloop"],
+                       check=True)
+    return str(py)
 
 MOSQUITTO_CONF = """\
 # the peer-anchor configuration of shared/bench/peers (default Nagle)
@@ -158,6 +171,12 @@ class Broker:
             conf.write_text(MOSQUITTO_CONF.format(port=self.port, tmp=state,
                                                   persistence="true" if self.name == "mosquitto-persist" else "false"))
             return [shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)]
+        if self.name == "amqtt":
+            peers = DEFAULT_MQTTBENCH.parent / "peers"
+            conf = self.tmp / "amqtt.yaml"
+            conf.write_text((peers / "amqtt_broker.yaml").read_text().replace("127.0.0.1:18832",
+                                                                               f"127.0.0.1:{self.port}"))
+            return [amqtt_python(), str(peers / "amqtt_launch.py"), str(conf), "--uvloop"]
         raise ValueError(self.name)
 
     def start(self) -> None:
