@@ -88,9 +88,12 @@ class TenantControl:
             return rc.CONNECTION_RATE_EXCEEDED, None, None
         code, tenant, ident = self._check(connect, channel, wall)
         if code in (rc.BAD_USERNAME_OR_PASSWORD, rc.NOT_AUTHORIZED):
-            self._failed(("addr", host), now)
-            if username:
-                self._failed(("user", username), now)
+            # only guesses count towards the lock-out: a suspended tenant's or disabled device's
+            # reconnecting devices (right secrets, 0x87) must not lock out others behind their address
+            if code == rc.BAD_USERNAME_OR_PASSWORD:
+                self._failed(("addr", host), now)
+                if username:
+                    self._failed(("user", username), now)
             return code, tenant or self._claimed_tenant(username), None
         if code != rc.SUCCESS:
             return code, tenant, None

@@ -303,3 +303,23 @@ def test_tenant_sys_tree_shows_only_its_own_figures(control_plane):
             c.disconnect()
     finally:
         node.stop()
+
+
+def test_a_suspended_tenants_devices_do_not_lock_out_their_neighbours(control_plane):
+    """Devices of a suspended tenant keep reconnecting with their right secrets (0x87 each time):
+    that is no password guessing, so other tenants' devices behind the same address (here
+    127.0.0.1, as behind one NAT) still connect -- only wrong secrets count towards the 0x9F
+    lock-out."""
+    secrets = control_plane.provision([{"slug": "gone", "default_acl": "allow", "devices": ["d"]},
+                                       {"slug": "ok", "default_acl": "allow", "devices": ["d"]}])
+    control_plane.manage("tenants", "suspend", "gone")
+    node = control_plane.broker()
+    try:
+        codes = [connack_code(client(secrets, "gone/d"), node.port()) for _ in range(15)]
+        assert codes == [0x87] * 15
+        assert connack_code(client(secrets, "ok/d"), node.port()) == 0
+        wrong = [connack_code(PahoClient(f"w{i}", V5, username="ok/d", password="guess"), node.port())
+                 for i in range(12)]
+        assert wrong[:10] == [0x86] * 10 and wrong[10:] == [0x9F, 0x9F]
+    finally:
+        node.stop()
