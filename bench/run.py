@@ -238,7 +238,9 @@ def fmt(v) -> str:
 
 def table(results: dict, brokers: list[str], scenarios: list[str]) -> str:
     """Markdown: scenario, metric, median per broker, ratio brokerd/mosquitto."""
-    head = "| scenario | metric | " + " | ".join(brokers) + f" | {brokers[0]} / {brokers[-1]} |"
+    bd_name = next((b for b in brokers if b.startswith("brokerd")), brokers[0])
+    mq_name = next((b for b in brokers if b.startswith("mosquitto")), brokers[-1])
+    head = "| scenario | metric | " + " | ".join(brokers) + f" | {bd_name} / {mq_name} |"
     rows = [head, "|" + "---|" * (len(brokers) + 3)]
     for name in scenarios:
         _, title, metrics = SCENARIOS[name]
