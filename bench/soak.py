@@ -217,8 +217,10 @@ def sample(admin: str, token: str) -> dict:
     with urllib.request.urlopen(req, timeout=10) as resp:
         doc = json.load(resp)
     node = doc["nodes"][0] if isinstance(doc.get("nodes"), list) else next(iter(doc["nodes"].values()))
-    return {k: node.get(k) for k in ("memory_rss", "open_fds", "loop_lag", "connections", "sessions", "retained",
-                                     "messages_received", "messages_sent", "cpu_seconds")}
+    row = {k: node.get(k) for k in ("memory_rss", "open_fds", "loop_lag", "connections", "subscriptions", "queued",
+                                    "inflight", "retained", "cpu_seconds")}
+    row["dropped"] = sum((node.get("dropped") or {}).values())      # queue_full, expired, ... all reasons
+    return row
 
 
 async def sampler(admin, token, interval, deadline, out, rows):
