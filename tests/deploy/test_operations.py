@@ -12,18 +12,16 @@ import pytest
 import trustme
 
 from ..integration.helpers import V311, Client
+from ..pki import write_cert
 from ..procs import BrokerProcess
 
 
-def write_cert(ca: trustme.CA, directory, name: str) -> tuple[str, str, str]:
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    crt, key, ca_path = directory / f"{name}.crt", directory / f"{name}.key", directory / f"{name}-ca.pem"
-    with open(crt, "wb") as fh:
-        for blob in cert.cert_chain_pems:
-            fh.write(blob.bytes())
-    cert.private_key_pem.write_to_path(str(key))
+def server_cert(ca: trustme.CA, directory, name: str) -> tuple[str, str, str]:
+    """A server certificate of ``ca`` for 127.0.0.1 on disk; -> (chain, key, CA) paths."""
+    crt, key = write_cert(ca.issue_cert("127.0.0.1", "localhost"), directory, name)
+    ca_path = directory / f"{name}-ca.pem"
     ca.cert_pem.write_to_path(str(ca_path))
-    return str(crt), str(key), str(ca_path)
+    return crt, key, str(ca_path)
 
 
 def tls_client(client_id: str, ca_path: str) -> Client:
@@ -52,7 +50,7 @@ def wait_for_log(broker: BrokerProcess, text: str, timeout: float = 5) -> None:
 
 
 def test_sighup_rotates_the_tls_certificate_and_keeps_clients(tmp_path):
-    old_crt, old_key, old_ca = write_cert(trustme.CA(), tmp_path, "old")
+    old_crt, old_key, old_ca = server_cert(trustme.CA(), tmp_path, "old")
     live_crt, live_key = str(tmp_path / "server.crt"), str(tmp_path / "server.key")
     shutil.copy(old_crt, live_crt)
     shutil.copy(old_key, live_key)
@@ -61,7 +59,7 @@ def test_sighup_rotates_the_tls_certificate_and_keeps_clients(tmp_path):
         before = tls_client("before", old_ca).connect(port)
         before.subscribe("rot/#", qos=1)
 
-        new_crt, new_key, new_ca = write_cert(trustme.CA(), tmp_path, "new")
+        new_crt, new_key, new_ca = server_cert(trustme.CA(), tmp_path, "new")
         shutil.copy(new_crt, live_crt)
         shutil.copy(new_key, live_key)
         b.proc.send_signal(signal.SIGHUP)

@@ -28,6 +28,7 @@ import pytest
 from ..cluster.conftest import RedisServer
 from ..integration.helpers import wait_until
 from ..mqtt import PahoClient
+from ..pki import write_cert
 from ..procs import ROOT, free_port
 
 pytestmark = pytest.mark.slow
@@ -256,14 +257,10 @@ def test_the_console_serves_https_itself_with_the_mounted_certificate(stack, tmp
     import trustme
 
     ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    cert.cert_chain_pems[0].write_to_path(str(tmp_path / "server.crt"))
-    for blob in cert.cert_chain_pems[1:]:
-        blob.write_to_path(str(tmp_path / "server.crt"), append=True)
-    cert.private_key_pem.write_to_path(str(tmp_path / "server.key"))
+    crt, key = write_cert(ca.issue_cert("127.0.0.1", "localhost"), tmp_path, "server")
     port = free_port()
-    env = dict(stack["django"], CONSOLE_PORT=str(port), CONSOLE_TLS_CERT=str(tmp_path / "server.crt"),
-               CONSOLE_TLS_KEY=str(tmp_path / "server.key"), TRUST_X_FORWARDED_PROTO="false", METRICS_HUB="false")
+    env = dict(stack["django"], CONSOLE_PORT=str(port), CONSOLE_TLS_CERT=crt, CONSOLE_TLS_KEY=key,
+               TRUST_X_FORWARDED_PROTO="false", METRICS_HUB="false")
     console = Role("console", env, ready=r"Listening on TCP address|Configuring endpoint ssl")
     try:
         ctx = ssl.create_default_context()

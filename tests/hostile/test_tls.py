@@ -20,6 +20,7 @@ import pytest
 import trustme
 
 from ..integration.helpers import V5, Client
+from ..pki import write_cert
 from .conftest import MIB, open_fds, report, rss_kib
 
 CONNECT_311 = b"\x10\x0d\x00\x04MQTT\x04\x02\x00\x3c\x00\x01x"
@@ -42,12 +43,7 @@ def pki(tmp_path_factory):
     paths = {"ca": str(d / "ca.pem")}
     ca.cert_pem.write_to_path(paths["ca"])
     for name, cert in certs.items():
-        with open(d / f"{name}.pem", "wb") as fh:
-            for blob in cert.cert_chain_pems:
-                fh.write(blob.bytes())
-        cert.private_key_pem.write_to_path(str(d / f"{name}.key"))
-        paths[name] = str(d / f"{name}.pem")
-        paths[name + "_key"] = str(d / f"{name}.key")
+        paths[name], paths[name + "_key"] = write_cert(cert, d, name)
     return paths
 
 

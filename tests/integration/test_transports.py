@@ -14,6 +14,7 @@ from paho.mqtt.client import WebsocketConnectionError
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, BytesMessage, CloseConnection, Ping, Pong, Request, TextMessage
 
+from ..pki import write_cert
 from ..procs import ROOT, BrokerProcess
 from . import raw
 from .helpers import V5, V311, Client, MosqSub, connect, mosq_pub
@@ -31,12 +32,7 @@ def pki(tmp_path_factory):
     ca.cert_pem.write_to_path(str(d / "ca.pem"))
     paths["ca"] = str(d / "ca.pem")
     for name, cert in (("server", server), ("client", client), ("stranger", stranger)):
-        with open(d / f"{name}.pem", "wb") as fh:
-            for blob in cert.cert_chain_pems:
-                fh.write(blob.bytes())
-        cert.private_key_pem.write_to_path(str(d / f"{name}.key"))
-        paths[name] = str(d / f"{name}.pem")
-        paths[name + "_key"] = str(d / f"{name}.key")
+        paths[name], paths[name + "_key"] = write_cert(cert, d, name)
     return paths
 
 
