@@ -842,6 +842,10 @@ class Broker:
                 found = ns.route(topic)
             entries, groups = found
         origin = msg.origin
+        # Needed only here (No Local). Left on the message, it would keep the
+        # publisher's Session alive for as long as the message stays queued
+        # for offline sessions or retained -- after the publisher has gone.
+        msg.origin = None
         mqos = msg.qos
         mretain = msg.retain
         delivered = 0
