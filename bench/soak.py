@@ -12,9 +12,10 @@ The load, all on loopback, bounded in time and count:
 - a steady stream: PAIRS publisher/subscriber pairs at RATE msg/s, QoS 0/1.
 
 Broker on CPU 0, this generator on CPU 1 (``taskset``). Every INTERVAL
-seconds a sample (RSS, fds, loop lag, connections, sessions, retained,
-messages) goes to ``var/soak-<time>.jsonl``; at the end a summary with each
-curve's first, last and highest value and its slope over the second half.
+seconds a sample (RSS, fds, loop lag, connections, sessions, subscriptions,
+retained, queued, in-flight and dropped messages) goes to
+``var/soak-<time>.jsonl``; at the end a summary with each curve's first,
+last and highest value and its slope over the second half.
 
     .venv/bin/python bench/soak.py --minutes 30
 """
@@ -138,7 +139,11 @@ async def churn(port, per_second, deadline, stats):
                 stats["churn_errors"] += 1
                 stats["last_error"] = str(exc)
                 continue
-            c.subscribe(f"churn/{n % 97}/#", 1)
+            # a device subscribes to the same filter each time it connects: a persistent
+            # session that took a new one on every visit would collect up to 97 of them,
+            # and its share of the traffic (and its offline queue) would grow for the
+            # whole run instead of reaching a steady state
+            c.subscribe(f"churn/{n % 5000 % 97}/#", 1)
             c.publish(f"churn/{n % 97}/x", b"c" * 64, qos=1)
             clients.append(c)
         await asyncio.sleep(0.2)
@@ -219,7 +224,13 @@ def sample(admin: str, token: str) -> dict:
     node = doc["nodes"][0] if isinstance(doc.get("nodes"), list) else next(iter(doc["nodes"].values()))
     row = {k: node.get(k) for k in ("memory_rss", "open_fds", "loop_lag", "connections", "subscriptions", "queued",
                                     "inflight", "retained", "cpu_seconds")}
-    row["dropped"] = sum((node.get("dropped") or {}).values())      # queue_full, expired, ... all reasons
+    dropped = node.get("dropped") or {}
+    row["no_subscribers"] = dropped.get("no_subscribers", 0)          # the retained topics nobody reads
+    row["dropped"] = sum(v for k, v in dropped.items() if k != "no_subscribers")     # queue_full, expired, ...
+    req = urllib.request.Request(f"http://{admin}/api/v1/clients?per_page=1",
+                                 headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        row["sessions"] = json.load(resp)["total"]                    # connected + offline persistent
     return row
 
 
@@ -287,7 +298,9 @@ def main() -> int:
         ok = [r for r in rows if "error" not in r]
         summary = {"minutes": args.minutes, "samples": len(rows), "failed_samples": len(rows) - len(ok),
                    "broker_alive": broker.poll() is None, **stats}
-        for key, unit, scale in (("memory_rss", "MB", 1e6), ("open_fds", "", 1), ("loop_lag", "ms", 1e-3)):
+        for key, unit, scale in (("memory_rss", "MB", 1e6), ("open_fds", "", 1), ("loop_lag", "ms", 1e-3),
+                                 ("sessions", "", 1), ("subscriptions", "", 1), ("queued", "", 1),
+                                 ("inflight", "", 1), ("dropped", "", 1)):
             vals = [r[key] for r in ok if r.get(key) is not None]
             if vals:
                 slope = slope_per_hour(ok, key)
