@@ -84,6 +84,9 @@ class MemoryBudget:
                 self.on_exceeded()
 
 
+_NONE = ()      # an empty queue before its first message: falsy, len 0, no deque allocated
+
+
 class MessageQueue:
     """A bounded FIFO of deliveries with the drop policy "QoS 0 first, then oldest".
 
@@ -99,8 +102,10 @@ class MessageQueue:
     def __init__(self, max_len=1000, max_bytes=0, budget: MemoryBudget | None = None):
         self.max_len = max_len
         self.max_bytes = max_bytes
-        self._q0 = deque()    # (seq, delivery) of QoS 0
-        self._q12 = deque()   # (seq, delivery) of QoS 1/2
+        # (seq, delivery) of QoS 0 and of QoS 1/2: deques made on the first
+        # put -- an empty deque costs 760 bytes, and most sessions never queue
+        self._q0 = _NONE
+        self._q12 = _NONE
         self._seq = 0
         self.bytes = 0
         self.budget = budget
@@ -133,7 +138,15 @@ class MessageQueue:
             self._account(-len(old.msg.payload), -1)
             dropped.append(old)
         self._seq += 1
-        (self._q12 if d.qos else self._q0).append((self._seq, d))
+        if d.qos:
+            q = self._q12
+            if q is _NONE:
+                q = self._q12 = deque()
+        else:
+            q = self._q0
+            if q is _NONE:
+                q = self._q0 = deque()
+        q.append((self._seq, d))
         self._account(size, 1)
         return dropped
 
@@ -181,6 +194,7 @@ class MessageQueue:
         while True:
             d = self.pop()
             if d is None:
+                self._q0 = self._q12 = _NONE
                 return out
             out.append(d)
 
