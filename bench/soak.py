@@ -64,7 +64,7 @@ class Client:
         self.received = 0
         self.session_present = False
         self._ids = itertools.cycle(range(1, 65536))
-        self._task = None
+        self._task = self._pinger = None
 
     async def connect(self, port: int) -> "Client":
         self.reader, self.writer = await asyncio.open_connection("127.0.0.1", port)
@@ -75,7 +75,18 @@ class Client:
             raise ConnectionError(f"CONNACK {body!r}")
         self.session_present = bool(body[0] & 1)
         self._task = asyncio.create_task(self._pump())
+        self._pinger = asyncio.create_task(self._ping())
         return self
+
+    async def _ping(self):
+        # Keep Alive is 60 s: a client that only receives (a QoS 0 subscriber
+        # sends nothing back) must ping, or the broker rightly closes it at 90 s
+        try:
+            while True:
+                await asyncio.sleep(30)
+                self.writer.write(b"\xc0\x00")
+        except (ConnectionError, OSError):
+            pass
 
     async def _read(self):
         first = (await self.reader.readexactly(1))[0]
@@ -118,8 +129,9 @@ class Client:
         except (ConnectionError, OSError):
             pass
         self.writer.close()
-        if self._task:
-            self._task.cancel()
+        for task in (self._task, self._pinger):
+            if task:
+                task.cancel()
 
 
 # ------------------------------------------------------------------ the load
@@ -204,7 +216,7 @@ async def pairs(port, count, rate, deadline, stats):
     sent, t0 = 0, time.monotonic()
     while time.monotonic() < deadline:
         for i, p in enumerate(pubs):
-            p.publish(f"pair/{i}", b"p" * 256, qos=sent % 2)
+            p.publish(f"pair/{i}", b"p" * 256, qos=sent // count % 2)      # each pair QoS 0 and 1 in turn
             sent += 1
         ahead = t0 + sent / rate - time.monotonic()
         if ahead > 0:
