@@ -18,11 +18,7 @@ from brokerd.protocol.packets import (
 )
 
 from .harness import MQTT5, MQTT31, MQTT311, Net
-
-
-def s(x: str) -> bytes:
-    return len(x.encode()).to_bytes(2, "big") + x.encode()
-
+from .wire import s
 
 # ----------------------------------------------------------------------------- accepted
 

@@ -12,7 +12,7 @@ connection, which is all 3.1.1 asks.
 import pytest
 
 from brokerd.protocol import properties as P
-from brokerd.protocol.codec import FrameDecoder, UnsupportedProtocolVersion, encode, varint
+from brokerd.protocol.codec import FrameDecoder, UnsupportedProtocolVersion, encode
 from brokerd.protocol.errors import MalformedPacket, PacketTooLarge, RemoteProtocolError
 from brokerd.protocol.packets import (
     MQTT5,
@@ -35,23 +35,7 @@ from brokerd.protocol.packets import (
     Unsubscribe,
 )
 
-MALFORMED = 0x81
-PROTOCOL = 0x82
-EITHER = {MALFORMED, PROTOCOL}
-
-
-def frame(b0: int, body: bytes) -> bytes:
-    return bytes([b0]) + varint(len(body)) + body
-
-
-def s(x) -> bytes:
-    raw = x.encode() if isinstance(x, str) else x
-    return len(raw).to_bytes(2, "big") + raw
-
-
-def props(*items: bytes) -> bytes:
-    body = b"".join(items)
-    return varint(len(body)) + body
+from .wire import EITHER, MALFORMED, PROTOCOL, frame, props, s
 
 
 def connect_body(flags: int, payload: bytes, name="MQTT", level=4, keepalive=60, properties=b"") -> bytes:

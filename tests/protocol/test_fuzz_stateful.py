@@ -62,6 +62,9 @@ from brokerd.protocol.packets import (
     Will,
 )
 
+from .wire import EITHER, MALFORMED, PROTOCOL, frame, s
+from .wire import props as pprops
+
 _spec = importlib.util.spec_from_file_location("fuzz_harness", Path(__file__).resolve().parents[2] / "fuzz/harness.py")
 H = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(H)
@@ -70,25 +73,9 @@ MAX_PACKET = 256
 CLIENT_RECEIVE_MAX = 2
 ALIAS_MAX = 4          # fuzz/harness.Run's topic_alias_maximum
 RECEIVE_MAX = H.MAX_INFLIGHT
-MALFORMED, PROTOCOL = 0x81, 0x82
-EITHER = {MALFORMED, PROTOCOL}
 
 TOPICS = ["t/a", "t/b", "t/c/d", "u"]
 FILTERS = ["t/#", "t/+", "t/a", "u", "#", "+/+", "$share/g/t/#", "t/#/x", "a+", "", "$SYS/#"]
-
-
-def frame(b0: int, body: bytes) -> bytes:
-    return bytes([b0]) + varint(len(body)) + body
-
-
-def s(x) -> bytes:
-    raw = x.encode() if isinstance(x, str) else x
-    return len(raw).to_bytes(2, "big") + raw
-
-
-def pprops(*items: bytes) -> bytes:
-    body = b"".join(items)
-    return varint(len(body)) + body
 
 
 # Bad input on an open connection: (name, v5 bytes, v3.1.1 bytes, expected reason codes).
