@@ -85,6 +85,16 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # SQLite is shared with brokerd (history, audit) and the Celery processes.
+    # A DEFERRED transaction that reads before it writes cannot wait for
+    # another writer; SQLite fails it at once with "database is locked". So
+    # writes start with BEGIN IMMEDIATE, a busy writer is waited for up to
+    # 20 s, and WAL keeps readers and the writer from blocking each other.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        transaction_mode="IMMEDIATE", timeout=20,
+        init_command="PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL",
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
