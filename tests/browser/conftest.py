@@ -13,6 +13,7 @@ root, otherwise the tests are skipped with the reason.
 through under var/screenshots/ (``shot(page, name)``).
 """
 
+import json
 import os
 import secrets
 import subprocess
@@ -23,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from ..controlplane import PROVISION
 from ..procs import ROOT, BrokerProcess, free_port
 
 CHROMIUM = "/usr/bin/chromium"
@@ -48,12 +50,18 @@ class Stack:
         self.port = free_port()
         self.log_path = var / "daphne.log"
 
-    def manage(self, *args: str) -> str:
+    def manage(self, *args: str, stdin: str | None = None) -> str:
         proc = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True,
-                              text=True, timeout=120)
+                              text=True, timeout=120, input=stdin)
         if proc.returncode != 0:
             raise AssertionError(f"manage.py {' '.join(args)} failed: {proc.stderr[-2000:]}")
         return proc.stdout
+
+    def provision(self, plan: list[dict]) -> dict[str, str]:
+        """Tenants, ACL rules and devices in one Django process (tests.controlplane's plan);
+        -> {"tenant/device": secret}."""
+        out = self.manage("shell", "-c", PROVISION, stdin=json.dumps(plan))
+        return json.loads([ln for ln in out.splitlines() if ln.startswith("SECRETS ")][-1][len("SECRETS "):])
 
     def start(self) -> "Stack":
         self.manage("migrate", "--noinput", "-v", "0")
@@ -147,10 +155,12 @@ def page(context):
     return context.new_page()
 
 
-def shot(page, name: str) -> None:
-    """A full-page screenshot under var/screenshots/NAME.png when SCREENSHOTS=1."""
+def shot(page, name: str, settle_ms: int = 0) -> None:
+    """A full-page screenshot under var/screenshots/NAME.png when SCREENSHOTS=1,
+    after ``settle_ms`` for live charts to fill (waited only then)."""
     if os.environ.get("SCREENSHOTS") != "1":
         return
+    page.wait_for_timeout(settle_ms)
     SCREENSHOT_DIR.mkdir(parents=True, exist_ok=True)
     page.wait_for_load_state("networkidle")
     page.screenshot(path=str(SCREENSHOT_DIR / f"{name}.png"), full_page=True)

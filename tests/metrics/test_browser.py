@@ -35,13 +35,10 @@ def stack(tmp_path_factory):
 @pytest.fixture(scope="module")
 def devices(stack):
     """Tenants acme (4 devices) and globex (1), everything on plant/# allowed; -> {"acme/pump-0": secret}."""
-    secrets = {}
-    for slug, name, n in (("acme", "Acme Corp", 4), ("globex", "Globex", 1)):
-        stack.manage("tenants", "create", slug, "--name", name)
-        stack.manage("acl", "add", slug, "--allow", "--action", "both", "--topic", "plant/#")
-        for i in range(n):
-            secrets[f"{slug}/pump-{i}"] = stack.manage("devices", "create", slug, f"pump-{i}").strip().splitlines()[-1]
-    return secrets
+    return stack.provision([
+        {"slug": slug, "name": name, "devices": [f"pump-{i}" for i in range(n)],
+         "acl": [{"topic": "plant/#", "action": "both", "allow": True}]}
+        for slug, name, n in (("acme", "Acme Corp", 4), ("globex", "Globex", 1))])
 
 
 class Traffic:
@@ -131,12 +128,17 @@ def test_dashboard_numbers_move_while_devices_publish(page, stack, devices):
         expect(rows.first).to_contain_text("web1")
         expect(rows.first.locator(".badge")).to_have_text("ok")
         expect(page.locator("[data-tenants] tr").first).to_contain_text("acme")
-        page.wait_for_timeout(14_000)            # let the live charts fill and brokerd write history rows
-        page.reload()                            # the history charts read the rows written meanwhile
-        expect(page.locator("[data-status]")).to_have_text(re.compile("live"), timeout=10_000)
+        # brokerd writes history rows every 2 s here: a reload shows them as charts
+        deadline = time.monotonic() + 20
+        while True:
+            page.wait_for_timeout(1_000)
+            page.reload()
+            if page.locator("[data-history-chart] canvas").count() or time.monotonic() > deadline:
+                break
         expect(page.locator("[data-history-chart] canvas").first).to_be_visible()
-        page.wait_for_timeout(6_000)
-        shot(page, "dashboard")
+        assert number(page, ".history-totals strong") > 0          # messages in, from the rows
+        expect(page.locator("[data-status]")).to_have_text(re.compile("live"), timeout=10_000)
+        shot(page, "dashboard", settle_ms=14_000)
 
         # the tenant's dashboard (from the cluster's tenant table)
         page.locator("[data-tenants] a", has_text="acme").click()
@@ -150,17 +152,15 @@ def test_dashboard_numbers_move_while_devices_publish(page, stack, devices):
         page.locator(".range-tabs a", has_text="24h").click()
         expect(page.locator(".range-tabs a.active")).to_have_text("24h")
         expect(page.locator("#history [data-history-chart] canvas").first).to_be_visible()
-        page.wait_for_timeout(3_000)
         page.evaluate("window.scrollTo(0, 0)")
-        shot(page, "dashboard-tenant")
+        shot(page, "dashboard-tenant", settle_ms=3_000)
 
         # a node's page (from the cluster's node table)
         page.goto(stack.url("/metrics/"))
         page.locator("[data-nodes] a", has_text="web1").click()
         expect(page.locator("[data-health]")).to_have_text("ok", timeout=10_000)
         expect(page.locator('[data-bind="memory_rss"]')).to_have_text(re.compile(r"MiB$"))
-        page.wait_for_timeout(4_000)
-        shot(page, "dashboard-node")
+        shot(page, "dashboard-node", settle_ms=4_000)
         assert traffic.sent > 0
 
 
