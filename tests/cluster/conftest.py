@@ -80,12 +80,19 @@ class PacedPublisher(Publisher):
         # Publisher allows 200 in flight, but paho ignores a server's Receive Maximum (brokerd's: 32),
         # and paho's setter refuses once connected: nothing is in flight yet, so set it directly
         self.client._max_inflight_messages = 30
+        self.disconnects: list[int] = []         # reason codes of the connection's ends, in order
+        self._gone = threading.Event()
+        self.client.on_disconnect = self._on_disconnect
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self.publish_all, args=(self._stop,), daemon=True)
 
     def _on_publish(self, client, userdata, mid, reason_code, properties):
         self.codes[mid] = reason_code.value
         super()._on_publish(client, userdata, mid, reason_code, properties)
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties):
+        self.disconnects.append(reason_code.value)
+        self._gone.set()
 
     def start(self) -> "PacedPublisher":
         self._thread.start()
@@ -94,7 +101,7 @@ class PacedPublisher(Publisher):
     def publish_all(self, stop: threading.Event) -> None:
         t0 = time.monotonic()
         for n in range(self.total):
-            if stop.is_set():
+            if stop.is_set() or self._gone.is_set():      # the stream ends with its connection
                 return
             ahead = t0 + n / self.rate - time.monotonic()
             if ahead > 0:
@@ -111,7 +118,9 @@ class PacedPublisher(Publisher):
     def finish(self, timeout: float = 60.0) -> None:
         """Wait until every message was sent and answered (positively or not), or the connection is gone."""
         self._thread.join(timeout)
-        wait_until(lambda: len(self.codes) >= self.sent or not self.client.is_connected(), timeout=timeout,
+        # paho's is_connected() stays True after a server's DISCONNECT until it tries to reconnect
+        # (60 s later here), so the end of the connection is the on_disconnect callback
+        wait_until(lambda: len(self.codes) >= self.sent or self._gone.is_set(), timeout=timeout,
                    message=f"{self.sent - len(self.codes)} publishes never answered")
         self.client.loop_stop()
         self.client.disconnect()
