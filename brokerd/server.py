@@ -114,7 +114,8 @@ class Server:
         self.flusher = Flusher(self.loop, self.check_budget)
         self.budget = self.broker.budget
         self.budget.on_exceeded = self._over_budget
-        self.budget_paused: list[MqttConnection] | None = None
+        self.budget_paused: list[MqttConnection] = []
+        self.reading: MqttConnection | None = None    # the connection whose bytes are being handled
         self._budget_timer: asyncio.TimerHandle | None = None
         self._budget_mark: int | None = None   # queued bytes at the last check of a pause
         self._budget_warned = False
@@ -250,9 +251,16 @@ class Server:
             self.history.start()
 
     def _over_budget(self) -> None:
-        """The queues of connected sessions passed the budget: stop reading
-        from connections that publish, now (called from inside the enqueue).
+        """A message was queued above the budget: stop reading from the
+        connection whose PUBLISH is being routed, now (called from inside the
+        enqueue, so the pause takes effect within the socket read that
+        tripped the budget).
 
+        Only the connections whose messages fill the queues are paused, each
+        on its first message above the budget: a publisher whose messages are
+        delivered at once is never held back by another's slow subscriber
+        (pausing every connection that had ever published starved it: the
+        blaster's read, handled first after each resume, paused it again).
         Connections with deliveries of their own outstanding keep reading:
         their acknowledgements are what frees the queues. The pause lasts
         until the queues are down to half the budget, as long as they drain;
@@ -261,21 +269,25 @@ class Server:
         the budget pauses again, so publishers are paced, never stopped for
         good by one stuck client.
         """
-        budget = self.budget
-        paused = self.budget_paused = []
-        for conn in self.connections:
-            ch = conn.channel
-            if ch.msgs_in and not ch.blocked and not (ch.session and ch.session.inflight):
-                conn.pause_reading(PAUSE_BUDGET)
-                paused.append(conn)
-        # measured at the first check: the rest of the socket read that tripped
-        # the budget is still being handled now
-        self._budget_mark = None
-        self._budget_timer = self.loop.call_later(BUDGET_PAUSE, self._budget_check_progress)
+        conn = self.reading
+        if conn is None or conn.paused & PAUSE_BUDGET or conn.closed:
+            return
+        ch = conn.channel
+        if ch.blocked or (ch.session is not None and ch.session.inflight):
+            return
+        conn.pause_reading(PAUSE_BUDGET)
+        ch.paced += 1
+        self.budget_paused.append(conn)
+        if self._budget_timer is None:
+            # measured at the first check: the rest of the socket read that
+            # tripped the budget is still being handled now
+            self._budget_mark = None
+            self._budget_timer = self.loop.call_later(BUDGET_PAUSE, self._budget_check_progress)
         if not self._budget_warned:
             self._budget_warned = True
-            log.warning("queued messages hold %d bytes (budget %d): pacing %d publishers",
-                        budget.used, budget.limit, len(paused))
+            budget = self.budget
+            log.warning("queued messages hold %d bytes (budget %d): pacing the publishers that fill them",
+                        budget.used, budget.limit)
 
     def _budget_check_progress(self) -> None:
         """BUDGET_PAUSE after a pause (and after each one since): still paused
@@ -292,8 +304,7 @@ class Server:
         self._resume_publishers()
 
     def _resume_publishers(self) -> None:
-        paused = self.budget_paused or []
-        self.budget_paused = None
+        paused, self.budget_paused = self.budget_paused, []
         if self._budget_timer is not None:
             self._budget_timer.cancel()
             self._budget_timer = None

@@ -63,6 +63,7 @@ def client_summary(node: str, ch, now: float, wall_offset: float) -> dict:
         "messages_out": ch.msgs_out,
         "bytes_in": ch.bytes_in,
         "bytes_out": ch.bytes_out,
+        "paced": ch.paced,
     }
 
 
@@ -73,7 +74,7 @@ def offline_summary(node: str, tenant: str, s, wall_offset: float) -> dict:
         "keepalive": None, "clean_start": False, "session_expiry": s.expiry_interval,
         "expires_at": None if s.expires_at is None else round(s.expires_at + wall_offset, 3),
         "subscriptions": len(s.subscriptions), "queued": len(s.queue), "inflight": len(s.inflight),
-        "messages_in": 0, "messages_out": 0, "bytes_in": 0, "bytes_out": 0,
+        "messages_in": 0, "messages_out": 0, "bytes_in": 0, "bytes_out": 0, "paced": 0,
     }
 
 

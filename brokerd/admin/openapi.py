@@ -72,7 +72,9 @@ OPENAPI = {
                 "keepalive": {"type": "integer", "nullable": True}, "session_expiry": {"type": "integer"},
                 "subscriptions": {}, "queued": {"type": "integer"}, "inflight": {"type": "integer"},
                 "messages_in": {"type": "integer"}, "messages_out": {"type": "integer"},
-                "bytes_in": {"type": "integer"}, "bytes_out": {"type": "integer"}},
+                "bytes_in": {"type": "integer"}, "bytes_out": {"type": "integer"},
+                "paced": {"type": "integer", "description": "times the node stopped reading this client "
+                          "because its messages filled the queue budget (--queue-budget)"}},
                 "required": ["node", "tenant", "client_id", "connected"]},
             "Page": {"type": "object", "properties": {
                 "items": {"type": "array", "items": {}}, "page": {"type": "integer"},

@@ -103,7 +103,7 @@ class Channel:
         "send_window", "problem_info", "congested", "blocked", "pending", "max_pending", "inbound_pending", "_acks", "_held", "close_reason",
         "msgs_in", "msgs_out", "bytes_in", "bytes_out", "qos_in", "qos_out", "tenant", "identity", "response_requested",
         "acl", "quota", "limit_in", "limit_out", "valid_until", "cert", "cert_cn", "throttled_since", "shaping",
-        "_rate_held",
+        "_rate_held", "paced",
         "__weakref__",
     )
 
@@ -160,6 +160,7 @@ class Channel:
         self.bytes_out = 0
         self.qos_in = [0, 0, 0]         # PUBLISHes at QoS 1 and 2 (index 0 unused: QoS 0 = msgs - the others)
         self.qos_out = [0, 0, 0]
+        self.paced = 0                  # times its input was paused because its messages filled the queue budget
 
     def __repr__(self):
         return f"<Channel {self.client_id!r} {self.peer} state={self.state}>"

@@ -61,11 +61,12 @@ class Delivery:
 class MemoryBudget:
     """Bytes held for delivery across every session of a node.
 
-    Queues (and congested connections) ``add`` their bytes here. Crossing
-    ``limit`` trips the budget and calls ``on_exceeded`` at once, from inside
-    the enqueue -- the transport uses it to stop reading from publishers in
-    the same event-loop iteration -- and ``reset`` re-arms it once the
-    transport has seen the queues drain (see ``brokerd.server.Server``).
+    Queues (and congested connections) ``add`` their bytes here. Every
+    addition above ``limit`` trips the budget and calls ``on_exceeded`` at
+    once, from inside the enqueue -- the transport uses it to stop reading
+    from the connection whose PUBLISH is being routed, in the same event-loop
+    iteration -- and the transport clears ``tripped`` once it has seen the
+    queues drain (see ``brokerd.server.Server``).
     """
 
     __slots__ = ("used", "limit", "tripped", "on_exceeded")
@@ -78,7 +79,7 @@ class MemoryBudget:
 
     def add(self, delta: int) -> None:
         self.used += delta
-        if delta > 0 and self.limit and self.used > self.limit and not self.tripped:
+        if delta > 0 and self.limit and self.used > self.limit:
             self.tripped = True
             if self.on_exceeded is not None:
                 self.on_exceeded()

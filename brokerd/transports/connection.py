@@ -109,7 +109,12 @@ class MqttConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=server.write_high, low=server.write_high // 4)
 
     def data_received(self, data: bytes) -> None:
-        self.channel.receive_data(data, self.time())
+        server = self.server
+        server.reading = self          # whose PUBLISHes fill the queues, for the queue budget
+        try:
+            self.channel.receive_data(data, self.time())
+        finally:
+            server.reading = None
 
     def eof_received(self):
         return False
@@ -191,7 +196,12 @@ class MqttConnection(asyncio.Protocol):
         self.rate_timer = None
         if self.closed:
             return
-        self.channel.resume_input(self.time())
+        server = self.server
+        server.reading = self
+        try:
+            self.channel.resume_input(self.time())
+        finally:
+            server.reading = None
         if self.rate_timer is None:          # the channel did not have to wait again
             self.resume_reading(PAUSE_RATE)
 

@@ -36,6 +36,7 @@ class WsMqttConnection(MqttConnection):
 
     def data_received(self, data: bytes) -> None:
         ws = self.ws
+        self.server.reading = self
         try:
             ws.receive_data(data)
             for event in ws.events():
@@ -60,6 +61,8 @@ class WsMqttConnection(MqttConnection):
             log.debug("websocket error from %s: %s", self.channel.peer, exc)
             self.closed = True
             self.transport.close()
+        finally:
+            self.server.reading = None
 
     def _handshake(self, req: Request) -> None:
         path = req.target.split("?", 1)[0]

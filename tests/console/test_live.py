@@ -18,6 +18,7 @@ from django.urls import reverse
 from console import live_views
 
 from ..controlplane import ControlPlane
+from ..integration import raw
 from ..integration.helpers import Client, wait_until
 from ..mqtt import V5, props
 from ..procs import free_port
@@ -373,6 +374,51 @@ def test_publish_does_not_cross_tenants(as_alice, device, client_id):
     other.subscribe("#", qos=0)
     as_alice.post("/tenants/acme/publish/", {"topic": f"test/{client_id}", "payload": "x", "qos": "0"})
     other.expect_none(0.5)
+
+
+# ---------------------------------------------------------------- overload
+
+
+def test_a_publisher_paced_by_the_queue_budget_says_so(as_alice, plane, secrets, settings, client_id):
+    """On a node with a small --queue-budget, a device blasting QoS 1 at a subscriber that never
+    reads is paced (its socket is left unread while the queues are over the budget): its client
+    page says so; the stuck subscriber's page and a publisher whose messages are taken do not."""
+    b = plane.broker("--admin", "127.0.0.1:0", "--node-id", "live-budget", "--queue-budget", "30000")
+    settings.BROKERD_ADMIN_URL = b.admin_url
+    clients = []
+    try:
+        def raw_device(dev: str, suffix: str) -> raw.RawClient:
+            c = raw.RawClient(b.port(), timeout=5)
+            clients.append(c)
+            ack = c.connect(client_id + suffix, version=4, keepalive=0, username=f"acme/{dev}",
+                            password=secrets[f"acme/{dev}"])
+            assert ack.code == 0, ack
+            return c
+
+        stuck = raw_device("d1", "-stuck")
+        stuck.subscribe(f"pace/{client_id}/#", qos=1)      # and never reads again
+        polite = raw_device("d2", "-polite")
+        taker = raw_device("d3", "-taker")
+        taker.subscribe(f"calm/{client_id}", qos=0)
+        blaster = raw_device("d4", "-blaster")
+        blaster.sock.settimeout(10)
+        for i in range(200):                               # 200 kB: the budget holds about 25 of them
+            blaster.send(raw.publish_packet(f"pace/{client_id}/x", b"%06d" % i + b"b" * 994, qos=1, pid=i + 1))
+            if i % 20 == 0:
+                polite.send(raw.publish_packet(f"calm/{client_id}", b"calm", qos=0))
+
+        def page(suffix):
+            return session_of(as_alice, "acme", client_id + suffix)[1]
+
+        wait_until(lambda: "by the queue budget" in page("-blaster"), timeout=10)
+        assert re.search(r"Paced</dt><dd[^>]*>[0-9,]+ times? by the queue budget</dd>", page("-blaster"))
+        for suffix in ("-stuck", "-polite", "-taker"):
+            body = page(suffix)
+            assert "Bytes" in body and "by the queue budget" not in body, suffix
+    finally:
+        for c in clients:
+            c.close()
+        b.stop()
 
 
 # ---------------------------------------------------------------- brokerd down

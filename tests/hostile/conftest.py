@@ -71,7 +71,8 @@ class Canary:
         self.topic = f"canary/{name}"
         self.sub = connect(broker.port(), f"{name}-canary-sub", V311)
         self.sub.subscribe(self.topic, 1)
-        self.pub = connect(broker.port(), f"{name}-canary-pub", V5)
+        self.pub_id = f"{name}-canary-pub"
+        self.pub = connect(broker.port(), self.pub_id, V5)
         self.seq = 0
         self.latencies: list[float] = []
 

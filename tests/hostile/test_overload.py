@@ -34,12 +34,17 @@ def test_publisher_outrunning_its_subscriber_is_slowed_not_dropped(hostile_broke
       subscriber's queue bound;
     - every PUBACKed message arrives, once, in order; nothing is counted as dropped;
     - RSS grows by less than 8 MiB (the 8 MB would be ~10 MB queued);
-    - a canary pair keeps working meanwhile.
+    - a canary pair keeps working meanwhile, and its publisher, whose messages go to a subscriber
+      that keeps up, is never paused (admin API ``paced``: 0; the blaster's is counted).
 
     Found: brokerd resumed paused publishers after 100 ms whatever the subscribers had taken
     (and measured nothing while the socket read that tripped the budget was still being
     handled), so one socket read per 100 ms got in: the queue grew to the subscriber's bound
-    and acknowledged QoS 1 messages were dropped as queue_full."""
+    and acknowledged QoS 1 messages were dropped as queue_full. Then: the budget paused every
+    connection that had ever published, the canary's too, and after each resume the blaster's
+    read (handled first) paused them all again -- the canary's PUBACK missed its 5 s in one
+    run of three (worst 0.09-0.17 s in the others); only the connection whose messages fill
+    the queues is paused now."""
     b = hostile_broker("--queue-budget", str(BUDGET), "--max-queued", str(MAX_QUEUED))
     canary = canary_for(b)
     rss0 = rss_kib(b)
@@ -135,6 +140,8 @@ def test_publisher_outrunning_its_subscriber_is_slowed_not_dropped(hostile_broke
         assert backlog[0] < 1000, f"{backlog[0]} messages acknowledged and not delivered: above the budget"
         assert peak_rss - rss0 < 8 * MIB, (rss0, peak_rss)
         assert "pacing" in b.log
+        assert client_info(b, "blaster")["paced"] >= 1
+        assert client_info(b, canary.pub_id)["paced"] == 0, "the canary's publisher was held back by the budget"
         canary.check()
         report(request, messages=N, payload=PAYLOAD, queue_budget=BUDGET, seconds=round(elapsed, 2),
                publisher_send_done_s=round(send_done, 2), publisher_blocked_s=round(blocked, 2),
