@@ -260,7 +260,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="v5 Response Information returned when a client asks (PREFIX + client id)")
     p.add_argument("--queue-budget", type=int, metavar="BYTES",
                    help="bytes (payload + 256 per message) queued for all sessions of the node before it stops "
-                        "reading from publishers until half has drained (default 67108864; 0 = no budget)")
+                        "reading from the publishers that fill them until half has drained (default 67108864; 0 = no budget)")
     p.add_argument("--store", metavar="URL",
                    help="where persistent sessions and retained messages live: memory:// (default, none "
                         "survive a restart), sqlite:///PATH (relative; sqlite:////PATH absolute; "

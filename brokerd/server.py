@@ -41,6 +41,7 @@ log = logging.getLogger("brokerd")
 
 SWEEP_INTERVAL = 0.5     # keepalive / CONNECT timeout / will delay / expiry resolution, seconds
 BUDGET_PAUSE = 0.1       # publishers over the queue budget read again if the queues did not shrink for this long
+FEEDER_SWEEPS = 20       # a connection whose messages were queued in the last 10 s (of sweeps) is paused with the rest
 STORE_PURGE_INTERVAL = 60.0     # seconds between purges of expired sessions and messages in the store
 STORE_STARTUP_TIMEOUT = 30.0    # how long start-up waits for an unavailable store
 POLICY_STARTUP_TIMEOUT = 10.0   # how long start-up waits for the console's database
@@ -113,8 +114,11 @@ class Server:
         self.connections: set[MqttConnection] = set()
         self.flusher = Flusher(self.loop, self.check_budget)
         self.budget = self.broker.budget
-        self.budget.on_exceeded = self._over_budget
+        self.budget.on_add = self._budget_add
         self.budget_paused: list[MqttConnection] = []
+        self._pacing = False               # the budget tripped and its feeders are paused
+        self._resumed: list = []           # (connection, its bytes_in) of the feeders resumed last
+        self.sweeps = 0                    # the clock of MqttConnection.fed
         self.reading: MqttConnection | None = None    # the connection whose bytes are being handled
         self._budget_timer: asyncio.TimerHandle | None = None
         self._budget_mark: int | None = None   # queued bytes at the last check of a pause
@@ -250,34 +254,50 @@ class Server:
             self.history = History(self, self.policy_source.db, self.config.history_interval)
             self.history.start()
 
-    def _over_budget(self) -> None:
-        """A message was queued above the budget: stop reading from the
-        connection whose PUBLISH is being routed, now (called from inside the
-        enqueue, so the pause takes effect within the socket read that
-        tripped the budget).
+    def _budget_add(self) -> None:
+        """A message was queued (called from inside the enqueue): note that
+        the connection whose PUBLISH is being routed feeds the queues. When
+        this passes the budget, stop reading from every connection whose
+        messages were queued in the last FEEDER_SWEEPS sweeps, now; while the
+        budget stays tripped, from any other as soon as one of its messages
+        is queued.
 
-        Only the connections whose messages fill the queues are paused, each
-        on its first message above the budget: a publisher whose messages are
-        delivered at once is never held back by another's slow subscriber
-        (pausing every connection that had ever published starved it: the
-        blaster's read, handled first after each resume, paused it again).
-        Connections with deliveries of their own outstanding keep reading:
-        their acknowledgements are what frees the queues. The pause lasts
-        until the queues are down to half the budget, as long as they drain;
-        if they did not shrink at all for BUDGET_PAUSE (a subscriber that
-        stopped reading holds them) reading resumes and the next message over
-        the budget pauses again, so publishers are paced, never stopped for
-        good by one stuck client.
+        Only the connections whose messages are queued are paused: a
+        publisher whose messages are delivered at once is never held back by
+        another's slow subscriber. (Pausing every connection that had
+        published starved it: after each resume the blaster's read, handled
+        first, paused it again before its own was handled.) The feeders are
+        paused together, before they read again, so the queues pass the
+        budget by about one socket read (up to 256 KiB), not one per
+        publisher. Connections with deliveries of their own outstanding keep
+        reading: their acknowledgements are what frees the queues. The pause
+        lasts until the queues are down to half the budget, as long as they
+        drain; if they did not shrink at all for BUDGET_PAUSE (a subscriber
+        that stopped reading holds them) reading resumes and the next message
+        over the budget pauses again, so publishers are paced, never stopped
+        for good by one stuck client.
         """
         conn = self.reading
-        if conn is None or conn.paused & PAUSE_BUDGET or conn.closed:
+        if conn is not None:
+            conn.fed = self.sweeps
+        if not self.budget.tripped:
             return
-        ch = conn.channel
-        if ch.blocked or (ch.session is not None and ch.session.inflight):
+        if self._pacing:
+            if conn is not None and not conn.paused & PAUSE_BUDGET:
+                self._budget_pause(conn)
             return
-        conn.pause_reading(PAUSE_BUDGET)
-        ch.paced += 1
-        self.budget_paused.append(conn)
+        self._pacing = True
+        # a feeder resumed last time that has not been read since (others' reads tripped the budget
+        # first) has not shown that it stopped feeding: still one (when its mark expired instead, a
+        # thousand publishers each brought one socket read of up to 256 KiB at once, 3 x the budget)
+        for c, seen in self._resumed:
+            if c.channel.bytes_in == seen:
+                c.fed = self.sweeps
+        self._resumed = []
+        since = self.sweeps - FEEDER_SWEEPS
+        for c in self.connections:
+            if c.fed >= since and not c.paused & PAUSE_BUDGET:
+                self._budget_pause(c)
         if self._budget_timer is None:
             # measured at the first check: the rest of the socket read that
             # tripped the budget is still being handled now
@@ -286,8 +306,16 @@ class Server:
         if not self._budget_warned:
             self._budget_warned = True
             budget = self.budget
-            log.warning("queued messages hold %d bytes (budget %d): pacing the publishers that fill them",
-                        budget.used, budget.limit)
+            log.warning("queued messages hold %d bytes (budget %d): pacing the %d publishers that fill them",
+                        budget.used, budget.limit, len(self.budget_paused))
+
+    def _budget_pause(self, conn: MqttConnection) -> None:
+        ch = conn.channel
+        if conn.closed or ch.blocked or (ch.session is not None and ch.session.inflight):
+            return
+        conn.pause_reading(PAUSE_BUDGET)
+        ch.paced += 1
+        self.budget_paused.append(conn)
 
     def _budget_check_progress(self) -> None:
         """BUDGET_PAUSE after a pause (and after each one since): still paused
@@ -309,14 +337,16 @@ class Server:
             self._budget_timer.cancel()
             self._budget_timer = None
         self.budget.tripped = False
+        self._pacing = False
         for conn in paused:
             conn.resume_reading(PAUSE_BUDGET)
+        self._resumed = [(conn, conn.channel.bytes_in) for conn in paused if not conn.closed]
 
     def check_budget(self) -> None:
         """After each round of writes: resume publishers as soon as the queues
         have drained to half the budget."""
         budget = self.budget
-        if budget.tripped and budget.used <= budget.limit // 2:
+        if budget.tripped and budget.used <= budget.half:
             self._resume_publishers()
             if self._budget_warned:
                 self._budget_warned = False
@@ -324,6 +354,7 @@ class Server:
 
     def _sweep(self) -> None:
         now = self.loop.time()
+        self.sweeps += 1
         try:
             self.check_budget()
             for conn in list(self.connections):

@@ -61,28 +61,31 @@ class Delivery:
 class MemoryBudget:
     """Bytes held for delivery across every session of a node.
 
-    Queues (and congested connections) ``add`` their bytes here. Every
-    addition above ``limit`` trips the budget and calls ``on_exceeded`` at
-    once, from inside the enqueue -- the transport uses it to stop reading
-    from the connection whose PUBLISH is being routed, in the same event-loop
-    iteration -- and the transport clears ``tripped`` once it has seen the
-    queues drain (see ``brokerd.server.Server``).
+    Queues (and congested connections) ``add`` their bytes here. With a
+    ``limit``, every addition calls ``on_add`` at once, from inside the
+    enqueue -- the transport uses it to learn which connections' messages
+    are being queued -- and an addition above ``limit`` trips the budget
+    first, so that the transport stops reading from those connections in the
+    same event-loop iteration; the transport clears ``tripped`` once it has
+    seen the queues drain to ``half`` (see ``brokerd.server.Server``).
     """
 
-    __slots__ = ("used", "limit", "tripped", "on_exceeded")
+    __slots__ = ("used", "limit", "half", "tripped", "on_add")
 
-    def __init__(self, limit: int = 0, on_exceeded=None):
+    def __init__(self, limit: int = 0, on_add=None):
         self.used = 0
         self.limit = limit
+        self.half = limit // 2
         self.tripped = False
-        self.on_exceeded = on_exceeded
+        self.on_add = on_add
 
     def add(self, delta: int) -> None:
-        self.used += delta
-        if delta > 0 and self.limit and self.used > self.limit:
-            self.tripped = True
-            if self.on_exceeded is not None:
-                self.on_exceeded()
+        used = self.used = self.used + delta
+        if delta > 0 and self.limit:
+            if used > self.limit:
+                self.tripped = True
+            if self.on_add is not None:
+                self.on_add()
 
 
 _NONE = ()      # an empty queue before its first message: falsy, len 0, no deque allocated

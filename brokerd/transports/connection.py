@@ -74,7 +74,7 @@ _CLOSED = _Closed()
 
 class MqttConnection(asyncio.Protocol):
     __slots__ = ("server", "listener", "transport", "channel", "time", "flusher", "closed", "paused", "ws_free",
-                 "rate_timer")
+                 "rate_timer", "fed")
 
     def __init__(self, server, listener):
         self.server = server
@@ -87,6 +87,7 @@ class MqttConnection(asyncio.Protocol):
         self.paused = 0
         self.ws_free = not listener.websocket     # bytes go to the transport as they are
         self.rate_timer = None
+        self.fed = -1 << 30            # the server's sweep in which a message of ours was last queued
 
     # ----------------------------------------------------------- asyncio side
 
