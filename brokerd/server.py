@@ -355,6 +355,8 @@ class Server:
     def _sweep(self) -> None:
         now = self.loop.time()
         self.sweeps += 1
+        if self._resumed:          # no connection that went away is kept for the budget
+            self._resumed = [entry for entry in self._resumed if not entry[0].closed]
         try:
             self.check_budget()
             for conn in list(self.connections):
