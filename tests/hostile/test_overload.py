@@ -43,8 +43,8 @@ def test_publisher_outrunning_its_subscriber_is_slowed_not_dropped(hostile_broke
     and acknowledged QoS 1 messages were dropped as queue_full. Then: the budget paused every
     connection that had ever published, the canary's too, and after each resume the blaster's
     read (handled first) paused them all again -- the canary's PUBACK missed its 5 s in one
-    run of three (worst 0.09-0.17 s in the others); only the connection whose messages fill
-    the queues is paused now."""
+    run of three (worst 0.09-0.17 s in the others); only connections whose messages were
+    queued in the last 10 s are paused now."""
     b = hostile_broker("--queue-budget", str(BUDGET), "--max-queued", str(MAX_QUEUED))
     canary = canary_for(b)
     rss0 = rss_kib(b)
