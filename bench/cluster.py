@@ -13,6 +13,7 @@ node link) against the same load with everyone on node A, in the same run.
 import argparse
 import json
 import os
+import secrets
 import signal
 import statistics
 import subprocess
@@ -47,11 +48,13 @@ def cluster(tmp: Path):
     redis = start(["taskset", "-c", "1", "redis-server", "--port", str(rport), "--save", "", "--appendonly", "no"])
     wait_port(rport)
     nodes = []
+    secret = secrets.token_hex(32)          # the node links' shared secret
     for name in ("a", "b"):
         port = free_port()
         p = start(["taskset", "-c", "0", sys.executable, "-m", "brokerd", "--allow-anonymous", "--log-level", "warning",
                    "--sys-interval", "0", "--node-id", name, "--listen", f"mqtt://127.0.0.1:{port}",
-                   "--store", f"sqlite:///{tmp}/cluster.db", "--cluster", f"redis://127.0.0.1:{rport}/0"])
+                   "--store", f"sqlite:///{tmp}/cluster.db", "--cluster", f"redis://127.0.0.1:{rport}/0"],
+                  env={**os.environ, "BROKERD_CLUSTER_SECRET": secret})
         wait_port(port)
         nodes.append((p, port))
     time.sleep(1.5)

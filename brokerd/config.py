@@ -104,9 +104,26 @@ class Config:
     cluster: str | None = None
     admin: str | None = None
     cluster_listen: str = "127.0.0.1:0"
+    # node links: a shared secret (BROKERD_CLUSTER_SECRET or a file) and/or mutual TLS -- see link_secret()
+    cluster_secret: str | None = field(default=None, repr=False)
+    cluster_secret_file: str | None = None
+    cluster_tls_cert: str | None = None
+    cluster_tls_key: str | None = None
+    cluster_tls_ca: str | None = None
     advertise_host: str | None = None
     server_reference: str | None = None
     anonymous_tenant: str = "default"
+
+    def link_secret(self) -> bytes | None:
+        """The cluster secret the node links prove (``--cluster-secret-file``,
+        else ``BROKERD_CLUSTER_SECRET``), or None."""
+        if self.cluster_secret_file:
+            try:
+                with open(self.cluster_secret_file, "rb") as fh:
+                    return fh.read().strip()
+            except OSError as exc:
+                raise ConfigError(f"--cluster-secret-file: cannot read {self.cluster_secret_file}: {exc.strerror}")
+        return self.cluster_secret.strip().encode() if self.cluster_secret else None
 
     def listeners(self) -> list[Listener]:
         return [parse_listener(u) for u in self.listen]
@@ -151,6 +168,7 @@ class Config:
             host, _, port = self.cluster_listen.rpartition(":")
             if not host or not port.isdigit():
                 raise ConfigError("--cluster-listen must be HOST:PORT")
+            self._validate_link_credentials()
         if self.advertise_host is not None and (not self.advertise_host or "/" in self.advertise_host):
             raise ConfigError("--advertise-host must be a host name or address")
         if self.server_reference is not None:
@@ -165,6 +183,26 @@ class Config:
             except ValueError as exc:
                 raise ConfigError(f"--control-plane: {exc}")
         return self
+
+
+    def _validate_link_credentials(self) -> None:
+        """A node joins a cluster only with a credential for its links: nothing
+        another node sends is acted on unless it proves the same one."""
+        from .cluster.handshake import MIN_SECRET
+
+        tls = (self.cluster_tls_cert, self.cluster_tls_key, self.cluster_tls_ca)
+        if any(tls) and not all(tls):
+            raise ConfigError("mutual TLS on the cluster links needs all of --cluster-tls-cert, --cluster-tls-key "
+                              "and --cluster-tls-ca")
+        secret = self.link_secret()
+        if secret is None and not any(tls):
+            raise ConfigError("--cluster needs a credential for the node links: set BROKERD_CLUSTER_SECRET (or "
+                              "--cluster-secret-file / BROKERD_CLUSTER_SECRET_FILE) to the same random secret on "
+                              "every node (e.g. `openssl rand -hex 32`), and/or --cluster-tls-cert, "
+                              "--cluster-tls-key and --cluster-tls-ca")
+        if secret is not None and len(secret) < MIN_SECRET:
+            raise ConfigError(f"the cluster secret is too short ({len(secret)} bytes, at least {MIN_SECRET}): "
+                              "use e.g. `openssl rand -hex 32`")
 
 
 def _check_type(name: str, value, source: str):
@@ -275,6 +313,13 @@ def _build_parser() -> argparse.ArgumentParser:
                         "need a shared --store and distinct --node-id")
     p.add_argument("--cluster-listen", metavar="HOST:PORT",
                    help="address of this node's links to the other nodes (default 127.0.0.1:0)")
+    p.add_argument("--cluster-secret-file", metavar="FILE",
+                   help="file holding the cluster secret the node links prove (an HMAC challenge-response, the "
+                        "secret never on the wire); or set BROKERD_CLUSTER_SECRET. Same on every node")
+    p.add_argument("--cluster-tls-cert", metavar="PEM", help="this node's certificate for mutual TLS on the links")
+    p.add_argument("--cluster-tls-key", metavar="PEM", help="its private key")
+    p.add_argument("--cluster-tls-ca", metavar="PEM",
+                   help="the cluster's CA: a link's other end must present a certificate it signed")
     p.add_argument("--advertise-host", metavar="HOST",
                    help="name or address the other nodes reach this node's cluster link and admin API at "
                         "(default: the address they are bound to; this host's name when bound to 0.0.0.0 or ::)")

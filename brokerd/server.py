@@ -21,7 +21,7 @@ import time
 from . import __version__
 from .admin.server import AdminServer, AdminTokens
 from .broker import Broker, BrokerConfig
-from .cluster.node import ClusterNode
+from .cluster.node import ClusterError, ClusterNode
 from .config import Config, Listener
 from .metrics import LatencySampler, LoopMonitor
 from .metrics.history import History
@@ -461,6 +461,9 @@ async def serve(config: Config) -> None:
         raise SystemExit(2)
     except StoreError as exc:
         log.error("cannot open the session store %s: %s", config.store, exc)
+        raise SystemExit(2)
+    except ClusterError as exc:
+        log.error("%s", exc)
         raise SystemExit(2)
     stopping = asyncio.Event()
     signals = 0

@@ -19,7 +19,7 @@ Keys, all under a prefix (``brokerd`` by default, ``?prefix=NAME`` in the URL):
 
 import json
 import time
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -43,6 +43,16 @@ return 0
 """
 
 
+def redacted(url: str) -> str:
+    """A Redis URL fit for a log line: no password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + host))
+
+
 def key_of(tenant: str, client_id: str) -> str:
     return f"{tenant}\0{client_id}"
 
@@ -54,7 +64,9 @@ class Bus:
             raise ValueError(f"cluster URL {url!r}: use redis://HOST:PORT/DB")
         opts = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         self.prefix = opts.pop("prefix", "brokerd")
-        self.url = url.split("?", 1)[0]
+        # the rest of the query goes to redis-py: rediss:// takes ssl_ca_certs, ssl_certfile, ssl_keyfile,
+        # ssl_cert_reqs; a password comes as redis://:PASSWORD@HOST (or USER:PASSWORD with Redis ACLs)
+        self.url = urlunsplit(parts._replace(query=urlencode(opts)))
         self.node = node
         self.ttl = ttl
         # a blocking pool: a burst of CONNECTs waits for a connection instead of failing
@@ -135,6 +147,11 @@ class Bus:
             import asyncio
 
             await asyncio.sleep(0.02)
+
+    async def lock_holder(self, tenant: str, client_id: str) -> str | None:
+        """The node holding a client id's lock, if any."""
+        token = await self.redis.get(self.k("lock", tenant, client_id))
+        return token.decode().rsplit(":", 1)[0] if token else None
 
     async def unlock(self, tenant: str, client_id: str, token: str) -> None:
         await self._unlock(keys=[self.k("lock", tenant, client_id)], args=[token])

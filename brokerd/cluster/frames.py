@@ -13,7 +13,15 @@ UTF-8``, byte strings ``u32 length | bytes``. Types:
 ``ACK``      req id, code (0: stored by every durable session it went to)
 ``TAKEOVER`` req id, tenant, client id: hand the session over to the asker
 ``RELEASED`` req id, code (0: released, 1: the session was not here)
-``HELLO``    the node id of the connecting side
+``HELLO``    version, a fresh 32-byte nonce, the sender's node id (both sides,
+             first thing on a new link)
+``AUTH``     the sender's proof: HMAC-SHA256 of the cluster secret over both
+             node ids and both nonces (``handshake.proof``)
+``PING``     nothing: "still here" on a link that carried nothing else lately
+
+Nothing but HELLO and AUTH is accepted on a link before both sides proved
+they hold the cluster secret (``link.Link``); before that a frame may be at
+most ``PREAUTH_FRAME`` bytes.
 
 A session on the move (``node.ClusterNode._on_takeover``):
 
@@ -31,7 +39,10 @@ field (a message the old owner got for a session that moved).
 
 import struct
 
-PUBLISH, ACK, TAKEOVER, RELEASED, HELLO, HANDOFF, HOLDING, SYNC, SYNCED = 1, 2, 3, 4, 5, 6, 7, 8, 9
+PUBLISH, ACK, TAKEOVER, RELEASED, HELLO, HANDOFF, HOLDING, SYNC, SYNCED, AUTH, PING = range(1, 12)
+VERSION = 1                  # of the link protocol, in HELLO: a node refuses links of another version
+NONCE = 32                   # bytes of a HELLO's nonce
+PREAUTH_FRAME = 1024         # largest frame accepted before the link is authenticated
 
 _HEAD = struct.Struct(">IB")
 _PUB = struct.Struct(">IBBiHHIHH")
@@ -94,8 +105,16 @@ def synced(req: int, code: int = 0) -> bytes:
     return _frame(SYNCED, _ACK.pack(req, code))
 
 
-def hello(node: str) -> bytes:
-    return _frame(HELLO, _s(node))
+def hello(node: str, nonce: bytes) -> bytes:
+    return _frame(HELLO, bytes((VERSION,)) + nonce + _s(node))
+
+
+def auth(proof: bytes) -> bytes:
+    return _frame(AUTH, proof)
+
+
+def ping() -> bytes:
+    return _frame(PING, b"")
 
 
 class FrameError(ValueError):
@@ -121,8 +140,16 @@ def decode(kind: int, body: bytes) -> tuple:
             cid, i = _read_s(body, i)
             return TAKEOVER, req, tenant, cid
         if kind == HELLO:
-            node, _ = _read_s(body, 0)
-            return HELLO, node
+            if body[:1] != bytes((VERSION,)) or len(body) < 1 + NONCE + 2:
+                raise FrameError(f"HELLO of another link protocol version (this node speaks {VERSION})")
+            node, end = _read_s(body, 1 + NONCE)
+            if end != len(body):
+                raise FrameError("HELLO longer than its parts")
+            return HELLO, node, body[1:1 + NONCE]
+        if kind == AUTH:
+            return AUTH, body
+        if kind == PING:
+            return (PING,)
         if kind == SYNC:
             req = _U32.unpack_from(body, 0)[0]
             text, _ = _read_s(body, 4)
@@ -157,25 +184,44 @@ def decode_publish(buf: bytes, i: int, end: int) -> tuple:
 
 
 class FrameReader:
-    """Splits a byte stream into frames; keeps the incomplete tail."""
+    """Splits a byte stream into frames; keeps the incomplete tail.
 
-    __slots__ = ("_buf", "max_frame")
+    Linear in the bytes received: the pieces of an incomplete frame are kept
+    in a list and joined once, when the frame is whole (joining them at every
+    read was quadratic: a 250 MB frame in 64 KB reads stalled the node for
+    seconds). A frame longer than ``max_frame`` fails from its header alone,
+    before any of it is buffered.
+    """
 
-    def __init__(self, max_frame: int = 512 * 1024 * 1024):
-        self._buf = b""
+    __slots__ = ("_parts", "_have", "_need", "max_frame")
+
+    def __init__(self, max_frame: int):
+        self._parts: list[bytes] = []
+        self._have = 0               # bytes in _parts
+        self._need = 5               # bytes _parts must reach before parsing again
         self.max_frame = max_frame
 
     def feed(self, data: bytes) -> list:
-        buf = self._buf + data if self._buf else data
+        if self._parts:
+            self._parts.append(data)
+            self._have += len(data)
+            if self._have < self._need:
+                return []
+            buf = b"".join(self._parts)
+            self._parts = []
+        else:
+            buf = data
         out = []
         pos = 0
         n = len(buf)
+        need = 5
         while n - pos >= 5:
             length, kind = _HEAD.unpack_from(buf, pos)
             if length > self.max_frame or length < 1:
-                raise FrameError(f"frame of {length} bytes")
+                raise FrameError(f"frame of {length} bytes (at most {self.max_frame} here)")
             end = pos + 4 + length
             if end > n:
+                need = end - pos
                 break
             try:
                 if kind == PUBLISH:     # the common frame: decoded in place, no copy of the body
@@ -185,5 +231,14 @@ class FrameReader:
             except (struct.error, UnicodeDecodeError) as exc:
                 raise FrameError(f"bad frame of type {kind}: {exc}")
             pos = end
-        self._buf = buf[pos:]
+        if pos < n:
+            self._parts = [buf[pos:] if pos else buf]
+            self._have = n - pos
+            self._need = need
+        else:
+            self._have = 0
         return out
+
+    @property
+    def buffered(self) -> int:
+        return self._have

@@ -42,7 +42,10 @@ import itertools
 import json
 import logging
 import os
+import ssl
 import time
+
+from redis.exceptions import RedisError
 
 from ..protocol import reason as rc
 from ..protocol.codec import _properties, encode_properties
@@ -51,8 +54,8 @@ from ..protocol.packets import Publish
 from ..routing.topic import matches
 from ..store.records import pack_will, unpack_will
 from . import frames
-from .bus import Bus
-from .link import Link
+from .bus import Bus, redacted
+from .link import HANDSHAKE_TIMEOUT, Link
 from .routes import ClusterRoutes
 
 log = logging.getLogger("brokerd.cluster")
@@ -65,6 +68,35 @@ SYNC_TIMEOUT = 2.0       # how long it waits for the other nodes to switch route
 COMPACT_EVERY = float(os.environ.get("BROKERD_COMPACT_INTERVAL", "30"))   # seconds between route snapshots
 ORPHAN_TIMEOUT = 30.0    # how long messages for a dead node's sessions are refused awaiting their adoption
 SNAPSHOT_KEY = "cluster.routes"
+MAX_CONTROL_FRAME = 1024 * 1024     # bytes of a HANDOFF / HOLDING (a session's filters); larger: no handoff
+MAX_UNAUTHENTICATED = 64            # accepted links not yet authenticated, in all ...
+MAX_UNAUTHENTICATED_PER_ADDRESS = 8     # ... and from one IP address: beyond, a new socket is closed at once
+
+
+class ClusterError(Exception):
+    """The node cannot join its cluster (said in one line, at start-up)."""
+
+
+def link_tls(config) -> tuple:
+    """(server, client) SSL contexts of mutual TLS on the node links, or (None, None).
+
+    Either side presents its certificate and requires one the cluster's CA
+    signed; that is what makes a peer a member (host names are not checked:
+    nodes reach each other at addresses a certificate seldom names, so the CA
+    must be the cluster's own)."""
+    if not config.cluster_tls_cert:
+        return None, None
+    try:
+        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=config.cluster_tls_ca)
+        server.load_cert_chain(config.cluster_tls_cert, config.cluster_tls_key)
+        server.verify_mode = ssl.CERT_REQUIRED
+        client = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=config.cluster_tls_ca)
+        client.load_cert_chain(config.cluster_tls_cert, config.cluster_tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ClusterError(f"cluster link TLS (--cluster-tls-cert/-key/-ca): {exc}") from None
+    client.check_hostname = False
+    client.verify_mode = ssl.CERT_REQUIRED
+    return server, client
 
 
 def _event_key(eid: str) -> tuple[int, int]:
@@ -117,7 +149,14 @@ def _unb64(text: str | None) -> bytes:
 
 class ClusterNode:
     def __init__(self, server, url: str, link_host: str = "127.0.0.1", link_port: int = 0):
+        config = server.config
         self.server = server
+        self.secret = config.link_secret()            # the cluster secret links prove (None: mutual TLS only)
+        self.tls_server, self.tls_client = link_tls(config)
+        # a forwarded message is at most an MQTT packet plus its tenant, shared group and filter names
+        self.max_frame = max(config.max_packet_size, MAX_CONTROL_FRAME) + 4 * 65536
+        self._accepted: set[Link] = set()             # authenticated links other nodes opened to this one
+        self._unauthenticated: dict[str, int] = {}    # IP address -> accepted links still proving themselves
         self.broker = server.broker
         self.loop = server.loop
         self.flusher = server.flusher
@@ -155,10 +194,15 @@ class ClusterNode:
     # ================================================================ start
 
     async def start(self) -> None:
-        self._link_server = await self.loop.create_server(lambda: Link(self), self.link_host, self.link_port)
+        tls = {"ssl": self.tls_server, "ssl_handshake_timeout": HANDSHAKE_TIMEOUT} if self.tls_server else {}
+        self._link_server = await self.loop.create_server(lambda: Link(self), self.link_host, self.link_port,
+                                                          **tls)
         port = self._link_server.sockets[0].getsockname()[1]
         self.link_address = f"{self.link_host}:{port}"
-        self.members = await self.bus.members()
+        try:
+            self.members = await self.bus.members()
+        except (RedisError, OSError) as exc:
+            raise ClusterError(f"cannot reach the cluster bus {redacted(self.bus.url)}: {exc}") from None
         self.members.pop(self.id, None)
         await self._load_snapshot()
         await self.bus.heartbeat(self.info())
@@ -213,7 +257,7 @@ class ClusterNode:
                 await self.bus.leave()
             except Exception as exc:
                 log.warning("could not announce leaving the cluster: %s", exc)
-        for link in list(self.links.values()):
+        for link in [*self.links.values(), *self._accepted]:
             link.close()
         if self._link_server is not None:
             self._link_server.close()
@@ -696,7 +740,12 @@ class ClusterNode:
             if info is None:
                 raise ConnectionError(f"node {node} is not a member")
             host, _, port = info["link"].rpartition(":")
-            _, link = await self.loop.create_connection(lambda: Link(self, node), host.strip("[]"), int(port))
+            tls = {"ssl": self.tls_client, "ssl_handshake_timeout": HANDSHAKE_TIMEOUT} if self.tls_client else {}
+            _, link = await asyncio.wait_for(self.loop.create_connection(
+                lambda: Link(self, node), host.strip("[]"), int(port), **tls), HANDSHAKE_TIMEOUT)
+            if not await link.ready:
+                link.close()
+                raise ConnectionError("the link was not authenticated")
             self.links[node] = link
             for frame in self._waiting.pop(node, ()):
                 link.send(frame)
@@ -707,11 +756,57 @@ class ClusterNode:
         finally:
             self._connecting.pop(node, None)
 
+    def link_socket_opened(self, link: Link) -> bool:
+        """An accepted socket, not authenticated yet: whether it may try (bounded in
+        all and per address, so sockets that never finish cannot crowd out a node)."""
+        pending = self._unauthenticated
+        if (sum(pending.values()) >= MAX_UNAUTHENTICATED
+                or pending.get(link.address, 0) >= MAX_UNAUTHENTICATED_PER_ADDRESS):
+            log.warning("cluster link from %s refused: too many links not yet authenticated", link.address)
+            return False
+        pending[link.address] = pending.get(link.address, 0) + 1
+        link.counted = True
+        return True
+
+    def _uncount(self, link: Link) -> None:
+        if link.counted:
+            link.counted = False
+            n = self._unauthenticated.get(link.address, 0) - 1
+            if n > 0:
+                self._unauthenticated[link.address] = n
+            else:
+                self._unauthenticated.pop(link.address, None)
+
+    def admit(self, link: Link) -> None:
+        """An accepted link proved the secret: admit it if the node it names is a
+        member (a node that just joined may be newer than this node's list)."""
+        if link.claimed in self.members:
+            link.admitted()
+            return
+
+        async def look_up():
+            try:
+                members = await self.bus.members()
+            except Exception as exc:
+                link.fail(f"membership unknown ({exc})")
+                return
+            if link.claimed in members:
+                self.members.setdefault(link.claimed, members[link.claimed])
+                link.admitted()
+            else:
+                link.fail(f"node {link.claimed!r} is not a member of the cluster")
+
+        self.loop.create_task(look_up())
+
     def link_accepted(self, link: Link) -> None:
-        pass
+        self._uncount(link)
+        self._accepted.add(link)
+        log.info("cluster link from node %s (%s) authenticated", link.peer, link.address)
 
     def link_lost(self, link: Link) -> None:
-        if self.links.get(link.peer) is link:
+        self._uncount(link)
+        self._accepted.discard(link)
+        if link.peer is not None and self.links.get(link.peer) is link:
             del self.links[link.peer]
             self._fail_requests(link.peer)
 
@@ -732,6 +827,8 @@ class ClusterNode:
         while True:
             await asyncio.sleep(0.5)
             now = self.loop.time()
+            for link in [*self.links.values(), *self._accepted]:
+                link.tick(now)
             for (tenant, cid), h in list(self._arriving.items()):
                 if (tenant, cid) not in self._claiming and h.since + RELEASE_TIMEOUT < now:
                     self._flush_arriving(tenant, cid)
@@ -749,28 +846,38 @@ class ClusterNode:
     # ============================================================== frames in
 
     def on_frame(self, link: Link, f: tuple) -> None:
+        """A frame from an authenticated link. An answer counts only on a link
+        from the node it was asked of: ids are a counter, easy to guess."""
         kind = f[0]
         if kind == frames.PUBLISH:
             self._on_publish(link, *f[1:])
         elif kind == frames.ACK:
-            entry = self._acks.pop(f[1], None)
-            if entry is not None and entry[0] is not None:
-                entry[0](f[2] == 0)
+            entry = self._acks.get(f[1])
+            if entry is not None and entry[2] == link.peer:
+                del self._acks[f[1]]
+                if entry[0] is not None:
+                    entry[0](f[2] == 0)
         elif kind == frames.TAKEOVER:
             self.loop.create_task(self._on_takeover(link, f[1], f[2], f[3]))
         elif kind == frames.RELEASED:
-            entry = self._releases.pop(f[1], None)
-            if entry is not None and not entry[0].done():
-                entry[0].set_result(f[2] == 0)
+            entry = self._releases.get(f[1])
+            if entry is not None and entry[1] == link.peer:
+                del self._releases[f[1]]
+                if not entry[0].done():
+                    entry[0].set_result(f[2] == 0)
         elif kind == frames.HANDOFF:
             self.loop.create_task(self._on_handoff(link, f[1], f[2]))
         elif kind in (frames.HOLDING, frames.SYNCED):
-            entry = self._answers.pop(f[1], None)
-            if entry is not None and not entry[0].done():
-                entry[0].set_result(f[2])
+            entry = self._answers.get(f[1])
+            if entry is not None and entry[1] == link.peer:
+                del self._answers[f[1]]
+                if not entry[0].done():
+                    entry[0].set_result(f[2])
         elif kind == frames.SYNC:
             self._syncs.append((f[2], link.peer, f[1]))
             self._answer_syncs()
+        else:
+            link.fail(f"unexpected frame of type {kind}")
 
     def _on_publish(self, link, req, qos, flags, expiry, tenant, topic, props, payload, group, gfilter) -> None:
         now = self.loop.time()
@@ -839,7 +946,18 @@ class ClusterNode:
         return lambda ok: link.send(frames.ack(req, 0 if ok else rc.IMPLEMENTATION_SPECIFIC_ERROR))
 
     async def _on_takeover(self, link, req, tenant, cid) -> None:
-        """Another node takes a session of this one over (see Handoff above)."""
+        """Another node takes a session of this one over (see Handoff above) --
+        only while it holds the client id's lock, as a CONNECT there does."""
+        try:
+            holder_node = await self.bus.lock_holder(tenant, cid)
+        except Exception as exc:
+            holder_node = None
+            log.warning("takeover of %s/%s by node %s: lock unknown (%s)", tenant, cid, link.peer, exc)
+        if holder_node != link.peer:
+            log.warning("takeover of %s/%s refused: node %s does not hold the client id's lock", tenant, cid,
+                        link.peer)
+            link.send(frames.released(req, 2))
+            return
         ns = self.broker.namespaces.get(tenant)
         session = ns.sessions.get(cid) if ns is not None else None
         holder = None
@@ -877,9 +995,13 @@ class ClusterNode:
 
     async def _begin_handoff(self, link, tenant: str, cid: str, filters: list[str]) -> "_Holder | None":
         """Old owner: the new owner holds the session's messages from now on."""
+        text = json.dumps({"tenant": tenant, "client_id": cid, "filters": filters})
+        if len(text) > MAX_CONTROL_FRAME:
+            log.warning("handoff of %s/%s: its %d filters are too long to hand over (%d bytes)", tenant, cid,
+                        len(filters), len(text))
+            return None
         keys = [(tenant, f) for f in filters]
         self._frozen.update(keys)
-        text = json.dumps({"tenant": tenant, "client_id": cid, "filters": filters})
         answer = await self._ask(link.peer, lambda r: link.send(frames.handoff(r, text)), HANDOFF_TIMEOUT)
         counts = json.loads(answer) if isinstance(answer, str) else None
         if not counts:

@@ -16,6 +16,7 @@ import subprocess
 import threading
 import time
 import uuid
+from urllib.parse import urlencode
 
 import paho.mqtt.client as mqtt
 import pytest
@@ -139,12 +140,34 @@ class PacedPublisher(Publisher):
 # ------------------------------------------------------------------ Redis
 
 class RedisServer:
-    """``redis-server`` on a free loopback port, nothing saved to disk."""
+    """``redis-server`` on a free loopback port, nothing saved to disk; with
+    ``password`` it requires it (``requirepass``), with ``tls`` (a trustme CA)
+    it speaks only TLS on that port, with a certificate that CA signed."""
 
-    def __init__(self, directory):
+    def __init__(self, directory, password: str | None = None, tls=None):
         self.dir = str(directory)
         self.port = 0
+        self.password = password
+        self.ca_file: str | None = None
+        self._tls_args: list[str] = []
+        if tls is not None:
+            from ..pki import write_cert
+
+            cert, key = write_cert(tls.issue_cert("127.0.0.1", "localhost"), self.dir, "redis")
+            self.ca_file = os.path.join(self.dir, "redis-ca.pem")
+            tls.cert_pem.write_to_path(self.ca_file)
+            self._tls_args = ["--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", self.ca_file,
+                              "--tls-auth-clients", "no"]
         self.proc: subprocess.Popen | None = None
+
+    def url(self, db: int = 0, prefix: str | None = None) -> str:
+        """What a node's ``--cluster`` names to reach this server."""
+        auth = f":{self.password}@" if self.password else ""
+        query = {"prefix": prefix} if prefix else {}
+        if self.ca_file:
+            query["ssl_ca_certs"] = self.ca_file
+        scheme = "rediss" if self.ca_file else "redis"
+        return f"{scheme}://{auth}127.0.0.1:{self.port}/{db}" + ("?" + urlencode(query) if query else "")
 
     def start(self) -> "RedisServer":
         self.port = free_port()
@@ -154,16 +177,15 @@ class RedisServer:
 
     def ping(self) -> bool:
         try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
+            return bool(self.client().ping())
+        except Exception:
             return False
 
     def client(self):
         import redis
 
-        return redis.Redis(host="127.0.0.1", port=self.port)
+        tls = {"ssl": True, "ssl_ca_certs": self.ca_file} if self.ca_file else {}
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=2, **tls)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -188,8 +210,11 @@ class RedisServer:
         return self
 
     def _spawn(self) -> None:
-        self.proc = subprocess.Popen([REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1",
-                                      "--save", "", "--appendonly", "no", "--dir", self.dir],
+        ports = ["--port", "0", "--tls-port", str(self.port), *self._tls_args] if self.ca_file else [
+            "--port", str(self.port)]
+        auth = ["--requirepass", self.password] if self.password else []
+        self.proc = subprocess.Popen([REDIS_SERVER, *ports, *auth, "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", self.dir],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -291,6 +316,7 @@ class Cluster:
     def __init__(self, redis: RedisServer, directory, store: str | None = None, flags=(), env=None):
         self.redis = redis
         self.prefix = f"c{uuid.uuid4().hex[:10]}"
+        self.secret = uuid.uuid4().hex               # the node links' shared secret (BROKERD_CLUSTER_SECRET)
         self.store = store or f"sqlite:///{directory}/cluster.sqlite3"      # directory is absolute: sqlite:////
         self.flags = list(flags)
         self.env = env
@@ -299,7 +325,9 @@ class Cluster:
         self._n = 0
 
     def url(self, redis_port: int | None = None) -> str:
-        return f"redis://127.0.0.1:{redis_port or self.redis.port}/0?prefix={self.prefix}"
+        if redis_port is None:
+            return self.redis.url(0, self.prefix)
+        return f"redis://127.0.0.1:{redis_port}/0?prefix={self.prefix}"
 
     def name(self, node: BrokerProcess) -> str:
         return self.names[id(node)]
@@ -311,7 +339,7 @@ class Cluster:
         name = f"n{self._n}"
         node = BrokerProcess("--node-id", name, "--store", self.store, "--cluster", self.url(redis_port),
                              *self.flags, *flags, listen=("mqtt://127.0.0.1:0",), anonymous=anonymous,
-                             env=env or self.env)
+                             env={"BROKERD_CLUSTER_SECRET": self.secret, **(env or self.env or {})})
         node.start()
         self.nodes.append(node)
         self.names[id(node)] = name

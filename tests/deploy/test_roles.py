@@ -136,6 +136,7 @@ def stack(postgres, hbase_double, tmp_path_factory):
               "CONSOLE_ADMIN_USER": "root", "CONSOLE_ADMIN_PASSWORD": password}
     node = {**base, "BROKERD_NODE_ID": "prod1", "BROKERD_LISTEN": "mqtt://127.0.0.1:0",
             "BROKERD_ADMIN": f"127.0.0.1:{admin_port}", "BROKERD_CLUSTER": f"{redis_url}/1",
+            "BROKERD_CLUSTER_SECRET": secrets.token_hex(32),
             "BROKERD_STORE": f"hbase://{hbase_double.address}?table_prefix=p{uuid.uuid4().hex[:8]}",
             "BROKERD_USAGE_DIR": str(tmp / "usage"), "BROKERD_USAGE_INTERVAL": "1",
             "BROKERD_SYS_INTERVAL": "0"}
