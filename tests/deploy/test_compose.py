@@ -10,9 +10,10 @@ production settings loaded in a real Django process, and the Dockerfile.
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -35,9 +36,15 @@ DJANGO_SERVICES = ("migrate", "console", "worker", "beat")
 CODE_DIRS = ("console", "tenants", "metrics", "spark_reports", "brokerd")
 
 
+def filled_in(env: dict[str, str]) -> dict[str, str]:
+    """docker/.env.example with every "change-me" replaced, as docs/operations.md
+    has the operator do (``openssl rand -hex 32``)."""
+    return {k: secrets.token_hex(32) if v == "change-me" else v for k, v in env.items()}
+
+
 @pytest.fixture(scope="module")
 def compose():
-    return load()
+    return load(filled_in(read_env_file(DOCKER / ".env.example")))
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +150,14 @@ def test_brokerd_nodes_load_their_configuration_and_agree(compose):
     store, cluster, control, admin, _ = shared.pop()
     assert urlsplit(store).hostname == "hbase" and urlsplit(store).port == 9090
     assert urlsplit(cluster).hostname == "redis" and urlsplit(cluster).password
+    # the bus over TLS, the node links authenticated (secret and mutual TLS), certificates from ./tls
+    assert urlsplit(cluster).scheme == "rediss"
+    for cfg in configs.values():
+        svc_mounts = mounts(services[cfg.advertise_host])
+        assert cfg.link_secret() and len(cfg.link_secret()) >= 32
+        ca = parse_qs(urlsplit(cfg.cluster).query)["ssl_ca_certs"][0]
+        for path in (ca, cfg.cluster_tls_cert, cfg.cluster_tls_key, cfg.cluster_tls_ca):
+            assert svc_mounts[os.path.dirname(path)] == "./tls", path
     assert urlsplit(control).hostname == "postgres"
     assert {urlsplit(u).hostname for u in (store, cluster, control)} <= set(services)
     # admin API and cluster links stay inside the network
@@ -197,7 +212,7 @@ def test_django_services_load_the_production_settings(compose):
         assert s["PRODUCTION"] is True and s["DEBUG"] is False, name
         assert (s["db"], s["db_host"]) == ("django.db.backends.postgresql", "postgres"), name
         assert s["layer"] == "channels_redis.core.RedisChannelLayer", name
-        assert s["celery"].startswith("redis://") and urlsplit(s["celery"]).hostname == "redis", name
+        assert s["celery"].startswith("rediss://") and urlsplit(s["celery"]).hostname == "redis", name
         assert s["secure"] and s["hsts"] >= 31536000, name
         assert s["static"] == "whitenoise.storage.CompressedManifestStaticFilesStorage"
         assert s["log"] == "json" and s["hosts"] == ["localhost"]
@@ -267,3 +282,33 @@ def test_dockerfile_is_multi_stage_non_root_with_health_check(compose):
 def test_entry_point_refuses_an_unknown_role():
     proc = subprocess.run([str(DOCKER / "entrypoint.sh"), "nope"], capture_output=True, text=True, timeout=10)
     assert proc.returncode == 64 and "unknown role 'nope'" in proc.stderr
+
+
+def test_redis_speaks_only_tls_with_the_certificates_cluster_certs_makes(compose, tmp_path):
+    """docker/cluster-certs.sh issues what the compose file mounts from ./tls,
+    signed by one CA; Redis listens on TLS only, with a password, and every
+    Django service that reaches it can read the CA."""
+    subprocess.run([str(DOCKER / "cluster-certs.sh"), str(tmp_path)], check=True, capture_output=True, timeout=60)
+    made = {p.name for p in tmp_path.iterdir()}
+    services = compose["services"]
+    redis = services["redis"]
+    command = redis["command"]
+    flags = dict(zip(command[1::2], command[2::2], strict=False))
+    assert flags["--port"] == "0" and flags["--tls-port"] == "6379" and flags["--requirepass"]
+    wanted = set()
+    tls_mount = {v: k for k, v in mounts(redis).items()}["./tls"]
+    for flag in ("--tls-cert-file", "--tls-key-file", "--tls-ca-cert-file"):
+        assert os.path.dirname(flags[flag]) == tls_mount
+        wanted.add(os.path.basename(flags[flag]))
+    for name in (*BROKERD_NODES, *DJANGO_SERVICES):
+        for key, value in environment(services[name]).items():
+            for path in re.findall(r"/run/tls/([\w.-]+)", value):
+                if name != "migrate":              # migrate never opens Redis
+                    assert mounts(services[name])["/run/tls"] == "./tls", (name, key)
+                wanted.add(path)
+    wanted -= {"server.crt", "server.key"}       # the public certificate, the operator's own
+    assert wanted <= made, f"compose mounts {wanted - made}, which cluster-certs.sh does not make"
+    for cert in ("redis.crt", "cluster-node.crt"):
+        proc = subprocess.run(["openssl", "verify", "-CAfile", str(tmp_path / "cluster-ca.crt"), str(tmp_path / cert)],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -1,7 +1,8 @@
 """The image's roles started outside Docker with the same commands
 (``docker/entrypoint.sh ROLE``) and a production-style environment:
 ``PRODUCTION=true``, the console's database on a real PostgreSQL server
-(tests/postgres.py), a real Redis for the cluster bus, Celery and Channels,
+(tests/postgres.py), a real Redis for the cluster bus, Celery and Channels
+(password and TLS only, ``rediss://``, as in docker/compose.yaml),
 and the HBase store through the HBase Thrift gateway test double
 (tests/hbase_double.py; HBase cannot run here).
 
@@ -24,6 +25,7 @@ from datetime import UTC, datetime
 from urllib.parse import urlencode
 
 import pytest
+import trustme
 
 from ..cluster.conftest import RedisServer
 from ..integration.helpers import wait_until
@@ -117,25 +119,28 @@ class Browser:
 @pytest.fixture(scope="module")
 def stack(postgres, hbase_double, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("prod")
-    redis = RedisServer(tmp).start()
+    # as docker/compose.yaml has it: a password, TLS only, a certificate of the cluster's own CA
+    redis_password = secrets.token_hex(16)
+    redis = RedisServer(tmp, password=redis_password, tls=trustme.CA()).start()
     database = postgres.create_database(f"prod{uuid.uuid4().hex[:8]}")
     token = secrets.token_urlsafe(32)
     admin_port, console_port = free_port(), free_port()
     password = secrets.token_urlsafe(16)
-    redis_url = f"redis://127.0.0.1:{redis.port}"
+    redis_url = f"rediss://:{redis_password}@127.0.0.1:{redis.port}"
+    django_tls = urlencode({"ssl_cert_reqs": "required", "ssl_ca_certs": redis.ca_file})
     base = {"PATH": f"{VENV_BIN}:{os.environ['PATH']}", "HOME": str(tmp), "LANG": "C.UTF-8",
             "PYTHONUNBUFFERED": "1", "SPARK_LOCAL_IP": "127.0.0.1",
             "DATABASE_URL": database, "BROKERD_ADMIN_TOKEN": token, "LOG_LEVEL": "info",
             "MQTTHUB_ROLE_FILE": str(tmp / "role")}
     django = {**base, "PRODUCTION": "true", "SECRET_KEY": secrets.token_urlsafe(50), "ALLOWED_HOSTS": "127.0.0.1",
-              "REDIS_URL": f"{redis_url}/0", "BROKERD_ADMIN_URL": f"http://127.0.0.1:{admin_port}",
+              "REDIS_URL": f"{redis_url}/0?{django_tls}", "BROKERD_ADMIN_URL": f"http://127.0.0.1:{admin_port}",
               "TRUST_X_FORWARDED_PROTO": "true", "VAR_DIR": str(tmp / "var"), "STATIC_ROOT": str(tmp / "static"),
               "USAGE_DIR": str(tmp / "usage"), "EMAIL_FILE_PATH": str(tmp / "mail"),
               "SPARK_SHUFFLE_PARTITIONS": "2", "REPORTS_RETRY_BACKOFF": "1",
               "CONSOLE_HOST": "127.0.0.1", "CONSOLE_PORT": str(console_port),
               "CONSOLE_ADMIN_USER": "root", "CONSOLE_ADMIN_PASSWORD": password}
     node = {**base, "BROKERD_NODE_ID": "prod1", "BROKERD_LISTEN": "mqtt://127.0.0.1:0",
-            "BROKERD_ADMIN": f"127.0.0.1:{admin_port}", "BROKERD_CLUSTER": f"{redis_url}/1",
+            "BROKERD_ADMIN": f"127.0.0.1:{admin_port}", "BROKERD_CLUSTER": f"{redis_url}/1?ssl_ca_certs={redis.ca_file}",
             "BROKERD_CLUSTER_SECRET": secrets.token_hex(32),
             "BROKERD_STORE": f"hbase://{hbase_double.address}?table_prefix=p{uuid.uuid4().hex[:8]}",
             "BROKERD_USAGE_DIR": str(tmp / "usage"), "BROKERD_USAGE_INTERVAL": "1",
@@ -160,33 +165,45 @@ def stack(postgres, hbase_double, tmp_path_factory):
         redis.stop()
 
 
-def test_a_device_publishes_through_a_node_enforcing_the_postgres_control_plane(stack):
+@pytest.fixture(scope="module")
+def acme(stack) -> str:
+    """Tenant acme, an ACL and device dev1, made once with ``mqtthub manage``; -> dev1's secret."""
     env = stack["django"]
     run_role("manage", "tenants", "create", "acme", env=env)
     run_role("manage", "acl", "add", "acme", "--allow", "--action", "both", "--topic", "{device}/#", env=env)
-    secret = run_role("manage", "devices", "create", "acme", "dev1", env=env).strip().splitlines()[-1]
+    return run_role("manage", "devices", "create", "acme", "dev1", env=env).strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def acme_traffic(stack, acme) -> list[bytes]:
+    """dev1 publishes five QoS 1 messages to its own subscriber (once per module: the
+    report test counts them); -> the payloads the subscriber received."""
     # the node learns the tenant from PostgreSQL within a second
     sub = None
     deadline = time.monotonic() + 10
     while sub is None:
         try:
-            sub = PahoClient("dev1-sub", username="acme/dev1", password=secret).connect(stack["mqtt"])
+            sub = PahoClient("dev1-sub", username="acme/dev1", password=acme).connect(stack["mqtt"])
         except ConnectionError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.3)
-    with sub, PahoClient("dev1-pub", username="acme/dev1", password=secret).connect(stack["mqtt"]) as pub:
+    with sub, PahoClient("dev1-pub", username="acme/dev1", password=acme).connect(stack["mqtt"]) as pub:
         sub.subscribe("dev1/#", qos=1)
         for i in range(5):
             pub.publish("dev1/temp", f"{20 + i}".encode(), qos=1)
-        assert [m.payload for m in sub.expect_n(5)] == [b"20", b"21", b"22", b"23", b"24"]
+        return [m.payload for m in sub.expect_n(5)]
+
+
+def test_a_device_publishes_through_a_node_enforcing_the_postgres_control_plane(stack, acme_traffic):
+    assert acme_traffic == [b"20", b"21", b"22", b"23", b"24"]
     wrong = PahoClient("intruder", username="acme/dev1", password="not-the-secret")
     with pytest.raises(ConnectionError, match="CONNACK refused"):
         wrong.connect(stack["mqtt"])
     wrong.drop()
 
 
-def test_the_console_serves_pages_as_production_does(stack):
+def test_the_console_serves_pages_as_production_does(stack, acme):
     b = stack["browser"]
     # plain HTTP is sent to HTTPS, except the health check a container engine makes from inside
     status, headers, _ = b.request("GET", "/login/", proto=None)
@@ -217,7 +234,7 @@ def test_the_console_serves_pages_as_production_does(stack):
     assert records and all({"time", "level", "logger", "message"} <= set(r) for r in records)
 
 
-def test_a_report_runs_as_a_celery_task_on_the_worker(stack):
+def test_a_report_runs_as_a_celery_task_on_the_worker(stack, acme_traffic):
     b = stack["browser"]
     if "sessionid" not in b.cookies:
         b.request("GET", "/login/")
