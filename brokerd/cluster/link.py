@@ -25,6 +25,7 @@ log = logging.getLogger("brokerd.cluster")
 HANDSHAKE_TIMEOUT = 5.0     # seconds from connect to an authenticated link
 PING_EVERY = 5.0            # seconds of silence after which a link sends PING
 IDLE_TIMEOUT = 30.0         # seconds without a byte from the peer after which a link is closed
+MAX_BACKLOG = 256 * 1024 * 1024     # bytes waiting for a peer that does not read before the link is cut
 
 HANDSHAKE, ADMITTING, READY = 0, 1, 2     # ADMITTING: the accepting side checks the peer's membership
 
@@ -52,6 +53,7 @@ class Link(asyncio.Protocol):
         self.closed = False
         self.congested = False
         self.counted = False                # among the node's unauthenticated accepted links
+        self.charged = 0                    # bytes sent while congested, charged to the queue budget
         self.last_rx = self.last_tx = node.loop.time()
         self._timer = None
 
@@ -84,6 +86,7 @@ class Link(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.closed = True
+        self._uncharge()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -96,6 +99,12 @@ class Link(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.congested = False
+        self._uncharge()
+
+    def _uncharge(self) -> None:
+        if self.charged:
+            self.node.broker.budget.add(-self.charged)
+            self.charged = 0
 
     # ------------------------------------------------------------ handshake
 
@@ -179,8 +188,21 @@ class Link(asyncio.Protocol):
             self.last_tx = self.node.loop.time()
 
     def send(self, frame: bytes) -> None:
+        """Queue ``frame`` for this event-loop iteration's write. While the peer
+        does not keep up (the transport's buffer is over its high mark), what
+        is sent is charged to the node's queue budget -- so the publishers
+        feeding this link are paced like those of a slow subscriber -- and a
+        peer that lets MAX_BACKLOG pile up is cut off (its requests fail, the
+        publishers are told and send again)."""
         if self.closed:
             return
+        if self.congested:
+            n = len(frame)
+            self.charged += n
+            self.node.broker.budget.add(n)
+            if self.charged > MAX_BACKLOG:
+                self.fail(f"the node does not read: {self.charged} bytes waiting")
+                return
         out = self.out
         if not out:
             self.node.flusher.add(self)

@@ -373,3 +373,55 @@ def test_a_wrong_redis_password_is_said_in_one_line(tmp_path, tag):
         assert node.proc.returncode == 2
     finally:
         redis.stop()
+
+
+def test_a_node_that_stops_reading_does_not_swell_the_node_that_forwards_to_it(cluster, tag):
+    """The subscriber's node stops (SIGSTOP) while a publisher on another node
+    sends QoS 0 as fast as it can: what waits for the stopped node counts
+    against the sender's queue budget, so the publisher is paced, and a
+    canary whose messages stay on the node is not."""
+    import threading
+
+    from ..integration.raw import connect_packet, publish_packet
+
+    n1, n2 = cluster.start(2, "--queue-budget", str(8 * 1024 * 1024))
+    far = connect(n2.port(), f"{tag}-far", V5)
+    far.subscribe(f"{tag}/flood", qos=0)
+    pub = connect(n1.port(), f"{tag}-probe", V5)
+    settle(pub, f"{tag}/flood", far)
+    canary = Canary(n1, f"{tag}-c")
+    canary.check()
+    before = rss_kib(n1)
+    batch = publish_packet(f"{tag}/flood", bytes(1024)) * 256
+    blaster = socket.create_connection(("127.0.0.1", n1.port()), timeout=10)
+    blaster.sendall(connect_packet(f"{tag}-blaster", 4))
+    blaster.recv(4)
+    stop = threading.Event()
+    sent = [0]
+
+    def blast():
+        blaster.settimeout(0.5)
+        while not stop.is_set():
+            try:
+                blaster.sendall(batch)
+                sent[0] += len(batch)
+            except TimeoutError:
+                continue                  # paced: the node does not read from it now
+            except OSError:
+                return
+
+    os.kill(n2.proc.pid, signal.SIGSTOP)
+    try:
+        with canary.running():
+            thread = threading.Thread(target=blast, daemon=True)
+            thread.start()
+            time.sleep(3.0)               # under the 5 s after which n2 counts as gone and its link is dropped
+            grew = rss_kib(n1) - before
+            stop.set()
+            thread.join(5)
+    finally:
+        os.kill(n2.proc.pid, signal.SIGCONT)
+        blaster.close()
+    print(f"sent {sent[0] >> 20} MiB in 3 s; RSS +{grew >> 10} MiB; canary worst "
+          f"{max(canary.latencies) * 1000:.0f} ms over {len(canary.latencies)} round trips")
+    assert grew < 48 * 1024, f"RSS grew by {grew >> 10} MiB while the peer did not read"
