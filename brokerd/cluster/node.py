@@ -69,6 +69,8 @@ COMPACT_EVERY = float(os.environ.get("BROKERD_COMPACT_INTERVAL", "30"))   # seco
 ORPHAN_TIMEOUT = 30.0    # how long messages for a dead node's sessions are refused awaiting their adoption
 SNAPSHOT_KEY = "cluster.routes"
 MAX_CONTROL_FRAME = 1024 * 1024     # bytes of a HANDOFF / HOLDING (a session's filters); larger: no handoff
+LINK_RETRY = 1.0                    # seconds after a failed link attempt before dialling that node again
+WAITING_BYTES = 16 * 1024 * 1024    # frames held for a node while its link is being opened
 MAX_UNAUTHENTICATED = 64            # accepted links not yet authenticated, in all ...
 MAX_UNAUTHENTICATED_PER_ADDRESS = 8     # ... and from one IP address: beyond, a new socket is closed at once
 
@@ -169,6 +171,8 @@ class ClusterNode:
         self.links: dict[str, Link] = {}             # links this node opened, by peer
         self._connecting: dict[str, asyncio.Task] = {}
         self._waiting: dict[str, list[bytes]] = {}    # frames for a peer whose link is being opened
+        self._waiting_bytes: dict[str, int] = {}      # ... and their size
+        self._retry_at: dict[str, float] = {}         # peer -> when its link may be dialled again
         self._req = itertools.count(1)
         self._acks: dict[int, tuple] = {}             # req -> (waiter, deadline, peer)
         self._releases: dict[int, tuple] = {}         # req -> (future, node asked)
@@ -726,11 +730,22 @@ class ClusterNode:
                 self._acks[req] = (waiter, entry[1], entry[2])
 
     def _send(self, node: str, frame: bytes) -> None:
+        """To ``node`` over this node's link to it, opened if need be. While a
+        link is being opened its frames wait (at most WAITING_BYTES); for a
+        second after an attempt failed, frames to that node are dropped (a
+        request among them fails at its timeout) instead of dialling it again
+        for every message."""
         link = self.links.get(node)
         if link is not None and not link.closed:
             link.send(frame)
             return
-        self._waiting.setdefault(node, []).append(frame)
+        if self._retry_at.get(node, 0.0) > self.loop.time():
+            return
+        waiting = self._waiting.setdefault(node, [])
+        if self._waiting_bytes.get(node, 0) + len(frame) > WAITING_BYTES:
+            return
+        waiting.append(frame)
+        self._waiting_bytes[node] = self._waiting_bytes.get(node, 0) + len(frame)
         if node not in self._connecting:
             self._connecting[node] = self.loop.create_task(self._open_link(node))
 
@@ -747,11 +762,15 @@ class ClusterNode:
                 link.close()
                 raise ConnectionError("the link was not authenticated")
             self.links[node] = link
+            self._retry_at.pop(node, None)
+            self._waiting_bytes.pop(node, None)
             for frame in self._waiting.pop(node, ()):
                 link.send(frame)
         except Exception as exc:
-            log.warning("no link to node %s: %s", node, exc)
+            log.warning("no link to node %s: %s (next attempt in %g s at the earliest)", node, exc, LINK_RETRY)
+            self._retry_at[node] = self.loop.time() + LINK_RETRY
             self._waiting.pop(node, None)
+            self._waiting_bytes.pop(node, None)
             self._fail_requests(node)
         finally:
             self._connecting.pop(node, None)
