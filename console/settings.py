@@ -15,6 +15,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from .env import envbool, envfloat, envint, envlist, envsecret, envstr, generated_secret
+from .forwarded import parse_networks
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("VAR_DIR", str(BASE_DIR / "var")))
@@ -149,6 +150,12 @@ SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", PRODUCTION)
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]            # health checks come over plain HTTP from inside
 if envbool("TRUST_X_FORWARDED_PROTO", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# The proxies in front of daphne (addresses or networks, comma-separated):
+# only a request from one of them has its X-Forwarded-For / X-Forwarded-Proto
+# believed (console/forwarded.py). Empty (the default): the socket's peer is
+# the client -- what the login throttle and the audit log record.
+TRUSTED_PROXIES = envlist("TRUSTED_PROXIES")
+parse_networks(TRUSTED_PROXIES)         # a typo stops the process here, not at the first request
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS")
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
