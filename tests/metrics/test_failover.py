@@ -5,9 +5,11 @@ the first, the others learned from ``GET /api/v1/nodes``. The node the
 console asks first is SIGKILLed: the live dashboard (the hub, over the real
 ASGI websocket) goes on with the survivors' numbers, a kick through the
 console still disconnects its client, and the node-down alarm names the
-killed node and no other."""
+killed node and no other. A node that hangs instead (SIGSTOP) is alarmed
+alone too, the dashboard resuming from a survivor."""
 
 import asyncio
+import signal
 import time
 
 import paho.mqtt.client as mqtt
@@ -89,3 +91,46 @@ def test_the_dashboard_and_a_kick_survive_the_death_of_the_node_the_console_used
     # the live pages read the cluster through a survivor
     page = root.get("/clients/").content.decode()
     assert "brokerd's admin API is unreachable" not in page
+
+
+def test_a_hung_node_is_the_only_one_alarmed_and_the_dashboard_resumes_from_a_survivor(cluster, settings,  # noqa: F811
+                                                                                     browsers):
+    """SIGSTOP: the node the console used accepts connections and never answers;
+    the survivors themselves wait up to 5 s for it when they gather the
+    cluster's numbers, so the dashboard pauses (about 7 s here) and resumes
+    from a survivor with only the stopped node down -- never "unreachable"."""
+    cluster.env = {**(cluster.env or {}), "BROKERD_ADMIN_TOKEN": TOKEN}
+    nodes = cluster.start(3, "--admin", "127.0.0.1:0", "--sys-interval", "0")
+    first, second, third = (cluster.name(n) for n in nodes)
+    settings.BROKERD_ADMIN_URL = ",".join(n.admin_url for n in nodes)
+    settings.BROKERD_ADMIN_TOKEN = TOKEN
+    settings.METRICS_POLL_INTERVAL = 0.25
+    cid = f"kickme-{time.monotonic_ns()}"
+    device = Paho(cid, version=mqtt.MQTTv5).connect(nodes[2].port())
+    root = browsers["root"]
+
+    async def scenario():
+        comm = socket("/ws/metrics/", root)
+        connected, _ = await comm.connect()
+        assert connected
+        await receive_until(comm, lambda m: ok(m) and health(m) == {first: "ok", second: "ok", third: "ok"},
+                            timeout=10)
+        nodes[0].proc.send_signal(signal.SIGSTOP)
+        seen = [await receive_until(comm, lambda m: m.get("type") == "update", timeout=15)]
+        while not nodes_down(seen[-1]):
+            seen.append(await receive_until(comm, lambda m: m.get("type") == "update", timeout=15))
+        kick = await database_sync_to_async(root.post)(f"/tenants/default/clients/{cid}/kick/", {})
+        seen += [await receive_until(comm, lambda m: m.get("type") == "update", timeout=5) for _ in range(8)]
+        await comm.disconnect()
+        return seen, kick
+
+    try:
+        seen, kick = run(scenario)
+    finally:
+        nodes[0].kill()                 # SIGKILL ends a stopped process too
+    assert [m["state"] for m in seen] == ["ok"] * len(seen)
+    assert all(health(m).get(second) == health(m).get(third) == "ok" and health(m).get(first) != "ok"
+               for m in seen)
+    assert {s for m in seen for s in nodes_down(m)} == {first}
+    assert kick.status_code == 302, kick.content.decode()[-2000:]
+    assert device.expect_disconnect()[0].value == 0x98
