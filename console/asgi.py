@@ -1,5 +1,7 @@
 """ASGI entry point, served by daphne: HTTP (Django) and the live metrics
-websockets (Channels: session authentication, allowed origins only)."""
+websockets (Channels: session authentication, allowed origins only). The
+client's address is the socket's peer, or what a trusted proxy says it is
+(``console.forwarded``; daphne runs without ``--proxy-headers``)."""
 
 import os
 
@@ -12,10 +14,11 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from console.forwarded import ForwardedFor  # noqa: E402
 from metrics.hub import HubStarter  # noqa: E402
 from metrics.routing import websocket_urlpatterns  # noqa: E402
 
-application = HubStarter(ProtocolTypeRouter({
+application = ForwardedFor(HubStarter(ProtocolTypeRouter({
     "http": django_asgi_app,
     "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
-}))
+})))

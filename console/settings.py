@@ -14,7 +14,9 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
+from .brokerd_api import admin_urls
 from .env import envbool, envfloat, envint, envlist, envsecret, envstr, generated_secret
+from .forwarded import parse_networks
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("VAR_DIR", str(BASE_DIR / "var")))
@@ -123,10 +125,21 @@ if PRODUCTION:
         "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
     }
 
-# The brokerd admin API the console acts through (any node answers for the
-# cluster) and its write-scoped token; `make run` shares a generated one with
-# brokerd through var/admin_token.
+# The brokerd admin APIs the console acts through and its write-scoped token;
+# `make run` shares a generated one with brokerd through var/admin_token. Any
+# node answers for the cluster: BROKERD_ADMIN_URL lists nodes (comma-separated;
+# one is enough to start), the console learns the others from the cluster's
+# membership (GET /api/v1/nodes every BROKERD_ADMIN_DISCOVERY_INTERVAL seconds,
+# 0: only the list), asks the node that answered last and fails over to the
+# next when one gives no connection within BROKERD_ADMIN_CONNECT_TIMEOUT
+# seconds (console/brokerd_api.py: which requests are repeated on another node).
 BROKERD_ADMIN_URL = envstr("BROKERD_ADMIN_URL", "http://127.0.0.1:18083")
+try:
+    admin_urls(BROKERD_ADMIN_URL)
+except ValueError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+BROKERD_ADMIN_CONNECT_TIMEOUT = envfloat("BROKERD_ADMIN_CONNECT_TIMEOUT", 1.0)
+BROKERD_ADMIN_DISCOVERY_INTERVAL = envfloat("BROKERD_ADMIN_DISCOVERY_INTERVAL", 10.0)
 BROKERD_ADMIN_TOKEN = envsecret("BROKERD_ADMIN_TOKEN") or generated_secret(VAR_DIR / "admin_token")
 
 LOGIN_URL = "login"
@@ -149,6 +162,12 @@ SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", PRODUCTION)
 SECURE_REDIRECT_EXEMPT = [r"^healthz$"]            # health checks come over plain HTTP from inside
 if envbool("TRUST_X_FORWARDED_PROTO", False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# The proxies in front of daphne (addresses or networks, comma-separated):
+# only a request from one of them has its X-Forwarded-For / X-Forwarded-Proto
+# believed (console/forwarded.py). Empty (the default): the socket's peer is
+# the client -- what the login throttle and the audit log record.
+TRUSTED_PROXIES = envlist("TRUSTED_PROXIES")
+parse_networks(TRUSTED_PROXIES)         # a typo stops the process here, not at the first request
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS")
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"

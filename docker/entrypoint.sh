@@ -39,12 +39,14 @@ case "$role" in
         record_role
         host=${CONSOLE_HOST:-127.0.0.1}
         port=${CONSOLE_PORT:-8000}
+        # no --proxy-headers: daphne would believe any client's X-Forwarded-For; the console
+        # takes forwarded headers only from the proxies in TRUSTED_PROXIES (console/forwarded.py)
         if [ -n "${CONSOLE_TLS_CERT:-}" ]; then
             # twisted's endpoint syntax: ':' and '=' in paths would need escaping, so keep them plain
             exec daphne -e "ssl:port=$port:interface=$host:privateKey=${CONSOLE_TLS_KEY:?CONSOLE_TLS_KEY is needed with CONSOLE_TLS_CERT}:certKey=$CONSOLE_TLS_CERT" \
-                --proxy-headers "$@" console.asgi:application
+                "$@" console.asgi:application
         fi
-        exec daphne -b "$host" -p "$port" --proxy-headers "$@" console.asgi:application
+        exec daphne -b "$host" -p "$port" "$@" console.asgi:application
         ;;
     worker)
         record_role

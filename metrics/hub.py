@@ -1,13 +1,17 @@
 """The metrics hub: one per console process, on its event loop.
 
 Once a second (``METRICS_POLL_INTERVAL``) it asks brokerd's admin API for
-``GET /api/v1/metrics`` (in a thread: the client is urllib), turns the
+``GET /api/v1/metrics`` (in a thread: the client is blocking), turns the
 answer into rates (``metrics.core.summarize``), evaluates the alarms
 (``metrics.core.AlarmRules`` -> ``metrics.alarms``) and sends each
 websocket its update over the channel layer: the cluster view to the group
 of administrators' sockets, a tenant's view to the group of that tenant's
-sockets. When brokerd does not answer it sends an "unreachable" update and
-keeps asking.
+sockets. Any node answers for the cluster: the client asks the one that
+answered last and fails over to the others (``console.brokerd_api``), whose
+admin APIs the hub also learns from ``GET /api/v1/nodes`` every
+``BROKERD_ADMIN_DISCOVERY_INTERVAL`` seconds; so a dead node is reported
+(and alarmed) by a live one. When no node answers it sends an "unreachable"
+update and keeps asking.
 
 It starts lazily -- from the first HTTP request or websocket that reaches
 the ASGI application (``HubStarter`` in console/asgi.py) -- and keeps
@@ -165,11 +169,15 @@ class Hub:
         interval = poll_interval()
         client = BrokerdClient(timeout=max(2.0, 2 * interval))
         layer = get_channel_layer()
-        log.info("metrics hub %s polling %s every %.1f s", self.id, client.base_url, interval)
+        log.info("metrics hub %s polling %s every %.1f s", self.id, ", ".join(client.endpoints.configured),
+                 interval)
         loop = asyncio.get_running_loop()
-        next_at = loop.time()
+        next_at = discover_at = loop.time()
         while True:
             try:
+                if discovery_interval() > 0 and loop.time() >= discover_at:
+                    discover_at = loop.time() + discovery_interval()
+                    await self.discover(client)
                 await self.tick(client, layer)
             except asyncio.CancelledError:
                 raise
@@ -178,13 +186,27 @@ class Hub:
             next_at = max(next_at + interval, loop.time() + 0.05)
             await asyncio.sleep(next_at - loop.time())
 
+    async def discover(self, client: BrokerdClient) -> None:
+        """Learn the cluster's admin APIs (console.brokerd_api): polls and pages fail over to them."""
+        before = list(client.endpoints.learned)
+        try:
+            learned = await asyncio.to_thread(client.discover)
+        except BrokerdError as exc:
+            log.debug("metrics hub: could not list the nodes: %s", exc.message)
+            return
+        if learned != before:
+            log.info("metrics hub: admin APIs of the cluster: %s", ", ".join(client.endpoints.configured + learned))
+
     async def tick(self, client: BrokerdClient, layer) -> None:
         now = time.time()
+        asked = client.base_url
         try:
             doc = await asyncio.to_thread(client.metrics)
             error = None
         except BrokerdError as exc:
             doc, error = None, exc.message
+        if doc is not None and client.base_url != asked:
+            log.warning("metrics hub: %s does not answer; %s does", asked, client.base_url)
         self.polls += 1
         if doc is not None:
             prev = self.docs[-1] if self.docs else None
@@ -295,6 +317,10 @@ class Hub:
 
 def poll_interval() -> float:
     return float(getattr(settings, "METRICS_POLL_INTERVAL", 1.0))
+
+
+def discovery_interval() -> float:
+    return float(getattr(settings, "BROKERD_ADMIN_DISCOVERY_INTERVAL", 10.0))
 
 
 def alarm_settings() -> core.AlarmSettings:
