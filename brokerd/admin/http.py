@@ -36,8 +36,12 @@ log = logging.getLogger("brokerd.admin")
 
 MAX_BODY = 4 * 1024 * 1024
 MAX_HEADERS = 64 * 1024
-LINGER = 1.0                     # seconds a refused socket is drained before it is closed
-LINGER_BYTES = 256 * 1024        # ... or bytes
+# A refused request's socket is drained (read, nothing kept) before it is closed, for at most
+# LINGER seconds or LINGER_BYTES: closing with unread bytes makes the kernel send a reset, which
+# can reach the client before it has read our answer. A client that sends a body of up to
+# MAX_BODY and then reads sees the answer.
+LINGER = 1.0
+LINGER_BYTES = MAX_BODY + MAX_HEADERS
 REASONS = {100: b"Continue", 200: b"OK", 201: b"Created", 204: b"No Content", 400: b"Bad Request",
            401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found", 405: b"Method Not Allowed",
            413: b"Payload Too Large", 500: b"Internal Server Error", 502: b"Bad Gateway",
