@@ -315,7 +315,7 @@ class AdminServer:
         target = path + ("?" + urlencode({**query, "local": "1"}))
         headers = {"authorization": req.headers.get("authorization", ""), "content-type": "application/json"}
         if req.headers.get("x-on-behalf-of"):       # the owner of a session audits what it does to it
-            headers["x-on-behalf-of"] = req.headers["x-on-behalf-of"]
+            headers["x-on-behalf-of"] = req.headers["x-on-behalf-of"].encode("latin-1")   # as it came
         return await request(host, int(port), req.method, target, headers, req.body)
 
     async def _gather(self, req: Request, what: str) -> list:
