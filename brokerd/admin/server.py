@@ -150,13 +150,15 @@ class AdminServer:
 
     async def handle(self, req: Request) -> tuple:
         path = req.path.rstrip("/") or "/"
+        # no token, so no keep-alive: nothing unauthenticated holds one of the admin connections
+        close = [("connection", "close")]
         if path == "/healthz":
             cluster = self.server.cluster
             if cluster is not None and cluster.fenced:      # container health checks: send traffic elsewhere
-                return json_response(503, {"status": "fenced", "node": self.node})
-            return json_response(200, {"status": "ok", "node": self.node})
+                return json_response(503, {"status": "fenced", "node": self.node}, close)
+            return json_response(200, {"status": "ok", "node": self.node}, close)
         if path == "/openapi.json":
-            return json_response(200, OPENAPI)
+            return json_response(200, OPENAPI, close)
         token = req.token
         if token is None:                 # admit() lets no such request through
             return json_response(401, {"error": "a valid bearer token is required"})

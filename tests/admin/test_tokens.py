@@ -9,8 +9,9 @@ from .conftest import CONSOLE_TOKEN
 
 
 def test_health_and_openapi_need_no_token(http):
-    status, _, body = http("GET", "/healthz")
+    status, headers, body = http("GET", "/healthz")
     assert (status, body["status"], body["node"]) == (200, "ok", "n1")
+    assert headers["connection"] == "close"        # nothing without a token keeps an admin connection
     status, headers, spec = http("GET", "/openapi.json")
     assert status == 200 and headers["content-type"].startswith("application/json")
     assert spec["openapi"].startswith("3.")
