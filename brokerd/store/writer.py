@@ -18,9 +18,10 @@ publish with a Message Expiry Interval of -1 did: every persistent QoS 1
 message of every tenant got 0x83). Such a batch is halved until the failing
 operations stand alone; each of those is dropped -- logged, counted in
 ``dropped`` (the admin API's metrics, ``store.writes_dropped``, and
-Prometheus) -- and the rest is written in order. Nothing is dropped because
-the store is down: a single operation is dropped only when it fails by
-itself with a data error.
+Prometheus) -- and the rest is written in order; the batch's callbacks hear
+"durable" (what was dropped never could be). Nothing is dropped because the
+store is down: a single operation is dropped only when it fails by itself
+with a data error.
 """
 
 import asyncio
