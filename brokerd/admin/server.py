@@ -53,25 +53,40 @@ class Token:
     delegates: bool = False     # may name the console user it acts for (X-On-Behalf-Of)
 
 
+def _env_secret(name: str) -> str | None:
+    """``$NAME``, else the contents of the file ``$NAME_FILE`` (a Docker/Kubernetes secret)."""
+    value = os.environ.get(name)
+    if not value and os.environ.get(name + "_FILE"):
+        with open(os.environ[name + "_FILE"]) as fh:
+            value = fh.read().strip()
+    return value or None
+
+
+def _digest(secret: str) -> str:
+    return "sha256$" + hashlib.sha256(secret.encode()).hexdigest()
+
+
 class AdminTokens:
-    """Token hashes -> tokens; refreshed from the console's database."""
+    """Token hashes -> tokens; refreshed from the console's database.
+
+    The console's own token is ``BROKERD_ADMIN_TOKEN``; while it is being
+    rotated, ``BROKERD_ADMIN_TOKEN_PREVIOUS`` is accepted as the console's
+    too, so a console that has not switched yet keeps acting for its users."""
 
     def __init__(self):
         self.by_hash: dict[str, Token] = {}
-        bootstrap = os.environ.get("BROKERD_ADMIN_TOKEN")
-        if not bootstrap and os.environ.get("BROKERD_ADMIN_TOKEN_FILE"):     # a Docker/Kubernetes secret
-            with open(os.environ["BROKERD_ADMIN_TOKEN_FILE"]) as fh:
-                bootstrap = fh.read().strip()
-        self.bootstrap = ("sha256$" + hashlib.sha256(bootstrap.encode()).hexdigest()) if bootstrap else None
+        self.console = [_digest(s) for s in (_env_secret("BROKERD_ADMIN_TOKEN"),
+                                             _env_secret("BROKERD_ADMIN_TOKEN_PREVIOUS")) if s]
 
     def replace(self, rows) -> None:
         """Rows of (id, name, token_hash, scope, revoked)."""
         self.by_hash = {h: Token(i, n, s, bool(r)) for i, n, h, s, r in rows}
 
     def check(self, secret: str) -> Token | None:
-        digest = "sha256$" + hashlib.sha256(secret.encode()).hexdigest()
-        if self.bootstrap and hmac.compare_digest(digest, self.bootstrap):
-            return Token(None, "bootstrap", "write", delegates=True)
+        digest = _digest(secret)
+        for i, known in enumerate(self.console):
+            if hmac.compare_digest(digest, known):
+                return Token(None, "bootstrap" if i == 0 else "bootstrap-previous", "write", delegates=True)
         token = self.by_hash.get(digest)
         return token if token is not None and not token.revoked else None
 

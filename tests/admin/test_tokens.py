@@ -191,3 +191,25 @@ def test_a_header_that_is_not_utf8_still_gets_an_answer(plane, node, http, token
     conn.close()
     c.expect_disconnect()
     assert _audit_actor(plane, client_id) == "café (via api-token:bootstrap)"   # read as Latin-1, as HTTP does
+
+
+def test_while_the_consoles_token_is_rotated_the_previous_one_still_acts_for_its_users(plane, client_id):
+    """Rotating BROKERD_ADMIN_TOKEN (docs/operations.md): the nodes take the new one with the
+    old one as BROKERD_ADMIN_TOKEN_PREVIOUS, so the console, until it has switched, still acts
+    for its users (a console-made token would now get 403 for X-On-Behalf-Of). The audit row
+    says which of the two it was; any other secret is refused."""
+    from console.brokerd_api import BrokerdClient
+
+    from ..procs import BrokerProcess
+
+    env = {**plane.env, "BROKERD_ADMIN_TOKEN": "rotated-new", "BROKERD_ADMIN_TOKEN_PREVIOUS": "rotated-old"}
+    with BrokerProcess("--sys-interval", "0", "--admin", "127.0.0.1:0", env=env) as b:
+        for i, (secret, name) in enumerate((("rotated-old", "bootstrap-previous"), ("rotated-new", "bootstrap"))):
+            cid = f"{client_id}-{i}"
+            c = PahoClient(cid).connect(b.port())
+            assert BrokerdClient(base_url=b.admin_url, token=secret, actor="console:rita").kick("default", cid)
+            c.expect_disconnect()
+            assert _audit_actor(plane, cid) == f"console:rita (via api-token:{name})"
+        from .conftest import Http
+
+        assert Http(b.admin_url)("GET", "/api/v1/nodes", token="rotated-older")[0] == 401
