@@ -378,9 +378,13 @@ class HttpProtocol(asyncio.Protocol):
         return False
 
 
+MAX_RESPONSE = 256 * 1024 * 1024     # another node's answer: 100,000 clients are about 60 MB
+
+
 async def request(host: str, port: int, method: str, target: str, headers: dict, body: bytes = b"",
-                  timeout: float = 5.0) -> tuple[int, bytes]:
-    """One HTTP request to another node; -> (status, body)."""
+                  timeout: float = 5.0, max_bytes: int = MAX_RESPONSE) -> tuple[int, bytes]:
+    """One HTTP request to another node; -> (status, body). An answer longer than
+    ``max_bytes`` is given up on (ValueError), as one that takes over ``timeout``."""
     async def go():
         reader, writer = await asyncio.open_connection(host, port)
         try:
@@ -389,7 +393,7 @@ async def request(host: str, port: int, method: str, target: str, headers: dict,
                   *headers.items()]
             writer.write(conn.send(h11.Request(method=method, target=target, headers=hs)) +
                          (conn.send(h11.Data(data=body)) if body else b"") + conn.send(h11.EndOfMessage()))
-            status, chunks = 0, []
+            status, chunks, size = 0, [], 0
             while True:
                 event = conn.next_event()
                 if event is h11.NEED_DATA:
@@ -398,6 +402,9 @@ async def request(host: str, port: int, method: str, target: str, headers: dict,
                 if isinstance(event, h11.Response):
                     status = event.status_code
                 elif isinstance(event, h11.Data):
+                    size += len(event.data)
+                    if size > max_bytes:
+                        raise ValueError(f"{host}:{port} answered more than {max_bytes} bytes")
                     chunks.append(event.data)
                 elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
                     return status, b"".join(chunks)

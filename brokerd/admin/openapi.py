@@ -27,6 +27,9 @@ def _json(ref):
     return {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}}}
 
 
+# a client action asked of a node that does not hold the session is passed to the one that does
+_PEER = {"502": {"description": "the node that holds the session did not answer", **_ERR}}
+
 _PAGE = [_q("page", "page number, from 1", schema={"type": "integer", "minimum": 1, "default": 1}),
          _q("per_page", "items per page", schema={"type": "integer", "minimum": 1, "maximum": 1000, "default": 50})]
 _CLIENT = [_p("tenant", "tenant slug"), _p("client_id", "MQTT client identifier")]
@@ -146,23 +149,23 @@ OPENAPI = {
             "get": {"summary": "one client's session: subscriptions, queue depth, inflight, connection",
                     "parameters": _CLIENT,
                     "responses": {"200": {"description": "the session", **_json("Client")},
-                                  "404": {"description": "no such client", **_ERR}, **_AUTH}},
+                                  "404": {"description": "no such client", **_ERR}, **_AUTH, **_PEER}},
             "delete": {"summary": "disconnect a client (v5: DISCONNECT 0x98), optionally ending its session",
                        "parameters": [*_CLIENT, _q("clear_session", "also end the session",
                                                    schema={"type": "boolean"})],
                        "responses": {"200": {"description": "kicked"}, "404": {"description": "no such client", **_ERR},
-                                     **_AUTH}}},
+                                     **_AUTH, **_PEER}}},
         "/api/v1/clients/{tenant}/{client_id}/subscriptions": {
             "post": {"summary": "subscribe the client (its ACL does not apply to administrators)",
                      "parameters": _CLIENT, "requestBody": {"required": True, **_json("SubscriptionRequest")},
                      "responses": {"201": {"description": "subscribed"},
                                    "400": {"description": "invalid (a field out of its range, an unknown field, "
                                                           "JSON that is not an object)", **_ERR},
-                                   "404": {"description": "no such client", **_ERR}, **_AUTH, **_BODY}},
+                                   "404": {"description": "no such client", **_ERR}, **_AUTH, **_PEER, **_BODY}},
             "delete": {"summary": "remove one of the client's subscriptions",
                        "parameters": [*_CLIENT, _q("filter", "the topic filter", required=True)],
                        "responses": {"200": {"description": "removed"},
-                                     "404": {"description": "no such client or subscription", **_ERR}, **_AUTH}}},
+                                     "404": {"description": "no such client or subscription", **_ERR}, **_AUTH, **_PEER}}},
         "/api/v1/publish": {"post": {
             "summary": "publish a message in a tenant's topic space",
             "requestBody": {"required": True, **_json("PublishRequest")},

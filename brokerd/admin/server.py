@@ -34,6 +34,8 @@ import urllib.parse
 from dataclasses import dataclass
 from urllib.parse import unquote, urlencode
 
+import h11
+
 from .. import metrics
 from ..metrics import prometheus
 from . import api
@@ -367,7 +369,10 @@ class AdminServer:
         address = self._peers().get(owner) if owner else None
         if address is None:
             raise ApiError(404, "no such client")
-        status, body = await self._ask(address, req, req.path, dict(req.query))
+        try:
+            status, body = await self._ask(address, req, req.path, dict(req.query))
+        except (OSError, TimeoutError, ValueError, h11.ProtocolError) as exc:
+            raise ApiError(502, f"node {owner}, which holds the session, did not answer: {exc or type(exc).__name__}")
         return status, [("content-type", "application/json")], body
 
     async def _audit(self, token: Token, req: Request, action, object_type, object_id, tenant, before, after):
