@@ -103,6 +103,10 @@ class Config:
     control_plane: str | None = None
     cluster: str | None = None
     admin: str | None = None
+    # the admin API's bounds (what whoever reaches its port can make the node hold)
+    admin_max_connections: int = 64
+    admin_timeout: float = 10.0
+    admin_body_budget: int = 16 * 1024 * 1024
     cluster_listen: str = "127.0.0.1:0"
     # node links: a shared secret (BROKERD_CLUSTER_SECRET or a file) and/or mutual TLS -- see link_secret()
     cluster_secret: str | None = field(default=None, repr=False)
@@ -162,6 +166,12 @@ class Config:
             host, _, port = self.admin.rpartition(":")
             if not host or not port.isdigit():
                 raise ConfigError("--admin must be HOST:PORT")
+        if not 1 <= self.admin_max_connections <= 10_000:
+            raise ConfigError("--admin-max-connections must be 1..10000")
+        if not 0 < self.admin_timeout <= 3600:
+            raise ConfigError("--admin-timeout must be more than 0 and at most 3600 seconds")
+        if self.admin_body_budget < 64 * 1024:
+            raise ConfigError("--admin-body-budget must be at least 65536 bytes")
         if self.cluster:
             if not self.cluster.startswith(("redis://", "rediss://", "unix://")):
                 raise ConfigError("--cluster must be a redis:// URL")
@@ -308,6 +318,16 @@ def _build_parser() -> argparse.ArgumentParser:
                         "(sqlite:///PATH or postgres://...; default: $DATABASE_URL if set; 'none' disables)")
     p.add_argument("--admin", metavar="HOST:PORT",
                    help="serve the admin API (HTTP + JSON, bearer tokens from the console or $BROKERD_ADMIN_TOKEN)")
+    p.add_argument("--admin-max-connections", type=int, metavar="N",
+                   help="admin API connections open at once; more are closed at accept, so the admin port can "
+                        "never take the descriptors MQTT clients and the store need (default 64)")
+    p.add_argument("--admin-timeout", type=float, metavar="SECONDS",
+                   help="an admin API connection that has not sent a whole request this long after it opened "
+                        "or after its last answer is closed (default 10)")
+    p.add_argument("--admin-body-budget", type=int, metavar="BYTES",
+                   help="request bodies the admin API holds at once, all connections together; a request that "
+                        "would pass it gets 503 before its body is read (default 16777216; one body: at most "
+                        "4 MiB)")
     p.add_argument("--cluster", metavar="URL",
                    help="join the cluster whose bus is this Redis (redis://HOST:PORT/DB[?prefix=NAME]); nodes "
                         "need a shared --store and distinct --node-id")

@@ -19,6 +19,7 @@ import sys
 import time
 
 from . import __version__
+from .admin.http import HttpLimits
 from .admin.server import AdminServer, AdminTokens
 from .broker import Broker, BrokerConfig
 from .cluster.node import ClusterError, ClusterNode
@@ -236,7 +237,9 @@ class Server:
         if self.config.admin:
             host, _, port = self.config.admin.rpartition(":")
             audit = AuditSink(self.policy_source.db) if self.policy_source is not None else None
-            self.admin = AdminServer(self, host, int(port), self.admin_tokens, audit)
+            limits = HttpLimits(max_connections=self.config.admin_max_connections,
+                                timeout=self.config.admin_timeout, body_budget=self.config.admin_body_budget)
+            self.admin = AdminServer(self, host, int(port), self.admin_tokens, audit, limits)
             await self.admin.start()
         if self.config.cluster:
             host, _, port = self.config.cluster_listen.rpartition(":")

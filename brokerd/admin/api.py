@@ -2,16 +2,29 @@
 
 Everything returned is plain JSON-able data. The HTTP layer (``server.py``)
 authenticates, parses, asks every node of the cluster and merges.
+
+Every value a request brings is checked against what MQTT allows for it
+before anything is done (400 with what was wrong): a value the codec or the
+store cannot take would otherwise fail after the message was delivered or
+retained on this node, or poison the store's write batch (a Message Expiry
+Interval is a four-byte integer, MQTT 5 3.3.2.3.3). Fields the endpoint does
+not know are refused too: a misspelt ``mesage_expiry`` must not be ignored.
 """
 
 import base64
 
+from ..protocol import codec
 from ..protocol import properties as P
 from ..protocol import reason as rc
 from ..protocol.packets import Publish, SubscriptionRequest
 from ..routing.topic import is_valid_name
 
 MAX_PAGE = 1000
+U32 = 0xFFFFFFFF
+DOLLAR_TOPIC = "topics starting with '$' are the broker's own ($SYS): the API does not publish or clear them"
+PUBLISH_FIELDS = frozenset({"tenant", "topic", "payload", "payload_encoding", "qos", "retain", "content_type",
+                            "message_expiry", "user_properties"})
+SUBSCRIPTION_FIELDS = frozenset({"filter", "qos", "no_local", "retain_as_published", "retain_handling"})
 
 
 class ApiError(Exception):
@@ -32,6 +45,30 @@ def mqtt_text(value) -> bool:
         return len(value.encode("utf-8")) <= 65535
     except UnicodeEncodeError:
         return False
+
+
+def _fields(body: dict, known: frozenset) -> None:
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise ApiError(400, f"unknown field(s) {', '.join(map(repr, unknown))}; this endpoint takes "
+                            f"{', '.join(sorted(known))}")
+
+
+def _int(body: dict, key: str, lo: int, hi: int, default):
+    """An integer field in ``lo..hi`` (JSON true/false and 1.0 are not integers)."""
+    value = body.get(key, default)
+    if value is default:
+        return value
+    if type(value) is not int or not lo <= value <= hi:
+        raise ApiError(400, f"{key!r} must be an integer from {lo} to {hi}, not {value!r}"[:300])
+    return value
+
+
+def _bool(body: dict, key: str) -> bool:
+    value = body.get(key, False)
+    if type(value) is not bool:
+        raise ApiError(400, f"{key!r} must be true or false, not {value!r}"[:300])
+    return value
 
 
 def _peer_ip(peer: str) -> str:
@@ -149,16 +186,22 @@ def add_subscription(broker, tenant: str, client_id: str, body: dict, now: float
     session = ns.sessions.get(client_id) if ns is not None else None
     if session is None:
         raise ApiError(404, "no such client")
-    filt = body.get("filter")
-    qos = body.get("qos", 0)
-    if not mqtt_text(filt) or qos not in (0, 1, 2):
-        raise ApiError(400, "body needs 'filter' (string) and 'qos' (0, 1 or 2)")
-    req = SubscriptionRequest(filt, qos, bool(body.get("no_local", False)),
-                              bool(body.get("retain_as_published", False)), int(body.get("retain_handling", 0)))
+    req = subscription_request(body)
+    filt = req.filter
     code = broker.admin_subscribe(session, req, now)
     if code >= 0x80:
         raise ApiError(400, f"subscription refused: {rc.NAMES.get(code, hex(code))}")
     return {"filter": filt, "qos": code}
+
+
+def subscription_request(body: dict) -> SubscriptionRequest:
+    """A SUBSCRIBE's options from a request body, checked as the codec checks them (MQTT 5 3.8.3.1)."""
+    _fields(body, SUBSCRIPTION_FIELDS)
+    filt = body.get("filter")
+    if not mqtt_text(filt) or not filt:
+        raise ApiError(400, "body needs 'filter' (a topic filter: a non-empty MQTT string)")
+    return SubscriptionRequest(filt, _int(body, "qos", 0, 2, 0), _bool(body, "no_local"),
+                               _bool(body, "retain_as_published"), _int(body, "retain_handling", 0, 2, 0))
 
 
 def remove_subscription(broker, tenant: str, client_id: str, filt: str, now: float) -> bool:
@@ -169,36 +212,74 @@ def remove_subscription(broker, tenant: str, client_id: str, filt: str, now: flo
     return broker.admin_unsubscribe(session, filt, now)
 
 
-def publish(broker, body: dict, now: float) -> dict:
+def publish(broker, body: dict, now: float, tenant_exists=lambda tenant: True) -> dict:
+    """Publish as the broker; nothing is done unless every field is valid,
+    the tenant exists and the message fits the node's maximum packet size."""
+    msg, tenant = publish_message(body, broker.limits.max_packet_size)
+    if not tenant_exists(tenant):
+        raise ApiError(404, f"no tenant {tenant!r}")
+    if P.MESSAGE_EXPIRY_INTERVAL in (msg.properties or ()):
+        msg.expiry_at = now + msg.properties[P.MESSAGE_EXPIRY_INTERVAL]
+    deliveries = broker.publish_internal(broker.namespace(tenant), msg, now)
+    return {"tenant": tenant, "topic": msg.topic, "deliveries": deliveries}
+
+
+def publish_message(body: dict, max_packet_size: int) -> tuple[Publish, str]:
+    """A publish request's body -> (the message, its tenant), or ApiError(400)."""
+    _fields(body, PUBLISH_FIELDS)
     tenant = body.get("tenant")
     topic = body.get("topic")
-    qos = body.get("qos", 0)
     if not mqtt_text(tenant) or not tenant or not mqtt_text(topic) or not is_valid_name(topic):
         raise ApiError(400, "body needs 'tenant' and a valid 'topic' name (no wildcards)")
-    if qos not in (0, 1, 2):
-        raise ApiError(400, "'qos' must be 0, 1 or 2")
+    if topic.startswith("$"):
+        raise ApiError(400, DOLLAR_TOPIC)
+    qos = _int(body, "qos", 0, 2, 0)
+    retain = _bool(body, "retain")
+    payload, props = _payload(body), _properties(body) or None
+    size = len(codec.encode(Publish(topic, payload, qos, retain, False, 1 if qos else 0, props), codec.MQTT5))
+    if size > max_packet_size:
+        raise ApiError(400, f"the message would be a {size}-byte PUBLISH packet; this node's maximum packet "
+                            f"size is {max_packet_size} bytes")
+    return Publish(topic, payload, qos, retain, False, 0, props), tenant
+
+
+def _payload(body: dict) -> bytes:
     payload = body.get("payload", "")
-    try:
-        payload = (base64.b64decode(payload, validate=True) if body.get("payload_encoding") == "base64"
-                   else str(payload).encode())
-    except (ValueError, TypeError):
-        raise ApiError(400, "'payload' is not valid base64")
-    props = {}
-    if body.get("content_type"):
-        props[P.CONTENT_TYPE] = str(body["content_type"])
-        if not mqtt_text(props[P.CONTENT_TYPE]):
-            raise ApiError(400, "'content_type' is not a valid MQTT string")
-    if body.get("message_expiry") is not None:
-        props[P.MESSAGE_EXPIRY_INTERVAL] = int(body["message_expiry"])
-    if body.get("user_properties"):
-        props[P.USER_PROPERTY] = [(str(k), str(v)) for k, v in dict(body["user_properties"]).items()]
-        if not all(mqtt_text(k) and mqtt_text(v) for k, v in props[P.USER_PROPERTY]):
-            raise ApiError(400, "'user_properties' are not valid MQTT strings")
-    msg = Publish(topic, payload, qos, bool(body.get("retain", False)), False, 0, props or None)
-    if P.MESSAGE_EXPIRY_INTERVAL in props:
-        msg.expiry_at = now + props[P.MESSAGE_EXPIRY_INTERVAL]
-    deliveries = broker.publish_internal(broker.namespace(tenant), msg, now)
-    return {"tenant": tenant, "topic": topic, "deliveries": deliveries}
+    encoding = body.get("payload_encoding", "utf8")
+    if not isinstance(payload, str):
+        raise ApiError(400, "'payload' must be a string (text, or base64 with \"payload_encoding\": \"base64\")")
+    if encoding == "utf8":
+        try:
+            return payload.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError(400, "'payload' is not valid UTF-8 text (a lone surrogate)")
+    if encoding == "base64":
+        try:
+            return base64.b64decode(payload, validate=True)
+        except ValueError:
+            raise ApiError(400, "'payload' is not valid base64")
+    raise ApiError(400, "'payload_encoding' must be \"utf8\" or \"base64\"")
+
+
+def _properties(body: dict) -> dict:
+    props: dict = {}
+    content_type = body.get("content_type")
+    if content_type is not None:
+        if not mqtt_text(content_type):
+            raise ApiError(400, "'content_type' must be an MQTT string")
+        if content_type:
+            props[P.CONTENT_TYPE] = content_type
+    expiry = _int(body, "message_expiry", 0, U32, None)
+    if expiry is not None:
+        props[P.MESSAGE_EXPIRY_INTERVAL] = expiry
+    user = body.get("user_properties")
+    if user is not None:
+        if not isinstance(user, dict) or not all(mqtt_text(k) and isinstance(v, str) and mqtt_text(v)
+                                                 for k, v in user.items()):
+            raise ApiError(400, "'user_properties' must be an object of MQTT strings (names and values)")
+        if user:
+            props[P.USER_PROPERTY] = list(user.items())
+    return props
 
 
 def retained_list(broker, tenant: str, prefix: str) -> list[dict]:

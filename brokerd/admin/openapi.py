@@ -3,8 +3,15 @@
 from .. import __version__
 
 _ERR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-_AUTH = {"401": {"description": "missing, unknown or revoked token", **_ERR},
-         "403": {"description": "a read token tried to write", **_ERR}}
+_AUTH = {"401": {"description": "missing, unknown or revoked token (answered from the headers: the body is not "
+                                "read, and the connection is closed)", **_ERR},
+         "403": {"description": "a read token tried to write, or a token other than the console's own "
+                                "(BROKERD_ADMIN_TOKEN) sent X-On-Behalf-Of", **_ERR}}
+# a request with a body: refused from its headers before the body is read, and the connection closed
+_BODY = {"413": {"description": "the body is larger than the node takes (Content-Length above 4 MiB or "
+                                "--admin-body-budget)", **_ERR},
+         "503": {"description": "the node holds --admin-body-budget bytes of other requests' bodies: try again "
+                                "(Retry-After)", **_ERR}}
 
 
 def _q(name, desc, required=False, schema=None):
@@ -19,6 +26,9 @@ def _p(name, desc):
 def _json(ref):
     return {"content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}}}
 
+
+# a client action asked of a node that does not hold the session is passed to the one that does
+_PEER = {"502": {"description": "the node that holds the session did not answer", **_ERR}}
 
 _PAGE = [_q("page", "page number, from 1", schema={"type": "integer", "minimum": 1, "default": 1}),
          _q("per_page", "items per page", schema={"type": "integer", "minimum": 1, "maximum": 1000, "default": 50})]
@@ -48,6 +58,12 @@ OPENAPI = {
                 "uptime": {"type": "number"}, "loop_lag": {"type": "number", "description": "seconds, worst of 5 s"},
                 "cpu_seconds": {"type": "number"}, "memory_rss": {"type": "integer"},
                 "open_fds": {"type": "integer"},
+                "store": {"type": "object", "description": "the session store: backend, healthy, error, writes, "
+                          "writes_dropped (operations it can never take, dropped and logged, not retried), "
+                          "last_dropped"},
+                "admin": {"type": "object", "description": "this admin API: connections, max_connections, "
+                          "refused (closed at accept over the cap), timed_out, rejected (answered before the "
+                          "body), body_bytes, body_budget"},
                 "latency": {"type": "object", "description": "histogram of 1 in 64 deliveries: cumulative "
                             "[le_seconds, count] buckets, sum, count"},
                 "tenants": {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/Totals"}}}}]},
@@ -83,14 +99,18 @@ OPENAPI = {
             "SubscriptionRequest": {"type": "object", "properties": {
                 "filter": {"type": "string"}, "qos": {"type": "integer", "enum": [0, 1, 2]},
                 "no_local": {"type": "boolean"}, "retain_as_published": {"type": "boolean"},
-                "retain_handling": {"type": "integer", "enum": [0, 1, 2]}}, "required": ["filter"]},
+                "retain_handling": {"type": "integer", "enum": [0, 1, 2]}}, "required": ["filter"],
+                "additionalProperties": False},
             "PublishRequest": {"type": "object", "properties": {
                 "tenant": {"type": "string"}, "topic": {"type": "string"}, "payload": {"type": "string"},
                 "payload_encoding": {"type": "string", "enum": ["utf8", "base64"], "default": "utf8"},
                 "qos": {"type": "integer", "enum": [0, 1, 2]}, "retain": {"type": "boolean"},
-                "content_type": {"type": "string"}, "message_expiry": {"type": "integer", "minimum": 0},
+                "content_type": {"type": "string"},
+                "message_expiry": {"type": "integer", "minimum": 0, "maximum": 4294967295},
                 "user_properties": {"type": "object", "additionalProperties": {"type": "string"}}},
-                "required": ["tenant", "topic"]},
+                "required": ["tenant", "topic"], "additionalProperties": False,
+                "description": "the topic may not start with '$'; the PUBLISH packet must fit the node's "
+                               "maximum packet size"},
             "Retained": {"type": "object", "properties": {
                 "tenant": {"type": "string"}, "topic": {"type": "string"}, "qos": {"type": "integer"},
                 "size": {"type": "integer"}, "expires_at": {"type": "number", "nullable": True},
@@ -129,26 +149,32 @@ OPENAPI = {
             "get": {"summary": "one client's session: subscriptions, queue depth, inflight, connection",
                     "parameters": _CLIENT,
                     "responses": {"200": {"description": "the session", **_json("Client")},
-                                  "404": {"description": "no such client", **_ERR}, **_AUTH}},
+                                  "404": {"description": "no such client", **_ERR}, **_AUTH, **_PEER}},
             "delete": {"summary": "disconnect a client (v5: DISCONNECT 0x98), optionally ending its session",
                        "parameters": [*_CLIENT, _q("clear_session", "also end the session",
                                                    schema={"type": "boolean"})],
                        "responses": {"200": {"description": "kicked"}, "404": {"description": "no such client", **_ERR},
-                                     **_AUTH}}},
+                                     **_AUTH, **_PEER}}},
         "/api/v1/clients/{tenant}/{client_id}/subscriptions": {
             "post": {"summary": "subscribe the client (its ACL does not apply to administrators)",
                      "parameters": _CLIENT, "requestBody": {"required": True, **_json("SubscriptionRequest")},
-                     "responses": {"201": {"description": "subscribed"}, "400": {"description": "invalid", **_ERR},
-                                   "404": {"description": "no such client", **_ERR}, **_AUTH}},
+                     "responses": {"201": {"description": "subscribed"},
+                                   "400": {"description": "invalid (a field out of its range, an unknown field, "
+                                                          "JSON that is not an object)", **_ERR},
+                                   "404": {"description": "no such client", **_ERR}, **_AUTH, **_PEER, **_BODY}},
             "delete": {"summary": "remove one of the client's subscriptions",
                        "parameters": [*_CLIENT, _q("filter", "the topic filter", required=True)],
                        "responses": {"200": {"description": "removed"},
-                                     "404": {"description": "no such client or subscription", **_ERR}, **_AUTH}}},
+                                     "404": {"description": "no such client or subscription", **_ERR}, **_AUTH, **_PEER}}},
         "/api/v1/publish": {"post": {
             "summary": "publish a message in a tenant's topic space",
             "requestBody": {"required": True, **_json("PublishRequest")},
             "responses": {"200": {"description": "published (deliveries on the nodes reached)"},
-                          "400": {"description": "invalid", **_ERR}, **_AUTH}}},
+                          "400": {"description": "invalid: a field out of its MQTT range (qos 0..2, "
+                                                 "message_expiry 0..4294967295, strings), an unknown field, a "
+                                                 "'$' topic, a message larger than the node's maximum packet "
+                                                 "size, JSON that is not an object", **_ERR},
+                          "404": {"description": "no such tenant", **_ERR}, **_AUTH, **_BODY}}},
         "/api/v1/retained": {
             "get": {"summary": "retained messages of a tenant (list by topic prefix, or one with 'topic')",
                     "parameters": [_q("tenant", "tenant slug", required=True), _q("prefix", "topic prefix"),
@@ -159,6 +185,7 @@ OPENAPI = {
                        "parameters": [_q("tenant", "tenant slug", required=True),
                                       _q("topic", "topic", required=True)],
                        "responses": {"200": {"description": "cleared"}, "404": {"description": "none", **_ERR},
+                                     "400": {"description": "a '$' topic (the broker's own)", **_ERR},
                                      **_AUTH}}},
     },
 }

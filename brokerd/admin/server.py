@@ -6,7 +6,15 @@ flag; the node re-reads them with the tenants' policies, so a revocation
 takes effect within a second), or given to the node as ``BROKERD_ADMIN_TOKEN``
 (a write token, for scripts and a console without database access).
 GET needs ``read``; POST and DELETE need ``write``. A missing, unknown or
-revoked token gets 401, a read token that tries to write 403.
+revoked token gets 401, a read token that tries to write 403 -- decided from
+the request's headers, before its body is read (``http.py`` bounds the rest).
+
+``X-On-Behalf-Of`` names the console user a request acts for, and the audit
+row names that user beside the token. Only the console's own kind of token
+may send it: the bootstrap token (``BROKERD_ADMIN_TOKEN``), which the
+console shares with the nodes. A token made in the console's token table
+(Grafana, scripts) that sends it gets 403: any holder of such a token could
+otherwise write any name into the audit log.
 
 Cluster-aware: asked on any node, the API answers for the whole cluster --
 lists are gathered from every node (the same request with ``local=1``, the
@@ -26,11 +34,13 @@ import urllib.parse
 from dataclasses import dataclass
 from urllib.parse import unquote, urlencode
 
+import h11
+
 from .. import metrics
 from ..metrics import prometheus
 from . import api
 from .api import ApiError
-from .http import HttpProtocol, Request, json_response, request
+from .http import HttpLimits, HttpState, Request, json_response, request, server_factory
 from .openapi import OPENAPI
 
 log = logging.getLogger("brokerd.admin")
@@ -42,27 +52,43 @@ class Token:
     name: str
     scope: str              # "read" | "write"
     revoked: bool = False
+    delegates: bool = False     # may name the console user it acts for (X-On-Behalf-Of)
+
+
+def _env_secret(name: str) -> str | None:
+    """``$NAME``, else the contents of the file ``$NAME_FILE`` (a Docker/Kubernetes secret)."""
+    value = os.environ.get(name)
+    if not value and os.environ.get(name + "_FILE"):
+        with open(os.environ[name + "_FILE"]) as fh:
+            value = fh.read().strip()
+    return value or None
+
+
+def _digest(secret: str) -> str:
+    return "sha256$" + hashlib.sha256(secret.encode()).hexdigest()
 
 
 class AdminTokens:
-    """Token hashes -> tokens; refreshed from the console's database."""
+    """Token hashes -> tokens; refreshed from the console's database.
+
+    The console's own token is ``BROKERD_ADMIN_TOKEN``; while it is being
+    rotated, ``BROKERD_ADMIN_TOKEN_PREVIOUS`` is accepted as the console's
+    too, so a console that has not switched yet keeps acting for its users."""
 
     def __init__(self):
         self.by_hash: dict[str, Token] = {}
-        bootstrap = os.environ.get("BROKERD_ADMIN_TOKEN")
-        if not bootstrap and os.environ.get("BROKERD_ADMIN_TOKEN_FILE"):     # a Docker/Kubernetes secret
-            with open(os.environ["BROKERD_ADMIN_TOKEN_FILE"]) as fh:
-                bootstrap = fh.read().strip()
-        self.bootstrap = ("sha256$" + hashlib.sha256(bootstrap.encode()).hexdigest()) if bootstrap else None
+        self.console = [_digest(s) for s in (_env_secret("BROKERD_ADMIN_TOKEN"),
+                                             _env_secret("BROKERD_ADMIN_TOKEN_PREVIOUS")) if s]
 
     def replace(self, rows) -> None:
         """Rows of (id, name, token_hash, scope, revoked)."""
         self.by_hash = {h: Token(i, n, s, bool(r)) for i, n, h, s, r in rows}
 
     def check(self, secret: str) -> Token | None:
-        digest = "sha256$" + hashlib.sha256(secret.encode()).hexdigest()
-        if self.bootstrap and hmac.compare_digest(digest, self.bootstrap):
-            return Token(None, "bootstrap", "write")
+        digest = _digest(secret)
+        for i, known in enumerate(self.console):
+            if hmac.compare_digest(digest, known):
+                return Token(None, "bootstrap" if i == 0 else "bootstrap-previous", "write", delegates=True)
         token = self.by_hash.get(digest)
         return token if token is not None and not token.revoked else None
 
@@ -88,20 +114,26 @@ def cluster_metrics(nodes: list[dict]) -> dict:
     return {"nodes": nodes, "cluster": cluster, "tenants": tenants}
 
 
+PUBLIC = ("/healthz", "/openapi.json")
+
+
 class AdminServer:
-    def __init__(self, server, host: str, port: int, tokens: AdminTokens, audit=None):
+    def __init__(self, server, host: str, port: int, tokens: AdminTokens, audit=None,
+                 limits: HttpLimits | None = None):
         self.server = server
         self.broker = server.broker
         self.loop = server.loop
         self.host, self.port = host, port
         self.tokens = tokens
         self.audit = audit
+        self.http = HttpState(limits or HttpLimits())
         self.address = ""
         self._srv = None
         self._registry = None
 
     async def start(self) -> None:
-        self._srv = await self.loop.create_server(lambda: HttpProtocol(self.handle), self.host, self.port)
+        self._srv = await self.loop.create_server(server_factory(self.http, self.admit, self.handle),
+                                                  self.host, self.port, backlog=1024)
         self.address = f"{self.host}:{self._srv.sockets[0].getsockname()[1]}"
 
     async def stop(self) -> None:
@@ -114,21 +146,39 @@ class AdminServer:
 
     # ------------------------------------------------------------- dispatch
 
-    async def handle(self, req: Request) -> tuple:
-        path = req.path.rstrip("/") or "/"
-        if path == "/healthz":
-            cluster = self.server.cluster
-            if cluster is not None and cluster.fenced:      # container health checks: send traffic elsewhere
-                return json_response(503, {"status": "fenced", "node": self.node})
-            return json_response(200, {"status": "ok", "node": self.node})
-        if path == "/openapi.json":
-            return json_response(200, OPENAPI)
+    def admit(self, req: Request) -> tuple | None:
+        """Before the body is read: the token, its scope and whom it may act for;
+        -> the refusal to send, or None (``req.token`` set)."""
+        if (req.path.rstrip("/") or "/") in PUBLIC:
+            req.max_body = 0
+            return None
         token = self._authenticate(req)
         if token is None:
             return json_response(401, {"error": "a valid bearer token is required"},
                                  [("www-authenticate", 'Bearer realm="brokerd"')])
+        if req.headers.get("x-on-behalf-of") and not token.delegates:
+            return json_response(403, {"error": f"token {token.name!r} may not act on behalf of a console user: "
+                                                "X-On-Behalf-Of is accepted only with the console's own token "
+                                                "(BROKERD_ADMIN_TOKEN)"})
         if req.method not in ("GET", "HEAD") and token.scope != "write":
             return json_response(403, {"error": f"token {token.name!r} is read-only"})
+        req.token = token
+        return None
+
+    async def handle(self, req: Request) -> tuple:
+        path = req.path.rstrip("/") or "/"
+        # no token, so no keep-alive: nothing unauthenticated holds one of the admin connections
+        close = [("connection", "close")]
+        if path == "/healthz":
+            cluster = self.server.cluster
+            if cluster is not None and cluster.fenced:      # container health checks: send traffic elsewhere
+                return json_response(503, {"status": "fenced", "node": self.node}, close)
+            return json_response(200, {"status": "ok", "node": self.node}, close)
+        if path == "/openapi.json":
+            return json_response(200, OPENAPI, close)
+        token = req.token
+        if token is None:                 # admit() lets no such request through
+            return json_response(401, {"error": "a valid bearer token is required"})
         if path == "/metrics":
             if self._registry is None:
                 self._registry = prometheus.registry_for(self.server)
@@ -211,7 +261,7 @@ class AdminServer:
             raise ApiError(405 if rest in ([], ["subscriptions"]) else 404, "not allowed here")
         if parts == ["publish"] and m == "POST":
             body = req.json()
-            result = api.publish(b, body, now)
+            result = api.publish(b, body, now, self.tenant_exists)
             await self._audit(token, req, "message.publish", "topic", body.get("topic"), body.get("tenant"), None,
                               {k: body.get(k) for k in ("topic", "qos", "retain")})
             return json_response(200, result)
@@ -232,6 +282,8 @@ class AdminServer:
             if m == "DELETE":
                 if not topic:
                     raise ApiError(400, "'topic' query parameter required")
+                if topic.startswith("$"):
+                    raise ApiError(400, api.DOLLAR_TOPIC)
                 ns = b.namespaces.get(tenant)
                 msg = ns.retained.get(topic) if ns is not None else None
                 before = api.retained_view(tenant, topic, msg, b.wall_offset) if msg is not None else None
@@ -256,6 +308,17 @@ class AdminServer:
             "messages_sent": t["msgs_sent"], "bytes_received": t["bytes_received"], "bytes_sent": t["bytes_sent"],
         }
 
+    def tenant_exists(self, tenant: str) -> bool:
+        """With a control plane: the tenants of its policies (and the anonymous
+        tenant when anonymous clients are allowed). Without one no tenant is
+        configured anywhere: the anonymous tenant and those this node holds
+        sessions or retained messages of (restored from the store)."""
+        config = self.server.config
+        if self.server.policy_source is not None:
+            return tenant in self.broker.auth.policies or (config.allow_anonymous and
+                                                            tenant == config.anonymous_tenant)
+        return tenant == config.anonymous_tenant or tenant in self.broker.namespaces
+
     def _here(self, tenant: str, cid: str) -> bool:
         ns = self.broker.namespaces.get(tenant)
         return ns is not None and cid in ns.sessions
@@ -270,6 +333,8 @@ class AdminServer:
         host, _, port = address.rpartition(":")
         target = path + ("?" + urlencode({**query, "local": "1"}))
         headers = {"authorization": req.headers.get("authorization", ""), "content-type": "application/json"}
+        if req.headers.get("x-on-behalf-of"):       # the owner of a session audits what it does to it
+            headers["x-on-behalf-of"] = req.headers["x-on-behalf-of"].encode("latin-1")   # as it came
         return await request(host, int(port), req.method, target, headers, req.body)
 
     async def _gather(self, req: Request, what: str) -> list:
@@ -304,14 +369,17 @@ class AdminServer:
         address = self._peers().get(owner) if owner else None
         if address is None:
             raise ApiError(404, "no such client")
-        status, body = await self._ask(address, req, req.path, dict(req.query))
+        try:
+            status, body = await self._ask(address, req, req.path, dict(req.query))
+        except (OSError, TimeoutError, ValueError, h11.ProtocolError) as exc:
+            raise ApiError(502, f"node {owner}, which holds the session, did not answer: {exc or type(exc).__name__}")
         return status, [("content-type", "application/json")], body
 
     async def _audit(self, token: Token, req: Request, action, object_type, object_id, tenant, before, after):
-        actor = f"api-token:{token.name}"
+        actor = f"api-token:{token.name}"           # always the token; the console user beside it
         # the console's user, percent-encoded UTF-8 (any bytes a client sends decode to something)
         on_behalf = urllib.parse.unquote(req.headers.get("x-on-behalf-of") or "", errors="replace")
-        if on_behalf:
+        if on_behalf and token.delegates:
             actor = f"{on_behalf} (via {actor})"
         event = {"at": time.time(), "actor": actor, "source": "api", "action": action, "object_type": object_type,
                  "object_id": str(object_id), "tenant": tenant, "before": before, "after": after,

@@ -205,6 +205,20 @@ def snapshot(server) -> dict:
         "loop_lag": round(lag, 6),
         "latency": sampler.histogram.as_dict() if sampler is not None else Histogram().as_dict(),
         **process_stats(),
+        "store": store_stats(server),
         "tenants": tenants,
     })
+    if getattr(server, "admin", None) is not None:
+        node["admin"] = server.admin.http.as_dict()
     return node
+
+
+def store_stats(server) -> dict:
+    """The session store's health and the writes it could never take (dropped, not retried)."""
+    writer = getattr(server, "writer", None)
+    if writer is None:
+        return {"backend": server.config.store.split(":", 1)[0], "healthy": True, "error": None,
+                "writes": 0, "writes_dropped": 0, "last_dropped": None}
+    journal = writer.journal
+    return {"backend": writer.store.scheme, "healthy": journal.healthy, "error": journal.error,
+            "writes": writer.ops_written, "writes_dropped": writer.dropped, "last_dropped": writer.last_dropped}

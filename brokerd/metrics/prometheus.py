@@ -74,6 +74,24 @@ class NodeCollector:
                               labels=["node"])
         g.add_metric([node], snap["loop_lag"])
         yield g
+        store = snap["store"]
+        c = CounterMetricFamily("brokerd_store_writes_dropped", "Store writes dropped because the store can "
+                                "never take them (a data error; logged), never retried", labels=["node"])
+        c.add_metric([node], store["writes_dropped"])
+        yield c
+        g = GaugeMetricFamily("brokerd_store_healthy", "1 while the session store takes writes", labels=["node"])
+        g.add_metric([node], 1 if store["healthy"] else 0)
+        yield g
+        admin = snap.get("admin")
+        if admin is not None:
+            g = GaugeMetricFamily("brokerd_admin_connections", "Open admin API connections", labels=["node"])
+            g.add_metric([node], admin["connections"])
+            yield g
+            c = CounterMetricFamily("brokerd_admin_refused", "Admin API connections and requests refused or "
+                                    "cut, by reason", labels=["node", "reason"])
+            for reason in ("refused", "timed_out", "rejected"):
+                c.add_metric([node, reason], admin[reason])
+            yield c
         g = GaugeMetricFamily("brokerd_up", "1 when the node serves clients, 0 when fenced off the cluster",
                               labels=["node"])
         g.add_metric([node], 1 if snap["health"] == "ok" else 0)

@@ -5,7 +5,7 @@ URL: ``memory://`` (no durability), ``sqlite:///PATH`` (embedded default) and
 ``hbase://HOST:PORT?table_prefix=NAME`` (HBase through its Thrift gateway).
 """
 
-from .base import Store, StoreError
+from .base import Store, StoreDataError, StoreError
 from .journal import Journal
 
 
@@ -27,4 +27,4 @@ def open_store(url: str) -> Store:
     raise ValueError(f"unknown store URL {url!r}: use memory://, sqlite:///PATH or hbase://HOST:PORT")
 
 
-__all__ = ["Journal", "Store", "StoreError", "open_store"]
+__all__ = ["Journal", "Store", "StoreDataError", "StoreError", "open_store"]

@@ -6,11 +6,21 @@ on one dedicated thread so the event loop never waits on disk or network and
 the backend needs no locking. ``apply`` takes a batch of journal operations
 (see ``brokerd.store.journal``) and makes all of them durable, atomically
 where the backend can (SQLite), in order otherwise (HBase).
+
+Failures come in two kinds, and the writer treats them differently:
+:class:`StoreError` -- the store is unreachable, locked, out of space, its
+connection dropped: the same batch will be taken once it is back, so it is
+retried -- and :class:`StoreDataError` -- an operation the store can never
+take whatever its state (a value out of the range of its encoding, a type it
+cannot bind, a constraint it breaks): retrying it would block every write
+behind it forever, so it is isolated and dropped. A backend names the
+exceptions of the second kind in ``data_errors``; anything else is the first.
 """
 
 import asyncio
 import concurrent.futures
 import functools
+import struct
 
 from .records import SessionRecord, StoredMessage
 
@@ -19,10 +29,19 @@ class StoreError(Exception):
     """The store is unavailable or refused an operation."""
 
 
+class StoreDataError(StoreError):
+    """An operation of the batch can never be written (retrying cannot help)."""
+
+
+# raised while turning an operation into the backend's values: the same every time
+DATA_ERRORS = (struct.error, OverflowError, ValueError, TypeError, KeyError)
+
+
 class Store:
     durable = True
     scheme = ""
     remote = False          # a network service: worth waiting for at start-up
+    data_errors: tuple = DATA_ERRORS    # what StoreDataError stands for (see the module docstring)
 
     def __init__(self, url: str):
         self.url = url
@@ -41,6 +60,8 @@ class Store:
             return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
         except StoreError:
             raise
+        except self.data_errors as exc:
+            raise StoreDataError(f"{type(exc).__name__}: {exc}") from exc
         except Exception as exc:  # backend-specific failures become StoreError
             raise StoreError(f"{type(exc).__name__}: {exc}") from exc
 

@@ -35,7 +35,7 @@ import zlib
 from collections import defaultdict
 from urllib.parse import parse_qs, urlsplit
 
-from .base import Store
+from .base import DATA_ERRORS, Store
 from .records import (
     QueueEntry,
     SessionRecord,
@@ -135,7 +135,9 @@ class HBaseStore(Store):
 
     def _open(self):
         import happybase
-        from Hbase_thrift import AlreadyExists  # the IDL module happybase loads
+        from Hbase_thrift import AlreadyExists, IllegalArgument  # the IDL module happybase loads
+
+        self.data_errors = (*DATA_ERRORS, IllegalArgument)     # HBase refused the values themselves
 
         self.pool = happybase.ConnectionPool(1, host=self.host, port=self.port, table_prefix=self.prefix,
                                              timeout=self.timeout, transport=self.transport,

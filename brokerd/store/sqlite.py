@@ -15,7 +15,7 @@ import sqlite3
 from itertools import groupby
 from urllib.parse import parse_qs, urlsplit
 
-from .base import Store, StoreError
+from .base import DATA_ERRORS, Store, StoreError
 from .records import (
     QueueEntry,
     SessionRecord,
@@ -107,6 +107,9 @@ def _params(op: tuple) -> tuple:
 
 class SQLiteStore(Store):
     scheme = "sqlite"
+    # a value SQLite cannot bind (InterfaceError), store (DataError) or that breaks a
+    # constraint (IntegrityError); OperationalError (locked, I/O, no space) is the store's state
+    data_errors = (*DATA_ERRORS, sqlite3.InterfaceError, sqlite3.DataError, sqlite3.IntegrityError)
 
     def __init__(self, url: str):
         super().__init__(url)

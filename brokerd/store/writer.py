@@ -10,12 +10,24 @@ When the store fails, the batch's callbacks learn it at once (publishers get
 their negative acks), the journal is marked unhealthy -- new QoS 1/2 messages
 that need the store are refused -- and the failed operations are retried,
 with backoff, ahead of newer ones until the store takes them again.
+
+That is right while the store is unavailable, and wrong for an operation the
+store can never take (``StoreDataError``, see ``base.py``): retried ahead of
+everything it would keep the store "unavailable" until a restart (an admin
+publish with a Message Expiry Interval of -1 did: every persistent QoS 1
+message of every tenant got 0x83). Such a batch is halved until the failing
+operations stand alone; each of those is dropped -- logged, counted in
+``dropped`` (the admin API's metrics, ``store.writes_dropped``, and
+Prometheus) -- and the rest is written in order; the batch's callbacks hear
+"durable" (what was dropped never could be). Nothing is dropped because the
+store is down: a single operation is dropped only when it fails by itself
+with a data error.
 """
 
 import asyncio
 import logging
 
-from .base import StoreError
+from .base import StoreDataError, StoreError
 
 log = logging.getLogger("brokerd.store")
 
@@ -36,6 +48,8 @@ class StoreWriter:
         self._task: asyncio.Task | None = None
         self.batches = 0
         self.ops_written = 0
+        self.dropped = 0                   # operations the store could never take
+        self.last_dropped: str | None = None
         journal.wake = self._wake
 
     def _wake(self) -> None:
@@ -59,13 +73,14 @@ class StoreWriter:
             gen, ops, waiters = journal.take()
             batch = self._retry + ops if self._retry else ops
             try:
-                await self.store.apply(batch)
-            except StoreError as exc:
+                await self._write(batch)
+            except _Unwritten as failed:
+                exc = failed.error
                 if journal.healthy:
                     log.error("session store unavailable: %s; refusing QoS 1/2 messages that need it", exc)
                 journal.healthy = False
                 journal.error = str(exc)
-                self._retry = batch
+                self._retry = failed.ops
                 self._call(waiters, False)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
@@ -89,6 +104,30 @@ class StoreWriter:
                 self._event.set()
             else:
                 self._idle.set()
+
+    async def _write(self, batch: list) -> None:
+        """Apply ``batch`` in order, dropping the operations the store can never
+        take; raises ``_Unwritten`` with what is left when the store is unavailable."""
+        pending = [batch]                  # chunks still to write, the next one last
+        while pending:
+            chunk = pending.pop()
+            try:
+                await self.store.apply(chunk)
+            except StoreDataError as exc:
+                if len(chunk) == 1:
+                    self._drop(chunk[0], exc)
+                else:
+                    half = len(chunk) // 2
+                    pending += [chunk[half:], chunk[:half]]
+            except StoreError as exc:
+                raise _Unwritten([op for c in [chunk, *reversed(pending)] for op in c], exc)
+
+    def _drop(self, op: tuple, exc: StoreError) -> None:
+        self.dropped += 1
+        what = f"{op[0]} {op[1]!r} {op[2]!r}" if len(op) > 2 else repr(op[:2])
+        self.last_dropped = f"{what}: {exc}"[:500]
+        log.error("session store: dropped a write it can never take (%s): %s; the other writes of its batch "
+                  "went on", what[:200], exc)
 
     @staticmethod
     def _call(waiters, ok: bool) -> None:
@@ -115,3 +154,12 @@ class StoreWriter:
             except asyncio.CancelledError:
                 pass
             self._task = None
+
+
+class _Unwritten(Exception):
+    """The store is unavailable: ``ops`` (in order) are still to be written."""
+
+    def __init__(self, ops: list, error: StoreError):
+        super().__init__(str(error))
+        self.ops = ops
+        self.error = error

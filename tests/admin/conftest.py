@@ -9,6 +9,10 @@ import urllib.request
 import pytest
 
 from ..controlplane import ControlPlane
+from ..procs import BrokerProcess
+
+# the console's own token, given to the nodes as BROKERD_ADMIN_TOKEN (the only kind that may send X-On-Behalf-Of)
+CONSOLE_TOKEN = "admin-suite-console-token"
 
 
 class Http:
@@ -61,8 +65,10 @@ def secrets(plane):
 @pytest.fixture(scope="module")
 def node(plane, tokens, secrets):
     """One brokerd node (anonymous clients in tenant "default") with the admin
-    API, reading tokens and policies from the console database."""
-    b = plane.broker("--admin", "127.0.0.1:0", "--node-id", "n1", anonymous=True)
+    API, reading tokens and policies from the console database; the console's
+    own token is ``CONSOLE_TOKEN``."""
+    b = BrokerProcess("--sys-interval", "0", "--admin", "127.0.0.1:0", "--node-id", "n1", anonymous=True,
+                      env={**plane.env, "BROKERD_ADMIN_TOKEN": CONSOLE_TOKEN}).start()
     yield b
     b.stop()
 

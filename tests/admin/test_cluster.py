@@ -7,13 +7,14 @@ import pytest
 
 from ..cluster.conftest import Cluster, RedisServer, settle, wait_until
 from ..mqtt import V5, PahoClient
-from .conftest import Http
+from .conftest import CONSOLE_TOKEN, Http
 
 
 @pytest.fixture(scope="module")
 def three(plane, tokens, tmp_path_factory):
     redis = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    c = Cluster(redis, tmp_path_factory.mktemp("cluster"), flags=("--admin", "127.0.0.1:0"), env=plane.env)
+    c = Cluster(redis, tmp_path_factory.mktemp("cluster"), flags=("--admin", "127.0.0.1:0"),
+                env={**plane.env, "BROKERD_ADMIN_TOKEN": CONSOLE_TOKEN})
     try:
         nodes = c.start(3)
         yield c, nodes
@@ -124,3 +125,34 @@ def test_metrics_from_any_node_sum_the_cluster_and_each_tenant(three, tokens):
     finally:
         sub.disconnect()
         pub.disconnect()
+
+
+def test_a_kick_through_another_node_is_audited_under_the_console_user(three, plane):
+    """The console asks n1 to kick a client whose session is on n2: n2 does it and writes
+    the audit row, naming the console user (X-On-Behalf-Of passed on with the request; it
+    was lost on the way) and the console's token."""
+    from console.brokerd_api import BrokerdClient
+
+    c, (n1, n2, n3) = three
+    stem = f"aud-{time.monotonic_ns()}"
+    dev = PahoClient(stem, version=V5).connect(n2.port())
+    api = BrokerdClient(base_url=n1.admin_url, token=CONSOLE_TOKEN, actor="console:erin")
+    assert api.kick("default", stem)["kicked"] is True
+    dev.expect_disconnect()
+    rows: list = []
+    wait_until(lambda: rows.extend(plane.query("SELECT actor FROM console_auditevent WHERE object_id = ?",
+                                               (stem,))) or rows, timeout=5, message="no audit row")
+    assert rows == [("console:erin (via api-token:bootstrap)",)]
+
+
+def test_a_publish_refused_for_its_expiry_is_retained_on_no_node(three, tokens):
+    """message_expiry 2**32 once gave 500 after the message was retained on the node asked
+    (and on no other): now 400 before anything is done, on every node."""
+    c, nodes = three
+    topic = f"exp-{time.monotonic_ns()}"
+    status, _, answer = Http(nodes[0].admin_url)("POST", "/api/v1/publish", token=tokens["write"], body={
+        "tenant": "default", "topic": topic, "payload": "p", "retain": True, "message_expiry": 2 ** 32})
+    assert status == 400 and "message_expiry" in answer["error"]
+    for node in nodes:
+        assert Http(node.admin_url)("GET", f"/api/v1/retained?tenant=default&topic={topic}",
+                                    token=tokens["read"])[0] == 404

@@ -1,14 +1,17 @@
 """Who may use the admin API: bearer tokens made in the console, scoped
-read / write, revocable; the node's own bootstrap token."""
+read / write, revocable; the node's own bootstrap token, which is the
+console's and the only kind that may name the console user it acts for."""
 
 import time
 
 from ..mqtt import PahoClient
+from .conftest import CONSOLE_TOKEN
 
 
 def test_health_and_openapi_need_no_token(http):
-    status, _, body = http("GET", "/healthz")
+    status, headers, body = http("GET", "/healthz")
     assert (status, body["status"], body["node"]) == (200, "ok", "n1")
+    assert headers["connection"] == "close"        # nothing without a token keeps an admin connection
     status, headers, spec = http("GET", "/openapi.json")
     assert status == 200 and headers["content-type"].startswith("application/json")
     assert spec["openapi"].startswith("3.")
@@ -66,23 +69,64 @@ def test_read_token_cannot_write_and_nothing_happens(node, http, tokens, client_
         c.disconnect()
 
 
-def test_write_token_writes_and_the_audit_log_names_it(plane, node, http, tokens, client_id):
-    c = PahoClient(client_id).connect(node.port())
-    status, _, body = http("DELETE", f"/api/v1/clients/default/{client_id}", token=tokens["write"],
-                           headers={"X-On-Behalf-Of": "console:carol"})
-    assert (status, body["kicked"]) == (200, True)
-    c.expect_disconnect()
-    deadline = time.monotonic() + 5
+def _audit_rows(plane, client_id: str, timeout: float = 5.0) -> list:
+    deadline = time.monotonic() + timeout
     rows = []
     while not rows and time.monotonic() < deadline:
         rows = plane.query("SELECT actor, source, action, object_type, object_id, tenant, before, remote_addr "
                            "FROM console_auditevent WHERE object_id = ?", (client_id,))
         time.sleep(0.05)
+    return rows
+
+
+def test_write_token_writes_and_the_audit_log_names_it(plane, node, http, tokens, client_id):
+    c = PahoClient(client_id).connect(node.port())
+    status, _, body = http("DELETE", f"/api/v1/clients/default/{client_id}", token=tokens["write"])
+    assert (status, body["kicked"]) == (200, True)
+    c.expect_disconnect()
+    rows = _audit_rows(plane, client_id)
     assert len(rows) == 1
     actor, source, action, otype, oid, tenant, before, addr = rows[0]
-    assert actor == "console:carol (via api-token:ops)"
+    assert actor == "api-token:ops"
     assert (source, action, otype, tenant) == ("api", "client.kick", "client", "default")
     assert client_id in before and addr.startswith("127.0.0.1")
+
+
+def test_a_console_made_token_cannot_name_the_user_it_acts_for(plane, node, http, tokens, client_id):
+    """X-On-Behalf-Of writes a console user's name into the audit log: any holder of a
+    token from the console's token table could make any user the author of what it did.
+    It is refused (403, saying why, from the headers: nothing is done) for every token but the
+    console's own (BROKERD_ADMIN_TOKEN); the same request without the header is audited under
+    the token alone."""
+    c = PahoClient(client_id).connect(node.port())
+    try:
+        for token, method, path in [
+                (tokens["write"], "DELETE", f"/api/v1/clients/default/{client_id}"),
+                (tokens["write"], "POST", "/api/v1/publish"),
+                (tokens["read"], "GET", "/api/v1/nodes")]:
+            body = {"tenant": "default", "topic": f"x/{client_id}", "payload": "p"} if method == "POST" else None
+            status, _, answer = http(method, path, token=token, body=body,
+                                     headers={"X-On-Behalf-Of": "console:root"})
+            assert status == 403, (method, path)
+            assert "X-On-Behalf-Of" in answer["error"] and "BROKERD_ADMIN_TOKEN" in answer["error"]
+        assert c.client.is_connected()
+        assert plane.query("SELECT count(*) FROM console_auditevent WHERE actor LIKE '%console:root%'") == [(0,)]
+        assert _audit_rows(plane, client_id, timeout=0.3) == []
+    finally:
+        c.disconnect()
+
+
+def test_the_consoles_own_token_names_the_console_user_and_itself(plane, node, tokens, client_id):
+    """The console's client (console/brokerd_api.py) with the console's token: the audit row
+    names the console user and the token it came through."""
+    from console.brokerd_api import BrokerdClient
+
+    c = PahoClient(client_id).connect(node.port())
+    api = BrokerdClient(base_url=node.admin_url, token=CONSOLE_TOKEN, actor="console:carol")
+    assert api.kick("default", client_id)["kicked"] is True
+    c.expect_disconnect()
+    rows = _audit_rows(plane, client_id)
+    assert [r[0] for r in rows] == ["console:carol (via api-token:bootstrap)"]
 
 
 def test_token_made_after_start_works_and_revoking_it_takes_effect(plane, http):
@@ -126,10 +170,10 @@ def test_a_console_user_with_a_non_ascii_name_acts_and_is_audited(plane, node, t
     from console.brokerd_api import BrokerdClient
 
     c = PahoClient(client_id).connect(node.port())
-    api = BrokerdClient(base_url=node.admin_url, token=tokens["write"], actor="console:débora-東京")
+    api = BrokerdClient(base_url=node.admin_url, token=CONSOLE_TOKEN, actor="console:débora-東京")
     assert api.kick("default", client_id)["kicked"] is True
     c.expect_disconnect()
-    assert _audit_actor(plane, client_id) == "console:débora-東京 (via api-token:ops)"
+    assert _audit_actor(plane, client_id) == "console:débora-東京 (via api-token:bootstrap)"
 
 
 def test_a_header_that_is_not_utf8_still_gets_an_answer(plane, node, http, tokens, client_id):
@@ -140,10 +184,32 @@ def test_a_header_that_is_not_utf8_still_gets_an_answer(plane, node, http, token
     url = urlsplit(node.admin_url)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=5)
     conn.putrequest("DELETE", f"/api/v1/clients/default/{client_id}")
-    conn.putheader("Authorization", f"Bearer {tokens['write']}")
+    conn.putheader("Authorization", f"Bearer {CONSOLE_TOKEN}")
     conn.putheader("X-On-Behalf-Of", "caf\xe9".encode("latin-1"))
     conn.endheaders()
     assert conn.getresponse().status == 200
     conn.close()
     c.expect_disconnect()
-    assert _audit_actor(plane, client_id) == "café (via api-token:ops)"     # read as Latin-1, as HTTP does
+    assert _audit_actor(plane, client_id) == "café (via api-token:bootstrap)"   # read as Latin-1, as HTTP does
+
+
+def test_while_the_consoles_token_is_rotated_the_previous_one_still_acts_for_its_users(plane, client_id):
+    """Rotating BROKERD_ADMIN_TOKEN (docs/operations.md): the nodes take the new one with the
+    old one as BROKERD_ADMIN_TOKEN_PREVIOUS, so the console, until it has switched, still acts
+    for its users (a console-made token would now get 403 for X-On-Behalf-Of). The audit row
+    says which of the two it was; any other secret is refused."""
+    from console.brokerd_api import BrokerdClient
+
+    from ..procs import BrokerProcess
+
+    env = {**plane.env, "BROKERD_ADMIN_TOKEN": "rotated-new", "BROKERD_ADMIN_TOKEN_PREVIOUS": "rotated-old"}
+    with BrokerProcess("--sys-interval", "0", "--admin", "127.0.0.1:0", env=env) as b:
+        for i, (secret, name) in enumerate((("rotated-old", "bootstrap-previous"), ("rotated-new", "bootstrap"))):
+            cid = f"{client_id}-{i}"
+            c = PahoClient(cid).connect(b.port())
+            assert BrokerdClient(base_url=b.admin_url, token=secret, actor="console:rita").kick("default", cid)
+            c.expect_disconnect()
+            assert _audit_actor(plane, cid) == f"console:rita (via api-token:{name})"
+        from .conftest import Http
+
+        assert Http(b.admin_url)("GET", "/api/v1/nodes", token="rotated-older")[0] == 401
