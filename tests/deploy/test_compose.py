@@ -124,7 +124,7 @@ def test_brokerd_nodes_load_their_configuration_and_agree(compose):
     for name in BROKERD_NODES:
         svc = services[name]
         env = environment(svc)
-        unknown = [k for k in env if k.startswith(ENV_PREFIX) and k not in ("BROKERD_ADMIN_TOKEN",)
+        unknown = [k for k in env if k.startswith(ENV_PREFIX) and k not in ("BROKERD_ADMIN_TOKEN", "BROKERD_ADMIN_TOKEN_PREVIOUS")
                    and k[len(ENV_PREFIX):].lower() not in Config.__dataclass_fields__]
         assert not unknown, f"{name}: brokerd reads no {unknown}"
         assert set(from_environ(env)) >= {"listen", "store", "cluster", "admin", "node_id", "advertise_host"}
