@@ -75,3 +75,23 @@ def test_acl_verdict_caches_are_bounded_by_bytes():
     long_topic = "secret/" + "x" * 60_000
     assert not acl.can_publish(long_topic) and not acl.can_read(long_topic)
     assert long_topic not in acl._pub and long_topic not in acl._read
+
+
+def test_the_usage_log_counts_long_topics_under_other_past_its_bytes(tmp_path):
+    """The usage log's per-minute rows are keyed by topic too: past MAX_TOPIC_BYTES of a tenant's
+    topics in a minute (or MAX_NODE_TOPIC_BYTES for all) the rest are counted under "(other)"."""
+    from brokerd.metrics import usage
+
+    log = usage.UsageLog(str(tmp_path), "n1", 0.0)
+    long_topic = "t/" + "x" * 60_000
+    n = usage.MAX_TOPIC_BYTES // (topic_cost(long_topic) + usage.ROW_COST)
+    for i in range(n + 50):
+        log.published("acme", f"{i:05d}/{long_topic}", 0, 10)
+    rows = log.traffic["acme"]
+    assert len(rows) == n + 1 and rows[usage.OTHER][0] == 50
+    assert log.topic_bytes["acme"] <= usage.MAX_TOPIC_BYTES
+    log.published("globex", "short", 1, 10)                  # another tenant has its own bytes
+    assert "short" in log.traffic["globex"]
+    log._take(0)
+    log.published("acme", long_topic, 0, 10)                 # a new minute, a new allowance
+    assert long_topic in log.traffic["acme"]
