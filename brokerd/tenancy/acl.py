@@ -16,6 +16,8 @@ would reach system topics), so it is never written into a filter:
   every topic when that placeholder is the first level. (It used to be
   skipped, so a client id such as ``x/y`` escaped the deny -- issue 16.)
 
+Deciding:
+
 - PUBLISH to a topic: the first publish rule whose filter matches the topic.
 - SUBSCRIBE to a filter F: the first subscribe rule whose filter *covers* F
   (matches every topic F can match) decides. Rules before it that only
