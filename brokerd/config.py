@@ -90,6 +90,9 @@ class Config:
     max_connections: int = 100_000
     max_session_expiry: int = NEVER
     connect_timeout: float = 10.0
+    # before authentication (issue 16): the largest CONNECT, and the node's bytes of incomplete ones
+    max_connect_size: int = 64 * 1024
+    preauth_budget: int = 16 * 1024 * 1024
     topic_alias_maximum: int = 64
     queue_qos0: bool = True
     shared_subscription_strategy: str = "round_robin"
@@ -148,6 +151,10 @@ class Config:
             raise ConfigError("--max-keepalive must be 0..65535")
         if not 64 <= self.max_packet_size <= 268_435_460:
             raise ConfigError("--max-packet-size must be 64..268435460")
+        if not 64 <= self.max_connect_size <= 268_435_460:
+            raise ConfigError("--max-connect-size must be 64..268435460")
+        if self.preauth_budget < min(self.max_connect_size, self.max_packet_size):
+            raise ConfigError("--preauth-budget must be at least --max-connect-size")
         if self.max_queued < 1:
             raise ConfigError("--max-queued must be at least 1")
         if not 0 <= self.topic_alias_maximum <= 65535:
@@ -300,6 +307,13 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="cap on the session expiry a client may ask for (default: none)")
     p.add_argument("--connect-timeout", type=float, metavar="SECONDS",
                    help="close sockets that send no CONNECT in time (default 10)")
+    # before authentication (issue 16)
+    p.add_argument("--max-connect-size", type=int, metavar="BYTES",
+                   help="largest CONNECT accepted, will message included; a larger one is refused from its "
+                        "fixed header (v5: CONNACK 0x95) (default 65536; --max-packet-size if that is smaller)")
+    p.add_argument("--preauth-budget", type=int, metavar="BYTES",
+                   help="bytes of incomplete CONNECTs the node holds for all connections together; the "
+                        "connection whose bytes would pass it is closed (default 16777216)")
     p.add_argument("--topic-alias-maximum", type=int, metavar="N", help="topic aliases a v5 client may use (64)")
     p.add_argument("--no-queue-qos0", dest="queue_qos0", action="store_false", default=None,
                    help="do not queue QoS 0 messages for offline persistent sessions")

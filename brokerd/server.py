@@ -62,6 +62,8 @@ def limits_from(config: Config) -> ChannelLimits:
         response_information=config.response_information,
         queue_qos0=config.queue_qos0,
         max_pending=config.write_buffer_high,
+        max_connect_size=config.max_connect_size,
+        preauth_budget=config.preauth_budget,
     )
 
 
@@ -124,6 +126,7 @@ class Server:
         self._budget_timer: asyncio.TimerHandle | None = None
         self._budget_mark: int | None = None   # queued bytes at the last check of a pause
         self._budget_warned = False
+        self._preauth_logged = (0, -1 << 30)   # PreauthBudget.refused and the sweep when last logged
         self.write_high = config.write_buffer_high
         self.servers: list[asyncio.AbstractServer] = []
         self.bound: list[Listener] = []
@@ -369,9 +372,20 @@ class Server:
                 conn.channel.handle_timeout(now)
             self.broker.tick(now)
             self.sys.tick(now)
+            self._log_preauth()
         except Exception:  # housekeeping must never stop
             log.exception("housekeeping failed")
         self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+
+    def _log_preauth(self) -> None:
+        """At most every FEEDER_SWEEPS sweeps (10 s): how many connections the pre-authentication budget closed."""
+        refused = self.broker.preauth.refused
+        logged, at = self._preauth_logged
+        if refused != logged and self.sweeps - at >= FEEDER_SWEEPS:
+            log.warning("closed %d connections whose incomplete CONNECTs would have passed --preauth-budget "
+                        "(%d bytes held by unauthenticated connections at most)", refused - logged,
+                        self.broker.preauth.limit)
+            self._preauth_logged = (refused, self.sweeps)
 
     async def stop(self, timeout: float = 5.0) -> None:
         for srv in self.servers:

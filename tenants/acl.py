@@ -27,22 +27,34 @@ checks each delivered message against the rules (as Mosquitto does), so
 a grant as *filtered*.
 
 Placeholders ``{device}`` and ``{client_id}`` each fill a whole topic level.
-A rule whose value is empty or holds ``+``, ``#`` or ``/`` (which would
-widen the filter or shift its levels), or starts with ``$`` in the first
-level, does not match: allow and deny alike.
+A value that is empty or holds ``+``, ``#`` or ``/`` (which would widen the
+filter or shift its levels), or starts with ``$`` in the first level, is
+never written into a filter: an *allow* rule with it does not match; a
+*deny* rule fails closed and denies everything from that level down
+(``a/{client_id}/b`` -> ``a/#``; every topic when it is the first level).
 
-The matching itself is brokerd's (``brokerd.tenancy.acl``, pure Python), so
-the console's checker and the broker decide with the same code.
+The evaluation itself is brokerd's (``brokerd.tenancy.acl``: the rules are
+compiled for the client by ``compile_rules`` and decided by
+``decide_publish`` / ``decide_subscribe``, pure Python), so the console's
+checker and the broker decide with the same code.
 """
 
 from typing import NamedTuple
 
-from brokerd.routing.topic import is_valid_filter, is_valid_name, matches, parse_shared
-from brokerd.tenancy.acl import covers, expand, intersects
+from brokerd.routing.topic import is_valid_filter, is_valid_name, parse_shared
+from brokerd.tenancy.acl import (
+    compile_rules,
+    covers,
+    decide_publish,
+    decide_subscribe,
+    deny_filter,
+    expand,
+    intersects,
+)
 from brokerd.tenancy.acl import rule_applies as applies_to
 
-__all__ = ["ACTIONS", "PLACEHOLDERS", "Decision", "applies_to", "covers", "decide", "decide_detail", "expand",
-           "intersects", "normalize_request", "topic_error"]
+__all__ = ["ACTIONS", "PLACEHOLDERS", "Decision", "applies_to", "covers", "decide", "decide_detail", "deny_filter",
+           "expand", "intersects", "normalize_request", "topic_error"]
 
 PLACEHOLDERS = ("{device}", "{client_id}")
 ACTIONS = ("publish", "subscribe")
@@ -92,23 +104,12 @@ class Decision(NamedTuple):
 def decide_detail(rules, default_acl: str, device: str, client_id: str, action: str, topic: str) -> Decision:
     """What brokerd decides for this request (see the module docstring)."""
     topic = normalize_request(action, topic)
-    partial = partial_allow = False
-    for rule in rules:
-        if rule["action"] not in (action, "both") or not applies_to(rule, device):
-            continue
-        filt = expand(rule["topic"], device, client_id)
-        if filt is None:
-            continue
-        if action == "publish":
-            if matches(filt, topic):
-                return Decision(rule["allow"], rule)
-        elif covers(filt, topic):
-            return Decision(rule["allow"] or partial_allow, rule, partial)
-        elif intersects(filt, topic):
-            partial = True
-            partial_allow = partial_allow or rule["allow"]
+    publish, subscribe = compile_rules(rules, device, client_id)
     default = default_acl == "allow"
-    return Decision(default or partial_allow, None, partial)
+    if action == "publish":
+        allowed, rule = decide_publish(publish, topic, default)
+        return Decision(allowed, rule)
+    return Decision(*decide_subscribe(subscribe, topic, default))
 
 
 def decide(rules, default_acl: str, device: str, client_id: str, action: str, topic: str):

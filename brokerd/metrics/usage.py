@@ -15,9 +15,12 @@ In memory the minute's traffic is a dict per tenant of small lists per topic
 (two dict lookups and a few integer additions per PUBLISH); once a minute
 (on the wall clock) the rows go to a thread that writes each file under a
 temporary name and renames it, so a reader never sees half a file. A tenant
-with more than MAX_TOPICS distinct topics in a minute has the rest counted
-under "(other)". Connections still open when the node stops are written on
-the way out (reason "server shutdown"); a crash loses the current minute.
+with more than MAX_TOPICS distinct topics in a minute, or more than
+MAX_TOPIC_BYTES of them (or the node past MAX_NODE_TOPIC_BYTES), has the
+rest counted under "(other)": a topic may be 64 KiB, and 10,000 of those
+would hold 640 MB until the minute is written (issue 16). Connections
+still open when the node stops are written on the way out (reason "server
+shutdown"); a crash loses the current minute.
 """
 
 import asyncio
@@ -28,9 +31,14 @@ import os
 import time
 from pathlib import Path
 
+from ..routing.cache import topic_cost
+
 log = logging.getLogger("brokerd.usage")
 
 MAX_TOPICS = 10_000
+MAX_TOPIC_BYTES = 4 * 1024 * 1024          # per tenant and minute: its rows' topics and the rows
+MAX_NODE_TOPIC_BYTES = 32 * 1024 * 1024    # every tenant's together
+ROW_COST = 200                             # bytes of a row (list of 12 ints) and its dict slot
 OTHER = "(other)"
 # the traffic row's counters, in list order
 FIELDS = ("msgs_in_q0", "msgs_in_q1", "msgs_in_q2", "bytes_in", "msgs_out", "bytes_out", "dropped_queue_full",
@@ -46,6 +54,8 @@ class UsageLog:
         self.wall_offset = wall_offset           # loop time + wall_offset = epoch seconds
         self.interval = interval
         self.traffic: dict[str, dict[str, list]] = {}
+        self.topic_bytes: dict[str, int] = {}    # per tenant, this minute's rows (topic_cost + ROW_COST)
+        self.node_topic_bytes = 0
         self.connections: list[dict] = []
         self._task: asyncio.Task | None = None
         self.files_written = 0
@@ -58,11 +68,17 @@ class UsageLog:
             rows = self.traffic[tenant] = {}
         row = rows.get(topic)
         if row is None:
-            if len(rows) >= MAX_TOPICS:
+            cost = topic_cost(topic) + ROW_COST
+            held = self.topic_bytes.get(tenant, 0)
+            if (len(rows) >= MAX_TOPICS or held + cost > MAX_TOPIC_BYTES
+                    or self.node_topic_bytes + cost > MAX_NODE_TOPIC_BYTES):
                 topic = OTHER
+                cost = ROW_COST
                 row = rows.get(topic)
             if row is None:
                 row = rows[topic] = [0] * len(FIELDS)
+                self.topic_bytes[tenant] = held + cost
+                self.node_topic_bytes += cost
         return row
 
     def published(self, tenant: str, topic: str, qos: int, size: int) -> None:
@@ -109,6 +125,8 @@ class UsageLog:
 
     def _take(self, ts: int) -> tuple:
         traffic, self.traffic = self.traffic, {}
+        self.topic_bytes = {}
+        self.node_topic_bytes = 0
         connections, self.connections = self.connections, []
         return ts, traffic, connections
 

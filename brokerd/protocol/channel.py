@@ -93,6 +93,21 @@ class ChannelLimits:
     response_information: str = ""     # prefix sent as Response Information (v5) when asked; "" = none
     queue_qos0: bool = True            # queue QoS 0 messages for offline persistent sessions
     max_pending: int = 64 * 1024       # bytes of output per event-loop iteration before deliveries queue
+    max_connect_size: int = 64 * 1024  # largest CONNECT accepted (will included): it comes before authentication
+    preauth_budget: int = 16 * 1024 * 1024   # node-wide bytes of incomplete CONNECTs held (PreauthBudget)
+    max_alias_bytes: int = 64 * 1024   # topic characters behind the aliases we set towards one client
+
+
+class PreauthBudget:
+    """Bytes the node holds for connections that have not sent a whole CONNECT
+    (their incomplete CONNECTs), shared by every channel: plain counters."""
+
+    __slots__ = ("used", "limit", "refused")
+
+    def __init__(self, limit: int):
+        self.used = 0
+        self.limit = limit
+        self.refused = 0           # connections closed because their bytes would have passed ``limit``
 
 
 class Channel:
@@ -103,7 +118,7 @@ class Channel:
         "send_window", "problem_info", "congested", "blocked", "pending", "max_pending", "inbound_pending", "_acks", "_held", "close_reason",
         "msgs_in", "msgs_out", "bytes_in", "bytes_out", "qos_in", "qos_out", "tenant", "identity", "response_requested",
         "acl", "quota", "limit_in", "limit_out", "valid_until", "cert", "cert_cn", "throttled_since", "shaping",
-        "_rate_held", "paced",
+        "_rate_held", "paced", "_preauth", "alias_bytes",
         "__weakref__",
     )
 
@@ -114,7 +129,7 @@ class Channel:
         self.hooks = hooks
         self.peer = peer
         self.listener = listener
-        self.decoder = FrameDecoder(limits.max_packet_size)
+        self.decoder = FrameDecoder(limits.max_packet_size, max_connect_size=limits.max_connect_size)
         self.out: list[bytes] = []
         self.state = NEW
         self.version = 0
@@ -161,6 +176,8 @@ class Channel:
         self.qos_in = [0, 0, 0]         # PUBLISHes at QoS 1 and 2 (index 0 unused: QoS 0 = msgs - the others)
         self.qos_out = [0, 0, 0]
         self.paced = 0                  # times its input was paused because its messages filled the queue budget
+        self._preauth = 0               # bytes of an incomplete CONNECT charged to the broker's PreauthBudget
+        self.alias_bytes = 0            # topic characters behind out_aliases
 
     def __repr__(self):
         return f"<Channel {self.client_id!r} {self.peer} state={self.state}>"
@@ -169,8 +186,13 @@ class Channel:
 
     def receive_data(self, data: bytes, now: float) -> None:
         self.bytes_in += len(data)
-        if self.state == CLOSED:
-            return
+        state = self.state
+        if state != CONNECTED:
+            if state == NEW:
+                self._receive_before_connect(data, now)
+                return
+            if state == CLOSED:
+                return
         try:
             pkts = self.decoder.feed(data)
         except RemoteProtocolError as exc:
@@ -198,6 +220,51 @@ class Channel:
                 self._peer_error(exc, now)
             return
         self._process(pkts, now)
+
+    # Before its CONNECT the peer is not authenticated, and what it may cost is
+    # bounded: an address the broker refuses before any decoding (the failed-
+    # login throttle) is answered from the first bytes; a CONNECT larger than
+    # ``limits.max_connect_size`` is refused from its fixed header (the
+    # decoder; v5: CONNACK 0x95); and the bytes of incomplete CONNECTs held by
+    # all the node's connections are bounded by the broker's PreauthBudget:
+    # the connection whose bytes would pass it is closed (a CONNECT that
+    # arrives whole in one read is never held, so only partial ones count).
+
+    def _receive_before_connect(self, data: bytes, now: float) -> None:
+        decoder = self.decoder
+        refusal = self.broker.admit(self, now)
+        if refusal is not None:
+            self.version = decoder.peek_connect_level(data)    # the refusal's format; 0: plain close
+            self._preauth_release()
+            self.refuse(*refusal)
+            return
+        try:
+            pkts = decoder.feed(data)
+        except RemoteProtocolError as exc:
+            self._preauth_release()
+            self._peer_error(exc, now)
+            return
+        if pkts:
+            self.last_rx = now
+            self._process(pkts, now)
+        held = decoder.buffered if self.state == NEW else 0
+        before = self._preauth
+        if held == before:
+            return
+        budget = self.broker.preauth
+        budget.used += held - before
+        self._preauth = held
+        if held > before and budget.used > budget.limit:
+            budget.refused += 1
+            self._preauth_release()
+            self.close_reason = (rc.SERVER_BUSY, "the node holds too many unauthenticated bytes")
+            self.state = CLOSED
+            self.hooks.close()
+
+    def _preauth_release(self) -> None:
+        if self._preauth:
+            self.broker.preauth.used -= self._preauth
+            self._preauth = 0
 
     # A client over its inbound rate is slowed before anything is dropped: the
     # PUBLISH that empties its bucket is handled, the packets after it wait
@@ -820,7 +887,9 @@ class Channel:
             if alias is not None:
                 props[P.TOPIC_ALIAS] = alias
                 topic_b = b""
-            elif len(aliases) < self.client_alias_max:
+            elif (len(aliases) < self.client_alias_max
+                  and self.alias_bytes + len(topic) <= self.limits.max_alias_bytes):
+                # bounded in bytes too: a client may allow 65,535 aliases and topics are up to 64 KiB
                 new_alias = props[P.TOPIC_ALIAS] = len(aliases) + 1
         if topic_b is None:
             topic_b = topic.encode()
@@ -831,6 +900,7 @@ class Channel:
         if new_alias is not None:
             # the alias is established only by a PUBLISH that is actually sent
             aliases[topic] = new_alias
+            self.alias_bytes += len(topic)
         self.qos_out[qos] += 1
         out = self.out
         if not out:
@@ -876,7 +946,9 @@ class Channel:
             if isinstance(exc, UnsupportedProtocolVersion):
                 # answer in the 3.1.1 format, which every client version can read
                 self._send(encode(Connack(False, rc.V3_UNACCEPTABLE_PROTOCOL_VERSION), 4))
-            elif self.version == MQTT5:
+            elif self.version == MQTT5 or (code == rc.PACKET_TOO_LARGE and self.decoder.version == MQTT5):
+                # (a CONNECT too large, or with too many user properties, is refused before
+                # _on_connect: its level is what the decoder saw)
                 self._send(self._connack_refusal(code, str(exc)))
             self.state = CLOSED
             self.hooks.close()
@@ -915,6 +987,7 @@ class Channel:
 
     def connection_lost(self, now: float) -> None:
         """The transport is gone (network error, peer closed, or after our close)."""
+        self._preauth_release()
         if self.congested:
             self.congested = False
             self.broker.budget.add(-self.max_pending)
@@ -944,6 +1017,7 @@ class Channel:
             if ka and now - self.last_rx > ka * 1.5:
                 self.disconnect(rc.KEEP_ALIVE_TIMEOUT, "keep alive timeout", now)
         elif state == NEW and now - self.created_at > self.limits.connect_timeout:
+            self._preauth_release()
             self.close_reason = (rc.MAXIMUM_CONNECT_TIME, "no CONNECT in time")
             self.state = CLOSED
             self.hooks.close()
@@ -963,4 +1037,4 @@ _HANDLERS[AUTH] = Channel._on_auth
 for _t in (2, 9, 11, 13):  # CONNACK, SUBACK, UNSUBACK, PINGRESP
     _HANDLERS[_t] = Channel._on_server_only
 
-__all__ = ["CLOSED", "CONNECTED", "CONNECTING", "NEW", "Channel", "ChannelLimits", "MalformedPacket"]
+__all__ = ["CLOSED", "CONNECTED", "CONNECTING", "NEW", "Channel", "ChannelLimits", "MalformedPacket", "PreauthBudget"]

@@ -5,6 +5,21 @@ whatever was left over from the previous call) and keeps only the incomplete
 tail. The fixed header is checked against ``max_packet_size`` before the body
 is buffered, so a peer cannot make us hold more than one maximum-size packet.
 
+Before a CONNECT has been decoded (``version`` 0) the limit is
+``max_connect_size`` instead: the peer is not authenticated yet, and a
+CONNECT is a few hundred bytes (issue 16: 1,500 sockets each holding a 1 MB
+CONNECT short of its last 10 bytes took 1.5 GB). A CONNECT refused that way
+from its fixed header still sets ``version`` when its protocol level is in
+the bytes at hand, so that a 5.0 client can be told why (CONNACK 0x95).
+
+MQTT 5 User Properties are the one property the spec lets a packet repeat
+without limit, and a 1 MiB packet holds 209,000 empty ones (200 ms of
+decoding in the generic loop): they are decoded inline and at most
+MAX_USER_PROPERTIES are accepted per packet (a CONNECT's and its will's
+together); more is refused as ``PacketTooLarge`` (0x95: the packet is well
+formed, so not 0x81, and it is larger than this server accepts -- the spec
+has no code closer to "too many properties").
+
 ``encode(packet, version)`` returns bytes. The per-message paths
 (``encode_publish`` and the 4-byte acks) are written out by hand; the rest
 share a generic body builder.
@@ -57,6 +72,7 @@ from .packets import (
 
 MAX_REMAINING_LENGTH = 268_435_455
 MAX_PACKET_SIZE = MAX_REMAINING_LENGTH + 5
+MAX_USER_PROPERTIES = 256       # per packet; other brokers document 10-20 (Alibaba IoT: 20)
 
 _U16 = Struct(">H")
 _U32 = Struct(">I")
@@ -136,8 +152,18 @@ def check_utf8(raw) -> str:
     return s
 
 
-def _properties(buf, i, end, kind):
-    """Decode a property block; returns (dict or None, next_i)."""
+def _text(buf, i, j) -> str:
+    """The UTF-8 string in ``buf[i:j]`` (see ``check_utf8``)."""
+    return check_utf8(buf[i:j]) if j > i else ""
+
+
+def _properties(buf, i, end, kind, max_users=MAX_USER_PROPERTIES):
+    """Decode a property block; returns (dict or None, next_i).
+
+    User Properties (identifier 0x26, one byte) are decoded inline, at most
+    ``max_users`` of them; the other properties, each allowed once, go
+    through the generic path.
+    """
     length, i = _varint(buf, i, end)
     if length == 0:
         return None, i
@@ -145,9 +171,26 @@ def _properties(buf, i, end, kind):
     if stop > end:
         raise MalformedPacket("properties run past the packet")
     props = {}
+    users = None
     types = P.TYPES
     allowed = P.ALLOWED
     while i < stop:
+        if buf[i] == 0x26:
+            if users is None:
+                users = props[0x26] = []
+            if len(users) >= max_users:
+                raise PacketTooLarge(f"more than {MAX_USER_PROPERTIES} user properties in one packet")
+            k = i + 3
+            if k > stop:
+                raise MalformedPacket("user property runs past the properties")
+            v = k + ((buf[i + 1] << 8) | buf[i + 2]) + 2
+            if v > stop:
+                raise MalformedPacket("user property runs past the properties")
+            i = v + ((buf[v - 2] << 8) | buf[v - 1])
+            if i > stop:
+                raise MalformedPacket("user property runs past the properties")
+            users.append((_text(buf, k, v - 2), _text(buf, v, i)))
+            continue
         ident, i = _varint(buf, i, stop)
         wire = types.get(ident)
         if wire is None or kind not in allowed[ident]:
@@ -162,13 +205,9 @@ def _properties(buf, i, end, kind):
             value, i = _varint(buf, i, stop)
         elif wire == P.UTF8:
             value, i = _utf8(buf, i, stop)
-        elif wire == P.BINARY:
-            value, i = _binary(buf, i, stop)
         else:
-            k, i = _utf8(buf, i, stop)
-            v, i = _utf8(buf, i, stop)
-            value = (k, v)
-        if ident == P.USER_PROPERTY or (ident == P.SUBSCRIPTION_IDENTIFIER and kind == P.PUBLISH):
+            value, i = _binary(buf, i, stop)
+        if ident == P.SUBSCRIPTION_IDENTIFIER and kind == P.PUBLISH:
             props.setdefault(ident, []).append(value)
         elif ident in props:
             raise RemoteProtocolError(f"property {P.NAMES[ident]} included more than once")
@@ -177,6 +216,23 @@ def _properties(buf, i, end, kind):
     if i != stop:
         raise MalformedPacket("property length mismatch")
     return props, i
+
+
+def connect_level(buf, start: int, end: int) -> int:
+    """The protocol level of a CONNECT whose variable header starts at
+    ``buf[start]`` (``end``: how far ``buf`` goes); 0 when it is not there yet
+    or not an MQTT protocol name and level brokerd speaks."""
+    if start + 2 > end:
+        return 0
+    n = (buf[start] << 8) | buf[start + 1]
+    j = start + 2 + n
+    if n not in (4, 6) or j >= end:
+        return 0
+    name = bytes(buf[start + 2:j])
+    level = buf[j]
+    if (name == b"MQTT" and level in (MQTT311, MQTT5)) or (name == b"MQIsdp" and level == MQTT31):
+        return level
+    return 0
 
 
 # ----------------------------------------------------------------------------
@@ -211,7 +267,8 @@ def _d_connect(dec, flags, buf, i, end):
             raise MalformedPacket("will QoS 3")
         wprops = None
         if level == MQTT5:
-            wprops, i = _properties(buf, i, end, P.WILL)
+            used = len(props.get(P.USER_PROPERTY, ())) if props else 0
+            wprops, i = _properties(buf, i, end, P.WILL, MAX_USER_PROPERTIES - used)
         wtopic, i = _utf8(buf, i, end)
         wpayload, i = _binary(buf, i, end)
         will = Will(wtopic, wpayload, will_qos, will_retain, wprops)
@@ -407,10 +464,13 @@ class FrameDecoder:
     caller (or the next ``feed``) once they have been handled.
     """
 
-    __slots__ = ("max_packet_size", "version", "_buf", "error")
+    __slots__ = ("max_packet_size", "max_connect_size", "version", "_buf", "error")
 
-    def __init__(self, max_packet_size: int = MAX_PACKET_SIZE, version: int = 0):
+    def __init__(self, max_packet_size: int = MAX_PACKET_SIZE, version: int = 0, max_connect_size: int | None = None):
         self.max_packet_size = max_packet_size
+        # the limit while no CONNECT has been decoded (version 0)
+        self.max_connect_size = max_packet_size if max_connect_size is None else min(max_connect_size,
+                                                                                      max_packet_size)
         self.version = version
         self._buf = b""
         self.error = None
@@ -419,6 +479,18 @@ class FrameDecoder:
     def buffered(self) -> int:
         return len(self._buf)
 
+    def peek_connect_level(self, data: bytes) -> int:
+        """The protocol level of the CONNECT that the buffered bytes and ``data``
+        begin (0: not yet known, or not a CONNECT), without decoding it."""
+        head = self._buf[:16] + data[:16] if self._buf else data[:16]
+        n = len(head)
+        if n < 2 or head[0] >> 4 != CONNECT:
+            return 0
+        i = 1
+        while i < n and i < 5 and head[i] & 0x80:
+            i += 1
+        return connect_level(head, i + 1, n)
+
     def feed(self, data: bytes) -> list:
         if self.error is not None:
             raise self.error
@@ -426,7 +498,7 @@ class FrameDecoder:
         n = len(buf)
         pos = 0
         out = []
-        maxsize = self.max_packet_size
+        maxsize = self.max_packet_size if self.version else self.max_connect_size
         try:
             while n - pos >= 2:
                 b0 = buf[pos]
@@ -457,6 +529,8 @@ class FrameDecoder:
                     start = i
                 end = start + rl
                 if end - pos > maxsize:
+                    if not self.version and b0 >> 4 == CONNECT:
+                        self.version = connect_level(buf, start, n)    # for the refusal's format
                     raise PacketTooLarge(f"packet of {end - pos} bytes exceeds the maximum of {maxsize}")
                 if end > n:
                     break
@@ -506,6 +580,8 @@ class FrameDecoder:
                     if (b0 & 0x0F) != _FLAGS[ptype]:
                         raise MalformedPacket(f"invalid fixed header flags for packet type {ptype}")
                     out.append(_DECODERS[ptype](self, b0 & 0x0F, buf, start, end))
+                    if ptype == CONNECT:
+                        maxsize = self.max_packet_size
                 pos = end
         except ProtocolError as exc:
             self._buf = b""

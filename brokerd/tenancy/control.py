@@ -13,7 +13,8 @@ import hashlib
 from dataclasses import dataclass
 
 from ..protocol import reason as rc
-from .acl import ClientAcl
+from ..routing.cache import CacheBudget
+from .acl import ACL_CACHE_NODE_BYTES, ClientAcl
 from .policy import TenantPolicy, open_policy
 from .ratelimit import Bucket, Limiter
 
@@ -49,6 +50,7 @@ class TenantControl:
         self._tenant_buckets: dict[tuple[str, str], Bucket] = {}
         self._failures: dict[tuple, list] = {}        # key -> [count, window start]
         self.refused_throttled = 0
+        self.acl_budget = CacheBudget(ACL_CACHE_NODE_BYTES)   # every client's ACL verdict caches
 
     # --------------------------------------------------------------- policy
 
@@ -77,6 +79,18 @@ class TenantControl:
         return old, new
 
     # ------------------------------------------------------ authentication
+
+    def admit(self, peer: str, now: float) -> tuple[int, str] | None:
+        """Before a CONNECT is decoded: an address with FAIL_LIMIT refused
+        credentials within FAIL_WINDOW is refused (0x9F) without its CONNECT
+        being decoded -- a CONNECT full of user properties costs nothing then.
+        -> (reason code, reason), or None. (User names are only known once
+        decoded: their throttle is applied in ``authenticate``.)"""
+        host = peer.rsplit(":", 1)[0] if peer else ""
+        if self._throttled(("addr", host), now):
+            self.refused_throttled += 1
+            return rc.CONNECTION_RATE_EXCEEDED, "too many failed logins from this address"
+        return None
 
     def authenticate(self, connect, channel, now: float, wall: float):
         """-> (reason code, tenant, Identity). A refused CONNECT names the
@@ -205,7 +219,7 @@ class TenantControl:
         policy = self.policy(ident.tenant)
         if policy is None:
             return None
-        acl = ClientAcl(policy.acl, policy.default_allow, ident.device, client_id)
+        acl = ClientAcl(policy.acl, policy.default_allow, ident.device, client_id, self.acl_budget)
         return None if acl.open else acl
 
     def limiters(self, tenant: str, now: float) -> tuple[Limiter | None, Limiter | None]:

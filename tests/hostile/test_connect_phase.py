@@ -280,3 +280,102 @@ def test_a_packet_trickled_after_connect_does_not_keep_the_connection_alive(host
     assert closed_at is not None, "the trickling client was never cut"
     # 1.5 x keepalive = 3 s after the CONNECT (the packet alone would take ~100 s); slack for a busy machine
     assert 2.5 <= closed_at <= 10.0, f"closed after {closed_at:.1f} s"
+
+
+def _connect_of(size: int, version: int = 5) -> bytes:
+    """A CONNECT of ``size`` bytes whose body is padding after a valid protocol name and level
+    (it is never completed, so what follows the level does not matter)."""
+    head = raw.s("MQTT") + bytes([version, 0x02, 0, 60])
+    body_len = size - 1 - len(raw.varint(size))
+    return b"\x10" + raw.varint(body_len) + head + b"\x00" * (body_len - len(head))
+
+
+def _send_until_refused(sock: socket.socket, data: bytes) -> bool:
+    """Send ``data``; False if the broker cut the connection before all of it was taken."""
+    sock.settimeout(5)
+    try:
+        sock.sendall(data)
+        return True
+    except (BrokenPipeError, ConnectionResetError, TimeoutError):
+        return False
+
+
+def test_connects_larger_than_max_connect_size_are_refused_from_their_header(hostile_broker, canary_for, request):
+    """Issue 16: 1,500 sockets each holding a 1 MB CONNECT short of its last 10 bytes took RSS from
+    87 MB to 1.5 GB within 1.5 s. Here 200 sockets (3.1.1 and 5.0) do it one after the other,
+    each left open: a CONNECT larger than --max-connect-size (default 64 KiB) is refused from its
+    fixed header -- a 5.0 client gets CONNACK 0x95 Packet too large (its protocol level is in the
+    first bytes), a 3.1.1 one a plain close -- and its body is never buffered. RSS grows by less
+    than 24 MiB (before the fix: by the 200 MB sent); the canary works throughout."""
+    b = hostile_broker()
+    canary = canary_for(b)
+    rss0 = rss_kib(b)
+    socks, answers = [], []
+    with canary.running():
+        for i in range(200):
+            version = 5 if i % 2 else 4
+            s = socket.create_connection(("127.0.0.1", b.port()), timeout=5)
+            socks.append(s)
+            _send_until_refused(s, _connect_of(1024 * 1024, version)[:-10])   # the kernel may take it all
+            c = RawClient(b.port(), sock=s)
+            c.version = version
+            answers.append((version, [(p.type, p.code) for p in c.expect_closed(timeout=5)]))
+        peak = rss_kib(b)
+    for s in socks:
+        s.close()
+    canary.check()
+    assert all(got == ([(CONNACK, 0x95)] if v == 5 else []) for v, got in answers), answers[:4]
+    assert peak - rss0 < 24 * MIB, (rss0, peak)
+    report(request, sockets=200, connect_bytes=1024 * 1024, rss_before_kib=rss0, rss_peak_kib=peak,
+           canary_worst_s=round(canary.worst, 3))
+
+
+def test_partial_connects_are_bounded_node_wide(hostile_broker, canary_for, request):
+    """1,000 sockets each send a valid 60 KB CONNECT (under --max-connect-size) but its last 10
+    bytes, and wait. Without a node-wide bound the node held all of them (60 MB; repeatable every
+    connect timeout). With --preauth-budget 8 MiB (BROKERD_PREAUTH_BUDGET) it holds at most 8 MiB of incomplete CONNECTs:
+    the sockets whose bytes would pass it are closed at once (at least 1,000 - 8 MiB / 60 KB of
+    them), RSS grows by less than 24 MiB, and the canary's established sessions are untouched.
+    After the connect timeout the held ones are gone and a new client connects."""
+    budget = 8 * 1024 * 1024
+    b = hostile_broker(env={"BROKERD_PREAUTH_BUDGET": str(budget)})      # = --preauth-budget
+    canary = canary_for(b)
+    rss0 = rss_kib(b)
+    data = raw.connect_packet("partial", version=5, username="u", password=b"p" * 60_000)
+    assert 60_000 < len(data) < 64 * 1024
+    socks = []
+    sel = selectors.DefaultSelector()
+    cut = 0
+    with canary.running():
+        for _ in range(1000):
+            s = socket.create_connection(("127.0.0.1", b.port()), timeout=5)
+            socks.append(s)
+            if not _send_until_refused(s, data[:-10]):
+                cut += 1
+                continue
+            s.setblocking(False)
+            sel.register(s, selectors.EVENT_READ)
+        deadline = time.monotonic() + 1.0            # let the broker read what is in flight
+        while time.monotonic() < deadline:
+            for key, _ in sel.select(0.1):
+                if _closed_by_peer(key.fileobj):
+                    cut += 1
+                    sel.unregister(key.fileobj)
+        peak = rss_kib(b)
+        held_max = budget // (len(data) - 10)
+        assert cut >= 1000 - held_max, f"only {cut} cut; at most {held_max} may be held"
+        # the held ones go at the connect timeout (2 s), and the budget with them
+        deadline = time.monotonic() + 6
+        while sel.get_map() and time.monotonic() < deadline:
+            for key, _ in sel.select(0.2):
+                if _closed_by_peer(key.fileobj):
+                    sel.unregister(key.fileobj)
+    for s in socks:
+        s.close()
+    assert not sel.get_map(), "partial CONNECTs still open after the connect timeout"
+    with RawClient(b.port()) as c:
+        assert c.connect("after", version=5, username="u", password=b"p" * 60_000).code == 0
+    canary.check()
+    assert peak - rss0 < 24 * MIB, (rss0, peak)
+    report(request, sockets=1000, connect_bytes=len(data), cut_at_once=cut, held_at_most=1000 - cut,
+           rss_before_kib=rss0, rss_peak_kib=peak, canary_worst_s=round(canary.worst, 3))

@@ -70,3 +70,48 @@ def test_publish_and_subscribe_actions_are_separate():
     acl = ClientAcl([rule("cmd/#", action="subscribe"), rule("tele/#", action="publish")], False, "d", "c")
     assert acl.can_publish("tele/x") and not acl.can_publish("cmd/x")
     assert acl.subscribe("cmd/#") == (True, False) and acl.subscribe("tele/#") == (False, False)
+
+
+@pytest.mark.parametrize("value", ["", "a+b", "x#", "a/b", "+", "#"])
+def test_an_unexpandable_deny_rule_fails_closed(value):
+    """A deny rule whose {client_id} cannot be written into its filter denies everything from
+    that level down (issue 16: it was skipped, and the allow after it let the client through)."""
+    acl = ClientAcl([rule("own/#"), rule("t/{client_id}/x", allow=False), rule("#")], True, "dev", value)
+    assert not acl.open
+    for topic in (f"t/{value}/x", "t/other/x", "t/y", "t"):
+        assert not acl.can_publish(topic), topic
+        assert not acl.can_read(topic), topic
+    assert acl.can_publish("own/1") and acl.can_publish("elsewhere")     # earlier and other rules
+    assert acl.subscribe("t/#") == (False, False)
+    assert acl.subscribe("#") == (True, True)                             # granted, t/... filtered out
+
+
+@pytest.mark.parametrize("value", ["a/b", "$sys", ""])
+def test_an_unexpandable_deny_rule_in_the_first_level_denies_every_topic(value):
+    acl = ClientAcl([rule("own/#", action="publish"), rule("{client_id}/cmd", allow=False, action="publish"),
+                     rule("#")], True, "dev", value)
+    assert acl.can_publish("own/1")
+    assert not acl.can_publish("x") and not acl.can_publish("$x/y") and not acl.can_publish(f"{value}/cmd")
+    assert acl.subscribe("#") == (True, False) and acl.can_read("x")      # subscribe: another action
+
+
+def test_an_unexpandable_allow_rule_still_does_not_apply():
+    acl = ClientAcl([rule("t/{client_id}/#")], False, "dev", "a/b")
+    assert not acl.can_publish("t/a/b/x") and not acl.can_publish("t/x")
+
+
+def test_the_console_checker_decides_like_the_broker():
+    """tenants.acl (``manage.py acl check``) and ClientAcl run one engine: same verdicts."""
+    from tenants.acl import decide_detail
+
+    rules = [dict(rule("own/{device}/#"), id=1, action="both"),
+             dict(rule("t/{client_id}/x", allow=False), id=2, action="publish"),
+             dict(rule("{client_id}/#", allow=False), id=3, action="subscribe"),
+             dict(rule("#"), id=4, action="both")]
+    for client_id in ("ok", "a/b", "+", "$s", ""):
+        acl = ClientAcl(rules, False, "d", client_id)
+        for topic in ("own/d/1", "t/ok/x", "t/a/b/x", "t/q", "x", "$s/y"):
+            assert decide_detail(rules, "deny", "d", client_id, "publish", topic).allowed == acl.can_publish(topic)
+        for filt in ("#", "t/#", "own/d/#", "x/+", "$s/#"):
+            d = decide_detail(rules, "deny", "d", client_id, "subscribe", filt)
+            assert (d.allowed, d.filtered) == acl.subscribe(filt), (client_id, filt)

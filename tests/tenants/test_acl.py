@@ -111,15 +111,35 @@ def test_covers(rule_filter, requested, expected):
     ([rule("#", who="pattern", pattern="sensor-*")], "deny", "sensor-7", "c", "publish", "x", (True, 0)),
     ([rule("#", who="pattern", pattern="sensor-*")], "deny", "pump-7", "c", "publish", "x", (False, None)),
     ([rule("#", who="pattern", pattern="s?n[0-9]")], "deny", "sen5", "c", "publish", "x", (True, 0)),
-    # client ids that would widen or shift the filter make the rule not match
+    # client ids that would widen or shift the filter make an allow rule not match ...
     ([rule("c/{client_id}/#")], "deny", "d", "ok-1", "subscribe", "c/ok-1/#", (True, 0)),
     ([rule("c/{client_id}/#")], "deny", "d", "+", "subscribe", "c/+/#", (False, None)),
     ([rule("c/{client_id}/#")], "deny", "d", "#", "subscribe", "c/#", (False, None)),
     ([rule("c/{client_id}/#")], "deny", "d", "a/b", "publish", "c/a/b/x", (False, None)),
+    # ... and a deny rule fail closed: it denies from that level down (issue 16: it was skipped,
+    # so the client id "a/b" escaped "deny c/{client_id}" and the allow after it let c/a/b through)
     ([rule("c/{client_id}", allow=False), rule("c/#", id=2)], "deny", "d", "a/b", "publish", "c/a/b",
+     (False, 0)),
+    ([rule("c/{client_id}", allow=False), rule("c/#", id=2)], "deny", "d", "a/b", "publish", "c/x",
+     (False, 0)),
+    ([rule("c/{client_id}", allow=False), rule("#", id=2)], "allow", "d", "a+b", "publish", "other",
      (True, 1)),
     ([rule("c/{client_id}", allow=False), rule("c/#", id=2)], "deny", "d", "ab", "publish", "c/ab",
      (False, 0)),
+    ([rule("c/{client_id}", allow=False, action="publish"), rule("c/#", id=2)], "deny", "d", "a/b",
+     "subscribe", "c/a/b", (True, 1)),
+    ([rule("c/{client_id}/#", allow=False), rule("#", id=2)], "allow", "d", "#", "subscribe", "c/#",
+     (False, 0)),
+    ([rule("c/{client_id}/#", allow=False), rule("#", id=2)], "allow", "d", "#", "subscribe", "#",
+     (True, 1)),                        # granted, each delivery checked (decide_detail: filtered)
+    # in the first level: every topic, "$" topics too
+    ([rule("{client_id}/cmd", allow=False), rule("#", id=2)], "allow", "d", "a/b", "publish", "x/y",
+     (False, 0)),
+    ([rule("{client_id}/cmd", allow=False), rule("#", id=2)], "allow", "d", "a/b", "publish", "$x/y",
+     (False, 0)),
+    ([rule("{client_id}/cmd", allow=False), rule("#", id=2)], "allow", "d", "$a", "subscribe", "$a/#",
+     (False, 0)),
+    ([rule("{device}/#", allow=False)], "allow", "", "c", "publish", "x", (False, 0)),
 ])
 def test_decide(rules, default, device, client_id, action, topic, expected):
     allowed, decided_by = acl.decide(rules, default, device, client_id, action, topic)

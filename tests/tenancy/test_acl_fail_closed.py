@@ -1,0 +1,70 @@
+"""A deny rule with ``{client_id}`` fails closed (issue 16), end to end: rules
+provisioned through the Django layer, enforced by a running brokerd, and
+``manage.py acl check`` (the console's checker) saying the same.
+
+A client id holding ``/``, ``+`` or ``#`` cannot be written into a filter
+level. Such a deny rule used to be skipped for that client, so the tenant's
+default (or a later allow) let it publish exactly what the rule denies."""
+
+import pytest
+
+from ..mqtt import V5, V311, PahoClient
+from .test_enforcement import wait_until
+
+RULES = [
+    {"topic": "cmd/{client_id}/#", "action": "publish", "allow": False},
+    {"topic": "{client_id}/secret", "action": "subscribe", "allow": False},
+]
+
+
+@pytest.fixture
+def acme(control_plane):
+    secrets = control_plane.provision([{"slug": "acme", "default_acl": "allow", "acl": RULES,
+                                        "devices": ["dev1", "watcher"]}])
+    node = control_plane.broker()
+    yield control_plane, node, secrets
+    node.stop()
+
+
+def _puback_code(c: PahoClient, topic: str) -> int:
+    got = {}
+    c.client.on_publish = lambda client, userdata, mid, rc, props: got.setdefault(mid, rc.value)
+    mid = c.client.publish(topic, b"reboot", qos=1).mid
+    wait_until(lambda: mid in got, what="PUBACK")
+    return got[mid]
+
+
+@pytest.mark.parametrize("client_id", ["x/y", "x+y", "x#"])
+def test_a_deny_rule_with_an_unusable_client_id_still_denies(acme, client_id):
+    cp, node, secrets = acme
+    port = node.port()
+    with PahoClient("watcher", V5, username="acme/watcher", password=secrets["acme/watcher"]).connect(port) as w, \
+            PahoClient(client_id, V5, username="acme/dev1", password=secrets["acme/dev1"]).connect(port) as d, \
+            PahoClient(client_id + "-v3", V311, username="acme/dev1",
+                       password=secrets["acme/dev1"]).connect(port) as d3:
+        w.subscribe("#", 1)
+        # what the rule means for it, and -- widened from that level -- every cmd/ topic
+        assert _puback_code(d, "cmd/x/y/reboot") == 0x87
+        assert _puback_code(d, "cmd/other/reboot") == 0x87
+        d3.publish("cmd/anything", b"v3", qos=1)          # 3.1.1: acknowledged, dropped
+        w.expect_none(0.5)
+        # the default (allow) still holds outside what the rule covers
+        assert _puback_code(d, "tele/1") == 0
+        assert w.expect().topic == "tele/1"
+        # subscribe: "{client_id}/secret" in the first level -> every filter is denied it
+        assert [c.value for c in d.subscribe("anything/#", 1)] == [0x87]
+    assert cp.manage("acl", "check", "acme", "dev1", client_id, "publish", "cmd/other/reboot").stdout.startswith(
+        "denied by rule")
+    assert cp.manage("acl", "check", "acme", "dev1", client_id, "subscribe", "anything/#").stdout.startswith(
+        "denied by rule")
+    assert cp.manage("acl", "check", "acme", "dev1", client_id, "publish", "tele/1").stdout.startswith(
+        "allowed by the tenant's default")
+
+
+def test_a_client_id_that_fits_gets_the_rule_as_written(acme):
+    cp, node, secrets = acme
+    with PahoClient("ok", V5, username="acme/dev1", password=secrets["acme/dev1"]).connect(node.port()) as d:
+        assert _puback_code(d, "cmd/ok/reboot") == 0x87
+        assert _puback_code(d, "cmd/other/reboot") == 0x10          # allowed (no subscriber)
+        assert [c.value for c in d.subscribe("ok/secret", 1)] == [0x87]
+        assert [c.value for c in d.subscribe("anything/#", 1)] == [1]
