@@ -15,7 +15,11 @@ A publish on node A matches the table once per message; each other node
 with a match gets the message once, whatever the number of its subscribers.
 """
 
+from ..routing.cache import CacheBudget, TopicCache
 from ..routing.trie import TopicTrie
+
+ROUTE_CACHE_BYTES = 32 * 1024 * 1024          # match results cached per tenant (routing/cache.py)
+ROUTE_CACHE_NODE_BYTES = 128 * 1024 * 1024    # ... and for all tenants of the node
 
 
 class _Route:
@@ -34,7 +38,8 @@ class ClusterRoutes:
     def __init__(self, node: str):
         self.node = node                             # this node: its own entries are kept elsewhere
         self.tries: dict[str, TopicTrie] = {}
-        self.cache: dict[tuple, tuple] = {}          # (tenant, topic) -> (plain targets, group targets)
+        self.caches: dict[str, TopicCache] = {}      # tenant -> topic -> (plain targets, group targets)
+        self.cache_budget = CacheBudget(ROUTE_CACHE_NODE_BYTES)
         self.rr: dict[tuple, int] = {}               # round robin over nodes of a shared group
 
     def _trie(self, tenant: str) -> TopicTrie:
@@ -60,7 +65,7 @@ class ClusterRoutes:
             route.nodes.pop(node, None)
             if not route:
                 trie.discard(filt)
-        self.cache.clear()
+        self._clear_caches()
 
     def set_group(self, node: str, tenant: str, group: str, filt: str, members: int) -> None:
         if node == self.node:
@@ -80,7 +85,7 @@ class ClusterRoutes:
                     del route.groups[group]
             if not route:
                 trie.discard(filt)
-        self.cache.clear()
+        self._clear_caches()
 
     def drop_node(self, node: str, keep_durable: bool = False) -> bool:
         """A node left or died: forget everything it announced (but its routes
@@ -98,15 +103,22 @@ class ClusterRoutes:
                         del route.groups[group]
                 if not route:
                     trie.discard(filt)
-        self.cache.clear()
+        self._clear_caches()
         return kept
 
     # ---------------------------------------------------------------- reads
 
+    def _clear_caches(self) -> None:
+        for cache in self.caches.values():
+            cache.clear()
+
     def match(self, tenant: str, topic: str) -> tuple[dict, list]:
-        """-> ({node: needs durable ack}, [(group, filter, {node: members})])."""
-        key = (tenant, topic)
-        found = self.cache.get(key)
+        """-> ({node: needs durable ack}, [(group, filter, {node: members})]); cached
+        per tenant, bounded in bytes like the node's own route cache."""
+        cache = self.caches.get(tenant)
+        if cache is None:
+            cache = self.caches[tenant] = TopicCache(ROUTE_CACHE_BYTES, self.cache_budget)
+        found = cache.get(topic)
         if found is not None:
             return found
         trie = self.tries.get(tenant)
@@ -119,9 +131,7 @@ class ClusterRoutes:
                 for group, members in route.groups.items():
                     groups.append((group, route.filter, members))
         result = (nodes, groups)
-        if len(self.cache) > 100_000:
-            self.cache.clear()
-        self.cache[key] = result
+        cache.put(topic, result, 200 + 64 * len(nodes) + 96 * len(groups))
         return result
 
     def pick_group_node(self, tenant: str, group: str, filt: str, members: dict, local: int) -> str | None:

@@ -875,7 +875,9 @@ class Channel:
             return True
         props = dict(msg.properties) if msg.properties else {}
         if msg.expiry_at is not None:
-            props[P.MESSAGE_EXPIRY_INTERVAL] = max(0, ceil(msg.expiry_at - now))
+            # rounded up, and never past the u32 the property is: expiry_at - now of a message
+            # sent at once with 4294967295 can come out a hair above it in floating point
+            props[P.MESSAGE_EXPIRY_INTERVAL] = min(0xFFFFFFFF, max(0, ceil(msg.expiry_at - now)))
         if sub_ids:
             props[P.SUBSCRIPTION_IDENTIFIER] = list(sub_ids)
         topic = msg.topic

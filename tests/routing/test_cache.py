@@ -95,3 +95,24 @@ def test_the_usage_log_counts_long_topics_under_other_past_its_bytes(tmp_path):
     log._take(0)
     log.published("acme", long_topic, 0, 10)                 # a new minute, a new allowance
     assert long_topic in log.traffic["acme"]
+
+
+def test_the_cluster_route_table_cache_is_bounded_by_bytes():
+    """On a clustered node every publish also matches the cluster's route
+    table: its cache was bounded by 100,000 entries, i.e. up to 6.4 GB of
+    64 KiB topics; now like the node's own route cache."""
+    from brokerd.cluster.routes import ROUTE_CACHE_BYTES as CLUSTER_BYTES
+    from brokerd.cluster.routes import ClusterRoutes
+
+    routes = ClusterRoutes("n1")
+    routes.set_route("n2", "t", "#", 1, 0)
+    topic = "x" * 400
+    n = CLUSTER_BYTES // (topic_cost(topic) + 264) + 1000
+    for i in range(n):
+        assert routes.match("t", f"{i:08d}/{topic}")[0] == {"n2": False}
+    cache = routes.caches["t"]
+    assert cache.held <= CLUSTER_BYTES and len(cache) < n
+    assert routes.match("t", "y" * 60_000)[0] == {"n2": False}
+    assert "y" * 60_000 not in cache                                  # matched, not kept
+    routes.set_route("n3", "t", "a/#", 1, 0)                          # a route change clears it
+    assert routes.cache_budget.used == 0
