@@ -302,7 +302,7 @@ class AdminServer:
         return {
             "id": self.node, "health": "fenced" if cluster is not None and cluster.fenced else "ok",
             "uptime": round(self.loop.time() - b.started_at, 1),
-            "listeners": [lst.url for lst in self.server.bound], "admin": self.address,
+            "listeners": [lst.url for lst in self.server.bound], "admin": self.server.advertised(self.address),
             "connected": b.connected, "sessions": b.session_count(), "subscriptions": b.subscription_count(),
             "retained": b.retained_count(), "messages_received": t["msgs_received"],
             "messages_sent": t["msgs_sent"], "bytes_received": t["bytes_received"], "bytes_sent": t["bytes_sent"],

@@ -213,3 +213,18 @@ def test_while_the_consoles_token_is_rotated_the_previous_one_still_acts_for_its
         from .conftest import Http
 
         assert Http(b.admin_url)("GET", "/api/v1/nodes", token="rotated-older")[0] == 401
+
+
+def test_a_node_bound_to_every_address_reports_the_admin_address_others_reach():
+    """GET /api/v1/nodes names each node's admin API as the other nodes and the
+    console reach it (--advertise-host), not the wildcard it is bound to: the
+    console learns nodes from there (in containers nodes bind 0.0.0.0)."""
+    from ..procs import BrokerProcess
+    from .conftest import CONSOLE_TOKEN, Http
+
+    with BrokerProcess("--admin", "0.0.0.0:0", "--advertise-host", "127.0.0.1",
+                       env={"BROKERD_ADMIN_TOKEN": CONSOLE_TOKEN}) as node:
+        port = node.admin.rsplit(":", 1)[1]
+        status, _, body = Http(f"http://127.0.0.1:{port}")("GET", "/api/v1/nodes", CONSOLE_TOKEN)
+        assert status == 200
+        assert body["items"][0]["admin"] == f"127.0.0.1:{port}"
