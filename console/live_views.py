@@ -1,5 +1,5 @@
 """The live pages, acting on the cluster through brokerd's admin API
-(``console.brokerd_api``): clients and their sessions, kick, subscriptions,
+(``core.brokerd_client``): clients and their sessions, kick, subscriptions,
 retained messages and test publishes.
 
 brokerd writes the audit rows of these actions itself (it is told the console
@@ -15,6 +15,8 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from core.shortcuts import Live, page_numbers, render_page, wants_fragment
+
 from .access import get_live_scope_for_user, platform_admin_required
 from .forms import (
     ClientFilterForm,
@@ -24,7 +26,6 @@ from .forms import (
     SubscriptionForm,
     UnsubscribeForm,
 )
-from .shortcuts import Live, page_numbers, render_page, wants_fragment
 
 PER_PAGE = 50
 

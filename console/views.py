@@ -9,12 +9,12 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.db import connection
 from django.db.models import Count, Q
-from django.http import HttpResponseRedirect, JsonResponse
+from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
 
+from core.shortcuts import Live, apply_service_error, paginate, posted, redirect_back, render_page
 from tenants import services as ts
 from tenants.errors import ServiceError
 from tenants.models import AclRule, Credential, Device, Tenant
@@ -24,25 +24,6 @@ from . import services as cs
 from .access import get_tenant_for_user, is_platform_admin, platform_admin_required, user_tenants
 from .forms import AuditFilterForm, DeleteTenantForm, LoginForm, TenantForm, TenantSearchForm, TokenForm
 from .models import ApiToken, AuditEvent, Membership
-from .shortcuts import Live, apply_service_error, paginate, render_page
-
-
-def posted(request):
-    """The submitted data of a POST, else None: a form is bound on every POST,
-    also one whose fields are all optional and left out (``request.POST or
-    None`` would treat that as a GET and silently do nothing)."""
-    return request.POST if request.method == "POST" else None
-
-
-def redirect_back(request, default: str):
-    """Back to the page a form came from (its "next" field) when that is a path
-    on this site; anything else -- another host, a scheme, a URL name -- goes
-    to ``default``."""
-    target = request.POST.get("next") or ""
-    if not (target.startswith("/") and url_has_allowed_host_and_scheme(
-            target, allowed_hosts={request.get_host()}, require_https=request.is_secure())):
-        target = default
-    return HttpResponseRedirect(target)
 
 
 def healthz(request):

@@ -19,7 +19,7 @@ from django.views.decorators.http import require_POST
 
 from console import audit
 from console.access import get_live_scope_for_user, platform_admin_required
-from console.shortcuts import paginate, wants_fragment
+from core.shortcuts import paginate, wants_fragment
 from tenants import queries as tq
 
 from . import alarms as alarm_db

@@ -16,8 +16,7 @@ from django.views.decorators.http import require_POST, require_safe
 
 from console import audit
 from console.access import get_tenant_for_user, platform_admin_required
-from console.shortcuts import paginate
-from console.views import posted
+from core.shortcuts import paginate, posted
 
 from . import export, schedules, services
 from .forms import RunReportForm, ScheduleForm

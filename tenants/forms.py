@@ -1,6 +1,6 @@
 """Forms of the tenant pages. They check what a form can; the services
 (``tenants.services``) have the last word and their errors are put back
-onto these forms (``console.shortcuts.apply_service_error``)."""
+onto these forms (``core.shortcuts.apply_service_error``)."""
 
 import datetime as dt
 

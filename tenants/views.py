@@ -30,8 +30,16 @@ from console.access import (
 )
 from console.forms import AuditFilterForm
 from console.models import AuditEvent, Membership
-from console.shortcuts import Live, apply_service_error, paginate, render_page, wants_fragment
-from console.views import _audit_page, posted, redirect_back
+from console.views import _audit_page
+from core.shortcuts import (
+    Live,
+    apply_service_error,
+    paginate,
+    posted,
+    redirect_back,
+    render_page,
+    wants_fragment,
+)
 
 from . import acl, limits, queries, services, snapshot
 from .errors import ServiceError

@@ -42,8 +42,8 @@ from django.db import transaction
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
 
-from console.brokerd_api import BrokerdClient, BrokerdUnavailable
 from console.models import ApiToken, Membership
+from core.brokerd_client import BrokerdClient, BrokerdUnavailable
 from metrics.models import Alarm
 from spark_reports.models import ReportRun, ReportSchedule
 from tenants import services

@@ -25,8 +25,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
-from console.brokerd_api import BrokerdClient, BrokerdError
 from console.models import ApiToken, AuditEvent, Membership
+from core.brokerd_client import BrokerdClient, BrokerdError
 from metrics.models import Alarm
 from spark_reports import delivery
 from spark_reports.models import ReportRun, ReportSchedule
