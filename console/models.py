@@ -1,16 +1,12 @@
-"""The console's own tables: who may do what, the admin API's tokens, and the audit log.
+"""The console's own tables: who may do what, the admin API's tokens, and
+the failed logins the throttle counts.
 
-Two of them are contracts with brokerd, which reads and writes them with plain
-SQL (``brokerd.tenancy.source``):
-
-``console_apitoken`` (read): ``id, name, token_hash ("sha256$<hex>"), scope
+``console_apitoken`` is a contract with brokerd, which reads it with plain SQL
+(``brokerd.tenancy.source``): ``id, name, token_hash ("sha256$<hex>"), scope
 ("read"|"write"), revoked (bool)``. The secret is shown once when made and
 never stored; brokerd reloads the table every few seconds, so a revoked token
-stops working within that time on every node.
-
-``console_auditevent`` (written by both): ``at, actor, source ("console"|
-"api"|"cli"), action, object_type, object_id, tenant, before, after (JSON
-text or NULL), remote_addr``.
+stops working within that time on every node. (The audit log, the other
+table brokerd uses, is ``core.models.AuditEvent``.)
 """
 
 import hashlib
@@ -74,31 +70,6 @@ class ApiToken(models.Model):
         secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
         token = cls.objects.create(name=name, scope=scope, token_hash=hash_token(secret), created_by=created_by)
         return token, secret
-
-
-class AuditEvent(models.Model):
-    class Source(models.TextChoices):
-        CONSOLE = "console"
-        API = "api"
-        CLI = "cli"
-
-    at = models.DateTimeField(db_index=True)
-    actor = models.CharField(max_length=200)
-    source = models.CharField(max_length=16, choices=Source.choices)
-    action = models.CharField(max_length=100, db_index=True)
-    object_type = models.CharField(max_length=50)
-    object_id = models.CharField(max_length=300)
-    tenant = models.CharField(max_length=63, null=True, blank=True, db_index=True)
-    before = models.TextField(null=True, blank=True)
-    after = models.TextField(null=True, blank=True)
-    remote_addr = models.CharField(max_length=64, null=True, blank=True)
-
-    class Meta:
-        db_table = "console_auditevent"
-        ordering = ["-at", "-id"]
-
-    def __str__(self):
-        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.object_type} {self.object_id}"
 
 
 class LoginFailure(models.Model):

@@ -2,8 +2,6 @@
 tokens. Each view authorises (``console.access``), validates a form, calls a
 service and renders -- the page, or for htmx its fragment."""
 
-import json
-
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
@@ -14,16 +12,20 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
+from core import audit
+from core.forms import AuditFilterForm
+from core.models import AuditEvent
 from core.shortcuts import Live, apply_service_error, paginate, posted, redirect_back, render_page
+from core.views import audit_page
 from tenants import services as ts
+from tenants.audit_docs import tenant_doc
 from tenants.errors import ServiceError
 from tenants.models import AclRule, Credential, Device, Tenant
 
-from . import audit
 from . import services as cs
 from .access import get_tenant_for_user, is_platform_admin, platform_admin_required, user_tenants
-from .forms import AuditFilterForm, DeleteTenantForm, LoginForm, TenantForm, TenantSearchForm, TokenForm
-from .models import ApiToken, AuditEvent, Membership
+from .forms import DeleteTenantForm, LoginForm, TenantForm, TenantSearchForm, TokenForm
+from .models import ApiToken, Membership
 
 
 def healthz(request):
@@ -136,7 +138,7 @@ def tenant_create(request):
         except ServiceError as exc:
             apply_service_error(form, exc)
         else:
-            audit.record(request, "tenant.create", "tenant", tenant.slug, tenant=tenant, after=audit.tenant_doc(tenant))
+            audit.record(request, "tenant.create", "tenant", tenant.slug, tenant=tenant, after=tenant_doc(tenant))
             messages.success(request, f"Tenant {tenant.slug} created.")
             return redirect("tenant", slug=tenant.slug)
     return render(request, "console/tenant_form.html", {"form": form, "creating": True})
@@ -149,7 +151,7 @@ def tenant_edit(request, slug):
                "default_acl": tenant.default_acl}
     form = TenantForm(posted(request), initial=initial, editing=True)
     if request.method == "POST" and form.is_valid():
-        before = audit.tenant_doc(tenant)
+        before = tenant_doc(tenant)
         d = form.cleaned_data
         try:
             ts.update_tenant(tenant, name=d["name"], contact_emails=d["contact_emails"],
@@ -158,7 +160,7 @@ def tenant_edit(request, slug):
             apply_service_error(form, exc)
         else:
             audit.record(request, "tenant.update", "tenant", tenant.slug, tenant=tenant, before=before,
-                         after=audit.tenant_doc(tenant))
+                         after=tenant_doc(tenant))
             messages.success(request, f"Tenant {tenant.slug} saved.")
             return redirect("tenant", slug=tenant.slug)
     return render(request, "console/tenant_form.html", {"form": form, "tenant": tenant, "creating": False})
@@ -166,7 +168,7 @@ def tenant_edit(request, slug):
 
 def _set_status(request, slug, suspend: bool):
     tenant, _ = get_tenant_for_user(request, slug, write=True)
-    before = audit.tenant_doc(tenant)
+    before = tenant_doc(tenant)
     if suspend:
         ts.suspend_tenant(tenant)
         messages.warning(request, f"Tenant {tenant.slug} suspended: its devices are refused.")
@@ -174,7 +176,7 @@ def _set_status(request, slug, suspend: bool):
         ts.resume_tenant(tenant)
         messages.success(request, f"Tenant {tenant.slug} resumed.")
     audit.record(request, "tenant.suspend" if suspend else "tenant.resume", "tenant", tenant.slug, tenant=tenant,
-                 before=before, after=audit.tenant_doc(tenant))
+                 before=before, after=tenant_doc(tenant))
     return redirect_back(request, reverse("tenant", args=[tenant.slug]))
 
 
@@ -201,7 +203,7 @@ def tenant_delete(request, slug):
     }
     form = DeleteTenantForm(posted(request), slug=tenant.slug)
     if request.method == "POST" and form.is_valid():
-        before = {**audit.tenant_doc(tenant), "removed": counts}
+        before = {**tenant_doc(tenant), "removed": counts}
         ts.delete_tenant(tenant)
         audit.record(request, "tenant.delete", "tenant", slug, tenant=slug, before=before)
         messages.success(request, f"Tenant {slug} and everything it owned were deleted.")
@@ -212,35 +214,19 @@ def tenant_delete(request, slug):
 # ---------------------------------------------------------------- audit log
 
 
-def _audit_page(request, qs, form, template, partial, extra):
-    if form.is_valid():
-        qs = form.filter(qs)
-    page = paginate(request, qs)
-    for event in page.object_list:
-        event.before_pretty = _pretty(event.before)
-        event.after_pretty = _pretty(event.after)
-    context = {"form": form, "page": page, "events": page.object_list, **extra}
-    return render_page(request, template, partial, context)
-
-
-def _pretty(text):
-    if not text:
-        return None
-    try:
-        return json.dumps(json.loads(text), indent=2, sort_keys=True)
-    except ValueError:
-        return text
-
-
 @platform_admin_required
 @require_safe  # the log is read-only here: no POST, PUT, PATCH or DELETE
 def audit_log(request):
     form = AuditFilterForm(request.GET or None)
-    return _audit_page(request, AuditEvent.objects.all(), form, "console/audit.html",
-                       "console/partials/audit_table.html", {"scoped": False})
+    return audit_page(request, AuditEvent.objects.all(), form, "console/audit.html", {"scoped": False})
 
 
 # ---------------------------------------------------------------- API tokens
+
+
+def _token_doc(t) -> dict:
+    """What the audit log shows of a token: never its secret or hash."""
+    return {"name": t.name, "scope": t.scope, "revoked": t.revoked}
 
 
 @platform_admin_required
@@ -259,7 +245,7 @@ def token_create(request):
         except ServiceError as exc:
             apply_service_error(form, exc)
         else:
-            audit.record(request, "token.create", "api_token", token.name, after=audit.token_doc(token))
+            audit.record(request, "token.create", "api_token", token.name, after=_token_doc(token))
             response = render(request, "console/token_secret.html", {"token": token, "secret": secret})
             response["Cache-Control"] = "no-store"
             return response
@@ -270,14 +256,14 @@ def token_create(request):
 def token_revoke(request, token_id):
     token = get_object_or_404(ApiToken, pk=token_id)
     if request.method == "POST":
-        before = audit.token_doc(token)
+        before = _token_doc(token)
         try:
             cs.revoke_token(token)
         except ServiceError as exc:
             messages.error(request, str(exc))
         else:
             audit.record(request, "token.revoke", "api_token", token.name, before=before,
-                         after=audit.token_doc(token))
+                         after=_token_doc(token))
             messages.success(request, f"Token {token.name} revoked: brokerd refuses it within a few seconds.")
         return redirect("token_list")
     return render(request, "console/token_revoke.html", {"token": token})

@@ -17,8 +17,8 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from console import audit
 from console.access import get_live_scope_for_user, platform_admin_required
+from core import audit
 from core.shortcuts import paginate, wants_fragment
 from tenants import queries as tq
 

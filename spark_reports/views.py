@@ -14,8 +14,8 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from console import audit
 from console.access import get_tenant_for_user, platform_admin_required
+from core import audit
 from core.shortcuts import paginate, posted
 
 from . import export, schedules, services

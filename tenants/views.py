@@ -17,7 +17,6 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from console import audit
 from console import services as cs
 from console.access import (
     get_credential_for_user,
@@ -28,9 +27,10 @@ from console.access import (
     is_platform_admin,
     tenant_admin_or_platform,
 )
-from console.forms import AuditFilterForm
-from console.models import AuditEvent, Membership
-from console.views import _audit_page
+from console.models import Membership
+from core import audit
+from core.forms import AuditFilterForm
+from core.models import AuditEvent
 from core.shortcuts import (
     Live,
     apply_service_error,
@@ -40,8 +40,9 @@ from core.shortcuts import (
     render_page,
     wants_fragment,
 )
+from core.views import audit_page
 
-from . import acl, limits, queries, services, snapshot
+from . import acl, audit_docs, limits, queries, services, snapshot
 from .errors import ServiceError
 from .forms import (
     AclCheckForm,
@@ -164,12 +165,12 @@ def device_create(request, slug):
             apply_service_error(form, exc, {"device": "name"})
         else:
             audit.record(request, "device.create", "device", device.name, tenant=tenant,
-                         after=audit.device_doc(device))
+                         after=audit_docs.device_doc(device))
             if credential is None:
                 messages.success(request, f"Device {device.name} created.")
                 return redirect("device", slug=tenant.slug, name=device.name)
             audit.record(request, "credential.create", "credential", credential.pk, tenant=tenant,
-                         after=audit.credential_doc(credential))
+                         after=audit_docs.credential_doc(credential))
             return _secret_response(request, {"tenant": tenant, "device": device, "credential": credential,
                                               "secret": secret, "created_device": True})
     return render(request, "tenants/device_form.html", {"tenant": tenant, "rw": rw, "form": form, "creating": True})
@@ -199,7 +200,7 @@ def device_edit(request, slug, name):
                "cert_cn": device.cert_cn or ""}
     form = DeviceForm(posted(request), initial=initial, editing=True)
     if request.method == "POST" and form.is_valid():
-        before = audit.device_doc(device)
+        before = audit_docs.device_doc(device)
         d = form.cleaned_data
         try:
             services.update_device(device, description=d["description"],
@@ -208,7 +209,7 @@ def device_edit(request, slug, name):
             apply_service_error(form, exc)
         else:
             audit.record(request, "device.update", "device", device.name, tenant=tenant, before=before,
-                         after=audit.device_doc(device))
+                         after=audit_docs.device_doc(device))
             messages.success(request, f"Device {device.name} saved.")
             return redirect("device", slug=tenant.slug, name=device.name)
     return render(request, "tenants/device_form.html",
@@ -217,10 +218,10 @@ def device_edit(request, slug, name):
 
 def _device_enabled(request, slug, name, enabled: bool):
     device, _ = get_device_for_user(request, slug, name, write=True)
-    before = audit.device_doc(device)
+    before = audit_docs.device_doc(device)
     (services.enable_device if enabled else services.disable_device)(device)
     audit.record(request, "device.enable" if enabled else "device.disable", "device", device.name,
-                 tenant=device.tenant, before=before, after=audit.device_doc(device))
+                 tenant=device.tenant, before=before, after=audit_docs.device_doc(device))
     messages.success(request, f"Device {device.name} {'enabled' if enabled else 'disabled'}.")
     return redirect_back(request, reverse("device", args=[slug, name]))
 
@@ -243,7 +244,7 @@ def device_delete(request, slug, name):
     tenant = device.tenant
     counts = {"credentials": device.credentials.count(), "acl_rules": device.acl_rules.count()}
     if request.method == "POST":
-        before = {**audit.device_doc(device), "removed": counts}
+        before = {**audit_docs.device_doc(device), "removed": counts}
         services.delete_device(device)
         audit.record(request, "device.delete", "device", name, tenant=tenant, before=before)
         messages.success(request, f"Device {name} deleted.")
@@ -268,7 +269,7 @@ def credential_create(request, slug, name):
             apply_service_error(form, exc)
         else:
             audit.record(request, "credential.create", "credential", credential.pk, tenant=tenant,
-                         after=audit.credential_doc(credential))
+                         after=audit_docs.credential_doc(credential))
             return _secret_response(request, {"tenant": tenant, "device": device, "credential": credential,
                                               "secret": secret})
     return render(request, "tenants/credential_form.html", {"tenant": tenant, "rw": rw, "device": device,
@@ -280,10 +281,10 @@ def credential_rotate(request, slug, name, credential_id):
     credential, rw = get_credential_for_user(request, slug, name, credential_id, write=True)
     device = credential.device
     if request.method == "POST":
-        before = audit.credential_doc(credential)
+        before = audit_docs.credential_doc(credential)
         credential, secret = services.rotate_credential(credential)
         audit.record(request, "credential.rotate", "credential", credential.pk, tenant=device.tenant,
-                     before=before, after=audit.credential_doc(credential))
+                     before=before, after=audit_docs.credential_doc(credential))
         return _secret_response(request, {"tenant": device.tenant, "device": device, "credential": credential,
                                           "secret": secret, "rotated": True})
     return render(request, "tenants/credential_confirm.html",
@@ -293,10 +294,10 @@ def credential_rotate(request, slug, name, credential_id):
 
 def _credential_change(request, slug, name, credential_id, action: str, change, text: str):
     credential, _ = get_credential_for_user(request, slug, name, credential_id, write=True)
-    before = audit.credential_doc(credential)
+    before = audit_docs.credential_doc(credential)
     change(credential)
     audit.record(request, f"credential.{action}", "credential", credential.pk, tenant=credential.device.tenant,
-                 before=before, after=audit.credential_doc(credential))
+                 before=before, after=audit_docs.credential_doc(credential))
     messages.success(request, text.format(id=credential.pk))
     return redirect("device", slug=slug, name=name)
 
@@ -321,14 +322,14 @@ def credential_expire(request, slug, name, credential_id):
     device = credential.device
     form = ExpireForm(posted(request))
     if request.method == "POST" and form.is_valid():
-        before = audit.credential_doc(credential)
+        before = audit_docs.credential_doc(credential)
         try:
             services.expire_credential(credential, form.cleaned_data["at"])
         except ServiceError as exc:
             apply_service_error(form, exc)
         else:
             audit.record(request, "credential.expire", "credential", credential.pk, tenant=device.tenant,
-                         before=before, after=audit.credential_doc(credential))
+                         before=before, after=audit_docs.credential_doc(credential))
             when = form.cleaned_data["at"]
             messages.success(request, f"Credential #{credential.pk} expired." if when is None else
                              f"Credential #{credential.pk} expires {when:%Y-%m-%d %H:%M} UTC.")
@@ -342,7 +343,7 @@ def credential_delete(request, slug, name, credential_id):
     credential, rw = get_credential_for_user(request, slug, name, credential_id, write=True)
     device = credential.device
     if request.method == "POST":
-        before = audit.credential_doc(credential)
+        before = audit_docs.credential_doc(credential)
         pk = credential.pk
         services.delete_credential(credential)
         audit.record(request, "credential.delete", "credential", pk, tenant=device.tenant, before=before)
@@ -389,7 +390,7 @@ def acl_add(request, slug):
         except ServiceError as exc:
             apply_service_error(form, exc, ACL_ALIASES)
         else:
-            audit.record(request, "acl.add", "acl_rule", rule.pk, tenant=tenant, after=audit.rule_doc(rule))
+            audit.record(request, "acl.add", "acl_rule", rule.pk, tenant=tenant, after=audit_docs.rule_doc(rule))
             messages.success(request, f"Rule #{rule.position} added.")
             if not request.htmx:
                 return redirect("acl", slug=slug)
@@ -404,14 +405,14 @@ def acl_edit(request, slug, rule_id):
     if request.method == "POST":
         form = AclRuleForm(request.POST, tenant=tenant, editing=True)
         if form.is_valid():
-            before = audit.rule_doc(rule)
+            before = audit_docs.rule_doc(rule)
             try:
                 services.update_acl_rule(rule, **form.service_kwargs())
             except ServiceError as exc:
                 apply_service_error(form, exc, ACL_ALIASES)
             else:
                 audit.record(request, "acl.update", "acl_rule", rule.pk, tenant=tenant, before=before,
-                             after=audit.rule_doc(rule))
+                             after=audit_docs.rule_doc(rule))
                 messages.success(request, f"Rule #{rule.position} saved.")
                 if not request.htmx:
                     return redirect("acl", slug=slug)
@@ -443,11 +444,11 @@ def acl_move(request, slug, rule_id):
         # "down" on the last rule (or a position past the end) would move nothing: no change, no audit row
         position = min(position, tenant.acl_rules.count())
     if position is not None and position >= 1 and position != rule.position:
-        before = audit.rule_doc(rule)
+        before = audit_docs.rule_doc(rule)
         services.move_acl_rule(rule, position)
         rule.refresh_from_db()
         audit.record(request, "acl.move", "acl_rule", rule.pk, tenant=tenant, before=before,
-                     after=audit.rule_doc(rule))
+                     after=audit_docs.rule_doc(rule))
     if not request.htmx:
         return redirect("acl", slug=slug)
     return _acl_editor(request, _acl_context(tenant, rw))
@@ -458,7 +459,7 @@ def acl_delete(request, slug, rule_id):
     rule, rw = get_rule_for_user(request, slug, rule_id, write=True)
     tenant = rule.tenant
     if request.method == "POST":
-        before = audit.rule_doc(rule)
+        before = audit_docs.rule_doc(rule)
         services.delete_acl_rule(rule)
         audit.record(request, "acl.delete", "acl_rule", before["id"], tenant=tenant, before=before)
         messages.success(request, f"Rule #{before['position']} deleted.")
@@ -535,11 +536,11 @@ def quotas(request, slug):
         values = {f: form.cleaned_data.get(f) for f in limits.QUOTA_FIELDS}
         try:
             if which == "ceiling":
-                before = audit.quota_doc(ceiling)
-                after = audit.quota_doc(services.update_quota(tenant, **values))
+                before = audit_docs.quota_doc(ceiling)
+                after = audit_docs.quota_doc(services.update_quota(tenant, **values))
             else:
-                before = audit.quota_doc(own)
-                after = audit.quota_doc(services.update_own_quota(tenant, **values))
+                before = audit_docs.quota_doc(own)
+                after = audit_docs.quota_doc(services.update_own_quota(tenant, **values))
         except ServiceError as exc:
             apply_service_error(form, exc)
         else:
@@ -569,7 +570,7 @@ def system_topics(request, slug):
     initial = {"enabled": setting.enabled, "interval": setting.interval, "parts": list(setting.parts)}
     form = SystemTopicsForm(posted(request), initial=initial) if admin else None
     if request.method == "POST" and form.is_valid():
-        before = audit.system_topics_doc(setting)
+        before = audit_docs.system_topics_doc(setting)
         d = form.cleaned_data
         try:
             setting = services.update_system_topics(tenant, enabled=d["enabled"], interval=d["interval"],
@@ -578,7 +579,7 @@ def system_topics(request, slug):
             apply_service_error(form, exc)
         else:
             audit.record(request, "system_topics.update", "system_topics", tenant.slug, tenant=tenant,
-                         before=before, after=audit.system_topics_doc(setting))
+                         before=before, after=audit_docs.system_topics_doc(setting))
             messages.success(request, "System topic settings saved.")
             return redirect("system_topics", slug=slug)
     return render(request, "tenants/system_topics.html",
@@ -612,7 +613,7 @@ def members(request, slug):
                 apply_service_error(form, exc)
             else:
                 audit.record(request, "member.add", "membership", membership.user.get_username(), tenant=tenant,
-                             after=audit.membership_doc(membership))
+                             after=audit_docs.membership_doc(membership))
                 messages.success(request, f"{membership.user.get_username()} added as "
                                           f"{membership.get_role_display()}.")
                 return redirect("members", slug=slug)
@@ -658,10 +659,10 @@ def member_role(request, slug, membership_id):
         if role != Membership.Role.ADMIN and _is_last_admin(membership):
             messages.error(request, LAST_ADMIN.format(user=username, tenant=membership.tenant.slug))
             return redirect("members", slug=slug)
-        before = audit.membership_doc(membership)
+        before = audit_docs.membership_doc(membership)
         cs.set_member_role(membership, role)
         audit.record(request, "member.role", "membership", username,
-                     tenant=membership.tenant, before=before, after=audit.membership_doc(membership))
+                     tenant=membership.tenant, before=before, after=audit_docs.membership_doc(membership))
     messages.success(request, f"{username} is now {membership.get_role_display()}.")
     if membership.user_id == request.user.pk and not is_platform_admin(request.user) \
             and membership.role != Membership.Role.ADMIN:
@@ -679,7 +680,7 @@ def member_remove(request, slug, membership_id):
             if _is_last_admin(membership):
                 messages.error(request, LAST_ADMIN.format(user=membership.user.get_username(), tenant=tenant.slug))
                 return redirect("members", slug=slug)
-            before = audit.membership_doc(membership)
+            before = audit_docs.membership_doc(membership)
             cs.remove_member(membership)
             audit.record(request, "member.remove", "membership", before["user"], tenant=tenant, before=before)
         messages.success(request, f"{before['user']} no longer has access to {tenant.slug}.")
@@ -700,5 +701,5 @@ def tenant_audit(request, slug):
     tenant_admin_or_platform(request, tenant)
     form = AuditFilterForm(request.GET or None)
     del form.fields["tenant"]
-    return _audit_page(request, AuditEvent.objects.filter(tenant=tenant.slug), form, "tenants/audit.html",
-                       "console/partials/audit_table.html", {"tenant": tenant, "rw": rw, "scoped": True})
+    return audit_page(request, AuditEvent.objects.filter(tenant=tenant.slug), form, "tenants/audit.html",
+                      {"tenant": tenant, "rw": rw, "scoped": True})

@@ -25,8 +25,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
-from console.models import ApiToken, AuditEvent, Membership
+from console.models import ApiToken, Membership
 from core.brokerd_client import BrokerdClient, BrokerdError
+from core.models import AuditEvent
 from metrics.models import Alarm
 from spark_reports import delivery
 from spark_reports.models import ReportRun, ReportSchedule

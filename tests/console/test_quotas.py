@@ -14,7 +14,8 @@ import json
 import pytest
 from django.test import Client
 
-from console.models import AuditEvent, Membership
+from console.models import Membership
+from core.models import AuditEvent
 from tenants import services
 from tenants.models import OwnQuota, Quota, SystemTopicSetting
 

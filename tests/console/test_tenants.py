@@ -2,7 +2,8 @@
 
 import json
 
-from console.models import AuditEvent, Membership
+from console.models import Membership
+from core.models import AuditEvent
 from tenants.models import Tenant
 
 from .conftest import HTMX, policy

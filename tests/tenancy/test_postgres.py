@@ -143,7 +143,7 @@ def test_console_token_authenticates_and_an_api_write_lands_in_the_audit_log(wor
     # a timestamp with its time zone: the moment of the kick, whatever the session's zone
     assert abs((at - before).total_seconds()) < 5, (at, before)
     # the console reads it back as the audit page shows it
-    out = plane.shell("from console.models import AuditEvent\n"
+    out = plane.shell("from core.models import AuditEvent\n"
                       f"e = AuditEvent.objects.get(object_id={client_id!r})\n"
                       "print('EVENT', e.at.timestamp(), e.actor)")
     line = [ln for ln in out.splitlines() if ln.startswith("EVENT ")][-1].split(" ", 2)
