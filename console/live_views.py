@@ -15,9 +15,10 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from core.roles import platform_admin_required
 from core.shortcuts import Live, page_numbers, render_page, wants_fragment
+from tenants.access import get_live_scope_for_user
 
-from .access import get_live_scope_for_user, platform_admin_required
 from .forms import (
     ClientFilterForm,
     KickForm,

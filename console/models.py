@@ -1,12 +1,13 @@
-"""The console's own tables: who may do what, the admin API's tokens, and
-the failed logins the throttle counts.
+"""The console's own tables: the admin API's tokens and the failed logins
+the throttle counts.
 
 ``console_apitoken`` is a contract with brokerd, which reads it with plain SQL
 (``brokerd.tenancy.source``): ``id, name, token_hash ("sha256$<hex>"), scope
 ("read"|"write"), revoked (bool)``. The secret is shown once when made and
 never stored; brokerd reloads the table every few seconds, so a revoked token
 stops working within that time on every node. (The audit log, the other
-table brokerd uses, is ``core.models.AuditEvent``.)
+table brokerd uses, is ``core.models.AuditEvent``; who may do what in a
+tenant is ``tenants.models.Membership``.)
 """
 
 import hashlib
@@ -20,27 +21,6 @@ TOKEN_PREFIX = "bkd_"
 
 def hash_token(secret: str) -> str:
     return "sha256$" + hashlib.sha256(secret.encode()).hexdigest()
-
-
-class Membership(models.Model):
-    """A console user's role in one tenant. Platform administrators are staff
-    users (``is_staff``) and need no membership."""
-
-    class Role(models.TextChoices):
-        ADMIN = "admin", "tenant administrator"
-        VIEWER = "viewer", "tenant viewer"
-
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
-    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="memberships")
-    role = models.CharField(max_length=8, choices=Role.choices, default=Role.VIEWER)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["tenant_id", "user_id"]
-        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="console_membership_unique")]
-
-    def __str__(self):
-        return f"{self.user} is {self.get_role_display()} of {self.tenant}"
 
 
 class ApiToken(models.Model):

@@ -1,5 +1,5 @@
 """The platform pages: sign-in, home/overview, tenants, the audit log and API
-tokens. Each view authorises (``console.access``), validates a form, calls a
+tokens. Each view authorises (``core.roles``, ``tenants.access``), validates a form, calls a
 service and renders -- the page, or for htmx its fragment."""
 
 from django.contrib import messages
@@ -15,17 +15,18 @@ from django.views.decorators.http import require_POST, require_safe
 from core import audit
 from core.forms import AuditFilterForm
 from core.models import AuditEvent
+from core.roles import is_platform_admin, platform_admin_required
 from core.shortcuts import Live, apply_service_error, paginate, posted, redirect_back, render_page
 from core.views import audit_page
 from tenants import services as ts
+from tenants.access import get_tenant_for_user, user_tenants
 from tenants.audit_docs import tenant_doc
 from tenants.errors import ServiceError
-from tenants.models import AclRule, Credential, Device, Tenant
+from tenants.models import AclRule, Credential, Device, Membership, Tenant
 
 from . import services as cs
-from .access import get_tenant_for_user, is_platform_admin, platform_admin_required, user_tenants
 from .forms import DeleteTenantForm, LoginForm, TenantForm, TenantSearchForm, TokenForm
-from .models import ApiToken, Membership
+from .models import ApiToken
 
 
 def healthz(request):

@@ -17,10 +17,11 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from console.access import get_live_scope_for_user, platform_admin_required
 from core import audit
+from core.roles import platform_admin_required
 from core.shortcuts import paginate, wants_fragment
 from tenants import queries as tq
+from tenants.access import get_live_scope_for_user
 
 from . import alarms as alarm_db
 from . import history

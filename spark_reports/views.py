@@ -2,7 +2,7 @@
 read, tenant administrators run and schedule), the platform report under
 /reports/ (platform administrators only).
 
-Access as everywhere in the console (``console.access``): another tenant's
+Access as everywhere in the console (``tenants.access``, ``core.roles``): another tenant's
 report or schedule is a 404, a viewer who tries to run, retry or schedule
 gets 403. Views call ``spark_reports.services``; Spark runs in the workers.
 """
@@ -14,9 +14,10 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from console.access import get_tenant_for_user, platform_admin_required
 from core import audit
+from core.roles import platform_admin_required
 from core.shortcuts import paginate, posted
+from tenants.access import get_tenant_for_user
 
 from . import export, schedules, services
 from .forms import RunReportForm, ScheduleForm

@@ -9,10 +9,8 @@ from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from console.models import Membership
-
 from . import limits
-from .models import AclRule, Quota
+from .models import AclRule, Membership, Quota
 from .validators import (
     SYS_PARTS,
     validate_device_name,

@@ -2,7 +2,7 @@
 overview and usage, devices, credentials, ACL rules (with the checker),
 quotas, $SYS settings, members and the tenant's audit log.
 
-Every view starts with ``console.access.get_*_for_user`` (404 for another
+Every view starts with ``tenants.access.get_*_for_user`` (404 for another
 tenant's objects, 403 for a viewer who tries to write), validates a form,
 calls ``tenants.services`` and writes one audit row when it succeeded.
 """
@@ -17,20 +17,10 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from console import services as cs
-from console.access import (
-    get_credential_for_user,
-    get_device_for_user,
-    get_membership_for_user,
-    get_rule_for_user,
-    get_tenant_for_user,
-    is_platform_admin,
-    tenant_admin_or_platform,
-)
-from console.models import Membership
 from core import audit
 from core.forms import AuditFilterForm
 from core.models import AuditEvent
+from core.roles import is_platform_admin
 from core.shortcuts import (
     Live,
     apply_service_error,
@@ -42,7 +32,15 @@ from core.shortcuts import (
 )
 from core.views import audit_page
 
-from . import acl, audit_docs, limits, queries, services, snapshot
+from . import acl, audit_docs, limits, memberships, queries, services, snapshot
+from .access import (
+    get_credential_for_user,
+    get_device_for_user,
+    get_membership_for_user,
+    get_rule_for_user,
+    get_tenant_for_user,
+    tenant_admin_or_platform,
+)
 from .errors import ServiceError
 from .forms import (
     AclCheckForm,
@@ -55,7 +53,7 @@ from .forms import (
     QuotaForm,
     SystemTopicsForm,
 )
-from .models import Credential, Tenant
+from .models import Credential, Membership, Tenant
 
 LIVE_PAGE = 1000
 
@@ -606,7 +604,7 @@ def members(request, slug):
         if form.is_valid():
             d = form.cleaned_data
             try:
-                membership = cs.add_member(tenant, username=d["username"], email=d["email"],
+                membership = memberships.add_member(tenant, username=d["username"], email=d["email"],
                                            password=d["password"], role=d["role"],
                                            allow_existing=is_platform_admin(request.user))
             except ServiceError as exc:
@@ -660,7 +658,7 @@ def member_role(request, slug, membership_id):
             messages.error(request, LAST_ADMIN.format(user=username, tenant=membership.tenant.slug))
             return redirect("members", slug=slug)
         before = audit_docs.membership_doc(membership)
-        cs.set_member_role(membership, role)
+        memberships.set_member_role(membership, role)
         audit.record(request, "member.role", "membership", username,
                      tenant=membership.tenant, before=before, after=audit_docs.membership_doc(membership))
     messages.success(request, f"{username} is now {membership.get_role_display()}.")
@@ -681,7 +679,7 @@ def member_remove(request, slug, membership_id):
                 messages.error(request, LAST_ADMIN.format(user=membership.user.get_username(), tenant=tenant.slug))
                 return redirect("members", slug=slug)
             before = audit_docs.membership_doc(membership)
-            cs.remove_member(membership)
+            memberships.remove_member(membership)
             audit.record(request, "member.remove", "membership", before["user"], tenant=tenant, before=before)
         messages.success(request, f"{before['user']} no longer has access to {tenant.slug}.")
         if membership.user_id == request.user.pk and not is_platform_admin(request.user):

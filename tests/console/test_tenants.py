@@ -2,9 +2,8 @@
 
 import json
 
-from console.models import Membership
 from core.models import AuditEvent
-from tenants.models import Tenant
+from tenants.models import Membership, Tenant
 
 from .conftest import HTMX, policy
 
