@@ -33,5 +33,6 @@ def system_topics_doc(s) -> dict:
     return {"enabled": s.enabled, "interval": s.interval, "parts": list(s.parts)}
 
 
-def membership_doc(m) -> dict:
-    return {"user": m.user.get_username(), "email": m.user.email, "role": m.role}
+def membership_doc(m, role: str | None = None) -> dict:
+    """``role``: the one it had before a change (default: its role now)."""
+    return {"user": m.user.get_username(), "email": m.user.email, "role": role or m.role}

@@ -41,7 +41,7 @@ from .access import (
     get_tenant_for_user,
     tenant_admin_or_platform,
 )
-from .errors import ServiceError
+from .errors import LastAdministrator, NotFound, ServiceError
 from .forms import (
     AclCheckForm,
     AclRuleForm,
@@ -53,7 +53,7 @@ from .forms import (
     QuotaForm,
     SystemTopicsForm,
 )
-from .models import Credential, Membership, Tenant
+from .models import Credential, Membership
 
 LIVE_PAGE = 1000
 
@@ -618,28 +618,6 @@ def members(request, slug):
     return render(request, "tenants/members.html", _members_context(tenant, rw, request, form))
 
 
-LAST_ADMIN = ("{user} is the last administrator of {tenant}: make another member an administrator "
-              "first. A tenant always keeps at least one.")
-
-
-def _is_last_admin(membership) -> bool:
-    """Is ``membership`` the tenant's only administrator?"""
-    return membership.role == Membership.Role.ADMIN and not Membership.objects.filter(
-        tenant_id=membership.tenant_id, role=Membership.Role.ADMIN).exclude(pk=membership.pk).exists()
-
-
-def _lock_members(tenant, membership) -> None:
-    """Serialise membership changes of one tenant (its row lock; SQLite
-    serialises writers anyway), so two administrators demoting each other
-    cannot both pass the last-administrator check; then re-read
-    ``membership`` (404 if it went meanwhile)."""
-    Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
-    try:
-        membership.refresh_from_db(fields=["role"])
-    except Membership.DoesNotExist:
-        raise Http404("No such member")
-
-
 @login_required
 @require_POST
 def member_role(request, slug, membership_id):
@@ -652,15 +630,17 @@ def member_role(request, slug, membership_id):
     role = form.cleaned_data["role"]
     if role == membership.role:
         return redirect("members", slug=slug)
-    with transaction.atomic():
-        _lock_members(membership.tenant, membership)
-        if role != Membership.Role.ADMIN and _is_last_admin(membership):
-            messages.error(request, LAST_ADMIN.format(user=username, tenant=membership.tenant.slug))
-            return redirect("members", slug=slug)
-        before = audit_docs.membership_doc(membership)
-        memberships.set_member_role(membership, role)
-        audit.record(request, "member.role", "membership", username,
-                     tenant=membership.tenant, before=before, after=audit_docs.membership_doc(membership))
+    try:
+        with transaction.atomic():      # the change and its audit row, together
+            previous = memberships.change_role(membership, role)
+            audit.record(request, "member.role", "membership", username, tenant=membership.tenant,
+                         before=audit_docs.membership_doc(membership, role=previous),
+                         after=audit_docs.membership_doc(membership))
+    except NotFound:
+        raise Http404("No such member")
+    except LastAdministrator as exc:
+        messages.error(request, str(exc))
+        return redirect("members", slug=slug)
     messages.success(request, f"{username} is now {membership.get_role_display()}.")
     if membership.user_id == request.user.pk and not is_platform_admin(request.user) \
             and membership.role != Membership.Role.ADMIN:
@@ -673,20 +653,22 @@ def member_remove(request, slug, membership_id):
     membership, rw = get_membership_for_user(request, slug, membership_id, write=True)
     tenant = membership.tenant
     if request.method == "POST":
-        with transaction.atomic():
-            _lock_members(tenant, membership)
-            if _is_last_admin(membership):
-                messages.error(request, LAST_ADMIN.format(user=membership.user.get_username(), tenant=tenant.slug))
-                return redirect("members", slug=slug)
-            before = audit_docs.membership_doc(membership)
-            memberships.remove_member(membership)
-            audit.record(request, "member.remove", "membership", before["user"], tenant=tenant, before=before)
+        try:
+            with transaction.atomic():      # the change and its audit row, together
+                memberships.remove_member(membership)
+                before = audit_docs.membership_doc(membership)
+                audit.record(request, "member.remove", "membership", before["user"], tenant=tenant, before=before)
+        except NotFound:
+            raise Http404("No such member")
+        except LastAdministrator as exc:
+            messages.error(request, str(exc))
+            return redirect("members", slug=slug)
         messages.success(request, f"{before['user']} no longer has access to {tenant.slug}.")
         if membership.user_id == request.user.pk and not is_platform_admin(request.user):
             return redirect("home")
         return redirect("members", slug=slug)
     return render(request, "tenants/member_remove.html", {"tenant": tenant, "rw": rw, "membership": membership,
-                                                          "last_admin": _is_last_admin(membership)})
+                                                          "last_admin": memberships.is_last_admin(membership)})
 
 
 # ---------------------------------------------------------------- audit log of the tenant
