@@ -6,7 +6,7 @@ from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.db import connection
-from django.db.models import Count, Q
+from django.db.models import Count
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -18,11 +18,11 @@ from core.models import AuditEvent
 from core.roles import is_platform_admin, platform_admin_required
 from core.shortcuts import Live, apply_service_error, paginate, posted, redirect_back, render_page
 from core.views import audit_page
+from tenants import queries as tq
 from tenants import services as ts
 from tenants.access import get_tenant_for_user, user_tenants
 from tenants.audit_docs import tenant_doc
 from tenants.errors import ServiceError
-from tenants.models import AclRule, Credential, Device, Membership, Tenant
 
 from . import services as cs
 from .forms import DeleteTenantForm, LoginForm, TenantForm, TenantSearchForm, TokenForm
@@ -77,19 +77,6 @@ def home(request):
     return render(request, "console/picker.html", {"tenants": tenants})
 
 
-def _db_numbers() -> dict:
-    return {
-        "tenants": Tenant.objects.count(),
-        "tenants_active": Tenant.objects.filter(status=Tenant.Status.ACTIVE).count(),
-        "tenants_suspended": Tenant.objects.filter(status=Tenant.Status.SUSPENDED).count(),
-        "devices": Device.objects.count(),
-        "devices_enabled": Device.objects.filter(enabled=True).count(),
-        "credentials": Credential.objects.count(),
-        "acl_rules": AclRule.objects.count(),
-        "users": Membership.objects.values("user").distinct().count(),
-    }
-
-
 NODE_SUMS = ("connected", "sessions", "subscriptions", "retained", "messages_received", "messages_sent",
              "bytes_received", "bytes_sent")
 
@@ -103,7 +90,7 @@ def overview(request):
         totals = {k: sum(n.get(k) or 0 for n in nodes) for k in NODE_SUMS}
         totals["nodes"] = len(nodes)
         totals["healthy"] = sum(1 for n in nodes if n.get("health") == "ok")
-    context = {"nodes": nodes, "totals": totals, "db": _db_numbers(),
+    context = {"nodes": nodes, "totals": totals, "db": tq.platform_numbers(),
                "brokerd_error": live.error.message if live.error else None, **live.context()}
     return render_page(request, "console/overview.html", "console/partials/cluster.html", context)
 
@@ -117,11 +104,7 @@ def tenant_list(request):
     qs = user_tenants(request.user).annotate(
         device_count=Count("devices", distinct=True), member_count=Count("memberships", distinct=True))
     if form.is_valid():
-        q = form.cleaned_data.get("q")
-        if q:
-            qs = qs.filter(Q(slug__icontains=q) | Q(name__icontains=q) | Q(contact_emails__icontains=q))
-        if form.cleaned_data.get("status"):
-            qs = qs.filter(status=form.cleaned_data["status"])
+        qs = tq.search_tenants(qs, form.cleaned_data.get("q"), form.cleaned_data.get("status"))
     page = paginate(request, qs)
     context = {"form": form, "page": page, "tenants": page.object_list,
                "filtered": bool(request.GET.get("q") or request.GET.get("status"))}
@@ -196,12 +179,7 @@ def tenant_resume(request, slug):
 @platform_admin_required
 def tenant_delete(request, slug):
     tenant, _ = get_tenant_for_user(request, slug, write=True)
-    counts = {
-        "devices": tenant.devices.count(),
-        "credentials": Credential.objects.filter(device__tenant=tenant).count(),
-        "acl_rules": tenant.acl_rules.count(),
-        "members": tenant.memberships.count(),
-    }
+    counts = tq.tenant_contents(tenant)
     form = DeleteTenantForm(posted(request), slug=tenant.slug)
     if request.method == "POST" and form.is_valid():
         before = {**tenant_doc(tenant), "removed": counts}

@@ -13,6 +13,7 @@ hash is stored (see ``tenants.hashing`` for why a fast hash is right here).
 """
 
 import datetime as dt
+from typing import NamedTuple
 
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import IntegrityError, transaction
@@ -478,6 +479,21 @@ def update_acl_rule(
     return rule
 
 
+def move_target(rule: AclRule, direction: str | None = None, position: int | None = None) -> int | None:
+    """Where "up", "down" (``direction``) or ``position`` would put ``rule``,
+    clamped to the last place; None when it would stay where it is ("up" on
+    the first rule, "down" on the last, a position past the end for the last
+    rule, below 1, no position): no change to make, no audit row to write."""
+    if direction == "up":
+        position = max(1, rule.position - 1)
+    elif direction == "down":
+        position = rule.position + 1
+    if position is None:
+        return None
+    position = min(position, rule.tenant.acl_rules.count())
+    return position if position >= 1 and position != rule.position else None
+
+
 @transaction.atomic
 def move_acl_rule(rule: AclRule, position: int) -> AclRule:
     """Put ``rule`` at ``position`` (clamped to the last), shifting the rules between."""
@@ -510,6 +526,28 @@ def acl_decision(
     except ValueError as e:
         raise ServiceError(str(e))
     return allowed, None if document is None else rules[documents.index(document)]
+
+
+class AclCheck(NamedTuple):
+    allowed: bool
+    rule: AclRule | None        # the rule that decided, None for the tenant's default
+    filtered: bool              # subscribe: granted, each delivered message checked
+    known_device: bool          # the device exists (the checker also answers for names to come)
+
+
+def check_acl(tenant: Tenant, device_name: str, client_id: str, action: str, topic: str) -> AclCheck:
+    """The ACL checker's answer: what brokerd decides for ``device_name``
+    (with ``client_id``) asking to ``action`` ``topic``, by ``tenants.acl``'s
+    ``decide_detail`` on the snapshot's rules. ServiceError for a topic the
+    request may not name."""
+    rules = list(queries.acl_rules(tenant))
+    documents = [snapshot.rule_json(r) for r in rules]
+    try:
+        decision = acl.decide_detail(documents, tenant.default_acl, device_name, client_id, action, topic)
+    except ValueError as e:
+        raise ServiceError(str(e))
+    rule = None if decision.rule is None else rules[documents.index(decision.rule)]
+    return AclCheck(decision.allowed, rule, decision.filtered, tenant.devices.filter(name=device_name).exists())
 
 
 # ---------------------------------------------------------------- quota, $SYS

@@ -11,7 +11,6 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import Q
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -32,7 +31,7 @@ from core.shortcuts import (
 )
 from core.views import audit_page
 
-from . import acl, audit_docs, limits, memberships, queries, services, snapshot
+from . import audit_docs, limits, memberships, queries, services, usage
 from .access import (
     get_credential_for_user,
     get_device_for_user,
@@ -53,7 +52,7 @@ from .forms import (
     QuotaForm,
     SystemTopicsForm,
 )
-from .models import Credential, Membership
+from .models import Membership
 
 LIVE_PAGE = 1000
 
@@ -73,32 +72,11 @@ def _usage(request, tenant) -> dict:
     live = Live(request)
     clients = live.call("clients", tenant=tenant.slug, per_page=LIVE_PAGE)
     retained = live.call("retained", tenant.slug, per_page=1)
-    stats = None
+    totals = None
     if clients is not None:
-        items = clients["items"]
-        connected = [c for c in items if c.get("connected")]
-        stats = {
-            "connected": len(connected),
-            "offline": len(items) - len(connected),
-            "subscriptions": sum(c.get("subscriptions") or 0 for c in items),
-            "queued": sum(c.get("queued") or 0 for c in items),
-            "messages_in": sum(c.get("messages_in") or 0 for c in items),
-            "messages_out": sum(c.get("messages_out") or 0 for c in items),
-            "bytes_in": sum(c.get("bytes_in") or 0 for c in items),
-            "bytes_out": sum(c.get("bytes_out") or 0 for c in items),
-            "retained": retained["total"] if retained is not None else None,
-        }
-    effective = queries.effective_quota(tenant)
-    used = {"max_connections": stats and stats["connected"], "max_retained": stats and stats["retained"]}
-    quota_rows = []
-    for field in limits.QUOTA_FIELDS:
-        limit, value = effective[field], used.get(field)
-        percent = None
-        if limit and value is not None:
-            percent = min(100, round(100 * value / limit))
-        quota_rows.append({"field": field, "limit": limit, "used": value, "percent": percent,
-                           "has_usage": field in used})
-    return {"live": stats, "quota_rows": quota_rows, **live.context()}
+        totals = usage.client_totals(clients["items"], retained["total"] if retained is not None else None)
+    return {"live": totals, "quota_rows": usage.quota_rows(queries.effective_quota(tenant), totals),
+            **live.context()}
 
 
 @login_required
@@ -107,13 +85,7 @@ def tenant_overview(request, slug):
     context = {"tenant": tenant, "rw": rw, **_usage(request, tenant)}
     if wants_fragment(request):
         return render(request, "tenants/partials/usage.html", context)
-    context["db"] = {
-        "devices": tenant.devices.count(),
-        "devices_enabled": tenant.devices.filter(enabled=True).count(),
-        "credentials": Credential.objects.filter(device__tenant=tenant).count(),
-        "acl_rules": tenant.acl_rules.count(),
-        "members": tenant.memberships.count(),
-    }
+    context["db"] = queries.tenant_numbers(tenant)
     context["system_topics"] = queries.system_topics(tenant)
     return render(request, "tenants/overview.html", context)
 
@@ -133,9 +105,7 @@ def _connected_devices(request, tenant) -> tuple[set | None, Live]:
 def device_list(request, slug):
     tenant, rw = get_tenant_for_user(request, slug)
     q = request.GET.get("q", "").strip()
-    qs = queries.devices(tenant)
-    if q:
-        qs = qs.filter(Q(name__icontains=q) | Q(description__icontains=q))
+    qs = queries.search_devices(queries.devices(tenant), q)
     page = paginate(request, qs)
     connected, live = _connected_devices(request, tenant)
     for device in page.object_list:
@@ -240,7 +210,7 @@ def device_disable(request, slug, name):
 def device_delete(request, slug, name):
     device, rw = get_device_for_user(request, slug, name, write=True)
     tenant = device.tenant
-    counts = {"credentials": device.credentials.count(), "acl_rules": device.acl_rules.count()}
+    counts = queries.device_contents(device)
     if request.method == "POST":
         before = {**audit_docs.device_doc(device), "removed": counts}
         services.delete_device(device)
@@ -428,20 +398,12 @@ def acl_edit(request, slug, rule_id):
 def acl_move(request, slug, rule_id):
     rule, rw = get_rule_for_user(request, slug, rule_id, write=True)
     tenant = rule.tenant
-    direction = request.POST.get("direction")
-    if direction == "up":
-        position = max(1, rule.position - 1)
-    elif direction == "down":
-        position = rule.position + 1
-    else:
-        try:
-            position = int(request.POST.get("position", ""))
-        except ValueError:
-            position = None
+    try:
+        position = int(request.POST.get("position", ""))
+    except ValueError:
+        position = None
+    position = services.move_target(rule, request.POST.get("direction"), position)
     if position is not None:
-        # "down" on the last rule (or a position past the end) would move nothing: no change, no audit row
-        position = min(position, tenant.acl_rules.count())
-    if position is not None and position >= 1 and position != rule.position:
         before = audit_docs.rule_doc(rule)
         services.move_acl_rule(rule, position)
         rule.refresh_from_db()
@@ -470,25 +432,20 @@ def acl_delete(request, slug, rule_id):
 @login_required
 def acl_check(request, slug):
     """"Would device X (client id Y) be allowed to publish/subscribe TOPIC?",
-    answered with brokerd's own ACL engine on the tenant's rules."""
+    answered with brokerd's own ACL engine on the tenant's rules (``services.check_acl``)."""
     tenant, rw = get_tenant_for_user(request, slug)
     form = AclCheckForm(request.GET or None)
     check = None
     if form.is_valid():
         d = form.cleaned_data
-        rules = list(queries.acl_rules(tenant))
-        documents = [snapshot.rule_json(r) for r in rules]
         client_id = d["client_id"] or d["device"]
         try:
-            decision = acl.decide_detail(documents, tenant.default_acl, d["device"], client_id, d["action"],
-                                         d["topic"])
-        except ValueError as exc:
+            answer = services.check_acl(tenant, d["device"], client_id, d["action"], d["topic"])
+        except ServiceError as exc:
             form.add_error("topic", str(exc)[:1].upper() + str(exc)[1:])
         else:
-            rule = None if decision.rule is None else rules[documents.index(decision.rule)]
-            check = {"allowed": decision.allowed, "rule": rule, "filtered": decision.filtered,
-                     "device": d["device"], "client_id": client_id, "action": d["action"], "topic": d["topic"],
-                     "known_device": tenant.devices.filter(name=d["device"]).exists()}
+            check = {**answer._asdict(), "device": d["device"], "client_id": client_id, "action": d["action"],
+                     "topic": d["topic"]}
     if wants_fragment(request):
         return render(request, "tenants/partials/acl_check.html",
                       {"tenant": tenant, "check_form": form, "check": check})
