@@ -3,7 +3,7 @@
 Write through ``tenants.services`` only: every change a broker enforces is
 published, in the same transaction, as the tenant's row of
 ``tenants_policysnapshot`` — the one table brokerd reads (see
-``tenants.snapshot``).
+``tenants.policy_snapshot``).
 
 Credentials hold ``sha256$<hex>`` of a server-generated 256-bit secret, never
 the secret: such a secret cannot be brute-forced, so a fast hash is safe, while
@@ -278,7 +278,7 @@ class PolicySnapshot(models.Model):
 
     brokerd polls ``SELECT tenant_slug, version, data FROM
     tenants_policysnapshot WHERE version > ? ORDER BY version``; ``data`` is
-    the JSON document built by ``tenants.snapshot``. Not a foreign key: the row
+    the JSON document built by ``tenants.policy_snapshot``. Not a foreign key: the row
     outlives its tenant (status "deleted").
     """
 

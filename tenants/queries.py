@@ -6,7 +6,7 @@
 from django.db import connection
 from django.db.models import Count, Q
 
-from . import limits, snapshot
+from . import limits, policy_snapshot
 from .errors import NotFound
 from .models import AclRule, Credential, Device, Membership, OwnQuota, Quota, SystemTopicSetting, Tenant
 
@@ -143,8 +143,8 @@ def system_topics(tenant: Tenant) -> SystemTopicSetting:
 
 
 def policy(slug: str) -> dict | None:
-    """The tenant's published snapshot document (None if never published)."""
-    return snapshot.load(slug)
+    """The tenant's published policy snapshot document (None if never published)."""
+    return policy_snapshot.load(slug)
 
 
 def policy_changes(since: int) -> list[tuple[str, int, str]]:

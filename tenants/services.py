@@ -2,7 +2,7 @@
 
 Every function that changes something a broker enforces runs in one
 transaction that ends by rebuilding the tenant's policy snapshot
-(``tenants.snapshot.publish``), so brokerd sees the change, and only the
+(``tenants.policy_snapshot.publish``), so brokerd sees the change, and only the
 committed change, under a new version. Invalid input raises ``ServiceError``
 (``NotFound``, ``Conflict``) with a one-line message meant for users; nothing
 is written then.
@@ -19,7 +19,7 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from . import acl, hashing, limits, queries, snapshot
+from . import acl, hashing, limits, policy_snapshot, queries
 from .errors import Conflict, NotFound, ServiceError
 from .models import AclRule, Credential, Device, OwnQuota, Quota, SystemTopicSetting, Tenant
 from .validators import SYS_PARTS, normalize_fingerprint
@@ -104,7 +104,7 @@ def create_tenant(slug: str, *, name: str = "", contact_emails=(), default_acl: 
     _save(tenant, f"tenant {slug!r} already exists")
     Quota.objects.create(tenant=tenant)
     SystemTopicSetting.objects.create(tenant=tenant)
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return tenant
 
 
@@ -119,14 +119,14 @@ def update_tenant(tenant: Tenant, *, name=UNSET, contact_emails=UNSET, default_a
         tenant.default_acl = default_acl
     _clean_tenant(tenant)
     tenant.save()
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return tenant
 
 
 def _set_status(tenant: Tenant, status: str) -> Tenant:
     tenant.status = status
     tenant.save(update_fields=["status", "updated_at"])
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return tenant
 
 
@@ -146,7 +146,7 @@ def delete_tenant(tenant: Tenant) -> None:
     """Delete the tenant and everything it owns; its snapshot row stays, "deleted"."""
     slug = tenant.slug
     tenant.delete()
-    snapshot.publish_deleted(slug)
+    policy_snapshot.publish_deleted(slug)
 
 
 # ---------------------------------------------------------------- devices
@@ -192,7 +192,7 @@ def create_device(
 ) -> Device:
     """A device without credentials (it may authenticate by certificate)."""
     device = _new_device(tenant, name, description, enabled, cert_fingerprint, cert_cn)
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return device
 
 
@@ -212,7 +212,7 @@ def provision_device(
     secret)``, the secret shown once and never stored."""
     device = _new_device(tenant, name, description, enabled, cert_fingerprint, cert_cn)
     credential, secret = _new_credential(device, label, expires_at, True)
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return device, credential, secret
 
 
@@ -225,14 +225,14 @@ def update_device(device: Device, *, description=UNSET, cert_fingerprint=UNSET, 
     _clean(device, validate_unique=False, validate_constraints=False)
     _check_fingerprint_free(device)
     _save(device, "certificate fingerprint already in use")
-    snapshot.publish(device.tenant)
+    policy_snapshot.publish(device.tenant)
     return device
 
 
 def _set_device_enabled(device: Device, enabled: bool) -> Device:
     device.enabled = enabled
     device.save(update_fields=["enabled"])
-    snapshot.publish(device.tenant)
+    policy_snapshot.publish(device.tenant)
     return device
 
 
@@ -252,7 +252,7 @@ def delete_device(device: Device) -> None:
     tenant = device.tenant
     device.delete()
     _renumber(list(queries.acl_rules(tenant)))
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
 
 
 # ---------------------------------------------------------------- credentials
@@ -284,7 +284,7 @@ def create_credential(
     """A new credential for ``device``; returns ``(credential, secret)``, the
     secret shown once and never stored."""
     result = _new_credential(device, label, expires_at, enabled)
-    snapshot.publish(device.tenant)
+    policy_snapshot.publish(device.tenant)
     return result
 
 
@@ -296,7 +296,7 @@ def rotate_credential(credential: Credential) -> tuple[Credential, str]:
     credential.secret_hash = hashing.hash_secret(secret)
     credential.last_rotated_at = timezone.now()
     credential.save(update_fields=["secret_hash", "last_rotated_at"])
-    snapshot.publish(credential.device.tenant)
+    policy_snapshot.publish(credential.device.tenant)
     return credential, secret
 
 
@@ -323,7 +323,7 @@ def _set_credential(credential: Credential, **fields) -> Credential:
     for k, v in fields.items():
         setattr(credential, k, v)
     credential.save(update_fields=list(fields))
-    snapshot.publish(credential.device.tenant)
+    policy_snapshot.publish(credential.device.tenant)
     return credential
 
 
@@ -348,7 +348,7 @@ def expire_credential(credential: Credential, at: dt.datetime | None = None) -> 
 def delete_credential(credential: Credential) -> None:
     tenant = credential.device.tenant
     credential.delete()
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
 
 
 def authenticate_device(tenant_slug: str, device_name: str, secret: str) -> bool:
@@ -440,7 +440,7 @@ def add_acl_rule(
     _clean(rule)
     _renumber(ordered)
     rule.save()
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return rule
 
 
@@ -475,7 +475,7 @@ def update_acl_rule(
         rule.allow = _check_bool("allow", allow)
     _clean(rule)
     rule.save()
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return rule
 
 
@@ -498,7 +498,7 @@ def move_target(rule: AclRule, direction: str | None = None, position: int | Non
 def move_acl_rule(rule: AclRule, position: int) -> AclRule:
     """Put ``rule`` at ``position`` (clamped to the last), shifting the rules between."""
     _renumber(_placed(rule.tenant, rule, position))
-    snapshot.publish(rule.tenant)
+    policy_snapshot.publish(rule.tenant)
     return rule
 
 
@@ -507,7 +507,7 @@ def delete_acl_rule(rule: AclRule) -> None:
     tenant = rule.tenant
     rule.delete()
     _renumber(list(queries.acl_rules(tenant)))
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
 
 
 def acl_decision(
@@ -520,7 +520,7 @@ def acl_decision(
     if not isinstance(tenant, Tenant):
         tenant = queries.get_tenant(tenant)
     rules = list(queries.acl_rules(tenant))
-    documents = [snapshot.rule_json(r) for r in rules]
+    documents = [policy_snapshot.rule_json(r) for r in rules]
     try:
         allowed, document = acl.decide(documents, tenant.default_acl, device_name, client_id, action, topic)
     except ValueError as e:
@@ -541,7 +541,7 @@ def check_acl(tenant: Tenant, device_name: str, client_id: str, action: str, top
     ``decide_detail`` on the snapshot's rules. ServiceError for a topic the
     request may not name."""
     rules = list(queries.acl_rules(tenant))
-    documents = [snapshot.rule_json(r) for r in rules]
+    documents = [policy_snapshot.rule_json(r) for r in rules]
     try:
         decision = acl.decide_detail(documents, tenant.default_acl, device_name, client_id, action, topic)
     except ValueError as e:
@@ -567,7 +567,7 @@ def update_quota(tenant: Tenant, **changes) -> Quota:
             raise ServiceError(str(e))
     _clean(quota)
     quota.save()
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return quota
 
 
@@ -598,7 +598,7 @@ def update_own_quota(tenant: Tenant, **changes) -> OwnQuota:
         raise ServiceError("; ".join(errors))
     _clean(own)
     own.save()
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return own
 
 
@@ -620,5 +620,5 @@ def update_system_topics(tenant: Tenant, *, enabled=UNSET, interval=UNSET, parts
         setting.parts = [p for p in SYS_PARTS if p in parts] + [p for p in parts if p not in SYS_PARTS]
     _clean(setting)
     setting.save()
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return setting

@@ -232,7 +232,7 @@ def test_metrics_history_rows_land_in_metrics_sample(world):
     assert plane.query("SELECT count(*) FROM metrics_sample WHERE node = ? AND tenant = '' AND resolution = 'm'",
                        (NODE,))[0][0] >= 3
     # and the console's history chart reads them
-    out = plane.shell("import json\nfrom metrics.history import series\n"
+    out = plane.shell("import json\nfrom metrics.history_queries import series\n"
                       "print('TOTALS', json.dumps(series('1h', tenant='acme')['totals']))")
     totals = json.loads([ln for ln in out.splitlines() if ln.startswith("TOTALS ")][-1][7:])
     assert totals["messages_in"] >= 20 and totals["connections_peak"] >= 1, totals
