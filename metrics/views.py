@@ -86,15 +86,8 @@ def node(request, node):
 @platform_admin_required
 def alarm_list(request):
     state = request.GET.get("state") or "all"
-    qs = Alarm.objects.all()
-    if state == "open":
-        qs = qs.filter(cleared_at__isnull=True)
-    elif state == "cleared":
-        qs = qs.filter(cleared_at__isnull=False)
     kind = request.GET.get("kind")
-    if kind in Alarm.Kind.values:
-        qs = qs.filter(kind=kind)
-    context = {"page": paginate(request, qs.order_by("-raised_at", "-id")), "state": state, "kind": kind,
+    context = {"page": paginate(request, alarm_db.listed(state, kind)), "state": state, "kind": kind,
                "kinds": Alarm.Kind.choices, "open_count": alarm_db.open_alarms().count()}
     tpl = "metrics/partials/alarm_table.html" if wants_fragment(request) else "metrics/alarms.html"
     return render(request, tpl, context)
