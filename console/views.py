@@ -1,6 +1,6 @@
 """The platform pages: sign-in, home/overview, tenants, the audit log and API
-tokens. Each view authorises (``core.roles``, ``tenants.access``), validates a form, calls a
-service and renders -- the page, or for htmx its fragment."""
+tokens. Each view authorises (``core.roles``, ``tenants.access``), validates
+a form, calls a service and renders -- the page, or for htmx its fragment."""
 
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
