@@ -37,7 +37,7 @@ from run import DEFAULT_MQTTBENCH, free_port, wait_port  # noqa: E402
 PROVISION = r"""
 import json, sys
 from django.db import transaction
-from tenants import services, snapshot
+from tenants import policy_snapshot, services
 from tenants.hashing import generate_secret, hash_secret
 from tenants.models import Credential, Device
 spec = json.loads(sys.stdin.read())
@@ -51,7 +51,7 @@ with transaction.atomic():            # many devices, one snapshot
         secret = generate_secret()
         Credential.objects.create(device=device, secret_hash=hash_secret(secret))
         secrets[f"d{i}"] = secret
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
 print("SECRETS " + json.dumps(secrets))
 """
 

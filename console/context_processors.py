@@ -1,9 +1,9 @@
 """What the layout needs on every page: the user's role, their tenants and
-the tenant of the current page (set by ``console.access``)."""
+the tenant of the current page (set by ``core.roles.remember_scope``)."""
 
+from core.roles import PLATFORM_ADMIN, is_platform_admin
 from metrics.models import Alarm
-
-from .access import is_platform_admin, user_tenants
+from tenants.access import user_tenants
 
 
 def console(request):
@@ -15,7 +15,7 @@ def console(request):
     slug = getattr(request, "current_slug", None)
     role = getattr(request, "current_role", None)
     if role is None:
-        role = "platform administrator" if admin else "tenant user"
+        role = PLATFORM_ADMIN if admin else "tenant user"
     return {
         "is_platform_admin": admin,
         "nav_tenant": tenant,

@@ -1,16 +1,15 @@
-"""Forms of the platform pages (login, tenants, tokens, audit, live clients)."""
+"""Forms of the platform pages (login, tenants, tokens, live clients)."""
 
-import datetime as dt
 
 from django import forms
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
-from django.utils import timezone
 
+from core import audit
 from tenants.models import Tenant
 from tenants.validators import validate_email_list, validate_slug
 
-from . import audit, throttle
+from . import throttle
 from .models import ApiToken
 
 
@@ -94,32 +93,6 @@ class TokenForm(forms.Form):
     scope = forms.ChoiceField(choices=ApiToken.Scope.choices, initial="read", widget=forms.RadioSelect,
                               help_text="Read tokens may only GET; write tokens may also kick, "
                                         "subscribe, publish and delete.")
-
-
-class AuditFilterForm(forms.Form):
-    actor = forms.CharField(required=False)
-    action = forms.CharField(required=False, help_text="e.g. device. or credential.rotate")
-    tenant = forms.CharField(required=False)
-    object_type = forms.CharField(required=False, label="Object type")
-    since = forms.DateField(required=False, label="From", widget=forms.DateInput(attrs={"type": "date"}))
-    until = forms.DateField(required=False, label="To", widget=forms.DateInput(attrs={"type": "date"}))
-
-    def filter(self, qs):
-        d = self.cleaned_data
-        if d.get("actor"):
-            qs = qs.filter(actor__icontains=d["actor"])
-        if d.get("action"):
-            qs = qs.filter(action__istartswith=d["action"])
-        if d.get("tenant") and "tenant" in self.fields:
-            qs = qs.filter(tenant=d["tenant"])
-        if d.get("object_type"):
-            qs = qs.filter(object_type__iexact=d["object_type"])
-        tz = timezone.get_current_timezone()
-        if d.get("since"):
-            qs = qs.filter(at__gte=dt.datetime.combine(d["since"], dt.time.min, tz))
-        if d.get("until"):
-            qs = qs.filter(at__lt=dt.datetime.combine(d["until"] + dt.timedelta(days=1), dt.time.min, tz))
-        return qs
 
 
 CONNECTED_CHOICES = [("", "Any"), ("true", "Connected"), ("false", "Offline")]

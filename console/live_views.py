@@ -1,5 +1,5 @@
 """The live pages, acting on the cluster through brokerd's admin API
-(``console.brokerd_api``): clients and their sessions, kick, subscriptions,
+(``core.brokerd_client``): clients and their sessions, kick, subscriptions,
 retained messages and test publishes.
 
 brokerd writes the audit rows of these actions itself (it is told the console
@@ -15,7 +15,10 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from .access import get_live_scope_for_user, platform_admin_required
+from core.roles import platform_admin_required
+from core.shortcuts import Live, page_numbers, render_page, wants_fragment
+from tenants.access import get_live_scope_for_user
+
 from .forms import (
     ClientFilterForm,
     KickForm,
@@ -24,7 +27,6 @@ from .forms import (
     SubscriptionForm,
     UnsubscribeForm,
 )
-from .shortcuts import Live, page_numbers, render_page, wants_fragment
 
 PER_PAGE = 50
 

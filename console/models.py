@@ -1,16 +1,13 @@
-"""The console's own tables: who may do what, the admin API's tokens, and the audit log.
+"""The console's own tables: the admin API's tokens and the failed logins
+the throttle counts.
 
-Two of them are contracts with brokerd, which reads and writes them with plain
-SQL (``brokerd.tenancy.source``):
-
-``console_apitoken`` (read): ``id, name, token_hash ("sha256$<hex>"), scope
+``console_apitoken`` is a contract with brokerd, which reads it with plain SQL
+(``brokerd.tenancy.source``): ``id, name, token_hash ("sha256$<hex>"), scope
 ("read"|"write"), revoked (bool)``. The secret is shown once when made and
 never stored; brokerd reloads the table every few seconds, so a revoked token
-stops working within that time on every node.
-
-``console_auditevent`` (written by both): ``at, actor, source ("console"|
-"api"|"cli"), action, object_type, object_id, tenant, before, after (JSON
-text or NULL), remote_addr``.
+stops working within that time on every node. (The audit log, the other
+table brokerd uses, is ``core.models.AuditEvent``; who may do what in a
+tenant is ``tenants.models.Membership``.)
 """
 
 import hashlib
@@ -24,27 +21,6 @@ TOKEN_PREFIX = "bkd_"
 
 def hash_token(secret: str) -> str:
     return "sha256$" + hashlib.sha256(secret.encode()).hexdigest()
-
-
-class Membership(models.Model):
-    """A console user's role in one tenant. Platform administrators are staff
-    users (``is_staff``) and need no membership."""
-
-    class Role(models.TextChoices):
-        ADMIN = "admin", "tenant administrator"
-        VIEWER = "viewer", "tenant viewer"
-
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
-    tenant = models.ForeignKey("tenants.Tenant", on_delete=models.CASCADE, related_name="memberships")
-    role = models.CharField(max_length=8, choices=Role.choices, default=Role.VIEWER)
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        ordering = ["tenant_id", "user_id"]
-        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="console_membership_unique")]
-
-    def __str__(self):
-        return f"{self.user} is {self.get_role_display()} of {self.tenant}"
 
 
 class ApiToken(models.Model):
@@ -74,31 +50,6 @@ class ApiToken(models.Model):
         secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
         token = cls.objects.create(name=name, scope=scope, token_hash=hash_token(secret), created_by=created_by)
         return token, secret
-
-
-class AuditEvent(models.Model):
-    class Source(models.TextChoices):
-        CONSOLE = "console"
-        API = "api"
-        CLI = "cli"
-
-    at = models.DateTimeField(db_index=True)
-    actor = models.CharField(max_length=200)
-    source = models.CharField(max_length=16, choices=Source.choices)
-    action = models.CharField(max_length=100, db_index=True)
-    object_type = models.CharField(max_length=50)
-    object_id = models.CharField(max_length=300)
-    tenant = models.CharField(max_length=63, null=True, blank=True, db_index=True)
-    before = models.TextField(null=True, blank=True)
-    after = models.TextField(null=True, blank=True)
-    remote_addr = models.CharField(max_length=64, null=True, blank=True)
-
-    class Meta:
-        db_table = "console_auditevent"
-        ordering = ["-at", "-id"]
-
-    def __str__(self):
-        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.object_type} {self.object_id}"
 
 
 class LoginFailure(models.Model):

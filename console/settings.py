@@ -14,7 +14,8 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from .brokerd_api import admin_urls
+from core.brokerd_client import admin_urls
+
 from .env import envbool, envfloat, envint, envlist, envsecret, envstr, generated_secret
 from .forwarded import parse_networks
 
@@ -42,10 +43,13 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
-    "console",
+    # the project's apps, ground floor first: core imports none of the others,
+    # tenants/metrics/spark_reports import core (never console), console imports all
+    "core",
     "tenants",
     "metrics",
     "spark_reports",
+    "console",
     "django_celery_beat",
 ]
 
@@ -132,7 +136,7 @@ if PRODUCTION:
 # membership (GET /api/v1/nodes every BROKERD_ADMIN_DISCOVERY_INTERVAL seconds,
 # 0: only the list), asks the node that answered last and fails over to the
 # next when one gives no connection within BROKERD_ADMIN_CONNECT_TIMEOUT
-# seconds (console/brokerd_api.py: which requests are repeated on another node).
+# seconds (core/brokerd_client.py: which requests are repeated on another node).
 BROKERD_ADMIN_URL = envstr("BROKERD_ADMIN_URL", "http://127.0.0.1:18083")
 try:
     admin_urls(BROKERD_ADMIN_URL)

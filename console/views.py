@@ -1,48 +1,32 @@
 """The platform pages: sign-in, home/overview, tenants, the audit log and API
-tokens. Each view authorises (``console.access``), validates a form, calls a
-service and renders -- the page, or for htmx its fragment."""
-
-import json
+tokens. Each view authorises (``core.roles``, ``tenants.access``), validates
+a form, calls a service and renders -- the page, or for htmx its fragment."""
 
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.db import connection
-from django.db.models import Count, Q
-from django.http import HttpResponseRedirect, JsonResponse
+from django.db.models import Count
+from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
 
+from core import audit
+from core.forms import AuditFilterForm
+from core.models import AuditEvent
+from core.roles import is_platform_admin, platform_admin_required
+from core.shortcuts import Live, apply_service_error, paginate, posted, redirect_back, render_page
+from core.views import audit_page
+from tenants import queries as tq
 from tenants import services as ts
+from tenants.access import get_tenant_for_user, user_tenants
+from tenants.audit_docs import tenant_doc
 from tenants.errors import ServiceError
-from tenants.models import AclRule, Credential, Device, Tenant
 
-from . import audit
 from . import services as cs
-from .access import get_tenant_for_user, is_platform_admin, platform_admin_required, user_tenants
-from .forms import AuditFilterForm, DeleteTenantForm, LoginForm, TenantForm, TenantSearchForm, TokenForm
-from .models import ApiToken, AuditEvent, Membership
-from .shortcuts import Live, apply_service_error, paginate, render_page
-
-
-def posted(request):
-    """The submitted data of a POST, else None: a form is bound on every POST,
-    also one whose fields are all optional and left out (``request.POST or
-    None`` would treat that as a GET and silently do nothing)."""
-    return request.POST if request.method == "POST" else None
-
-
-def redirect_back(request, default: str):
-    """Back to the page a form came from (its "next" field) when that is a path
-    on this site; anything else -- another host, a scheme, a URL name -- goes
-    to ``default``."""
-    target = request.POST.get("next") or ""
-    if not (target.startswith("/") and url_has_allowed_host_and_scheme(
-            target, allowed_hosts={request.get_host()}, require_https=request.is_secure())):
-        target = default
-    return HttpResponseRedirect(target)
+from .forms import DeleteTenantForm, LoginForm, TenantForm, TenantSearchForm, TokenForm
+from .models import ApiToken
 
 
 def healthz(request):
@@ -93,19 +77,6 @@ def home(request):
     return render(request, "console/picker.html", {"tenants": tenants})
 
 
-def _db_numbers() -> dict:
-    return {
-        "tenants": Tenant.objects.count(),
-        "tenants_active": Tenant.objects.filter(status=Tenant.Status.ACTIVE).count(),
-        "tenants_suspended": Tenant.objects.filter(status=Tenant.Status.SUSPENDED).count(),
-        "devices": Device.objects.count(),
-        "devices_enabled": Device.objects.filter(enabled=True).count(),
-        "credentials": Credential.objects.count(),
-        "acl_rules": AclRule.objects.count(),
-        "users": Membership.objects.values("user").distinct().count(),
-    }
-
-
 NODE_SUMS = ("connected", "sessions", "subscriptions", "retained", "messages_received", "messages_sent",
              "bytes_received", "bytes_sent")
 
@@ -119,7 +90,7 @@ def overview(request):
         totals = {k: sum(n.get(k) or 0 for n in nodes) for k in NODE_SUMS}
         totals["nodes"] = len(nodes)
         totals["healthy"] = sum(1 for n in nodes if n.get("health") == "ok")
-    context = {"nodes": nodes, "totals": totals, "db": _db_numbers(),
+    context = {"nodes": nodes, "totals": totals, "db": tq.platform_numbers(),
                "brokerd_error": live.error.message if live.error else None, **live.context()}
     return render_page(request, "console/overview.html", "console/partials/cluster.html", context)
 
@@ -133,11 +104,7 @@ def tenant_list(request):
     qs = user_tenants(request.user).annotate(
         device_count=Count("devices", distinct=True), member_count=Count("memberships", distinct=True))
     if form.is_valid():
-        q = form.cleaned_data.get("q")
-        if q:
-            qs = qs.filter(Q(slug__icontains=q) | Q(name__icontains=q) | Q(contact_emails__icontains=q))
-        if form.cleaned_data.get("status"):
-            qs = qs.filter(status=form.cleaned_data["status"])
+        qs = tq.search_tenants(qs, form.cleaned_data.get("q"), form.cleaned_data.get("status"))
     page = paginate(request, qs)
     context = {"form": form, "page": page, "tenants": page.object_list,
                "filtered": bool(request.GET.get("q") or request.GET.get("status"))}
@@ -155,7 +122,7 @@ def tenant_create(request):
         except ServiceError as exc:
             apply_service_error(form, exc)
         else:
-            audit.record(request, "tenant.create", "tenant", tenant.slug, tenant=tenant, after=audit.tenant_doc(tenant))
+            audit.record(request, "tenant.create", "tenant", tenant.slug, tenant=tenant, after=tenant_doc(tenant))
             messages.success(request, f"Tenant {tenant.slug} created.")
             return redirect("tenant", slug=tenant.slug)
     return render(request, "console/tenant_form.html", {"form": form, "creating": True})
@@ -168,7 +135,7 @@ def tenant_edit(request, slug):
                "default_acl": tenant.default_acl}
     form = TenantForm(posted(request), initial=initial, editing=True)
     if request.method == "POST" and form.is_valid():
-        before = audit.tenant_doc(tenant)
+        before = tenant_doc(tenant)
         d = form.cleaned_data
         try:
             ts.update_tenant(tenant, name=d["name"], contact_emails=d["contact_emails"],
@@ -177,7 +144,7 @@ def tenant_edit(request, slug):
             apply_service_error(form, exc)
         else:
             audit.record(request, "tenant.update", "tenant", tenant.slug, tenant=tenant, before=before,
-                         after=audit.tenant_doc(tenant))
+                         after=tenant_doc(tenant))
             messages.success(request, f"Tenant {tenant.slug} saved.")
             return redirect("tenant", slug=tenant.slug)
     return render(request, "console/tenant_form.html", {"form": form, "tenant": tenant, "creating": False})
@@ -185,7 +152,7 @@ def tenant_edit(request, slug):
 
 def _set_status(request, slug, suspend: bool):
     tenant, _ = get_tenant_for_user(request, slug, write=True)
-    before = audit.tenant_doc(tenant)
+    before = tenant_doc(tenant)
     if suspend:
         ts.suspend_tenant(tenant)
         messages.warning(request, f"Tenant {tenant.slug} suspended: its devices are refused.")
@@ -193,7 +160,7 @@ def _set_status(request, slug, suspend: bool):
         ts.resume_tenant(tenant)
         messages.success(request, f"Tenant {tenant.slug} resumed.")
     audit.record(request, "tenant.suspend" if suspend else "tenant.resume", "tenant", tenant.slug, tenant=tenant,
-                 before=before, after=audit.tenant_doc(tenant))
+                 before=before, after=tenant_doc(tenant))
     return redirect_back(request, reverse("tenant", args=[tenant.slug]))
 
 
@@ -212,15 +179,10 @@ def tenant_resume(request, slug):
 @platform_admin_required
 def tenant_delete(request, slug):
     tenant, _ = get_tenant_for_user(request, slug, write=True)
-    counts = {
-        "devices": tenant.devices.count(),
-        "credentials": Credential.objects.filter(device__tenant=tenant).count(),
-        "acl_rules": tenant.acl_rules.count(),
-        "members": tenant.memberships.count(),
-    }
+    counts = tq.tenant_contents(tenant)
     form = DeleteTenantForm(posted(request), slug=tenant.slug)
     if request.method == "POST" and form.is_valid():
-        before = {**audit.tenant_doc(tenant), "removed": counts}
+        before = {**tenant_doc(tenant), "removed": counts}
         ts.delete_tenant(tenant)
         audit.record(request, "tenant.delete", "tenant", slug, tenant=slug, before=before)
         messages.success(request, f"Tenant {slug} and everything it owned were deleted.")
@@ -231,35 +193,19 @@ def tenant_delete(request, slug):
 # ---------------------------------------------------------------- audit log
 
 
-def _audit_page(request, qs, form, template, partial, extra):
-    if form.is_valid():
-        qs = form.filter(qs)
-    page = paginate(request, qs)
-    for event in page.object_list:
-        event.before_pretty = _pretty(event.before)
-        event.after_pretty = _pretty(event.after)
-    context = {"form": form, "page": page, "events": page.object_list, **extra}
-    return render_page(request, template, partial, context)
-
-
-def _pretty(text):
-    if not text:
-        return None
-    try:
-        return json.dumps(json.loads(text), indent=2, sort_keys=True)
-    except ValueError:
-        return text
-
-
 @platform_admin_required
 @require_safe  # the log is read-only here: no POST, PUT, PATCH or DELETE
 def audit_log(request):
     form = AuditFilterForm(request.GET or None)
-    return _audit_page(request, AuditEvent.objects.all(), form, "console/audit.html",
-                       "console/partials/audit_table.html", {"scoped": False})
+    return audit_page(request, AuditEvent.objects.all(), form, "console/audit.html", {"scoped": False})
 
 
 # ---------------------------------------------------------------- API tokens
+
+
+def _token_doc(t) -> dict:
+    """What the audit log shows of a token: never its secret or hash."""
+    return {"name": t.name, "scope": t.scope, "revoked": t.revoked}
 
 
 @platform_admin_required
@@ -278,7 +224,7 @@ def token_create(request):
         except ServiceError as exc:
             apply_service_error(form, exc)
         else:
-            audit.record(request, "token.create", "api_token", token.name, after=audit.token_doc(token))
+            audit.record(request, "token.create", "api_token", token.name, after=_token_doc(token))
             response = render(request, "console/token_secret.html", {"token": token, "secret": secret})
             response["Cache-Control"] = "no-store"
             return response
@@ -289,14 +235,14 @@ def token_create(request):
 def token_revoke(request, token_id):
     token = get_object_or_404(ApiToken, pk=token_id)
     if request.method == "POST":
-        before = audit.token_doc(token)
+        before = _token_doc(token)
         try:
             cs.revoke_token(token)
         except ServiceError as exc:
             messages.error(request, str(exc))
         else:
             audit.record(request, "token.revoke", "api_token", token.name, before=before,
-                         after=audit.token_doc(token))
+                         after=_token_doc(token))
             messages.success(request, f"Token {token.name} revoked: brokerd refuses it within a few seconds.")
         return redirect("token_list")
     return render(request, "console/token_revoke.html", {"token": token})

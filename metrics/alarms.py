@@ -36,6 +36,19 @@ def open_alarms():
     return Alarm.objects.filter(cleared_at__isnull=True)
 
 
+def listed(state: str = "all", kind: str | None = None):
+    """The alarms page: all, "open" or "cleared" ones, of one ``kind`` (any
+    other value: every kind), newest first."""
+    qs = Alarm.objects.all()
+    if state == "open":
+        qs = qs.filter(cleared_at__isnull=True)
+    elif state == "cleared":
+        qs = qs.filter(cleared_at__isnull=False)
+    if kind in Alarm.Kind.values:
+        qs = qs.filter(kind=kind)
+    return qs.order_by("-raised_at", "-id")
+
+
 def open_keys() -> set[tuple[str, str]]:
     return set(open_alarms().values_list("kind", "subject"))
 

@@ -17,7 +17,8 @@ only listen: whatever a browser sends is ignored.
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from console.access import is_platform_admin, membership_of
+from core.roles import is_platform_admin
+from tenants.access import membership_of
 from tenants.models import Tenant
 
 from .hub import get_hub

@@ -7,7 +7,7 @@ answer into rates (``metrics.core.summarize``), evaluates the alarms
 websocket its update over the channel layer: the cluster view to the group
 of administrators' sockets, a tenant's view to the group of that tenant's
 sockets. Any node answers for the cluster: the client asks the one that
-answered last and fails over to the others (``console.brokerd_api``), whose
+answered last and fails over to the others (``core.brokerd_client``), whose
 admin APIs the hub also learns from ``GET /api/v1/nodes`` every
 ``BROKERD_ADMIN_DISCOVERY_INTERVAL`` seconds; so a dead node is reported
 (and alarmed) by a live one. When no node answers it sends an "unreachable"
@@ -36,7 +36,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.utils import timezone
 
-from console.brokerd_api import BrokerdClient, BrokerdError
+from core.brokerd_client import BrokerdClient, BrokerdError
 
 from . import alarms as alarm_db
 from . import core
@@ -187,7 +187,7 @@ class Hub:
             await asyncio.sleep(next_at - loop.time())
 
     async def discover(self, client: BrokerdClient) -> None:
-        """Learn the cluster's admin APIs (console.brokerd_api): polls and pages fail over to them."""
+        """Learn the cluster's admin APIs (core.brokerd_client): polls and pages fail over to them."""
         before = list(client.endpoints.learned)
         try:
             learned = await asyncio.to_thread(client.discover)

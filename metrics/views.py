@@ -17,13 +17,14 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 
-from console import audit
-from console.access import get_live_scope_for_user, platform_admin_required
-from console.shortcuts import paginate, wants_fragment
+from core import audit
+from core.roles import platform_admin_required
+from core.shortcuts import paginate, wants_fragment
 from tenants import queries as tq
+from tenants.access import get_live_scope_for_user
 
 from . import alarms as alarm_db
-from . import history
+from . import history_queries
 from .core import NODE_DOWN
 from .hub import poll_interval
 from .models import Alarm
@@ -31,7 +32,7 @@ from .models import Alarm
 
 def _range(request) -> str:
     value = request.GET.get("range") or "1h"
-    if value not in history.RANGES:
+    if value not in history_queries.RANGES:
         raise Http404("No such range")
     return value
 
@@ -40,7 +41,7 @@ def _history_context(url: str, data: dict, page: str | None = None, **params) ->
     """The history fragment's context: the data and a tab per range (htmx
     swaps the fragment from ``url``; without JavaScript ``page`` reloads)."""
     links = []
-    for r in history.RANGES:
+    for r in history_queries.RANGES:
         hx = url + "?" + urlencode({**params, "range": r})
         links.append({"range": r, "hx": hx, "href": f"{page}?range={r}" if page else hx})
     return {"history": data, "range_links": links}
@@ -62,7 +63,7 @@ def _live(ws_path: str, scope: str, **extra) -> dict:
 @platform_admin_required
 def cluster(request):
     context = {**_live("/ws/metrics/", "cluster"),
-               **_history_context(reverse("metrics_history"), history.series(_range(request)), request.path)}
+               **_history_context(reverse("metrics_history"), history_queries.series(_range(request)), request.path)}
     return render(request, "metrics/cluster.html", context)
 
 
@@ -70,14 +71,14 @@ def cluster(request):
 def cluster_history(request):
     node = request.GET.get("node") or None
     params = {"node": node} if node else {}
-    return _history_response(request, history.series(_range(request), node=node), reverse("metrics_history"),
+    return _history_response(request, history_queries.series(_range(request), node=node), reverse("metrics_history"),
                              **params)
 
 
 @platform_admin_required
 def node(request, node):
     context = {"node": node, **_live("/ws/metrics/", "node", node=node),
-               **_history_context(reverse("metrics_history"), history.series(_range(request), node=node),
+               **_history_context(reverse("metrics_history"), history_queries.series(_range(request), node=node),
                                   request.path, node=node)}
     return render(request, "metrics/node.html", context)
 
@@ -85,15 +86,8 @@ def node(request, node):
 @platform_admin_required
 def alarm_list(request):
     state = request.GET.get("state") or "all"
-    qs = Alarm.objects.all()
-    if state == "open":
-        qs = qs.filter(cleared_at__isnull=True)
-    elif state == "cleared":
-        qs = qs.filter(cleared_at__isnull=False)
     kind = request.GET.get("kind")
-    if kind in Alarm.Kind.values:
-        qs = qs.filter(kind=kind)
-    context = {"page": paginate(request, qs.order_by("-raised_at", "-id")), "state": state, "kind": kind,
+    context = {"page": paginate(request, alarm_db.listed(state, kind)), "state": state, "kind": kind,
                "kinds": Alarm.Kind.choices, "open_count": alarm_db.open_alarms().count()}
     tpl = "metrics/partials/alarm_table.html" if wants_fragment(request) else "metrics/alarms.html"
     return render(request, tpl, context)
@@ -124,7 +118,7 @@ def tenant(request, slug):
     url = reverse("tenant_metrics_history", args=[slug])
     context = {"tenant_obj": tenant_obj, "slug": slug, "quota": quota,
                **_live(f"/ws/metrics/tenants/{slug}/", "tenant", slug=slug),
-               **_history_context(url, history.series(_range(request), tenant=slug), request.path)}
+               **_history_context(url, history_queries.series(_range(request), tenant=slug), request.path)}
     return render(request, "metrics/tenant.html", context)
 
 
@@ -132,4 +126,4 @@ def tenant(request, slug):
 def tenant_history(request, slug):
     get_live_scope_for_user(request, slug)
     url = reverse("tenant_metrics_history", args=[slug])
-    return _history_response(request, history.series(_range(request), tenant=slug), url)
+    return _history_response(request, history_queries.series(_range(request), tenant=slug), url)

@@ -72,7 +72,9 @@ class TenantUsageReport(Report):
              "Rejections and disconnect reasons"]
 
     def is_available_to(self, user, tenant=None) -> bool:
-        from console.access import is_platform_admin, membership_of
+        # imported here: the registry stays importable without Django (bench/reports_1m.py)
+        from core.roles import is_platform_admin
+        from tenants.access import membership_of
 
         return is_platform_admin(user) or (tenant is not None and membership_of(user, tenant) is not None)
 
@@ -109,7 +111,7 @@ class PlatformReport(Report):
              "Load per node"]
 
     def is_available_to(self, user, tenant=None) -> bool:
-        from console.access import is_platform_admin
+        from core.roles import is_platform_admin  # as above: no Django at import time
 
         return is_platform_admin(user)
 

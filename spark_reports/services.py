@@ -1,10 +1,14 @@
-"""What the views and the tasks do with reports: request a run, execute it
-(in a Celery worker), record a failure, retry, and start the schedules due.
+"""What the console does with reports in its database, and running one:
+record a requested run, queue a failed one again, claim the schedules due,
+execute a run (Spark, in a Celery worker), record a failure; save, switch and
+delete schedules.
 
-Views never call Spark; they call ``request_run`` and read ``ReportRun``.
+Nothing here queues work: ``spark_reports.tasks`` puts runs on Celery's
+queue (``request_run``, ``retry_run``, ``dispatch_due``) and its tasks call
+back into this module. Views never call Spark; they call those and read
+``ReportRun``.
 """
 
-import logging
 from datetime import UTC, date, datetime, timedelta
 
 from django.conf import settings
@@ -14,43 +18,31 @@ from django.utils import timezone
 from . import reports, schedules
 from .jobs import Period
 from .models import ReportRun, ReportSchedule
-
-log = logging.getLogger(__name__)
+from .spark import get_spark, usage_dir
 
 
 def _midnight(day: date) -> datetime:
     return datetime(day.year, day.month, day.day, tzinfo=UTC)
 
 
-def _enqueue_run(run: ReportRun) -> None:
-    from .tasks import run_report
-
-    transaction.on_commit(lambda: run_report.delay(run.pk))
-
-
-def request_run(kind: str, first: date, last: date, tenant=None, user=None, schedule=None) -> ReportRun:
-    """A queued ReportRun over the days ``first``..``last`` (included), handed
-    to a worker once the transaction commits."""
+def create_run(kind: str, first: date, last: date, tenant=None, user=None, schedule=None) -> ReportRun:
+    """A queued ReportRun over the days ``first``..``last`` (included), for
+    a worker to pick up (``tasks.request_run`` hands it over)."""
     if kind == ReportRun.Kind.TENANT and tenant is None:
         raise ValueError("a tenant report needs a tenant")
-    with transaction.atomic():
-        run = ReportRun.objects.create(
-            kind=kind, tenant=tenant if kind == ReportRun.Kind.TENANT else None,
-            period_start=_midnight(first), period_end=_midnight(last) + timedelta(days=1),
-            requested_by=user if user is not None and user.is_authenticated else None, schedule=schedule,
-            progress="Waiting for a worker", progress_total=len(reports.get(kind).steps))
-        _enqueue_run(run)
-    return run
+    return ReportRun.objects.create(
+        kind=kind, tenant=tenant if kind == ReportRun.Kind.TENANT else None,
+        period_start=_midnight(first), period_end=_midnight(last) + timedelta(days=1),
+        requested_by=user if user is not None and user.is_authenticated else None, schedule=schedule,
+        progress="Waiting for a worker", progress_total=len(reports.get(kind).steps))
 
 
-def retry_run(run: ReportRun) -> ReportRun:
-    """Queue a failed run again (the retry button)."""
-    with transaction.atomic():
-        ReportRun.objects.filter(pk=run.pk).update(
-            status=ReportRun.Status.QUEUED, error="", progress="Waiting for a worker", progress_step=0,
-            started_at=None, finished_at=None)
-        run.refresh_from_db()
-        _enqueue_run(run)
+def requeue_run(run: ReportRun) -> ReportRun:
+    """A failed run back to queued (the retry button; ``tasks.retry_run`` hands it over)."""
+    ReportRun.objects.filter(pk=run.pk).update(
+        status=ReportRun.Status.QUEUED, error="", progress="Waiting for a worker", progress_step=0,
+        started_at=None, finished_at=None)
+    run.refresh_from_db()
     return run
 
 
@@ -60,8 +52,6 @@ def _update(run_id: int, **fields) -> None:
 
 def execute_run(run: ReportRun, attempt: int) -> ReportRun:
     """Run the report now (in this process); raise what the job raised."""
-    from .spark import get_spark, usage_dir
-
     report = reports.get(run.kind)
     _update(run.pk, status=ReportRun.Status.RUNNING, started_at=timezone.now(), finished_at=None,
             attempts=run.attempts + 1, progress=f"Starting (attempt {attempt})", progress_step=0,
@@ -108,29 +98,50 @@ def schedule_saved(schedule: ReportSchedule, now: datetime | None = None) -> Rep
     return schedule
 
 
-def dispatch_due(now: datetime | None = None) -> list[ReportRun]:
-    """Start a run for every enabled schedule whose next run has come. Each is
-    claimed with a conditional update, so two beats (or a task delivered
-    twice) start it once. Missed runs while nothing dispatched collapse into
-    the latest one."""
-    now = now or timezone.now()
-    started = []
-    for schedule in ReportSchedule.objects.filter(enabled=True, next_run_at__lte=now).select_related("tenant"):
-        due = schedules.latest_due(schedule.frequency, schedule.hour, now)
-        if due < schedule.next_run_at:
-            due = schedule.next_run_at   # set by hand (or by a test) off the regular times
-        following = schedules.next_run(schedule.frequency, schedule.hour, now)
-        with transaction.atomic():
-            claimed = ReportSchedule.objects.filter(pk=schedule.pk, next_run_at=schedule.next_run_at).update(
-                next_run_at=following, last_run_at=now)
-            if not claimed:
-                continue
-            first, last = schedules.period_for(schedule.frequency, due)
-            run = request_run(ReportRun.Kind.TENANT, first, last, tenant=schedule.tenant, schedule=schedule)
-            ReportSchedule.objects.filter(pk=schedule.pk).update(last_run=run)
-        log.info("schedule %s of %s: report %s over %s..%s", schedule.pk, schedule.tenant, run.pk, first, last)
-        started.append(run)
-    return started
+def create_schedule(schedule: ReportSchedule, tenant, user) -> ReportSchedule:
+    """Save a new ``schedule`` (from the form) of ``tenant`` made by ``user``, with its next run."""
+    schedule.tenant = tenant
+    schedule.created_by = user
+    schedule.save()
+    return schedule_saved(schedule)
+
+
+def toggle_schedule(schedule: ReportSchedule) -> ReportSchedule:
+    """Enable a disabled schedule (its next run from now) or disable it (none)."""
+    schedule.enabled = not schedule.enabled
+    schedule.save(update_fields=["enabled"])
+    return schedule_saved(schedule)
+
+
+def delete_schedule(schedule: ReportSchedule) -> None:
+    """The schedule goes; the reports it made stay."""
+    schedule.delete()
+
+
+def due_schedules(now: datetime):
+    """The enabled schedules whose next run has come."""
+    return ReportSchedule.objects.filter(enabled=True, next_run_at__lte=now).select_related("tenant")
+
+
+@transaction.atomic
+def claim_schedule(schedule: ReportSchedule, now: datetime) -> ReportRun | None:
+    """The run of a due ``schedule``, or None when another dispatcher claimed
+    it first. The claim is a conditional update of its next run, so two beats
+    (or a task delivered twice) start it once; runs missed while nothing
+    dispatched collapse into the latest one. ``tasks.dispatch_due`` queues
+    the run once this transaction committed."""
+    due = schedules.latest_due(schedule.frequency, schedule.hour, now)
+    if due < schedule.next_run_at:
+        due = schedule.next_run_at   # set by hand (or by a test) off the regular times
+    following = schedules.next_run(schedule.frequency, schedule.hour, now)
+    claimed = ReportSchedule.objects.filter(pk=schedule.pk, next_run_at=schedule.next_run_at).update(
+        next_run_at=following, last_run_at=now)
+    if not claimed:
+        return None
+    first, last = schedules.period_for(schedule.frequency, due)
+    run = create_run(ReportRun.Kind.TENANT, first, last, tenant=schedule.tenant, schedule=schedule)
+    ReportSchedule.objects.filter(pk=schedule.pk).update(last_run=run)
+    return run
 
 
 def recipients(schedule: ReportSchedule) -> list[str]:

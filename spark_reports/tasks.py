@@ -1,4 +1,13 @@
-"""Celery tasks: thin wrappers over ``spark_reports.services`` and ``delivery``.
+"""Celery: the queue of report work, and what a worker and beat do with it.
+
+What puts a run on the queue, once the transaction that records it commits
+(views and beat call these; the records are ``spark_reports.services``'):
+
+- ``request_run(...)``: a new run (the "Run report" button);
+- ``retry_run(run)``: a failed run again (the retry button);
+- ``dispatch_due(now)``: a run for every schedule due, each claimed once.
+
+The tasks, thin wrappers over ``services`` and ``delivery``:
 
 - ``run_report(run_id)``: the Spark job; retried with exponential backoff
   (REPORTS_RETRY_BACKOFF seconds, doubled, at most REPORTS_MAX_RETRIES times),
@@ -9,6 +18,8 @@
 - ``dispatch_due_schedules()``: run by beat every REPORTS_DISPATCH_INTERVAL
   seconds from the database schedule (django-celery-beat); starts the
   ReportSchedules that are due.
+
+This module imports ``services`` and ``delivery``, never the other way round.
 """
 
 import logging
@@ -16,18 +27,58 @@ import logging
 from celery import shared_task
 from celery.signals import beat_init
 from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from . import delivery, services
+from .models import ReportRun
 
 log = logging.getLogger(__name__)
 
 DISPATCH_TASK_NAME = "spark_reports: start due report schedules"
 
 
+def _enqueue(run: ReportRun) -> None:
+    transaction.on_commit(lambda: run_report.delay(run.pk))
+
+
+def request_run(kind: str, first, last, tenant=None, user=None, schedule=None) -> ReportRun:
+    """A queued ReportRun over the days ``first``..``last`` (included), handed
+    to a worker once the transaction commits."""
+    with transaction.atomic():
+        run = services.create_run(kind, first, last, tenant=tenant, user=user, schedule=schedule)
+        _enqueue(run)
+    return run
+
+
+def retry_run(run: ReportRun) -> ReportRun:
+    """Queue a failed run again (the retry button)."""
+    with transaction.atomic():
+        services.requeue_run(run)
+        _enqueue(run)
+    return run
+
+
+def dispatch_due(now=None) -> list[ReportRun]:
+    """Start a run for every enabled schedule whose next run has come, each
+    claimed once (``services.claim_schedule``) and queued when its claim commits."""
+    now = now or timezone.now()
+    started = []
+    for schedule in services.due_schedules(now):
+        with transaction.atomic():
+            run = services.claim_schedule(schedule, now)
+            if run is None:
+                continue
+            _enqueue(run)
+        log.info("schedule %s of %s: report %s over %s..%s", schedule.pk, schedule.tenant, run.pk,
+                 run.period_start.date(), run.last_day)
+        started.append(run)
+    return started
+
+
 @shared_task(bind=True, autoretry_for=(Exception,), max_retries=settings.REPORTS_MAX_RETRIES,
              retry_backoff=settings.REPORTS_RETRY_BACKOFF, retry_backoff_max=3600, retry_jitter=False)
 def run_report(self, run_id: int) -> str:
-    from . import services
-    from .models import ReportRun
-
     run = ReportRun.objects.select_related("tenant", "schedule").filter(pk=run_id).first()
     if run is None or run.status == ReportRun.Status.SUCCEEDED:
         return "gone" if run is None else "already done"
@@ -49,9 +100,6 @@ def run_report(self, run_id: int) -> str:
 @shared_task(bind=True, autoretry_for=(Exception,), dont_autoretry_for=(ValueError,), max_retries=5,
              retry_backoff=60, retry_jitter=False)
 def deliver_report(self, run_id: int) -> str:
-    from . import delivery
-    from .models import ReportRun
-
     run = ReportRun.objects.select_related("tenant", "schedule__tenant").filter(pk=run_id).first()
     if run is None or run.emailed_at is not None:
         return "nothing to do"
@@ -65,9 +113,7 @@ def deliver_report(self, run_id: int) -> str:
 
 @shared_task
 def dispatch_due_schedules() -> int:
-    from . import services
-
-    return len(services.dispatch_due())
+    return len(dispatch_due())
 
 
 def ensure_periodic_task() -> None:

@@ -2,9 +2,10 @@
 read, tenant administrators run and schedule), the platform report under
 /reports/ (platform administrators only).
 
-Access as everywhere in the console (``console.access``): another tenant's
+Access as everywhere in the console (``tenants.access``, ``core.roles``): another tenant's
 report or schedule is a 404, a viewer who tries to run, retry or schedule
-gets 403. Views call ``spark_reports.services``; Spark runs in the workers.
+gets 403. Views call ``spark_reports.services`` and, to queue a run,
+``spark_reports.tasks``; Spark runs in the workers.
 """
 
 from django.contrib import messages
@@ -14,12 +15,12 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from console import audit
-from console.access import get_tenant_for_user, platform_admin_required
-from console.shortcuts import paginate
-from console.views import posted
+from core import audit
+from core.roles import platform_admin_required
+from core.shortcuts import paginate, posted
+from tenants.access import get_tenant_for_user
 
-from . import export, schedules, services
+from . import export, schedules, services, tasks
 from .forms import RunReportForm, ScheduleForm
 from .models import ReportRun, ReportSchedule
 from .views_common import report_context
@@ -67,7 +68,7 @@ def tenant_reports(request, slug):
     tenant, rw = get_tenant_for_user(request, slug, write=request.method == "POST")
     form = RunReportForm(posted(request))
     if request.method == "POST" and form.is_valid():
-        run = services.request_run(ReportRun.Kind.TENANT, form.cleaned_data["first"], form.cleaned_data["last"],
+        run = tasks.request_run(ReportRun.Kind.TENANT, form.cleaned_data["first"], form.cleaned_data["last"],
                                    tenant=tenant, user=request.user)
         audit.record(request, "report.run", "report", run.pk, tenant=tenant, after=_run_doc(run))
         return redirect("report", slug=tenant.slug, run_id=run.pk)
@@ -129,7 +130,7 @@ def _retry(request, run):
     if run.status != ReportRun.Status.FAILED:
         messages.info(request, "Only a failed report can be retried.")
     else:
-        services.retry_run(run)
+        tasks.retry_run(run)
         audit.record(request, "report.retry", "report", run.pk, tenant=run.tenant, after=_run_doc(run))
         messages.success(request, "The report is queued again.")
     return redirect(_links(run)["page"])
@@ -186,11 +187,7 @@ def schedule_list(request, slug):
     tenant, rw = get_tenant_for_user(request, slug, write=request.method == "POST")
     form = ScheduleForm(posted(request), tenant=tenant) if rw else None
     if request.method == "POST" and form.is_valid():
-        schedule = form.save(commit=False)
-        schedule.tenant = tenant
-        schedule.created_by = request.user
-        schedule.save()
-        services.schedule_saved(schedule)
+        schedule = services.create_schedule(form.save(commit=False), tenant, request.user)
         audit.record(request, "report_schedule.create", "report_schedule", schedule.pk, tenant=tenant,
                      after=_schedule_doc(schedule))
         messages.success(request, f"{schedule.get_frequency_display()} report scheduled.")
@@ -229,9 +226,7 @@ def schedule_edit(request, slug, schedule_id):
 def schedule_toggle(request, slug, schedule_id):
     schedule, _ = _tenant_schedule(request, slug, schedule_id, write=True)
     before = _schedule_doc(schedule)
-    schedule.enabled = not schedule.enabled
-    schedule.save(update_fields=["enabled"])
-    services.schedule_saved(schedule)
+    services.toggle_schedule(schedule)
     audit.record(request, "report_schedule.update", "report_schedule", schedule.pk, tenant=schedule.tenant,
                  before=before, after=_schedule_doc(schedule))
     messages.success(request, f"Schedule {'enabled' if schedule.enabled else 'disabled'}.")
@@ -243,7 +238,7 @@ def schedule_delete(request, slug, schedule_id):
     schedule, rw = _tenant_schedule(request, slug, schedule_id, write=True)
     if request.method == "POST":
         before = _schedule_doc(schedule)
-        schedule.delete()
+        services.delete_schedule(schedule)
         audit.record(request, "report_schedule.delete", "report_schedule", schedule_id, tenant=schedule.tenant,
                      before=before)
         messages.success(request, "Schedule deleted.")
@@ -266,7 +261,7 @@ def _platform_run(run_id):
 def platform_reports(request):
     form = RunReportForm(posted(request))
     if request.method == "POST" and form.is_valid():
-        run = services.request_run(ReportRun.Kind.PLATFORM, form.cleaned_data["first"], form.cleaned_data["last"],
+        run = tasks.request_run(ReportRun.Kind.PLATFORM, form.cleaned_data["first"], form.cleaned_data["last"],
                                    user=request.user)
         audit.record(request, "report.run", "report", run.pk, after=_run_doc(run))
         return redirect("platform_report", run_id=run.pk)

@@ -11,3 +11,7 @@ class NotFound(ServiceError):
 
 class Conflict(ServiceError):
     """A duplicate name, slug or certificate fingerprint."""
+
+
+class LastAdministrator(ServiceError):
+    """A change that would leave a tenant that has administrators without one."""

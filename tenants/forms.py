@@ -1,6 +1,6 @@
 """Forms of the tenant pages. They check what a form can; the services
 (``tenants.services``) have the last word and their errors are put back
-onto these forms (``console.shortcuts.apply_service_error``)."""
+onto these forms (``core.shortcuts.apply_service_error``)."""
 
 import datetime as dt
 
@@ -9,10 +9,8 @@ from django.contrib.auth.validators import UnicodeUsernameValidator
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from console.models import Membership
-
 from . import limits
-from .models import AclRule, Quota
+from .models import AclRule, Membership, Quota
 from .validators import (
     SYS_PARTS,
     validate_device_name,

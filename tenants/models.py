@@ -1,9 +1,9 @@
-"""Tenants and what a broker enforces for them.
+"""Tenants, their console users (Membership) and what a broker enforces for them.
 
 Write through ``tenants.services`` only: every change a broker enforces is
 published, in the same transaction, as the tenant's row of
 ``tenants_policysnapshot`` — the one table brokerd reads (see
-``tenants.snapshot``).
+``tenants.policy_snapshot``).
 
 Credentials hold ``sha256$<hex>`` of a server-generated 256-bit secret, never
 the secret: such a secret cannot be brute-forced, so a fast hash is safe, while
@@ -11,6 +11,7 @@ a password KDF (PBKDF2/bcrypt/argon2, made for low-entropy human passwords)
 would make a reconnect storm CPU-bound on the broker. See ``tenants.hashing``.
 """
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
@@ -54,6 +55,30 @@ class Tenant(models.Model):
 
     def __str__(self):
         return self.slug
+
+
+class Membership(models.Model):
+    """A console user's role in one tenant. Platform administrators are staff
+    users (``is_staff``) and need no membership (``core.roles``).
+
+    The table keeps the name it was born with in the ``console`` app."""
+
+    class Role(models.TextChoices):
+        ADMIN = "admin", "tenant administrator"
+        VIEWER = "viewer", "tenant viewer"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=8, choices=Role.choices, default=Role.VIEWER)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "console_membership"
+        ordering = ["tenant_id", "user_id"]
+        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="console_membership_unique")]
+
+    def __str__(self):
+        return f"{self.user} is {self.get_role_display()} of {self.tenant}"
 
 
 class Device(models.Model):
@@ -253,7 +278,7 @@ class PolicySnapshot(models.Model):
 
     brokerd polls ``SELECT tenant_slug, version, data FROM
     tenants_policysnapshot WHERE version > ? ORDER BY version``; ``data`` is
-    the JSON document built by ``tenants.snapshot``. Not a foreign key: the row
+    the JSON document built by ``tenants.policy_snapshot``. Not a foreign key: the row
     outlives its tenant (status "deleted").
     """
 

@@ -6,14 +6,64 @@
 from django.db import connection
 from django.db.models import Count, Q
 
-from . import limits, snapshot
+from . import limits, policy_snapshot
 from .errors import NotFound
-from .models import AclRule, Credential, Device, OwnQuota, Quota, SystemTopicSetting, Tenant
+from .models import AclRule, Credential, Device, Membership, OwnQuota, Quota, SystemTopicSetting, Tenant
 
 
 def tenants():
     """All tenants by slug, each with ``device_count``."""
     return Tenant.objects.annotate(device_count=Count("devices")).order_by("slug")
+
+
+def search_tenants(qs, q: str = "", status: str = ""):
+    """``qs`` (tenants) narrowed to those whose slug, name or contact emails
+    contain ``q`` and whose status is ``status`` (either may be empty)."""
+    if q:
+        qs = qs.filter(Q(slug__icontains=q) | Q(name__icontains=q) | Q(contact_emails__icontains=q))
+    if status:
+        qs = qs.filter(status=status)
+    return qs
+
+
+def platform_numbers() -> dict:
+    """What the console's database holds, for the platform overview."""
+    return {
+        "tenants": Tenant.objects.count(),
+        "tenants_active": Tenant.objects.filter(status=Tenant.Status.ACTIVE).count(),
+        "tenants_suspended": Tenant.objects.filter(status=Tenant.Status.SUSPENDED).count(),
+        "devices": Device.objects.count(),
+        "devices_enabled": Device.objects.filter(enabled=True).count(),
+        "credentials": Credential.objects.count(),
+        "acl_rules": AclRule.objects.count(),
+        "users": Membership.objects.values("user").distinct().count(),
+    }
+
+
+def tenant_numbers(tenant: Tenant) -> dict:
+    """What the tenant holds, for its overview."""
+    return {
+        "devices": tenant.devices.count(),
+        "devices_enabled": tenant.devices.filter(enabled=True).count(),
+        "credentials": Credential.objects.filter(device__tenant=tenant).count(),
+        "acl_rules": tenant.acl_rules.count(),
+        "members": tenant.memberships.count(),
+    }
+
+
+def tenant_contents(tenant: Tenant) -> dict:
+    """What deleting the tenant deletes with it."""
+    return {
+        "devices": tenant.devices.count(),
+        "credentials": Credential.objects.filter(device__tenant=tenant).count(),
+        "acl_rules": tenant.acl_rules.count(),
+        "members": tenant.memberships.count(),
+    }
+
+
+def device_contents(device: Device) -> dict:
+    """What deleting the device deletes with it."""
+    return {"credentials": device.credentials.count(), "acl_rules": device.acl_rules.count()}
 
 
 def get_tenant(slug: str) -> Tenant:
@@ -30,6 +80,13 @@ def devices(tenant: Tenant):
         credential_count=Count("credentials"),
         enabled_credential_count=Count("credentials", filter=Q(credentials__enabled=True)),
     ).order_by("name")
+
+
+def search_devices(qs, q: str = ""):
+    """``qs`` (devices) narrowed to those whose name or description contain ``q``."""
+    if q:
+        qs = qs.filter(Q(name__icontains=q) | Q(description__icontains=q))
+    return qs
 
 
 def get_device(tenant: Tenant, name: str) -> Device:
@@ -86,8 +143,8 @@ def system_topics(tenant: Tenant) -> SystemTopicSetting:
 
 
 def policy(slug: str) -> dict | None:
-    """The tenant's published snapshot document (None if never published)."""
-    return snapshot.load(slug)
+    """The tenant's published policy snapshot document (None if never published)."""
+    return policy_snapshot.load(slug)
 
 
 def policy_changes(since: int) -> list[tuple[str, int, str]]:

@@ -2,7 +2,7 @@
 
 Every function that changes something a broker enforces runs in one
 transaction that ends by rebuilding the tenant's policy snapshot
-(``tenants.snapshot.publish``), so brokerd sees the change, and only the
+(``tenants.policy_snapshot.publish``), so brokerd sees the change, and only the
 committed change, under a new version. Invalid input raises ``ServiceError``
 (``NotFound``, ``Conflict``) with a one-line message meant for users; nothing
 is written then.
@@ -13,12 +13,13 @@ hash is stored (see ``tenants.hashing`` for why a fast hash is right here).
 """
 
 import datetime as dt
+from typing import NamedTuple
 
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from . import acl, hashing, limits, queries, snapshot
+from . import acl, hashing, limits, policy_snapshot, queries
 from .errors import Conflict, NotFound, ServiceError
 from .models import AclRule, Credential, Device, OwnQuota, Quota, SystemTopicSetting, Tenant
 from .validators import SYS_PARTS, normalize_fingerprint
@@ -103,7 +104,7 @@ def create_tenant(slug: str, *, name: str = "", contact_emails=(), default_acl: 
     _save(tenant, f"tenant {slug!r} already exists")
     Quota.objects.create(tenant=tenant)
     SystemTopicSetting.objects.create(tenant=tenant)
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return tenant
 
 
@@ -118,14 +119,14 @@ def update_tenant(tenant: Tenant, *, name=UNSET, contact_emails=UNSET, default_a
         tenant.default_acl = default_acl
     _clean_tenant(tenant)
     tenant.save()
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return tenant
 
 
 def _set_status(tenant: Tenant, status: str) -> Tenant:
     tenant.status = status
     tenant.save(update_fields=["status", "updated_at"])
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return tenant
 
 
@@ -145,7 +146,7 @@ def delete_tenant(tenant: Tenant) -> None:
     """Delete the tenant and everything it owns; its snapshot row stays, "deleted"."""
     slug = tenant.slug
     tenant.delete()
-    snapshot.publish_deleted(slug)
+    policy_snapshot.publish_deleted(slug)
 
 
 # ---------------------------------------------------------------- devices
@@ -191,7 +192,7 @@ def create_device(
 ) -> Device:
     """A device without credentials (it may authenticate by certificate)."""
     device = _new_device(tenant, name, description, enabled, cert_fingerprint, cert_cn)
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return device
 
 
@@ -211,7 +212,7 @@ def provision_device(
     secret)``, the secret shown once and never stored."""
     device = _new_device(tenant, name, description, enabled, cert_fingerprint, cert_cn)
     credential, secret = _new_credential(device, label, expires_at, True)
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return device, credential, secret
 
 
@@ -224,14 +225,14 @@ def update_device(device: Device, *, description=UNSET, cert_fingerprint=UNSET, 
     _clean(device, validate_unique=False, validate_constraints=False)
     _check_fingerprint_free(device)
     _save(device, "certificate fingerprint already in use")
-    snapshot.publish(device.tenant)
+    policy_snapshot.publish(device.tenant)
     return device
 
 
 def _set_device_enabled(device: Device, enabled: bool) -> Device:
     device.enabled = enabled
     device.save(update_fields=["enabled"])
-    snapshot.publish(device.tenant)
+    policy_snapshot.publish(device.tenant)
     return device
 
 
@@ -251,7 +252,7 @@ def delete_device(device: Device) -> None:
     tenant = device.tenant
     device.delete()
     _renumber(list(queries.acl_rules(tenant)))
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
 
 
 # ---------------------------------------------------------------- credentials
@@ -283,7 +284,7 @@ def create_credential(
     """A new credential for ``device``; returns ``(credential, secret)``, the
     secret shown once and never stored."""
     result = _new_credential(device, label, expires_at, enabled)
-    snapshot.publish(device.tenant)
+    policy_snapshot.publish(device.tenant)
     return result
 
 
@@ -295,7 +296,7 @@ def rotate_credential(credential: Credential) -> tuple[Credential, str]:
     credential.secret_hash = hashing.hash_secret(secret)
     credential.last_rotated_at = timezone.now()
     credential.save(update_fields=["secret_hash", "last_rotated_at"])
-    snapshot.publish(credential.device.tenant)
+    policy_snapshot.publish(credential.device.tenant)
     return credential, secret
 
 
@@ -322,7 +323,7 @@ def _set_credential(credential: Credential, **fields) -> Credential:
     for k, v in fields.items():
         setattr(credential, k, v)
     credential.save(update_fields=list(fields))
-    snapshot.publish(credential.device.tenant)
+    policy_snapshot.publish(credential.device.tenant)
     return credential
 
 
@@ -347,7 +348,7 @@ def expire_credential(credential: Credential, at: dt.datetime | None = None) -> 
 def delete_credential(credential: Credential) -> None:
     tenant = credential.device.tenant
     credential.delete()
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
 
 
 def authenticate_device(tenant_slug: str, device_name: str, secret: str) -> bool:
@@ -439,7 +440,7 @@ def add_acl_rule(
     _clean(rule)
     _renumber(ordered)
     rule.save()
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return rule
 
 
@@ -474,15 +475,30 @@ def update_acl_rule(
         rule.allow = _check_bool("allow", allow)
     _clean(rule)
     rule.save()
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return rule
+
+
+def move_target(rule: AclRule, direction: str | None = None, position: int | None = None) -> int | None:
+    """Where "up", "down" (``direction``) or ``position`` would put ``rule``,
+    clamped to the last place; None when it would stay where it is ("up" on
+    the first rule, "down" on the last, a position past the end for the last
+    rule, below 1, no position): no change to make, no audit row to write."""
+    if direction == "up":
+        position = max(1, rule.position - 1)
+    elif direction == "down":
+        position = rule.position + 1
+    if position is None:
+        return None
+    position = min(position, rule.tenant.acl_rules.count())
+    return position if position >= 1 and position != rule.position else None
 
 
 @transaction.atomic
 def move_acl_rule(rule: AclRule, position: int) -> AclRule:
     """Put ``rule`` at ``position`` (clamped to the last), shifting the rules between."""
     _renumber(_placed(rule.tenant, rule, position))
-    snapshot.publish(rule.tenant)
+    policy_snapshot.publish(rule.tenant)
     return rule
 
 
@@ -491,7 +507,7 @@ def delete_acl_rule(rule: AclRule) -> None:
     tenant = rule.tenant
     rule.delete()
     _renumber(list(queries.acl_rules(tenant)))
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
 
 
 def acl_decision(
@@ -504,12 +520,34 @@ def acl_decision(
     if not isinstance(tenant, Tenant):
         tenant = queries.get_tenant(tenant)
     rules = list(queries.acl_rules(tenant))
-    documents = [snapshot.rule_json(r) for r in rules]
+    documents = [policy_snapshot.rule_json(r) for r in rules]
     try:
         allowed, document = acl.decide(documents, tenant.default_acl, device_name, client_id, action, topic)
     except ValueError as e:
         raise ServiceError(str(e))
     return allowed, None if document is None else rules[documents.index(document)]
+
+
+class AclCheck(NamedTuple):
+    allowed: bool
+    rule: AclRule | None        # the rule that decided, None for the tenant's default
+    filtered: bool              # subscribe: granted, each delivered message checked
+    known_device: bool          # the device exists (the checker also answers for names to come)
+
+
+def check_acl(tenant: Tenant, device_name: str, client_id: str, action: str, topic: str) -> AclCheck:
+    """The ACL checker's answer: what brokerd decides for ``device_name``
+    (with ``client_id``) asking to ``action`` ``topic``, by ``tenants.acl``'s
+    ``decide_detail`` on the snapshot's rules. ServiceError for a topic the
+    request may not name."""
+    rules = list(queries.acl_rules(tenant))
+    documents = [policy_snapshot.rule_json(r) for r in rules]
+    try:
+        decision = acl.decide_detail(documents, tenant.default_acl, device_name, client_id, action, topic)
+    except ValueError as e:
+        raise ServiceError(str(e))
+    rule = None if decision.rule is None else rules[documents.index(decision.rule)]
+    return AclCheck(decision.allowed, rule, decision.filtered, tenant.devices.filter(name=device_name).exists())
 
 
 # ---------------------------------------------------------------- quota, $SYS
@@ -529,7 +567,7 @@ def update_quota(tenant: Tenant, **changes) -> Quota:
             raise ServiceError(str(e))
     _clean(quota)
     quota.save()
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return quota
 
 
@@ -560,7 +598,7 @@ def update_own_quota(tenant: Tenant, **changes) -> OwnQuota:
         raise ServiceError("; ".join(errors))
     _clean(own)
     own.save()
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return own
 
 
@@ -582,5 +620,5 @@ def update_system_topics(tenant: Tenant, *, enabled=UNSET, interval=UNSET, parts
         setting.parts = [p for p in SYS_PARTS if p in parts] + [p for p in parts if p not in SYS_PARTS]
     _clean(setting)
     setting.save()
-    snapshot.publish(tenant)
+    policy_snapshot.publish(tenant)
     return setting

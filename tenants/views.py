@@ -2,7 +2,7 @@
 overview and usage, devices, credentials, ACL rules (with the checker),
 quotas, $SYS settings, members and the tenant's audit log.
 
-Every view starts with ``console.access.get_*_for_user`` (404 for another
+Every view starts with ``tenants.access.get_*_for_user`` (404 for another
 tenant's objects, 403 for a viewer who tries to write), validates a form,
 calls ``tenants.services`` and writes one audit row when it succeeded.
 """
@@ -11,30 +11,36 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import Q
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
-from console import audit
-from console import services as cs
-from console.access import (
+from core import audit
+from core.forms import AuditFilterForm
+from core.models import AuditEvent
+from core.roles import is_platform_admin
+from core.shortcuts import (
+    Live,
+    apply_service_error,
+    paginate,
+    posted,
+    redirect_back,
+    render_page,
+    wants_fragment,
+)
+from core.views import audit_page
+
+from . import audit_docs, limits, memberships, queries, services, usage
+from .access import (
     get_credential_for_user,
     get_device_for_user,
     get_membership_for_user,
     get_rule_for_user,
     get_tenant_for_user,
-    is_platform_admin,
     tenant_admin_or_platform,
 )
-from console.forms import AuditFilterForm
-from console.models import AuditEvent, Membership
-from console.shortcuts import Live, apply_service_error, paginate, render_page, wants_fragment
-from console.views import _audit_page, posted, redirect_back
-
-from . import acl, limits, queries, services, snapshot
-from .errors import ServiceError
+from .errors import LastAdministrator, NotFound, ServiceError
 from .forms import (
     AclCheckForm,
     AclRuleForm,
@@ -46,7 +52,7 @@ from .forms import (
     QuotaForm,
     SystemTopicsForm,
 )
-from .models import Credential, Tenant
+from .models import Membership
 
 LIVE_PAGE = 1000
 
@@ -66,32 +72,11 @@ def _usage(request, tenant) -> dict:
     live = Live(request)
     clients = live.call("clients", tenant=tenant.slug, per_page=LIVE_PAGE)
     retained = live.call("retained", tenant.slug, per_page=1)
-    stats = None
+    totals = None
     if clients is not None:
-        items = clients["items"]
-        connected = [c for c in items if c.get("connected")]
-        stats = {
-            "connected": len(connected),
-            "offline": len(items) - len(connected),
-            "subscriptions": sum(c.get("subscriptions") or 0 for c in items),
-            "queued": sum(c.get("queued") or 0 for c in items),
-            "messages_in": sum(c.get("messages_in") or 0 for c in items),
-            "messages_out": sum(c.get("messages_out") or 0 for c in items),
-            "bytes_in": sum(c.get("bytes_in") or 0 for c in items),
-            "bytes_out": sum(c.get("bytes_out") or 0 for c in items),
-            "retained": retained["total"] if retained is not None else None,
-        }
-    effective = queries.effective_quota(tenant)
-    used = {"max_connections": stats and stats["connected"], "max_retained": stats and stats["retained"]}
-    quota_rows = []
-    for field in limits.QUOTA_FIELDS:
-        limit, value = effective[field], used.get(field)
-        percent = None
-        if limit and value is not None:
-            percent = min(100, round(100 * value / limit))
-        quota_rows.append({"field": field, "limit": limit, "used": value, "percent": percent,
-                           "has_usage": field in used})
-    return {"live": stats, "quota_rows": quota_rows, **live.context()}
+        totals = usage.client_totals(clients["items"], retained["total"] if retained is not None else None)
+    return {"live": totals, "quota_rows": usage.quota_rows(queries.effective_quota(tenant), totals),
+            **live.context()}
 
 
 @login_required
@@ -100,13 +85,7 @@ def tenant_overview(request, slug):
     context = {"tenant": tenant, "rw": rw, **_usage(request, tenant)}
     if wants_fragment(request):
         return render(request, "tenants/partials/usage.html", context)
-    context["db"] = {
-        "devices": tenant.devices.count(),
-        "devices_enabled": tenant.devices.filter(enabled=True).count(),
-        "credentials": Credential.objects.filter(device__tenant=tenant).count(),
-        "acl_rules": tenant.acl_rules.count(),
-        "members": tenant.memberships.count(),
-    }
+    context["db"] = queries.tenant_numbers(tenant)
     context["system_topics"] = queries.system_topics(tenant)
     return render(request, "tenants/overview.html", context)
 
@@ -126,9 +105,7 @@ def _connected_devices(request, tenant) -> tuple[set | None, Live]:
 def device_list(request, slug):
     tenant, rw = get_tenant_for_user(request, slug)
     q = request.GET.get("q", "").strip()
-    qs = queries.devices(tenant)
-    if q:
-        qs = qs.filter(Q(name__icontains=q) | Q(description__icontains=q))
+    qs = queries.search_devices(queries.devices(tenant), q)
     page = paginate(request, qs)
     connected, live = _connected_devices(request, tenant)
     for device in page.object_list:
@@ -156,12 +133,12 @@ def device_create(request, slug):
             apply_service_error(form, exc, {"device": "name"})
         else:
             audit.record(request, "device.create", "device", device.name, tenant=tenant,
-                         after=audit.device_doc(device))
+                         after=audit_docs.device_doc(device))
             if credential is None:
                 messages.success(request, f"Device {device.name} created.")
                 return redirect("device", slug=tenant.slug, name=device.name)
             audit.record(request, "credential.create", "credential", credential.pk, tenant=tenant,
-                         after=audit.credential_doc(credential))
+                         after=audit_docs.credential_doc(credential))
             return _secret_response(request, {"tenant": tenant, "device": device, "credential": credential,
                                               "secret": secret, "created_device": True})
     return render(request, "tenants/device_form.html", {"tenant": tenant, "rw": rw, "form": form, "creating": True})
@@ -191,7 +168,7 @@ def device_edit(request, slug, name):
                "cert_cn": device.cert_cn or ""}
     form = DeviceForm(posted(request), initial=initial, editing=True)
     if request.method == "POST" and form.is_valid():
-        before = audit.device_doc(device)
+        before = audit_docs.device_doc(device)
         d = form.cleaned_data
         try:
             services.update_device(device, description=d["description"],
@@ -200,7 +177,7 @@ def device_edit(request, slug, name):
             apply_service_error(form, exc)
         else:
             audit.record(request, "device.update", "device", device.name, tenant=tenant, before=before,
-                         after=audit.device_doc(device))
+                         after=audit_docs.device_doc(device))
             messages.success(request, f"Device {device.name} saved.")
             return redirect("device", slug=tenant.slug, name=device.name)
     return render(request, "tenants/device_form.html",
@@ -209,10 +186,10 @@ def device_edit(request, slug, name):
 
 def _device_enabled(request, slug, name, enabled: bool):
     device, _ = get_device_for_user(request, slug, name, write=True)
-    before = audit.device_doc(device)
+    before = audit_docs.device_doc(device)
     (services.enable_device if enabled else services.disable_device)(device)
     audit.record(request, "device.enable" if enabled else "device.disable", "device", device.name,
-                 tenant=device.tenant, before=before, after=audit.device_doc(device))
+                 tenant=device.tenant, before=before, after=audit_docs.device_doc(device))
     messages.success(request, f"Device {device.name} {'enabled' if enabled else 'disabled'}.")
     return redirect_back(request, reverse("device", args=[slug, name]))
 
@@ -233,9 +210,9 @@ def device_disable(request, slug, name):
 def device_delete(request, slug, name):
     device, rw = get_device_for_user(request, slug, name, write=True)
     tenant = device.tenant
-    counts = {"credentials": device.credentials.count(), "acl_rules": device.acl_rules.count()}
+    counts = queries.device_contents(device)
     if request.method == "POST":
-        before = {**audit.device_doc(device), "removed": counts}
+        before = {**audit_docs.device_doc(device), "removed": counts}
         services.delete_device(device)
         audit.record(request, "device.delete", "device", name, tenant=tenant, before=before)
         messages.success(request, f"Device {name} deleted.")
@@ -260,7 +237,7 @@ def credential_create(request, slug, name):
             apply_service_error(form, exc)
         else:
             audit.record(request, "credential.create", "credential", credential.pk, tenant=tenant,
-                         after=audit.credential_doc(credential))
+                         after=audit_docs.credential_doc(credential))
             return _secret_response(request, {"tenant": tenant, "device": device, "credential": credential,
                                               "secret": secret})
     return render(request, "tenants/credential_form.html", {"tenant": tenant, "rw": rw, "device": device,
@@ -272,10 +249,10 @@ def credential_rotate(request, slug, name, credential_id):
     credential, rw = get_credential_for_user(request, slug, name, credential_id, write=True)
     device = credential.device
     if request.method == "POST":
-        before = audit.credential_doc(credential)
+        before = audit_docs.credential_doc(credential)
         credential, secret = services.rotate_credential(credential)
         audit.record(request, "credential.rotate", "credential", credential.pk, tenant=device.tenant,
-                     before=before, after=audit.credential_doc(credential))
+                     before=before, after=audit_docs.credential_doc(credential))
         return _secret_response(request, {"tenant": device.tenant, "device": device, "credential": credential,
                                           "secret": secret, "rotated": True})
     return render(request, "tenants/credential_confirm.html",
@@ -285,10 +262,10 @@ def credential_rotate(request, slug, name, credential_id):
 
 def _credential_change(request, slug, name, credential_id, action: str, change, text: str):
     credential, _ = get_credential_for_user(request, slug, name, credential_id, write=True)
-    before = audit.credential_doc(credential)
+    before = audit_docs.credential_doc(credential)
     change(credential)
     audit.record(request, f"credential.{action}", "credential", credential.pk, tenant=credential.device.tenant,
-                 before=before, after=audit.credential_doc(credential))
+                 before=before, after=audit_docs.credential_doc(credential))
     messages.success(request, text.format(id=credential.pk))
     return redirect("device", slug=slug, name=name)
 
@@ -313,14 +290,14 @@ def credential_expire(request, slug, name, credential_id):
     device = credential.device
     form = ExpireForm(posted(request))
     if request.method == "POST" and form.is_valid():
-        before = audit.credential_doc(credential)
+        before = audit_docs.credential_doc(credential)
         try:
             services.expire_credential(credential, form.cleaned_data["at"])
         except ServiceError as exc:
             apply_service_error(form, exc)
         else:
             audit.record(request, "credential.expire", "credential", credential.pk, tenant=device.tenant,
-                         before=before, after=audit.credential_doc(credential))
+                         before=before, after=audit_docs.credential_doc(credential))
             when = form.cleaned_data["at"]
             messages.success(request, f"Credential #{credential.pk} expired." if when is None else
                              f"Credential #{credential.pk} expires {when:%Y-%m-%d %H:%M} UTC.")
@@ -334,7 +311,7 @@ def credential_delete(request, slug, name, credential_id):
     credential, rw = get_credential_for_user(request, slug, name, credential_id, write=True)
     device = credential.device
     if request.method == "POST":
-        before = audit.credential_doc(credential)
+        before = audit_docs.credential_doc(credential)
         pk = credential.pk
         services.delete_credential(credential)
         audit.record(request, "credential.delete", "credential", pk, tenant=device.tenant, before=before)
@@ -381,7 +358,7 @@ def acl_add(request, slug):
         except ServiceError as exc:
             apply_service_error(form, exc, ACL_ALIASES)
         else:
-            audit.record(request, "acl.add", "acl_rule", rule.pk, tenant=tenant, after=audit.rule_doc(rule))
+            audit.record(request, "acl.add", "acl_rule", rule.pk, tenant=tenant, after=audit_docs.rule_doc(rule))
             messages.success(request, f"Rule #{rule.position} added.")
             if not request.htmx:
                 return redirect("acl", slug=slug)
@@ -396,14 +373,14 @@ def acl_edit(request, slug, rule_id):
     if request.method == "POST":
         form = AclRuleForm(request.POST, tenant=tenant, editing=True)
         if form.is_valid():
-            before = audit.rule_doc(rule)
+            before = audit_docs.rule_doc(rule)
             try:
                 services.update_acl_rule(rule, **form.service_kwargs())
             except ServiceError as exc:
                 apply_service_error(form, exc, ACL_ALIASES)
             else:
                 audit.record(request, "acl.update", "acl_rule", rule.pk, tenant=tenant, before=before,
-                             after=audit.rule_doc(rule))
+                             after=audit_docs.rule_doc(rule))
                 messages.success(request, f"Rule #{rule.position} saved.")
                 if not request.htmx:
                     return redirect("acl", slug=slug)
@@ -421,25 +398,17 @@ def acl_edit(request, slug, rule_id):
 def acl_move(request, slug, rule_id):
     rule, rw = get_rule_for_user(request, slug, rule_id, write=True)
     tenant = rule.tenant
-    direction = request.POST.get("direction")
-    if direction == "up":
-        position = max(1, rule.position - 1)
-    elif direction == "down":
-        position = rule.position + 1
-    else:
-        try:
-            position = int(request.POST.get("position", ""))
-        except ValueError:
-            position = None
+    try:
+        position = int(request.POST.get("position", ""))
+    except ValueError:
+        position = None
+    position = services.move_target(rule, request.POST.get("direction"), position)
     if position is not None:
-        # "down" on the last rule (or a position past the end) would move nothing: no change, no audit row
-        position = min(position, tenant.acl_rules.count())
-    if position is not None and position >= 1 and position != rule.position:
-        before = audit.rule_doc(rule)
+        before = audit_docs.rule_doc(rule)
         services.move_acl_rule(rule, position)
         rule.refresh_from_db()
         audit.record(request, "acl.move", "acl_rule", rule.pk, tenant=tenant, before=before,
-                     after=audit.rule_doc(rule))
+                     after=audit_docs.rule_doc(rule))
     if not request.htmx:
         return redirect("acl", slug=slug)
     return _acl_editor(request, _acl_context(tenant, rw))
@@ -450,7 +419,7 @@ def acl_delete(request, slug, rule_id):
     rule, rw = get_rule_for_user(request, slug, rule_id, write=True)
     tenant = rule.tenant
     if request.method == "POST":
-        before = audit.rule_doc(rule)
+        before = audit_docs.rule_doc(rule)
         services.delete_acl_rule(rule)
         audit.record(request, "acl.delete", "acl_rule", before["id"], tenant=tenant, before=before)
         messages.success(request, f"Rule #{before['position']} deleted.")
@@ -463,25 +432,20 @@ def acl_delete(request, slug, rule_id):
 @login_required
 def acl_check(request, slug):
     """"Would device X (client id Y) be allowed to publish/subscribe TOPIC?",
-    answered with brokerd's own ACL engine on the tenant's rules."""
+    answered with brokerd's own ACL engine on the tenant's rules (``services.check_acl``)."""
     tenant, rw = get_tenant_for_user(request, slug)
     form = AclCheckForm(request.GET or None)
     check = None
     if form.is_valid():
         d = form.cleaned_data
-        rules = list(queries.acl_rules(tenant))
-        documents = [snapshot.rule_json(r) for r in rules]
         client_id = d["client_id"] or d["device"]
         try:
-            decision = acl.decide_detail(documents, tenant.default_acl, d["device"], client_id, d["action"],
-                                         d["topic"])
-        except ValueError as exc:
+            answer = services.check_acl(tenant, d["device"], client_id, d["action"], d["topic"])
+        except ServiceError as exc:
             form.add_error("topic", str(exc)[:1].upper() + str(exc)[1:])
         else:
-            rule = None if decision.rule is None else rules[documents.index(decision.rule)]
-            check = {"allowed": decision.allowed, "rule": rule, "filtered": decision.filtered,
-                     "device": d["device"], "client_id": client_id, "action": d["action"], "topic": d["topic"],
-                     "known_device": tenant.devices.filter(name=d["device"]).exists()}
+            check = {**answer._asdict(), "device": d["device"], "client_id": client_id, "action": d["action"],
+                     "topic": d["topic"]}
     if wants_fragment(request):
         return render(request, "tenants/partials/acl_check.html",
                       {"tenant": tenant, "check_form": form, "check": check})
@@ -527,11 +491,11 @@ def quotas(request, slug):
         values = {f: form.cleaned_data.get(f) for f in limits.QUOTA_FIELDS}
         try:
             if which == "ceiling":
-                before = audit.quota_doc(ceiling)
-                after = audit.quota_doc(services.update_quota(tenant, **values))
+                before = audit_docs.quota_doc(ceiling)
+                after = audit_docs.quota_doc(services.update_quota(tenant, **values))
             else:
-                before = audit.quota_doc(own)
-                after = audit.quota_doc(services.update_own_quota(tenant, **values))
+                before = audit_docs.quota_doc(own)
+                after = audit_docs.quota_doc(services.update_own_quota(tenant, **values))
         except ServiceError as exc:
             apply_service_error(form, exc)
         else:
@@ -561,7 +525,7 @@ def system_topics(request, slug):
     initial = {"enabled": setting.enabled, "interval": setting.interval, "parts": list(setting.parts)}
     form = SystemTopicsForm(posted(request), initial=initial) if admin else None
     if request.method == "POST" and form.is_valid():
-        before = audit.system_topics_doc(setting)
+        before = audit_docs.system_topics_doc(setting)
         d = form.cleaned_data
         try:
             setting = services.update_system_topics(tenant, enabled=d["enabled"], interval=d["interval"],
@@ -570,7 +534,7 @@ def system_topics(request, slug):
             apply_service_error(form, exc)
         else:
             audit.record(request, "system_topics.update", "system_topics", tenant.slug, tenant=tenant,
-                         before=before, after=audit.system_topics_doc(setting))
+                         before=before, after=audit_docs.system_topics_doc(setting))
             messages.success(request, "System topic settings saved.")
             return redirect("system_topics", slug=slug)
     return render(request, "tenants/system_topics.html",
@@ -597,40 +561,18 @@ def members(request, slug):
         if form.is_valid():
             d = form.cleaned_data
             try:
-                membership = cs.add_member(tenant, username=d["username"], email=d["email"],
+                membership = memberships.add_member(tenant, username=d["username"], email=d["email"],
                                            password=d["password"], role=d["role"],
                                            allow_existing=is_platform_admin(request.user))
             except ServiceError as exc:
                 apply_service_error(form, exc)
             else:
                 audit.record(request, "member.add", "membership", membership.user.get_username(), tenant=tenant,
-                             after=audit.membership_doc(membership))
+                             after=audit_docs.membership_doc(membership))
                 messages.success(request, f"{membership.user.get_username()} added as "
                                           f"{membership.get_role_display()}.")
                 return redirect("members", slug=slug)
     return render(request, "tenants/members.html", _members_context(tenant, rw, request, form))
-
-
-LAST_ADMIN = ("{user} is the last administrator of {tenant}: make another member an administrator "
-              "first. A tenant always keeps at least one.")
-
-
-def _is_last_admin(membership) -> bool:
-    """Is ``membership`` the tenant's only administrator?"""
-    return membership.role == Membership.Role.ADMIN and not Membership.objects.filter(
-        tenant_id=membership.tenant_id, role=Membership.Role.ADMIN).exclude(pk=membership.pk).exists()
-
-
-def _lock_members(tenant, membership) -> None:
-    """Serialise membership changes of one tenant (its row lock; SQLite
-    serialises writers anyway), so two administrators demoting each other
-    cannot both pass the last-administrator check; then re-read
-    ``membership`` (404 if it went meanwhile)."""
-    Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
-    try:
-        membership.refresh_from_db(fields=["role"])
-    except Membership.DoesNotExist:
-        raise Http404("No such member")
 
 
 @login_required
@@ -645,15 +587,17 @@ def member_role(request, slug, membership_id):
     role = form.cleaned_data["role"]
     if role == membership.role:
         return redirect("members", slug=slug)
-    with transaction.atomic():
-        _lock_members(membership.tenant, membership)
-        if role != Membership.Role.ADMIN and _is_last_admin(membership):
-            messages.error(request, LAST_ADMIN.format(user=username, tenant=membership.tenant.slug))
-            return redirect("members", slug=slug)
-        before = audit.membership_doc(membership)
-        cs.set_member_role(membership, role)
-        audit.record(request, "member.role", "membership", username,
-                     tenant=membership.tenant, before=before, after=audit.membership_doc(membership))
+    try:
+        with transaction.atomic():      # the change and its audit row, together
+            previous = memberships.change_role(membership, role)
+            audit.record(request, "member.role", "membership", username, tenant=membership.tenant,
+                         before=audit_docs.membership_doc(membership, role=previous),
+                         after=audit_docs.membership_doc(membership))
+    except NotFound:
+        raise Http404("No such member")
+    except LastAdministrator as exc:
+        messages.error(request, str(exc))
+        return redirect("members", slug=slug)
     messages.success(request, f"{username} is now {membership.get_role_display()}.")
     if membership.user_id == request.user.pk and not is_platform_admin(request.user) \
             and membership.role != Membership.Role.ADMIN:
@@ -666,20 +610,22 @@ def member_remove(request, slug, membership_id):
     membership, rw = get_membership_for_user(request, slug, membership_id, write=True)
     tenant = membership.tenant
     if request.method == "POST":
-        with transaction.atomic():
-            _lock_members(tenant, membership)
-            if _is_last_admin(membership):
-                messages.error(request, LAST_ADMIN.format(user=membership.user.get_username(), tenant=tenant.slug))
-                return redirect("members", slug=slug)
-            before = audit.membership_doc(membership)
-            cs.remove_member(membership)
-            audit.record(request, "member.remove", "membership", before["user"], tenant=tenant, before=before)
+        try:
+            with transaction.atomic():      # the change and its audit row, together
+                memberships.remove_member(membership)
+                before = audit_docs.membership_doc(membership)
+                audit.record(request, "member.remove", "membership", before["user"], tenant=tenant, before=before)
+        except NotFound:
+            raise Http404("No such member")
+        except LastAdministrator as exc:
+            messages.error(request, str(exc))
+            return redirect("members", slug=slug)
         messages.success(request, f"{before['user']} no longer has access to {tenant.slug}.")
         if membership.user_id == request.user.pk and not is_platform_admin(request.user):
             return redirect("home")
         return redirect("members", slug=slug)
     return render(request, "tenants/member_remove.html", {"tenant": tenant, "rw": rw, "membership": membership,
-                                                          "last_admin": _is_last_admin(membership)})
+                                                          "last_admin": memberships.is_last_admin(membership)})
 
 
 # ---------------------------------------------------------------- audit log of the tenant
@@ -692,5 +638,5 @@ def tenant_audit(request, slug):
     tenant_admin_or_platform(request, tenant)
     form = AuditFilterForm(request.GET or None)
     del form.fields["tenant"]
-    return _audit_page(request, AuditEvent.objects.filter(tenant=tenant.slug), form, "tenants/audit.html",
-                       "console/partials/audit_table.html", {"tenant": tenant, "rw": rw, "scoped": True})
+    return audit_page(request, AuditEvent.objects.filter(tenant=tenant.slug), form, "tenants/audit.html",
+                      {"tenant": tenant, "rw": rw, "scoped": True})

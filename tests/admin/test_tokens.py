@@ -167,7 +167,7 @@ def _audit_actor(plane, client_id: str) -> str:
 def test_a_console_user_with_a_non_ascii_name_acts_and_is_audited(plane, node, tokens, client_id):
     """Django user names may be any letters: the console's client sends them percent-encoded,
     the node records them as they are (was: the request dropped without an answer)."""
-    from console.brokerd_api import BrokerdClient
+    from core.brokerd_client import BrokerdClient
 
     c = PahoClient(client_id).connect(node.port())
     api = BrokerdClient(base_url=node.admin_url, token=CONSOLE_TOKEN, actor="console:débora-東京")

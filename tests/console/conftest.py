@@ -16,9 +16,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from console.models import Membership
 from tenants import services
-from tenants.models import PolicySnapshot
+from tenants.models import Membership, PolicySnapshot
 
 from ..procs import free_port
 

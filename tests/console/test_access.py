@@ -8,7 +8,7 @@ anonymous visitors are sent to the login page.
 
 import pytest
 
-from console.models import Membership
+from tenants.models import Membership
 
 from .conftest import HTMX
 

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from console.models import AuditEvent
+from core.models import AuditEvent
 from tenants import services
 from tenants.models import AclRule
 

@@ -4,7 +4,7 @@
 when a URL is added without one, or an entry outlives its URL). An entry
 lists the requests to make (GET for pages, POST for actions, some both), how
 to fill the URL's arguments from the objects of the ``world`` fixture, and
-the *kind* of access the view intends (``console.access``):
+the *kind* of access the view intends (``core.roles``, ``tenants.access``):
 
 - ``PUBLIC``: anyone, signed in or not;
 - ``AUTHENTICATED``: any signed-in user, anonymous visitors go to the login page;
@@ -42,11 +42,12 @@ from django.db import transaction
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
 
-from console.brokerd_api import BrokerdClient, BrokerdUnavailable
-from console.models import ApiToken, Membership
+from console.models import ApiToken
+from core.brokerd_client import BrokerdClient, BrokerdUnavailable
 from metrics.models import Alarm
 from spark_reports.models import ReportRun, ReportSchedule
 from tenants import services
+from tenants.models import Membership
 
 from ..reports.conftest import sample_result
 from .conftest import PASSWORD

@@ -1,4 +1,4 @@
-"""Which requests the console repeats on another node (console/brokerd_api.py).
+"""Which requests the console repeats on another node (core/brokerd_client.py).
 
 A node that dies in the middle of a request cannot be made to do so on cue,
 so these use loopback sockets that behave as such a node would: one that
@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from console.brokerd_api import BrokerdClient, BrokerdInterrupted, BrokerdUnavailable, admin_nodes, admin_urls
+from core.brokerd_client import BrokerdClient, BrokerdInterrupted, BrokerdUnavailable, admin_nodes, admin_urls
 
 from ..procs import free_port
 

@@ -10,7 +10,7 @@ import re
 import pytest
 from django.utils import timezone
 
-from console.models import AuditEvent
+from core.models import AuditEvent
 from tenants import hashing, services
 from tenants.models import AclRule, Credential, Device
 

@@ -25,13 +25,14 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
-from console.brokerd_api import BrokerdClient, BrokerdError
-from console.models import ApiToken, AuditEvent, Membership
+from console.models import ApiToken
+from core.brokerd_client import BrokerdClient, BrokerdError
+from core.models import AuditEvent
 from metrics.models import Alarm
 from spark_reports import delivery
 from spark_reports.models import ReportRun, ReportSchedule
 from tenants import services
-from tenants.models import AclRule, Credential, Device, Tenant
+from tenants.models import AclRule, Credential, Device, Membership, Tenant
 
 from ..reports.conftest import sample_result
 from .test_authorization import TABLE, TENANT_KINDS, TENANT_SCOPED_PLATFORM, build_world

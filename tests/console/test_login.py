@@ -6,7 +6,8 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from console.models import AuditEvent, LoginFailure
+from console.models import LoginFailure
+from core.models import AuditEvent
 
 from .conftest import PASSWORD
 

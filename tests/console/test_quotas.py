@@ -14,9 +14,9 @@ import json
 import pytest
 from django.test import Client
 
-from console.models import AuditEvent, Membership
+from core.models import AuditEvent
 from tenants import services
-from tenants.models import OwnQuota, Quota, SystemTopicSetting
+from tenants.models import Membership, OwnQuota, Quota, SystemTopicSetting
 
 from .conftest import HTMX, PASSWORD, policy
 

@@ -2,8 +2,8 @@
 
 import json
 
-from console.models import AuditEvent, Membership
-from tenants.models import Tenant
+from core.models import AuditEvent
+from tenants.models import Membership, Tenant
 
 from .conftest import HTMX, policy
 

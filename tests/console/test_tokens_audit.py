@@ -17,9 +17,10 @@ from django.urls import get_resolver
 from django.utils import timezone
 
 from brokerd.admin.server import AdminTokens
-from console.models import ApiToken, AuditEvent, Membership, hash_token
+from console.models import ApiToken, hash_token
+from core.models import AuditEvent
 from tenants import services
-from tenants.models import AclRule, Device
+from tenants.models import AclRule, Device, Membership
 
 from .conftest import HTMX
 

@@ -33,7 +33,7 @@ from .compose import (
 
 BROKERD_NODES = ("brokerd1", "brokerd2", "brokerd3")
 DJANGO_SERVICES = ("migrate", "console", "worker", "beat")
-CODE_DIRS = ("console", "tenants", "metrics", "spark_reports", "brokerd")
+CODE_DIRS = ("core", "console", "tenants", "metrics", "spark_reports", "brokerd")
 
 
 def filled_in(env: dict[str, str]) -> dict[str, str]:

@@ -25,9 +25,9 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from console.models import Membership
 from metrics import hub as hub_module
 from tenants import services
+from tenants.models import Membership
 
 from ..browser.conftest import browser, chromium_path, context, page  # noqa: F401  (test_browser's fixtures)
 from ..controlplane import ControlPlane

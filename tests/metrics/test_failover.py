@@ -16,7 +16,7 @@ import paho.mqtt.client as mqtt
 import pytest
 from channels.db import database_sync_to_async
 
-from console.brokerd_api import admin_nodes, admin_urls
+from core.brokerd_client import admin_nodes, admin_urls
 from metrics.models import Alarm
 
 from ..cluster.conftest import cluster, redis_server  # noqa: F401  (fixtures)

@@ -9,7 +9,7 @@ import re
 import pytest
 from django.utils import timezone
 
-from metrics import history
+from metrics import history_queries
 from metrics.models import Sample
 
 pytestmark = pytest.mark.django_db
@@ -31,7 +31,7 @@ def test_last_hour_sums_nodes_per_minute_as_rates():
     row(minute(0), "n2", connections=7, messages_in=120, bytes_in=1200)
     row(minute(10), "n1", connections=3, messages_out=30)
     row(minute(60), "n1", messages_in=99999)                       # before the window
-    s = history.series("1h", now=NOW)
+    s = history_queries.series("1h", now=NOW)
     assert len(s["t"]) == 60 and s["step"] == 60
     assert s["t"][-1] == int(minute(0).timestamp()) and s["t"][0] == int(minute(59).timestamp())
     assert s["connections"][-1] == 12                               # 5 + 7: the nodes' peaks added
@@ -48,7 +48,7 @@ def test_tenant_series_zero_where_nodes_reported_but_not_the_tenant():
     row(minute(0), "n1", tenant="acme", connections=2, messages_in=60)
     row(minute(1), "n1", connections=4, messages_in=100)           # acme silent this minute
     row(minute(0), "n1", tenant="globex", messages_in=40)
-    s = history.series("1h", tenant="acme", now=NOW)
+    s = history_queries.series("1h", tenant="acme", now=NOW)
     assert s["msgs_in"][-1] == 1.0 and s["connections"][-1] == 2
     assert s["msgs_in"][-2] == 0 and s["connections"][-2] == 0     # known minute, no acme row
     assert s["msgs_in"][-3] is None
@@ -60,7 +60,7 @@ def test_24_hours_in_5_minute_points():
     for m, (conns, msgs) in enumerate([(1, 300), (4, 300), (2, 300), (3, 0), (1, 0)], start=1):
         row(minute(m), "n1", connections=conns, messages_in=msgs)
     row(minute(2), "n2", connections=5, messages_in=300)
-    s = history.series("24h", now=NOW)
+    s = history_queries.series("24h", now=NOW)
     assert len(s["t"]) == 288 and s["step"] == 300
     assert s["t"][-2] == int(dt.datetime(2026, 11, 22, 10, 25, tzinfo=dt.UTC).timestamp())
     assert s["msgs_in"][-2] == (300 * 3 + 300) / 300                # 1200 messages over 5 minutes
@@ -73,10 +73,10 @@ def test_7_days_from_hour_rows_and_one_node():
     row(hour - dt.timedelta(hours=2), "n1", resolution="h", connections=9, messages_in=36000, messages_out=7200)
     row(hour - dt.timedelta(hours=2), "n2", resolution="h", connections=1, messages_in=3600)
     row(hour - dt.timedelta(hours=2), "n1", resolution="m", messages_in=5)   # minute rows are not read
-    s = history.series("7d", now=NOW)
+    s = history_queries.series("7d", now=NOW)
     assert len(s["t"]) == 168 and s["step"] == 3600
     assert s["msgs_in"][-3] == 11.0 and s["msgs_out"][-3] == 2.0 and s["connections"][-3] == 10
-    one = history.series("7d", node="n2", now=NOW)
+    one = history_queries.series("7d", node="n2", now=NOW)
     assert one["msgs_in"][-3] == 1.0 and one["connections"][-3] == 1 and one["msgs_out"][-3] == 0
 
 

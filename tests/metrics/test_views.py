@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 from django.utils import timezone
 
-from console.models import AuditEvent
+from core.models import AuditEvent
 from metrics import alarms as alarm_db
 from metrics.core import Condition
 from metrics.models import Alarm

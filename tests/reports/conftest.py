@@ -5,8 +5,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from console.models import Membership
 from tenants import services as tenant_services
+from tenants.models import Membership
 
 from ..procs import free_port
 

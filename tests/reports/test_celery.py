@@ -145,9 +145,8 @@ def shared_db(plane, django_db_blocker, settings):
 @pytest.fixture
 def people(shared_db):
     """acme (two contacts) with alice its administrator; made once in the shared file."""
-    from console.models import Membership
     from tenants import services
-    from tenants.models import Tenant
+    from tenants.models import Membership, Tenant
 
     acme = Tenant.objects.filter(slug="acme").first() or services.create_tenant(
         "acme", name="Acme Corp", contact_emails=["ops@acme.test", "cto@acme.test", "not-chosen@acme.test"])

@@ -8,7 +8,7 @@ import pytest
 from celery.exceptions import Retry
 from django.core import mail
 
-from spark_reports import delivery, services
+from spark_reports import delivery, services, tasks
 from spark_reports.models import ReportRun, ReportSchedule
 from spark_reports.schedules import latest_due, next_run, period_for
 
@@ -57,8 +57,8 @@ def test_dispatch_starts_due_schedules_once(acme, globex, django_capture_on_comm
     ReportSchedule.objects.create(tenant=globex, frequency="daily", recipients=["noc@globex.test"],
                                   next_run_at=at(2026, 3, 9, 6), enabled=False)     # disabled
     with django_capture_on_commit_callbacks(execute=True):
-        runs = services.dispatch_due(now)
-        assert services.dispatch_due(now) == []                # a second beat tick in the same minute
+        runs = tasks.dispatch_due(now)
+        assert tasks.dispatch_due(now) == []                # a second beat tick in the same minute
     (run,) = runs
     assert sent == [run.pk]
     assert (run.tenant, run.schedule, run.kind, run.status) == (acme, due, "tenant", "queued")
@@ -70,7 +70,7 @@ def test_dispatch_starts_due_schedules_once(acme, globex, django_capture_on_comm
 def test_missed_runs_collapse_into_the_latest(acme):
     s = ReportSchedule.objects.create(tenant=acme, frequency="daily", recipients=["ops@acme.test"],
                                       next_run_at=at(2026, 3, 1, 6))
-    (run,) = services.dispatch_due(at(2026, 3, 5, 7))           # beat was down for four days
+    (run,) = tasks.dispatch_due(at(2026, 3, 5, 7))           # beat was down for four days
     assert run.period_start == at(2026, 3, 4)
     s.refresh_from_db()
     assert s.next_run_at == at(2026, 3, 6, 6)

@@ -142,7 +142,7 @@ def test_console_token_authenticates_and_an_api_write_lands_in_the_audit_log(wor
     # a timestamp with its time zone: the moment of the kick, whatever the session's zone
     assert abs((at - before).total_seconds()) < 5, (at, before)
     # the console reads it back as the audit page shows it
-    out = plane.shell("from console.models import AuditEvent\n"
+    out = plane.shell("from core.models import AuditEvent\n"
                       f"e = AuditEvent.objects.get(object_id={client_id!r})\n"
                       "print('EVENT', e.at.timestamp(), e.actor)")
     line = [ln for ln in out.splitlines() if ln.startswith("EVENT ")][-1].split(" ", 2)
@@ -231,7 +231,7 @@ def test_metrics_history_rows_land_in_metrics_sample(world):
     assert plane.query("SELECT count(*) FROM metrics_sample WHERE node = ? AND tenant = '' AND resolution = 'm'",
                        (NODE,))[0][0] >= 3
     # and the console's history chart reads them
-    out = plane.shell("import json\nfrom metrics.history import series\n"
+    out = plane.shell("import json\nfrom metrics.history_queries import series\n"
                       "print('TOTALS', json.dumps(series('1h', tenant='acme')['totals']))")
     totals = json.loads([ln for ln in out.splitlines() if ln.startswith("TOTALS ")][-1][7:])
     assert totals["messages_in"] >= 20 and totals["connections_peak"] >= 1, totals

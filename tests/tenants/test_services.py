@@ -52,6 +52,26 @@ def test_move_refuses_bad_position(tenant):
         services.move_acl_rule(r, 0)
 
 
+@pytest.mark.parametrize("at, direction, position, target", [
+    (1, "up", None, None),          # the first rule stays
+    (2, "up", None, 1),
+    (2, "down", None, 3),
+    (3, "down", None, None),        # the last rule stays: no change, no audit row
+    (1, None, 3, 3),
+    (1, None, 99, 3),               # clamped to the last place
+    (3, None, 99, None),            # ... where the last rule already is
+    (2, None, 2, None),
+    (2, None, 0, None),
+    (2, None, None, None),
+    (2, "up", 3, 1),                # a direction wins over a position
+])
+def test_move_target(tenant, at, direction, position, target):
+    for topic in "abc":
+        add(tenant, topic)
+    rule = queries.acl_rules(tenant)[at - 1]
+    assert services.move_target(rule, direction, position) == target
+
+
 def test_delete_renumbers(tenant):
     rules = [add(tenant, t) for t in "abc"]
     services.delete_acl_rule(rules[0])
@@ -107,6 +127,19 @@ def test_acl_decision(tenant, device):
         services.acl_decision(tenant, "pump-1", "c1", "publish", "a/#")
     with pytest.raises(NotFound):
         services.acl_decision("nope", "d", "c", "publish", "a")
+
+
+def test_check_acl(tenant, device):
+    deny = add(tenant, "sensors/{device}/secret", allow=False)
+    own = add(tenant, "sensors/{device}/#", pattern="sensor-*")
+    assert services.check_acl(tenant, "sensor-1", "c1", "publish", "sensors/sensor-1/t") == (True, own, False, True)
+    assert services.check_acl(tenant, "sensor-1", "c1", "publish", "sensors/sensor-1/secret") == (
+        False, deny, False, True)
+    assert services.check_acl(tenant, "sensor-9", "c1", "subscribe", "sensors/sensor-9/#") == (
+        True, own, True, False)     # granted, each message checked (the deny rule); no such device yet
+    assert services.check_acl(tenant, "pump-1", "c1", "publish", "x") == (False, None, False, False)
+    with pytest.raises(ServiceError, match="invalid topic name"):
+        services.check_acl(tenant, "sensor-1", "c1", "publish", "a/#")
 
 
 # ---------------------------------------------------------------- credentials

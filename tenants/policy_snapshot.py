@@ -1,4 +1,5 @@
-"""The policy snapshot: what brokerd enforces for a tenant, as one JSON row.
+"""The policy snapshot: what brokerd enforces for a tenant, as one JSON row
+(written here, read by ``brokerd/tenancy/``; not brokerd's metrics snapshot).
 
 The contract (brokerd reads it with plain SQL, no Django):
 

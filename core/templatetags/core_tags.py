@@ -1,4 +1,4 @@
-"""Template helpers of the console: active navigation, numbers and times."""
+"""Template helpers of every page: active navigation, numbers and times."""
 
 import datetime as dt
 

@@ -1,4 +1,5 @@
-"""History charts from ``metrics_sample`` (written by brokerd, read here).
+"""History charts from ``metrics_sample``: the console's reads of the rows
+brokerd writes (the writer is ``brokerd/metrics/history.py``).
 
 Three ranges: the last hour and the last 24 hours from the minute rows (the
 24 hours in 5-minute points), the last 7 days from the hour rows. A point

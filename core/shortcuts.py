@@ -1,13 +1,16 @@
-"""Small helpers the console's views share: fragments for htmx, service
-errors onto forms, paging, and calls to brokerd that degrade to a banner."""
+"""Small helpers every app's views share: fragments for htmx, service
+errors onto forms, paging, the bound POST, the "next" redirect, and calls to
+brokerd that degrade to a banner."""
 
 import re
 
 from django.core.paginator import Paginator
+from django.http import HttpResponseRedirect
 from django.shortcuts import render
 from django.template.loader import render_to_string
+from django.utils.http import url_has_allowed_host_and_scheme
 
-from .brokerd_api import BrokerdError, BrokerdUnavailable, client_for
+from .brokerd_client import BrokerdError, BrokerdUnavailable, client_for
 
 PER_PAGE = 50
 
@@ -23,7 +26,7 @@ def render_page(request, template: str, partial: str, context: dict, status: int
     messages swapped out of band into the page's message area)."""
     if wants_fragment(request):
         response = render(request, partial, context, status=status)
-        oob = render_to_string("console/partials/messages.html", {"oob": True}, request=request)
+        oob = render_to_string("core/partials/messages.html", {"oob": True}, request=request)
         response.content += oob.encode()
         return response
     return render(request, template, context, status=status)
@@ -45,6 +48,24 @@ def apply_service_error(form, error, aliases: dict | None = None) -> None:
                 form.add_error(name, text[:1].upper() + text[1:])
                 continue
         form.add_error(None, part[:1].upper() + part[1:])
+
+
+def posted(request):
+    """The submitted data of a POST, else None: a form is bound on every POST,
+    also one whose fields are all optional and left out (``request.POST or
+    None`` would treat that as a GET and silently do nothing)."""
+    return request.POST if request.method == "POST" else None
+
+
+def redirect_back(request, default: str):
+    """Back to the page a form came from (its "next" field) when that is a path
+    on this site; anything else -- another host, a scheme, a URL name -- goes
+    to ``default``."""
+    target = request.POST.get("next") or ""
+    if not (target.startswith("/") and url_has_allowed_host_and_scheme(
+            target, allowed_hosts={request.get_host()}, require_https=request.is_secure())):
+        target = default
+    return HttpResponseRedirect(target)
 
 
 def paginate(request, queryset, per_page: int = PER_PAGE):

@@ -1,5 +1,5 @@
-"""Who may see and change what: every view asks here first (after healthchecks'
-``_get_check_for_user``).
+"""Who may see and change what in a tenant: every tenant page asks here
+first (after healthchecks' ``_get_check_for_user``), built on ``core.roles``.
 
 Roles: a platform administrator is a staff user and may do everything; a
 tenant administrator (``Membership`` role "admin") reads and changes one
@@ -10,21 +10,12 @@ trying to change something, or a tenant user on a platform-only page, gets
 is a 404 too.
 """
 
-from functools import wraps
-
-from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 
-from tenants.models import AclRule, Credential, Device, Tenant
+from core.roles import PLATFORM_ADMIN, is_platform_admin, remember_scope
 
-from .models import Membership
-
-ROLE_PLATFORM_ADMIN = "platform administrator"
-
-
-def is_platform_admin(user) -> bool:
-    return bool(user.is_authenticated and user.is_active and user.is_staff)
+from .models import AclRule, Credential, Device, Membership, Tenant
 
 
 def user_tenants(user):
@@ -42,14 +33,6 @@ def membership_of(user, tenant) -> Membership | None:
     return Membership.objects.filter(user=user, tenant=tenant).first()
 
 
-def _remember(request, tenant, slug, role, rw):
-    # read by console.context_processors for the top bar and the sidebar
-    request.current_tenant = tenant
-    request.current_slug = slug
-    request.current_role = role
-    request.current_rw = rw
-
-
 def get_tenant_for_user(request, slug: str, write: bool = False) -> tuple[Tenant, bool]:
     """``(tenant, rw)``: Http404 when the user may not see the tenant,
     PermissionDenied when ``write`` and the user may only read it."""
@@ -58,13 +41,13 @@ def get_tenant_for_user(request, slug: str, write: bool = False) -> tuple[Tenant
     if tenant is None:
         raise Http404("No such tenant")
     if is_platform_admin(user):
-        role, rw = ROLE_PLATFORM_ADMIN, True
+        role, rw = PLATFORM_ADMIN, True
     else:
         membership = membership_of(user, tenant)
         if membership is None:
             raise Http404("No such tenant")
         role, rw = membership.get_role_display(), membership.role == Membership.Role.ADMIN
-    _remember(request, tenant, tenant.slug, role, rw)
+    remember_scope(request, tenant, tenant.slug, role, rw)
     if write and not rw:
         raise PermissionDenied("Viewers cannot change this tenant")
     return tenant, rw
@@ -77,7 +60,7 @@ def get_live_scope_for_user(request, slug: str, write: bool = False) -> tuple[Te
     returned may be None for them; everyone else as ``get_tenant_for_user``."""
     if is_platform_admin(request.user):
         tenant = Tenant.objects.filter(slug=slug).first()
-        _remember(request, tenant, slug, ROLE_PLATFORM_ADMIN, True)
+        remember_scope(request, tenant, slug, PLATFORM_ADMIN, True)
         return tenant, True
     return get_tenant_for_user(request, slug, write)
 
@@ -116,21 +99,6 @@ def get_membership_for_user(request, slug: str, membership_id: int, write: bool 
     if membership is None:
         raise Http404("No such member")
     return membership, rw
-
-
-def platform_admin_required(view):
-    """Anonymous users go to the login page; signed-in users who are not
-    platform administrators get 403."""
-
-    @wraps(view)
-    def wrapper(request, *args, **kwargs):
-        if not request.user.is_authenticated:
-            return redirect_to_login(request.get_full_path())
-        if not is_platform_admin(request.user):
-            raise PermissionDenied("Only platform administrators may open this page")
-        return view(request, *args, **kwargs)
-
-    return wrapper
 
 
 def tenant_admin_or_platform(request, tenant) -> None:
