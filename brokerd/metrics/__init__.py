@@ -135,7 +135,8 @@ def process_stats() -> dict:
 DROP_REASONS = ("queue_full", "expired", "too_large", "no_subscribers", "acl_denied", "quota")
 
 
-def _totals(m: TenantCounters, channels, sessions, retained: int, connections_max: int) -> dict:
+def _totals(m: TenantCounters, channels, subs: int, queued: int, inflight: int, retained: int,
+            connections_max: int) -> dict:
     msgs_in, msgs_out, bytes_in, bytes_out = m.msgs_in, m.msgs_out, m.bytes_in, m.bytes_out
     q1_in, q2_in, q1_out, q2_out = m.q1_in, m.q2_in, m.q1_out, m.q2_out
     for ch in channels:
@@ -147,11 +148,6 @@ def _totals(m: TenantCounters, channels, sessions, retained: int, connections_ma
         q2_in += ch.qos_in[2]
         q1_out += ch.qos_out[1]
         q2_out += ch.qos_out[2]
-    subs = queued = inflight = 0
-    for s in sessions:
-        subs += len(s.subscriptions)
-        queued += len(s.queue)
-        inflight += len(s.inflight)
     return {
         "connections": len(channels), "connections_max": connections_max,
         "connects": m.connects, "disconnects": m.disconnects,
@@ -180,12 +176,12 @@ def snapshot(server) -> dict:
     b = server.broker
     tenants = {}
     node: dict = {}
-    for ns in list(b.namespaces.values()):
-        t = _totals(ns.m, ns.channels, ns.sessions.values(), len(ns.retained), ns.m.connections_max)
-        tenants[ns.name] = t
+    for f in b.router.all_figures():
+        t = _totals(f.counters, f.live, f.subscriptions, f.queued, f.inflight, f.retained, f.counters.connections_max)
+        tenants[f.name] = t
         add_totals(node, t)
     if not tenants:
-        add_totals(node, _totals(TenantCounters(), (), (), 0, 0))
+        add_totals(node, _totals(TenantCounters(), (), 0, 0, 0, 0, 0))
     st = b.stats
     node["connections_max"] = st.clients_max
     # the node's own drop counters also count what no tenant was known for
