@@ -19,14 +19,14 @@ import sys
 import time
 
 from . import __version__
+from .admin.endpoints import AdminApi, AdminTokens
 from .admin.http import HttpLimits
-from .admin.server import AdminServer, AdminTokens
 from .broker import Broker, BrokerConfig
 from .budget import QueuePacer
 from .cluster.node import ClusterError, ClusterNode
 from .config import Config, Listener
 from .metrics import LatencySampler, LoopMonitor
-from .metrics.history import History
+from .metrics.history_writer import History
 from .metrics.usage import UsageLog
 from .persistence import Persistence
 from .protocol import reason as rc
@@ -104,7 +104,7 @@ class Server:
         )
         self.broker.wall_offset = time.time() - now
         self.policy_source: PolicySource | None = None
-        self.admin: AdminServer | None = None
+        self.admin: AdminApi | None = None
         self.admin_tokens = AdminTokens()
         if config.control_plane:
             self.broker.auth = TenantControl(config.allow_anonymous, config.anonymous_tenant)
@@ -234,7 +234,7 @@ class Server:
             audit = AuditSink(self.policy_source.db) if self.policy_source is not None else None
             limits = HttpLimits(max_connections=self.config.admin_max_connections,
                                 timeout=self.config.admin_timeout, body_budget=self.config.admin_body_budget)
-            self.admin = AdminServer(self, host, int(port), self.admin_tokens, audit, limits)
+            self.admin = AdminApi(self, host, int(port), self.admin_tokens, audit, limits)
             await self.admin.start()
         if self.config.cluster:
             host, _, port = self.config.cluster_listen.rpartition(":")

@@ -1,11 +1,11 @@
-"""What a node measures, and the snapshot the admin API, Prometheus and the
+"""What a node measures, and the figures (``node_figures``) the admin API, Prometheus and the
 history share (issue #7).
 
 Counting costs the per-message path almost nothing: messages and bytes are
 counted per connection by the channels (QoS 1/2 on their own, QoS 0 is the
 rest), drops and denials where they happen (node ``Stats`` and the tenant's
 ``TenantCounters``); everything else -- sums over connections and tenants,
-rates, percentiles -- is computed when somebody asks (``snapshot``), at most
+rates, percentiles -- is computed when somebody asks (``node_figures``), at most
 a few times a second.
 
 Latency: one PUBLISH in 64 is timed from the moment the broker takes it
@@ -20,9 +20,9 @@ import os
 import resource
 from time import perf_counter
 
-from .counters import TenantCounters
+from .counters import DROP_REASONS, TenantCounters
 
-__all__ = ["TenantCounters", "Histogram", "LatencySampler", "LoopMonitor", "snapshot"]
+__all__ = ["DROP_REASONS", "TenantCounters", "Histogram", "LatencySampler", "LoopMonitor", "node_figures"]
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 SAMPLE_MASK = 63                    # one in 64
@@ -132,7 +132,6 @@ def process_stats() -> dict:
     return {"cpu_seconds": round(ru.ru_utime + ru.ru_stime, 3), "memory_rss": rss, "open_fds": fds}
 
 
-DROP_REASONS = ("queue_full", "expired", "too_large", "no_subscribers", "acl_denied", "quota")
 
 
 def _totals(m: TenantCounters, channels, subs: int, queued: int, inflight: int, retained: int,
@@ -171,7 +170,7 @@ def add_totals(into: dict, t: dict) -> None:
             into[key] = into.get(key, 0) + value
 
 
-def snapshot(server) -> dict:
+def node_figures(server) -> dict:
     """This node's figures: TOTALS for the node and for each tenant, plus the process's."""
     b = server.broker
     tenants = {}

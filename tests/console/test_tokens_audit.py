@@ -16,7 +16,7 @@ from django.test import Client
 from django.urls import get_resolver
 from django.utils import timezone
 
-from brokerd.admin.server import AdminTokens
+from brokerd.admin.endpoints import AdminTokens
 from console.models import ApiToken, AuditEvent, Membership, hash_token
 from tenants import services
 from tenants.models import AclRule, Device

@@ -117,7 +117,7 @@ def cluster_metrics(nodes: list[dict]) -> dict:
 PUBLIC = ("/healthz", "/openapi.json")
 
 
-class AdminServer:
+class AdminApi:
     def __init__(self, server, host: str, port: int, tokens: AdminTokens, audit=None,
                  limits: HttpLimits | None = None):
         self.server = server
@@ -212,7 +212,7 @@ class AdminServer:
                 nodes += await self._gather(req, "nodes")
             return json_response(200, {"items": sorted(nodes, key=lambda n: n["id"])})
         if parts == ["metrics"] and m == "GET":
-            nodes = [metrics.snapshot(self.server)]
+            nodes = [metrics.node_figures(self.server)]
             if not local:
                 nodes += await self._gather(req, "metrics")
             nodes.sort(key=lambda n: n["node"])
