@@ -1,53 +1,51 @@
-"""The node-local broker: sessions, subscriptions, retained messages, routing.
+"""The node-local broker: the publish path, and the façade a channel talks to.
 
-Like EMQX's emqx_broker + emqx_cm, but in one process: channels call
-``connect``, ``publish``, ``subscribe``, ``unsubscribe`` and
-``channel_closed``; the broker calls back ``channel.accept/refuse``,
-``channel.deliver`` and ``channel.disconnect``. Nothing here does I/O or
-reads a clock: ``now`` comes from the caller and timers (will delay, session
-expiry) are kept in a heap served by ``tick(now)``.
+Like EMQX's emqx_broker: a PUBLISH is checked (ACL, quotas, the store's
+health), matched by the router (``routing.router``), delivered to this node's
+subscribers -- straight to their channels, or into their (stored) queues --
+and forwarded to the other nodes that have subscribers (``cluster``); its ack
+waits for every store that must hold it. Subscriptions go through the same
+checks into the router.
 
-Tenants are namespaces: each :class:`Namespace` has its own subscription
-trie, retained messages and client-id registry, so no topic, wildcard,
-shared subscription or client id ever crosses from one tenant to another.
+The rest is done by the parts it wires together, each in its own module:
+
+- ``registry.ClientRegistry`` -- CONNECT to a session, takeover, wills,
+  session expiry, letting a session go to another node (EMQX's emqx_cm);
+- ``routing.router.Router`` -- the tenants' subscription tables and the route
+  of a topic, and the read-only queries the admin API, ``$SYS`` and the
+  metrics use;
+- ``tenancy.enforcement.Enforcement`` -- ACLs, quotas and credentials applied
+  to live clients and stored sessions;
+- ``metrics.accounting.Accounting`` -- what was refused or dropped, counted
+  for the node, the tenant and the usage log;
+- ``budget`` -- the node's memory budgets.
+
+A channel sees the broker only through ``protocol.ports.ChannelBroker``; the
+methods of that port are marked below. Nothing here does I/O or reads a
+clock: ``now`` comes from the caller.
+
+Tenants are namespaces: no topic, wildcard, shared subscription or client id
+ever crosses from one tenant to another.
 """
 
-import heapq
-import itertools
-import os
-import random
 from dataclasses import dataclass, field
 
-from .metrics.counters import TenantCounters
-from .metrics.usage import ACL as U_ACL
-from .metrics.usage import AUTH as U_AUTH
-from .metrics.usage import EXPIRED as U_EXPIRED
-from .metrics.usage import NO_SUBS as U_NO_SUBS
-from .metrics.usage import QUEUE_FULL as U_QUEUE_FULL
-from .metrics.usage import QUOTA as U_QUOTA
-from .protocol import properties as P
+from .budget import MemoryBudget, PreauthBudget
+from .metrics.accounting import Accounting, Stats
 from .protocol import reason as rc
-from .protocol.channel import NEVER, ChannelLimits, PreauthBudget
+from .protocol.channel import ChannelLimits
 from .protocol.errors import RemoteProtocolError
-from .protocol.packets import MQTT5, Publish
-from .routing.cache import CacheBudget, TopicCache
-from .routing.retained import RetainedStore
+from .protocol.packets import Publish
+from .protocol.reason import STORE_UNAVAILABLE
+from .registry import ClientRegistry
+from .routing.router import Namespace, Router, SharedGroup, _merge
 from .routing.topic import InvalidTopic, is_valid_filter, matches, parse_shared
-from .routing.trie import TopicTrie
-from .session.session import Delivery, MemoryBudget, Session, Subscription
-from .tenancy.control import Identity
+from .session.session import Delivery, Session, Subscription
+from .tenancy.enforcement import Enforcement
 
 DEFAULT_TENANT = "default"
-# Route cache bounds (see Namespace): bytes per namespace and per node, and the estimated
-# bytes of an entry besides its topic (dict slot, result tuple, lists) and per subscriber in it.
-# A 30-character topic with no subscriber measured 188 bytes besides the string (tracemalloc).
-ROUTE_CACHE_BYTES = 32 * 1024 * 1024
-ROUTE_CACHE_NODE_BYTES = 128 * 1024 * 1024
-ROUTE_ENTRY_COST = 200
-ROUTE_SUB_COST = 96
-# PUBACK/PUBREC reason when a message that must be stored cannot be (v5 0x83
-# Implementation specific error, with a reason string; 3.x clients are disconnected)
-STORE_UNAVAILABLE = rc.IMPLEMENTATION_SPECIFIC_ERROR
+
+__all__ = ["DEFAULT_TENANT", "STORE_UNAVAILABLE", "AnonymousAuth", "Broker", "BrokerConfig", "Namespace", "Stats"]
 
 
 @dataclass(slots=True)
@@ -59,160 +57,6 @@ class BrokerConfig:
     shared_strategy: str = "round_robin"      # or "random"
     queue_budget: int = 64 * 1024 * 1024        # bytes queued node-wide before publishers are paused
     limits: ChannelLimits = field(default_factory=ChannelLimits)
-
-
-class Stats:
-    """Node counters: plain ints, cheap to bump on the per-message path.
-
-    Per-connection message and byte counts live on the channels and are
-    added here when a channel closes (see ``Broker.totals``).
-    """
-
-    __slots__ = ("connects", "disconnects", "auth_failures", "clients_max", "msgs_received_closed",
-                 "msgs_sent_closed", "bytes_received_closed", "bytes_sent_closed", "dropped_queue_full",
-                 "dropped_expired", "dropped_too_large", "dropped_no_subscribers", "dropped_refused",
-                 "takeovers", "wills_published", "sessions_expired", "denied_publish", "denied_subscribe",
-                 "quota_refused", "revoked")
-
-    def __init__(self):
-        for name in self.__slots__:
-            setattr(self, name, 0)
-
-    def as_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-
-class Route:
-    """What a topic filter maps to: plain subscribers and shared groups."""
-
-    __slots__ = ("subs", "groups")
-
-    def __init__(self):
-        self.subs: dict[Session, Subscription] = {}
-        self.groups: dict[str, SharedGroup] = {}
-
-    def __bool__(self):
-        return bool(self.subs) or bool(self.groups)
-
-
-class SharedGroup:
-    """``$share/NAME/FILTER``: each message goes to one member."""
-
-    __slots__ = ("name", "filter", "members", "order", "rr")
-
-    def __init__(self, name: str, filt: str):
-        self.name = name
-        self.filter = filt
-        self.members: dict[Session, Subscription] = {}
-        self.order: list[Session] = []
-        self.rr = 0
-
-    def add(self, session, sub):
-        if session not in self.members:
-            self.order.append(session)
-        self.members[session] = sub
-
-    def remove(self, session):
-        if self.members.pop(session, None) is not None:
-            self.order.remove(session)
-
-    def pick(self, strategy: str, exclude=None) -> Session | None:
-        """A member to deliver to: connected and not congested first, then any
-        connected member, then a persistent member that is offline."""
-        order = self.order
-        n = len(order)
-        if n == 0:
-            return None
-        if strategy == "random":
-            start = random.randrange(n)
-        else:
-            start = self.rr % n
-        fallback = offline = None
-        for k in range(n):
-            s = order[(start + k) % n]
-            if s is exclude:
-                continue
-            ch = s.channel
-            if ch is not None:
-                if not ch.congested:
-                    self.rr = (start + k + 1) % n
-                    return s
-                if fallback is None:
-                    fallback = s
-            elif offline is None and s.persistent:
-                offline = s
-        chosen = fallback or offline
-        if chosen is not None:
-            self.rr = (order.index(chosen) + 1) % n
-        return chosen
-
-
-class Namespace:
-    """One tenant's topic space.
-
-    ``cache`` keeps the route of each topic recently published to (a
-    :class:`~brokerd.routing.cache.TopicCache`): at most ROUTE_CACHE_BYTES per
-    namespace and, through the broker's ``route_budget``, ROUTE_CACHE_NODE_BYTES
-    for all of them; topics longer than MAX_CACHED_TOPIC are routed every time.
-    """
-
-    __slots__ = ("name", "trie", "cache", "sessions", "retained", "channels", "closed", "connects", "m")
-
-    def __init__(self, name: str, budget: CacheBudget | None = None):
-        self.name = name
-        self.trie = TopicTrie()
-        self.cache = TopicCache(ROUTE_CACHE_BYTES, budget)   # topic -> (subscriber entries, shared groups)
-        self.sessions: dict[str, Session] = {}
-        self.retained = RetainedStore()
-        self.channels: set = set()              # connected channels of this tenant
-        self.closed = [0, 0, 0, 0]              # msgs in, msgs out, bytes in, bytes out of closed channels
-        self.connects = 0
-        self.m = TenantCounters()               # the tenant's counters on this node (brokerd.metrics)
-
-    def route(self, topic: str) -> tuple:
-        """Subscribers of ``topic``: one merged entry per session, and the shared groups.
-
-        Entry = (session, qos, no_local, rap, sub_ids). A session with several
-        matching subscriptions gets one copy at the highest QoS carrying every
-        subscription identifier (MQTT 3.1.1 3.3.5, 5.0 3.3.4). ``no_local`` is
-        True when every matching subscription has it, else False, or -- when
-        they disagree -- the (qos, rap, sub_ids) of the subscriptions without it.
-        """
-        routes = self.trie.match(topic)
-        merged: dict[Session, list] = {}
-        groups = []
-        for route in routes:
-            for session, sub in route.subs.items():
-                merged.setdefault(session, []).append(sub)
-            if route.groups:
-                groups.extend(route.groups.values())
-        entries = []
-        for session, subs in merged.items():
-            if len(subs) == 1:
-                s = subs[0]
-                entries.append((session, s.qos, s.no_local, s.rap, (s.sub_id,) if s.sub_id else None))
-            else:
-                qos, rap, ids = _merge(subs)
-                entries.append((session, qos, _no_local(subs), rap, ids))
-        result = (entries, groups)
-        self.cache.put(topic, result, ROUTE_ENTRY_COST + ROUTE_SUB_COST * len(entries) + 8 * len(groups))
-        return result
-
-
-def _merge(subs):
-    qos = max(s.qos for s in subs)
-    rap = any(s.rap for s in subs)
-    ids = tuple(s.sub_id for s in subs if s.sub_id) or None
-    return qos, rap, ids
-
-
-def _no_local(subs):
-    flags = {s.no_local for s in subs}
-    if flags == {True}:
-        return True
-    if flags == {False}:
-        return False
-    return _merge([s for s in subs if not s.no_local])
 
 
 class AnonymousAuth:
@@ -254,477 +98,173 @@ class Broker:
         self.config = config or BrokerConfig()
         self.limits = self.config.limits
         self.auth = auth or AnonymousAuth(self.config.allow_anonymous, self.config.anonymous_tenant)
-        self.namespaces: dict[str, Namespace] = {}
-        self.stats = Stats()
+        self.acct = Accounting(Stats())
+        self.router = Router(self.config.shared_strategy)
+        self.registry = ClientRegistry(self, self.config.node_id, self.config.max_connections,
+                                       self.config.anonymous_tenant)
+        self.enforcement = Enforcement(self, self.config.anonymous_tenant)
         self.sampler = None                     # brokerd.metrics.LatencySampler: times one PUBLISH in 64
-        self.usage = None                       # brokerd.metrics.usage.UsageLog (--usage-dir)
         self.budget = MemoryBudget(self.config.queue_budget)
-        self.route_budget = CacheBudget(ROUTE_CACHE_NODE_BYTES)   # the route caches of every namespace
         self.preauth = PreauthBudget(self.limits.preauth_budget)  # bytes buffered before CONNECT
-        self.connected = 0
         self.started_at = now
-        self._timers: list = []
-        self._seq = itertools.count()
-        self._id_prefix = f"auto-{self.config.node_id}-"
-        self.channels: set = set()          # accepted, connected channels
         self.persist = None                 # Persistence when a durable store is configured
         self.journal = None                 # its Journal
-        self.gated: set = set()             # channels with stored deliveries waiting for a commit
-        self.cluster = None                 # the ClusterNode, when the node is part of a cluster
+        self._gated: set = set()            # channels with stored deliveries waiting for a commit
+        self.cluster = None                 # the ClusterNode, when the node is part of a cluster (attach_cluster)
+        self.usage = None                   # brokerd.metrics.usage.UsageLog with --usage-dir (attach_usage)
         self._waits: list = []              # requests to other nodes a publish waits for
         self.wall_offset = 0.0              # wall clock = now + wall_offset (set by the server)
-        self.expiring: set = set()          # channels whose credential expires while connected
+        self._strategy = self.config.shared_strategy
 
     def use_store(self, persist) -> None:
         """Mirror durable sessions through ``persist`` (a ``Persistence``)."""
         self.persist = persist
         self.journal = persist.journal
 
-    # ------------------------------------------------------------ namespaces
+    def attach_cluster(self, node) -> None:
+        """The ClusterNode (or None when it leaves): it claims sessions
+        (``registry.claims``), hears route changes and forwards messages.
+        (Plain attributes, not properties: the publish path reads them.)"""
+        self.cluster = node
+        self.registry.claims = node
+        self.router.on_change = node.route_dirty if node is not None else None
+
+    def attach_usage(self, log) -> None:
+        """The usage log (--usage-dir): the publish path and the accounting write to it."""
+        self.usage = self.acct.usage = log
+
+    # ------------------------------------------------- the parts, as they were
+
+    @property
+    def namespaces(self) -> dict[str, Namespace]:
+        return self.router.namespaces
 
     def namespace(self, name: str) -> Namespace:
-        ns = self.namespaces.get(name)
-        if ns is None:
-            ns = self.namespaces[name] = Namespace(name, self.route_budget)
-        return ns
+        return self.router.namespace(name)
 
-    # --------------------------------------------------------------- connect
+    @property
+    def stats(self) -> Stats:
+        return self.acct.stats
+
+    @property
+    def connected(self) -> int:
+        return self.registry.connected
+
+    @property
+    def channels(self) -> set:
+        return self.registry.channels
+
+    @property
+    def route_budget(self):
+        return self.router.route_budget
+
+    def add_subscription(self, ns: Namespace, session: Session, sub: Subscription) -> None:
+        self.router.add(ns, session, sub)
+
+    def shared_group(self, ns: Namespace, share: tuple) -> "SharedGroup | None":
+        return self.router.group(ns, *share)
+
+    def new_session(self, ns: Namespace, client_id: str, expiry: int) -> Session:
+        return self.registry.new_session(ns, client_id, expiry)
+
+    def schedule_expiry(self, session: Session) -> None:
+        self.registry.schedule_expiry(session)
+
+    def restore_will(self, ns, rec, session, due, now) -> None:
+        self.registry.restore_will(ns, rec, session, due, now)
+
+    def end_session(self, session: Session, now: float) -> None:
+        self.registry.end_session(session, now)
+
+    def release(self, tenant: str, client_id: str, now: float) -> bool:
+        return self.registry.release(tenant, client_id, now)
+
+    def drop_all_sessions(self) -> None:
+        self.registry.drop_all_sessions()
+
+    def publish_gone_will(self, tenant: str, client_id: str, will, now: float) -> None:
+        self.registry.publish_gone_will(tenant, client_id, will, now)
+
+    def reauthorize_all(self) -> None:
+        self.enforcement.reauthorize_all()
+
+    def policy_changed(self, tenant: str, old, new, now: float, wall: float) -> None:
+        self.enforcement.policy_changed(tenant, old, new, now, wall)
+
+    def next_timer(self) -> float | None:
+        return self.registry.next_timer()
+
+    def tick(self, now: float) -> None:
+        """Fire due timers: credential expiry, delayed wills, session expiry."""
+        self.enforcement.tick(now)
+        self.registry.tick(now)
+
+    def shutdown(self, now: float, code: int = rc.SERVER_SHUTTING_DOWN, server_reference: str | None = None):
+        """Disconnect every client (v5: DISCONNECT ``code``).
+
+        The server closes the network connections, so wills follow the usual
+        rules ([MQTT-3.1.2-8]): published now, or kept with a persistent
+        session while their delay runs.
+        """
+        self.registry.shutdown(now, code, server_reference)
+
+    def session_count(self) -> int:
+        return self.router.session_count()
+
+    def subscription_count(self) -> int:
+        return self.router.subscription_count()
+
+    def retained_count(self) -> int:
+        return self.router.retained_count()
+
+    def totals(self) -> dict:
+        """Messages and bytes in/out since start, closed and live connections together."""
+        st = self.stats
+        t = {
+            "msgs_received": st.msgs_received_closed,
+            "msgs_sent": st.msgs_sent_closed,
+            "bytes_received": st.bytes_received_closed,
+            "bytes_sent": st.bytes_sent_closed,
+        }
+        for ch in self.channels:
+            t["msgs_received"] += ch.msgs_in
+            t["msgs_sent"] += ch.msgs_out
+            t["bytes_received"] += ch.bytes_in
+            t["bytes_sent"] += ch.bytes_out
+        return t
+
+    # ======================================================= ChannelBroker port
+    # (brokerd.protocol.ports: every method a channel calls, and nothing else)
 
     def admit(self, channel, now: float) -> tuple[int, str] | None:
         """Before anything a connection sent is decoded: (reason code, reason) to
         refuse it with (the failed-login throttle of its address), or None."""
         refusal = self.auth.admit(channel.peer, now)
         if refusal is not None:
-            self.stats.quota_refused += 1
+            self.acct.throttled()
         return refusal
 
+    def preauth_charge(self, delta: int) -> bool:
+        return self.preauth.charge(delta)
+
     def connect(self, channel, p, now: float) -> None:
-        if self.connected >= self.config.max_connections:
-            channel.refuse(rc.QUOTA_EXCEEDED, "the server is at its connection limit")
-            return
-        auth = self.auth
-        code, tenant, identity = auth.authenticate(p, channel, now, now + self.wall_offset)
-        if code != rc.SUCCESS:
-            m = self.namespace(tenant).m if tenant is not None else None
-            if code in (rc.BAD_USERNAME_OR_PASSWORD, rc.NOT_AUTHORIZED):
-                self.stats.auth_failures += 1
-                if m is not None:
-                    m.auth_failures += 1
-                    if self.usage is not None:
-                        self.usage.count(tenant, "", U_AUTH)
-            else:
-                self.stats.quota_refused += 1
-                if m is not None:
-                    m.quota += 1
-            channel.refuse(code, rc.NAMES.get(code))
-            return
-        channel.tenant = tenant
-        channel.identity = identity
-        ns = self.namespace(tenant)
-        policy = auth.policy(tenant)
-        quota = policy.quota if policy is not None and policy.quota else None
-        client_id = p.client_id
-        assigned = None
-        if not client_id:
-            client_id = assigned = self._new_client_id(ns)
-        if p.protocol_level == MQTT5:
-            expiry = (p.properties or {}).get(P.SESSION_EXPIRY_INTERVAL, 0)
-        else:
-            # 3.x persistent sessions last until --max-session-expiry (default: forever)
-            expiry = 0 if p.clean_start else self.limits.max_session_expiry
-        connack_props = None
-        cap = quota.get("max_session_expiry") if quota else None
-        if cap is not None and expiry > cap:
-            expiry = cap
-            if p.protocol_level == MQTT5:
-                connack_props = {P.SESSION_EXPIRY_INTERVAL: cap}
-        args = (channel, p, ns, client_id, assigned, expiry, connack_props, identity, policy, quota)
-        if self.cluster is not None:
-            # the session may live on another node: fetch it first, then open it here
-            self.cluster.claim(channel, tenant, client_id, p.clean_start, channel.will,
-                               lambda later: self._open_session(*args, later))
-            return
-        self._open_session(*args, now)
-
-    def _open_session(self, channel, p, ns, client_id, assigned, expiry, connack_props, identity, policy, quota,
-                      now) -> None:
-        auth = self.auth
-        tenant = ns.name
-        session = ns.sessions.get(client_id)
-        if session is not None and session.channel is not None:
-            # Session takeover: the old connection goes as if its network had
-            # failed (its will follows the usual rules), then we look again.
-            self.stats.takeovers += 1
-            session.channel.disconnect(rc.SESSION_TAKEN_OVER, "another connection took over the session", now)
-            session = ns.sessions.get(client_id)
-        present = False
-        if session is not None:
-            if p.clean_start:
-                self._end_session(session, now)
-                session = None
-            else:
-                present = True
-                session.expires_at = None
-                session.pending_will = None      # reconnected within the will delay
-        if session is None:
-            session = self.new_session(ns, client_id, expiry)
-        session.expiry_interval = expiry
-        device = identity.device if identity is not None else None
-        if quota is not None and quota.get("max_queued") is not None:
-            session.queue.max_len = min(self.limits.max_queued, quota["max_queued"])
-        # the client's ACL, quotas and rate limits
-        channel.acl = acl = auth.client_acl(identity, client_id) if identity is not None else None
-        channel.quota = quota
-        channel.limit_in, channel.limit_out = auth.limiters(tenant, now)
-        if present and (session.device != device or acl is not None or session.read_acl is not None):
-            session.device = device
-            self._reauthorize(session, acl)
-        session.device = device
-        if self.persist is not None and (expiry or session.durable):
-            session.durable = True
-            self.persist.session_opened(session, ns.name, channel.will)
-        self.connected += 1
-        self.stats.connects += 1
-        if self.connected > self.stats.clients_max:
-            self.stats.clients_max = self.connected
-        self.channels.add(channel)
-        ns.channels.add(channel)
-        m = ns.m
-        m.connects += 1
-        if len(ns.channels) > m.connections_max:
-            m.connections_max = len(ns.channels)
-        ns.connects += 1
-        auth.connected_delta(tenant, 1)
-        expires = self._credential_expiry(identity, policy)
-        if expires is not None:
-            channel.valid_until = expires
-            self.expiring.add(channel)
-        channel.accept(session, present, now, assigned, connack_props)
-
-    def new_session(self, ns: Namespace, client_id: str, expiry: int) -> Session:
-        limits = self.limits
-        session = Session(client_id, ns, limits.max_queued, limits.max_queued_bytes, expiry, budget=self.budget)
-        ns.sessions[client_id] = session
-        return session
-
-    def schedule_expiry(self, session: Session) -> None:
-        self._schedule(session.expires_at, "expire", session)
-
-    def restore_will(self, ns, rec, session, due, now) -> None:
-        """A will found in the store at start: see ``Persistence.restore``."""
-        w = rec.will
-        if session is None:
-            self._publish_will(_Gone(rec.client_id, ns), w, now)
-            return
-        if due is None:   # the session was connected when the node stopped
-            delay = (w.properties or {}).get(P.WILL_DELAY_INTERVAL, 0)
-            if not delay:
-                self._publish_will(session, w, now)
-                return
-            due = now + min(delay, session.expiry_interval)
-        session.pending_will = (due, w)
-        self._schedule(due, "will", session)
-
-    def _credential_expiry(self, identity, policy) -> float | None:
-        """Wall-clock time the client's credential expires, if it does."""
-        if identity is None or identity.credential is None or policy is None:
-            return None
-        dev = policy.devices.get(identity.device)
-        for cred in dev.credentials if dev is not None else ():
-            if cred.id == identity.credential:
-                return cred.expires_at
-        return None
-
-    def _reauthorize(self, session: Session, acl) -> None:
-        """Check a session's subscriptions against the client's (new) ACL:
-        those now refused are removed, those allowed in part are checked on
-        each delivery."""
-        session.read_acl = None
-        ns = session.ns
-        for sub in list(session.subscriptions.values()):
-            if acl is None:
-                sub.check = False
-                continue
-            inner = sub.filter if sub.group is None else sub.filter.split("/", 2)[2]
-            if inner.startswith("$SYS"):
-                continue                          # system-topic settings, not the ACL
-            granted, check = acl.subscribe(inner)
-            if not granted:
-                del session.subscriptions[sub.filter]
-                self._remove_subscription(ns, session, sub)
-                if session.durable:
-                    self.persist.unsubscribed(session, ns.name, sub.filter)
-                continue
-            sub.check = check
-            if check:
-                session.read_acl = acl
-        ns.cache.clear()
-
-    def policy_changed(self, tenant: str, old, new, now: float, wall: float) -> None:
-        """A tenant's policy changed in the console: enforce it on live clients
-        and stored sessions now."""
-        ns = self.namespaces.get(tenant)
-        if ns is None:
-            return
-        auth = self.auth
-        for ch in list(ns.channels):
-            reason = auth.still_valid(ch.identity, wall) if ch.identity is not None else None
-            if reason is not None:
-                self.stats.revoked += 1
-                ch.disconnect(rc.NOT_AUTHORIZED, reason, now)
-                continue
-            ch.acl = auth.client_acl(ch.identity, ch.client_id) if ch.identity is not None else None
-            ch.quota = new.quota if new is not None and new.quota else None
-            ch.limit_in, ch.limit_out = auth.limiters(tenant, now)
-            expires = self._credential_expiry(ch.identity, new)
-            ch.valid_until = expires
-            if expires is not None:
-                self.expiring.add(ch)
-            else:
-                self.expiring.discard(ch)
-        if new is None:
-            # tenant deleted: its sessions and retained messages go too
-            for session in list(ns.sessions.values()):
-                self._end_session(session, now)
-            for topic, _ in list(ns.retained.items()):
-                ns.retained.delete(topic)
-                if self.persist is not None:
-                    self.persist.retained(ns.name, Publish(topic, b"", 0, True))
-            return
-        for session in list(ns.sessions.values()):
-            ch = session.channel
-            if ch is not None:
-                acl = ch.acl
-            elif session.device is None and tenant != self.config.anonymous_tenant:
-                continue                         # device unknown: judged when it reconnects
-            else:
-                acl = auth.client_acl(Identity(tenant, session.device), session.client_id)
-            self._reauthorize(session, acl)
-            max_queued = new.quota.get("max_queued")
-            session.queue.max_len = self.limits.max_queued if max_queued is None else min(
-                self.limits.max_queued, max_queued)
-
-    # ------------------------------------------------------ administration
-
-    def end_session(self, session: Session, now: float) -> None:
-        self._end_session(session, now)
-
-    def admin_subscribe(self, session: Session, req, now: float) -> int:
-        """Subscribe a client on an administrator's behalf (its ACL does not
-        apply); -> the granted QoS or a reason code >= 0x80."""
-        ns = session.ns
-        try:
-            shared = parse_shared(req.filter)
-        except InvalidTopic:
-            return rc.TOPIC_FILTER_INVALID
-        if shared is None and not is_valid_filter(req.filter):
-            return rc.TOPIC_FILTER_INVALID
-        group, inner = shared if shared else (None, req.filter)
-        existed = req.filter in session.subscriptions
-        sub = Subscription(req.filter, req.qos, req.no_local and group is None, req.retain_as_published,
-                           req.retain_handling, None, group)
-        self.add_subscription(ns, session, sub)
-        if session.durable:
-            self.persist.subscribed(session, ns.name, sub)
-        ch = session.channel
-        if ch is not None and group is None and (req.retain_handling == 0 or (req.retain_handling == 1
-                                                                             and not existed)):
-            for msg in ns.retained.match(inner):
-                if msg.expiry_at is None or now <= msg.expiry_at:
-                    ch.deliver(msg, min(msg.qos, req.qos), True, None, now)
-        return req.qos
-
-    def admin_unsubscribe(self, session: Session, filt: str, now: float) -> bool:
-        sub = session.subscriptions.pop(filt, None)
-        if sub is None:
-            return False
-        self._remove_subscription(session.ns, session, sub)
-        if session.durable:
-            self.persist.unsubscribed(session, session.ns.name, filt)
-        return True
-
-    # ---------------------------------------------------- cluster hand-over
-
-    def release(self, tenant: str, client_id: str, now: float) -> bool:
-        """Another node takes this client's session over: disconnect the client
-        (0x8E) and let go of the session -- its stored state is the new node's
-        to load."""
-        ns = self.namespaces.get(tenant)
-        session = ns.sessions.get(client_id) if ns is not None else None
-        if session is None:
-            return False
-        self.stats.takeovers += 1
-        if session.channel is not None:
-            session.channel.disconnect(rc.SESSION_TAKEN_OVER, "the session moved to another node", now)
-        session = ns.sessions.get(client_id)
-        if session is not None:
-            self._drop_session(session)
-        return True
-
-    def _drop_session(self, session: Session) -> None:
-        """Forget a session here without ending it (it lives on in the store)."""
-        ns = session.ns
-        if ns.sessions.get(session.client_id) is session:
-            del ns.sessions[session.client_id]
-        durable, session.durable = session.durable, False      # no journal writes for what follows
-        for sub in list(session.subscriptions.values()):
-            self._remove_subscription(ns, session, sub)
-        session.subscriptions.clear()
-        session.queue.drain()
-        session.inflight.clear()
-        session.expires_at = None
-        session.pending_will = None
-        session.durable = durable
-
-    def drop_all_sessions(self) -> None:
-        """This node leaves (fenced): every session is left to the others."""
-        for ns in self.namespaces.values():
-            for session in list(ns.sessions.values()):
-                self._drop_session(session)
-
-    def publish_gone_will(self, tenant: str, client_id: str, will, now: float) -> None:
-        """The will of a client of a node that died (published by a survivor)."""
-        ns = self.namespace(tenant)
-        self._publish_will(_Gone(client_id, ns), will, now)
-
-    def reauthorize_all(self) -> None:
-        """After start-up: restored sessions get their clients' ACLs."""
-        for ns in self.namespaces.values():
-            for session in ns.sessions.values():
-                if session.device is None and ns.name != self.config.anonymous_tenant:
-                    continue                     # device unknown: judged when it reconnects
-                acl = self.auth.client_acl(Identity(ns.name, session.device), session.client_id)
-                if acl is not None:
-                    self._reauthorize(session, acl)
+        self.registry.connect(channel, p, now)
 
     def connect_aborted(self, channel) -> None:
         """A channel closed while its CONNECT was being decided."""
 
-    def _new_client_id(self, ns) -> str:
-        while True:
-            cid = self._id_prefix + os.urandom(8).hex()
-            if cid not in ns.sessions:
-                return cid
-
     def channel_closed(self, channel, now: float, will: bool) -> None:
-        session = channel.session
-        channel.session = None
-        if session.channel is channel:
-            session.channel = None
-            session.queue.attach_budget(None)
-        self.channels.discard(channel)
-        self.expiring.discard(channel)
-        self.connected -= 1
-        st = self.stats
-        st.disconnects += 1
-        st.msgs_received_closed += channel.msgs_in
-        st.msgs_sent_closed += channel.msgs_out
-        st.bytes_received_closed += channel.bytes_in
-        st.bytes_sent_closed += channel.bytes_out
-        ns = session.ns
-        ns.channels.discard(channel)
-        closed = ns.closed
-        closed[0] += channel.msgs_in
-        closed[1] += channel.msgs_out
-        closed[2] += channel.bytes_in
-        closed[3] += channel.bytes_out
-        ns.m.closed(channel)
-        if self.usage is not None:
-            self.usage.connection_closed(channel, ns.name, now)
-        self.auth.connected_delta(ns.name, -1)
-        w = channel.will if will else None
-        channel.will = None
-        if w is not None:
-            delay = (w.properties or {}).get(P.WILL_DELAY_INTERVAL, 0)
-            if delay and session.expiry_interval:
-                due = now + min(delay, session.expiry_interval)
-                session.pending_will = (due, w)
-                self._schedule(due, "will", session)
-            else:
-                self._publish_will(session, w, now)
-        if self.cluster is not None:
-            # a will the node registered for the cluster is no longer owed (nor one it never did)
-            self.cluster.client_gone(ns.name, session.client_id, session.expiry_interval == 0, not session.durable)
-        if session.expiry_interval == 0:
-            self._end_session(session, now)
-            return
-        if session.expiry_interval != NEVER:
-            session.expires_at = now + session.expiry_interval
-            self._schedule(session.expires_at, "expire", session)
-        if session.durable:
-            self.persist.session_closed(session, session.ns.name, now)
+        self.registry.channel_closed(channel, now, will)
 
-    def _will_message(self, w, session, now) -> Publish:
-        """The will as a message, published ``now`` (its expiry runs from here)."""
-        props = None
-        if w.properties:
-            props = {k: v for k, v in w.properties.items() if k in P.FORWARDED} or None
-        msg = Publish(w.topic, w.payload, w.qos, w.retain, False, 0, props)
-        if props and P.MESSAGE_EXPIRY_INTERVAL in props:
-            msg.expiry_at = now + props[P.MESSAGE_EXPIRY_INTERVAL]
-        msg.origin = session
-        return msg
+    def committed_generation(self) -> int | None:
+        journal = self.journal
+        return journal.committed if journal is not None else None
 
-    def _publish_will(self, session, w, now) -> None:
-        self.stats.wills_published += 1
-        self._waits = []
-        msg = self._will_message(w, session, now)
-        if msg.retain:
-            self._retain(session.ns, msg)
-        self._dispatch(session.ns, msg, now)
+    def gate(self, channel) -> None:
+        self._gated.add(channel)
 
-    def _end_session(self, session: Session, now: float) -> None:
-        ns = session.ns
-        if ns.sessions.get(session.client_id) is session:
-            del ns.sessions[session.client_id]
-        if session.durable:
-            self.persist.session_ended(session, ns.name)
-            session.durable = False
-        for sub in list(session.subscriptions.values()):
-            self._remove_subscription(ns, session, sub)
-        session.subscriptions.clear()
-        if session.pending_will is not None:
-            _, w = session.pending_will
-            session.pending_will = None
-            self._publish_will(session, w, now)
-        # Messages owed through shared subscriptions go to another member --
-        # except QoS 2 messages already sent, which the member may have
-        # processed ([MQTT-4.8.2-5]).
-        leftovers = [d for d in session.inflight.values() if d.qos == 1] + session.queue.drain()
-        session.inflight.clear()
-        session.awaiting_rel.clear()
-        session.reserved = None
-        for d in leftovers:
-            if d.share is not None:
-                self._deliver_shared(ns, d.share, d.msg, now, exclude=session)
-
-    # ------------------------------------------------------------------ timers
-
-    def _schedule(self, when: float, kind: str, obj) -> None:
-        heapq.heappush(self._timers, (when, next(self._seq), kind, obj))
-
-    def next_timer(self) -> float | None:
-        return self._timers[0][0] if self._timers else None
-
-    def tick(self, now: float) -> None:
-        """Fire due timers: delayed wills, session expiry, credential expiry."""
-        if self.expiring:
-            wall = now + self.wall_offset
-            for ch in [c for c in self.expiring if c.valid_until is not None and c.valid_until <= wall]:
-                self.expiring.discard(ch)
-                self.stats.revoked += 1
-                ch.disconnect(rc.NOT_AUTHORIZED, "credential expired", now)
-        timers = self._timers
-        while timers and timers[0][0] <= now:
-            when, _, kind, session = heapq.heappop(timers)
-            if kind == "will":
-                pw = session.pending_will
-                if pw is not None and pw[0] == when:
-                    session.pending_will = None
-                    self._publish_will(session, pw[1], now)
-            elif kind == "expire" and session.channel is None and session.expires_at == when:
-                self.stats.sessions_expired += 1
-                self._end_session(session, now)
+    def congestion(self, delta: int) -> None:
+        self.budget.add(delta)
 
     # --------------------------------------------------------------- publish
 
@@ -737,10 +277,7 @@ class Broker:
         session = msg.origin = channel.session
         acl = channel.acl
         if acl is not None and (not acl.can_publish(msg.topic) or msg.topic.startswith("$SYS/")):
-            self.stats.denied_publish += 1
-            ns.m.acl_denied += 1
-            if self.usage is not None:
-                self.usage.count(ns.name, msg.topic, U_ACL)
+            self.acct.publish_denied(ns, msg.topic)
             return rc.NOT_AUTHORIZED
         quota = channel.quota
         if quota is not None:
@@ -766,7 +303,7 @@ class Broker:
         if journal is None or not msg.qos:
             return self._publish_clustered(ns, msg, channel, now)
         if not journal.healthy and self._needs_store(ns, msg, session, rel):
-            self.stats.dropped_refused += 1
+            self.acct.store_refused()
             return STORE_UNAVAILABLE
         before = len(journal.ops)
         if rel and session.durable:
@@ -789,10 +326,7 @@ class Broker:
 
     def _no_subscribers(self, ns: Namespace, msg: Publish) -> None:
         """A client's PUBLISH matched no subscription: counted for the node, the tenant and the usage log."""
-        self.stats.dropped_no_subscribers += 1
-        ns.m.no_subscribers += 1
-        if self.usage is not None:
-            self.usage.count(ns.name, msg.topic, U_NO_SUBS)
+        self.acct.no_subscribers(ns, msg.topic)
 
     def _publish_clustered(self, ns: Namespace, msg: Publish, channel, now: float) -> int | None:
         """A PUBLISH that needs no local store write, on a node of a cluster:
@@ -812,18 +346,12 @@ class Broker:
         """A tenant quota a PUBLISH breaks: its reason code (0: none)."""
         limit = quota.get("max_payload")
         if limit is not None and len(msg.payload) > limit:
-            self.stats.quota_refused += 1
-            ns.m.quota += 1
-            if self.usage is not None:
-                self.usage.count(ns.name, msg.topic, U_QUOTA)
+            self.acct.publish_over_quota(ns, msg.topic)
             return rc.PACKET_TOO_LARGE            # the channel disconnects with 0x95
         limit = quota.get("max_retained")
         if (limit is not None and msg.retain and msg.payload and len(ns.retained) >= limit
                 and ns.retained.get(msg.topic) is None):
-            self.stats.quota_refused += 1
-            ns.m.quota += 1
-            if self.usage is not None:
-                self.usage.count(ns.name, msg.topic, U_QUOTA)
+            self.acct.publish_over_quota(ns, msg.topic)
             return rc.QUOTA_EXCEEDED
         return 0
 
@@ -835,6 +363,10 @@ class Broker:
         entries, groups = found
         return any(e[0].durable and e[1] for e in entries) or any(
             s.durable and sub.qos for g in groups for s, sub in g.members.items())
+
+    def publish_will(self, ns: Namespace, msg: Publish, now: float) -> None:
+        """A will, as the registry hands it over (retained if it says so)."""
+        self.publish_internal(ns, msg, now)
 
     def publish_internal(self, ns: Namespace, msg: Publish, now: float) -> int:
         """Publish a message the broker itself originates ($SYS, admin); -> deliveries."""
@@ -931,6 +463,10 @@ class Broker:
     def deliver_shared(self, ns, group, msg, now) -> bool:
         return self._deliver_shared(ns, group, msg, now)
 
+    def redeliver_shared(self, ns, group, msg: Publish, now: float, exclude) -> None:
+        """A message owed through a shared subscription whose session ended: to another member."""
+        self._deliver_shared(ns, group, msg, now, exclude=exclude)
+
     def deliver_to(self, session: Session, msg: Publish, now: float) -> bool:
         """Deliver ``msg`` to this one session, by its own (non-shared)
         subscriptions -- a message that reached it while the session moved
@@ -948,7 +484,7 @@ class Broker:
         return bool(self._dispatch(session.ns, msg, now, [(session, qos, False, rap, ids)], None, local=True))
 
     def _deliver_shared(self, ns, group: SharedGroup, msg: Publish, now: float, exclude=None) -> bool:
-        session = group.pick(self.config.shared_strategy, exclude)
+        session = group.pick(self._strategy, exclude)
         if session is None:
             return False
         sub = group.members[session]
@@ -977,7 +513,7 @@ class Broker:
         ch = session.channel
         if ch is not None:
             ch.queue_delivery(d)
-            self.gated.add(ch)
+            self._gated.add(ch)
         else:
             dropped = session.queue.put(d)
             if dropped:
@@ -985,28 +521,21 @@ class Broker:
 
     def _enqueue_offline(self, session: Session, d: Delivery) -> None:
         if d.qos == 0 and not self.limits.queue_qos0:
-            self.stats.dropped_queue_full += 1
-            session.ns.m.queue_full += 1
-            if self.usage is not None:
-                self.usage.count(session.ns.name, d.msg.topic, U_QUEUE_FULL)
+            self.acct.queue_full(session.ns, [d])
             return
         dropped = session.queue.put(d)
         if dropped:
             self.queue_dropped(session, dropped)
 
-    def committed(self, generation: int, now: float) -> None:
-        """The journal batch ``generation`` is durable: send what waited for it."""
-        gated, self.gated = self.gated, set()
+    def commit_done(self, generation: int, now: float) -> None:
+        """The journal batch ``generation`` is durable: send what waited for it (the store writer)."""
+        gated, self._gated = self._gated, set()
         for ch in gated:
             ch.resume_output(now)
 
     # drop accounting, called by channels
     def queue_dropped(self, session, dropped: list) -> None:
-        self.stats.dropped_queue_full += len(dropped)
-        session.ns.m.queue_full += len(dropped)
-        if self.usage is not None:
-            for d in dropped:
-                self.usage.count(session.ns.name, d.msg.topic, U_QUEUE_FULL)
+        self.acct.queue_full(session.ns, dropped)
         if session.durable:
             for d in dropped:
                 if d.entry:
@@ -1015,13 +544,9 @@ class Broker:
     def discarded(self, session, d: Delivery, expired: bool) -> None:
         """A queued delivery left without being sent: expired, or too large for the client."""
         if expired:
-            self.stats.dropped_expired += 1
-            session.ns.m.expired += 1
-            if self.usage is not None:
-                self.usage.count(session.ns.name, d.msg.topic, U_EXPIRED)
+            self.acct.expired(session.ns, d.msg.topic)
         else:
-            self.stats.dropped_too_large += 1
-            session.ns.m.too_large += 1
+            self.acct.too_large(session.ns)
         if d.entry and session.durable:
             self.persist.done(session, session.ns.name, d)
 
@@ -1053,15 +578,13 @@ class Broker:
         return session.durable and self.journal is not None and bool(self.journal.ops)
 
     def expired(self, channel, msg) -> None:
-        self.stats.dropped_expired += 1
+        self.acct.expired(None, None)       # (counted for the node only, as ever)
 
     def too_large(self, channel, msg) -> None:
-        self.stats.dropped_too_large += 1
-        if channel.ns is not None:
-            channel.ns.m.too_large += 1
+        self.acct.too_large(channel.ns)
 
     def dropped(self, channel, msg, code) -> None:
-        self.stats.dropped_refused += 1
+        self.acct.store_refused()
 
     # ------------------------------------------------------------- subscribe
 
@@ -1093,20 +616,17 @@ class Broker:
                 # a tenant's own $SYS tree: governed by its system-topic settings, not its ACL
                 policy = self.auth.policy(ns.name)
                 if policy is not None and not policy.sys_enabled:
-                    self.stats.denied_subscribe += 1
-                    ns.m.acl_denied += 1
+                    self.acct.subscribe_denied(ns)
                     codes.append(rc.NOT_AUTHORIZED)
                     continue
             elif acl is not None:
                 granted, check = acl.subscribe(inner)
                 if not granted:
-                    self.stats.denied_subscribe += 1
-                    ns.m.acl_denied += 1
+                    self.acct.subscribe_denied(ns)
                     codes.append(rc.NOT_AUTHORIZED)
                     continue
             if max_subs is not None and not existed and len(session.subscriptions) >= max_subs:
-                self.stats.quota_refused += 1
-                ns.m.quota += 1
+                self.acct.subscription_over_quota(ns)
                 codes.append(rc.QUOTA_EXCEEDED)
                 continue
             sub = Subscription(filt, req.qos, req.no_local, req.retain_as_published, req.retain_handling, sub_id,
@@ -1114,7 +634,7 @@ class Broker:
             if check:
                 sub.check = True
                 session.read_acl = acl
-            self.add_subscription(ns, session, sub)
+            self.router.add(ns, session, sub)
             if session.durable:
                 self.persist.subscribed(session, ns.name, sub)
             codes.append(req.qos)
@@ -1130,26 +650,6 @@ class Broker:
         ns.cache.clear()
         return codes, retained
 
-    def add_subscription(self, ns: Namespace, session: Session, sub: Subscription) -> None:
-        session.subscriptions[sub.filter] = sub
-        inner = sub.filter if sub.group is None else sub.filter.split("/", 2)[2]
-        route = ns.trie.setdefault(inner, Route)
-        if sub.group is None:
-            route.subs[session] = sub
-        else:
-            g = route.groups.get(sub.group)
-            if g is None:
-                g = route.groups[sub.group] = SharedGroup(sub.group, inner)
-            g.add(session, sub)
-        ns.cache.clear()
-        if self.cluster is not None:
-            self.cluster.route_dirty(ns.name, inner)
-
-    def shared_group(self, ns: Namespace, share: tuple) -> "SharedGroup | None":
-        name, filt = share
-        route = ns.trie.get(filt)
-        return route.groups.get(name) if route is not None else None
-
     def unsubscribe(self, channel, filters, now: float) -> list:
         session = channel.session
         ns = session.ns
@@ -1163,68 +663,48 @@ class Broker:
                     valid = False
                 codes.append(rc.NO_SUBSCRIPTION_EXISTED if valid else rc.TOPIC_FILTER_INVALID)
                 continue
-            self._remove_subscription(ns, session, sub)
+            self.router.remove(ns, session, sub)
             if session.durable:
                 self.persist.unsubscribed(session, ns.name, filt)
             codes.append(rc.SUCCESS)
         ns.cache.clear()
         return codes
 
-    def _remove_subscription(self, ns: Namespace, session: Session, sub: Subscription) -> None:
-        inner = sub.filter if sub.group is None else sub.filter.split("/", 2)[2]
-        route = ns.trie.get(inner)
-        if route is None:
-            return
-        if sub.group is None:
-            route.subs.pop(session, None)
-        else:
-            g = route.groups.get(sub.group)
-            if g is not None:
-                g.remove(session)
-                if not g.members:
-                    del route.groups[sub.group]
-        if not route:
-            ns.trie.discard(inner)
-        ns.cache.clear()
-        if self.cluster is not None:
-            self.cluster.route_dirty(ns.name, inner)
+    # ------------------------------------------------------ administration
 
-    # ---------------------------------------------------------------- totals
+    def admin_subscribe(self, session: Session, req, now: float) -> int:
+        """Subscribe a client on an administrator's behalf (its ACL does not
+        apply); -> the granted QoS or a reason code >= 0x80."""
+        ns = session.ns
+        try:
+            shared = parse_shared(req.filter)
+        except InvalidTopic:
+            return rc.TOPIC_FILTER_INVALID
+        if shared is None and not is_valid_filter(req.filter):
+            return rc.TOPIC_FILTER_INVALID
+        group, inner = shared if shared else (None, req.filter)
+        existed = req.filter in session.subscriptions
+        sub = Subscription(req.filter, req.qos, req.no_local and group is None, req.retain_as_published,
+                           req.retain_handling, None, group)
+        self.router.add(ns, session, sub)
+        if session.durable:
+            self.persist.subscribed(session, ns.name, sub)
+        ch = session.channel
+        if ch is not None and group is None and (req.retain_handling == 0 or (req.retain_handling == 1
+                                                                             and not existed)):
+            for msg in ns.retained.match(inner):
+                if msg.expiry_at is None or now <= msg.expiry_at:
+                    ch.deliver(msg, min(msg.qos, req.qos), True, None, now)
+        return req.qos
 
-    def totals(self) -> dict:
-        """Messages and bytes in/out since start, closed and live connections together."""
-        st = self.stats
-        t = {
-            "msgs_received": st.msgs_received_closed,
-            "msgs_sent": st.msgs_sent_closed,
-            "bytes_received": st.bytes_received_closed,
-            "bytes_sent": st.bytes_sent_closed,
-        }
-        for ch in self.channels:
-            t["msgs_received"] += ch.msgs_in
-            t["msgs_sent"] += ch.msgs_out
-            t["bytes_received"] += ch.bytes_in
-            t["bytes_sent"] += ch.bytes_out
-        return t
-
-    def session_count(self) -> int:
-        return sum(len(ns.sessions) for ns in self.namespaces.values())
-
-    def subscription_count(self) -> int:
-        return sum(len(s.subscriptions) for ns in self.namespaces.values() for s in ns.sessions.values())
-
-    def retained_count(self) -> int:
-        return sum(len(ns.retained) for ns in self.namespaces.values())
-
-    def shutdown(self, now: float, code: int = rc.SERVER_SHUTTING_DOWN, server_reference: str | None = None):
-        """Disconnect every client (v5: DISCONNECT ``code``).
-
-        The server closes the network connections, so wills follow the usual
-        rules ([MQTT-3.1.2-8]): published now, or kept with a persistent
-        session while their delay runs.
-        """
-        for ch in list(self.channels):
-            ch.disconnect(code, "server shutting down", now, will=True, server_reference=server_reference)
+    def admin_unsubscribe(self, session: Session, filt: str, now: float) -> bool:
+        sub = session.subscriptions.pop(filt, None)
+        if sub is None:
+            return False
+        self.router.remove(session.ns, session, sub)
+        if session.durable:
+            self.persist.unsubscribed(session, session.ns.name, filt)
+        return True
 
 
 class _AckWhenDurable:
@@ -1247,13 +727,3 @@ class _AckWhenDurable:
         self.parts -= 1
         if self.parts == 0:
             self.channel.publish_done(self.pid, self.qos, self.code if self.ok else STORE_UNAVAILABLE)
-
-
-class _Gone:
-    """Stands for a session that expired while the node was down, to publish its will."""
-
-    __slots__ = ("client_id", "ns")
-
-    def __init__(self, client_id, ns):
-        self.client_id = client_id
-        self.ns = ns

@@ -17,7 +17,7 @@ import tomllib
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from .protocol.channel import NEVER
+from .protocol.properties import NEVER
 
 SCHEMES = {"mqtt": 1883, "mqtts": 8883, "ws": 8083, "wss": 8084}
 

@@ -19,13 +19,14 @@ import sys
 import time
 
 from . import __version__
+from .admin.endpoints import AdminApi, AdminTokens
 from .admin.http import HttpLimits
-from .admin.server import AdminServer, AdminTokens
 from .broker import Broker, BrokerConfig
+from .budget import QueuePacer
 from .cluster.node import ClusterError, ClusterNode
 from .config import Config, Listener
 from .metrics import LatencySampler, LoopMonitor
-from .metrics.history import History
+from .metrics.history_writer import History
 from .metrics.usage import UsageLog
 from .persistence import Persistence
 from .protocol import reason as rc
@@ -35,14 +36,13 @@ from .store.writer import StoreWriter
 from .sys_topics import SysTopics
 from .tenancy.control import TenantControl
 from .tenancy.source import AuditSink, PolicySource
-from .transports.connection import PAUSE_BUDGET, Flusher, MqttConnection
+from .transports.connection import Flusher, MqttConnection
 from .transports.ws import WsMqttConnection
 
 log = logging.getLogger("brokerd")
 
+PREAUTH_LOG_SWEEPS = 20  # sweeps (10 s) between two log lines about the pre-authentication budget
 SWEEP_INTERVAL = 0.5     # keepalive / CONNECT timeout / will delay / expiry resolution, seconds
-BUDGET_PAUSE = 0.1       # publishers over the queue budget read again if the queues did not shrink for this long
-FEEDER_SWEEPS = 20       # a connection whose messages were queued in the last 10 s (of sweeps) is paused with the rest
 STORE_PURGE_INTERVAL = 60.0     # seconds between purges of expired sessions and messages in the store
 STORE_STARTUP_TIMEOUT = 30.0    # how long start-up waits for an unavailable store
 POLICY_STARTUP_TIMEOUT = 10.0   # how long start-up waits for the console's database
@@ -104,7 +104,7 @@ class Server:
         )
         self.broker.wall_offset = time.time() - now
         self.policy_source: PolicySource | None = None
-        self.admin: AdminServer | None = None
+        self.admin: AdminApi | None = None
         self.admin_tokens = AdminTokens()
         if config.control_plane:
             self.broker.auth = TenantControl(config.allow_anonymous, config.anonymous_tenant)
@@ -115,17 +115,9 @@ class Server:
         self.loop_monitor = LoopMonitor(self.loop)
         self.history = None
         self.connections: set[MqttConnection] = set()
-        self.flusher = Flusher(self.loop, self.check_budget)
-        self.budget = self.broker.budget
-        self.budget.on_add = self._budget_add
-        self.budget_paused: list[MqttConnection] = []
-        self._pacing = False               # the budget tripped and its feeders are paused
-        self._resumed: list = []           # (connection, its bytes_in) of the feeders resumed last
-        self.sweeps = 0                    # the clock of MqttConnection.fed
-        self.reading: MqttConnection | None = None    # the connection whose bytes are being handled
-        self._budget_timer: asyncio.TimerHandle | None = None
-        self._budget_mark: int | None = None   # queued bytes at the last check of a pause
-        self._budget_warned = False
+        # the queue budget's policy (brokerd.budget): whom to pause when the queues pass it
+        self.pacer = QueuePacer(self.broker.budget, self.connections, self.loop.call_later)
+        self.flusher = Flusher(self.loop, self.pacer.after_writes)
         self._preauth_logged = (0, -1 << 30)   # PreauthBudget.refused and the sweep when last logged
         self.write_high = config.write_buffer_high
         self.servers: list[asyncio.AbstractServer] = []
@@ -242,129 +234,28 @@ class Server:
             audit = AuditSink(self.policy_source.db) if self.policy_source is not None else None
             limits = HttpLimits(max_connections=self.config.admin_max_connections,
                                 timeout=self.config.admin_timeout, body_budget=self.config.admin_body_budget)
-            self.admin = AdminServer(self, host, int(port), self.admin_tokens, audit, limits)
+            self.admin = AdminApi(self, host, int(port), self.admin_tokens, audit, limits)
             await self.admin.start()
         if self.config.cluster:
             host, _, port = self.config.cluster_listen.rpartition(":")
             self.cluster = ClusterNode(self, self.config.cluster, host, int(port))
             await self.cluster.start()
-            self.broker.cluster = self.cluster
+            self.broker.attach_cluster(self.cluster)
         self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
         self.sys.tick(self.loop.time())
         self.loop_monitor.start()
         if self.config.usage_dir:
-            self.broker.usage = UsageLog(self.config.usage_dir, self.config.node_id, self.broker.wall_offset,
-                                         float(os.environ.get("BROKERD_USAGE_INTERVAL", "60")))
+            self.broker.attach_usage(UsageLog(self.config.usage_dir, self.config.node_id, self.broker.wall_offset,
+                                              float(os.environ.get("BROKERD_USAGE_INTERVAL", "60"))))
             self.broker.usage.start()
         if self.policy_source is not None and self.config.history_interval > 0:
             self.history = History(self, self.policy_source.db, self.config.history_interval)
             self.history.start()
 
-    def _budget_add(self) -> None:
-        """A message was queued (called from inside the enqueue): note that
-        the connection whose PUBLISH is being routed feeds the queues. When
-        this passes the budget, stop reading from every connection whose
-        messages were queued in the last FEEDER_SWEEPS sweeps, now; while the
-        budget stays tripped, from any other as soon as one of its messages
-        is queued.
-
-        Only the connections whose messages are queued are paused: a
-        publisher whose messages are delivered at once is never held back by
-        another's slow subscriber. (Pausing every connection that had
-        published starved it: after each resume the blaster's read, handled
-        first, paused it again before its own was handled.) The feeders are
-        paused together, before they read again, so the queues pass the
-        budget by about one socket read (up to 256 KiB), not one per
-        publisher. Connections with deliveries of their own outstanding keep
-        reading: their acknowledgements are what frees the queues. The pause
-        lasts until the queues are down to half the budget, as long as they
-        drain; if they did not shrink at all for BUDGET_PAUSE (a subscriber
-        that stopped reading holds them) reading resumes and the next message
-        over the budget pauses again, so publishers are paced, never stopped
-        for good by one stuck client.
-        """
-        conn = self.reading
-        if conn is not None:
-            conn.fed = self.sweeps
-        if not self.budget.tripped:
-            return
-        if self._pacing:
-            if conn is not None and not conn.paused & PAUSE_BUDGET:
-                self._budget_pause(conn)
-            return
-        self._pacing = True
-        # a feeder resumed last time that has not been read since (others' reads tripped the budget
-        # first) has not shown that it stopped feeding: still one (when its mark expired instead, a
-        # thousand publishers each brought one socket read of up to 256 KiB at once, 3 x the budget)
-        for c, seen in self._resumed:
-            if c.channel.bytes_in == seen:
-                c.fed = self.sweeps
-        self._resumed = []
-        since = self.sweeps - FEEDER_SWEEPS
-        for c in self.connections:
-            if c.fed >= since and not c.paused & PAUSE_BUDGET:
-                self._budget_pause(c)
-        if self._budget_timer is None:
-            # measured at the first check: the rest of the socket read that
-            # tripped the budget is still being handled now
-            self._budget_mark = None
-            self._budget_timer = self.loop.call_later(BUDGET_PAUSE, self._budget_check_progress)
-        if not self._budget_warned:
-            self._budget_warned = True
-            budget = self.budget
-            log.warning("queued messages hold %d bytes (budget %d): pacing the %d publishers that fill them",
-                        budget.used, budget.limit, len(self.budget_paused))
-
-    def _budget_pause(self, conn: MqttConnection) -> None:
-        ch = conn.channel
-        if conn.closed or ch.blocked or (ch.session is not None and ch.session.inflight):
-            return
-        conn.pause_reading(PAUSE_BUDGET)
-        ch.paced += 1
-        self.budget_paused.append(conn)
-
-    def _budget_check_progress(self) -> None:
-        """BUDGET_PAUSE after a pause (and after each one since): still paused
-        while the queues drain -- resuming on a timer alone let publishers in
-        one socket read per BUDGET_PAUSE whatever the subscribers took, and
-        the queues grew past the budget until their QoS 1/2 messages were
-        dropped as queue_full after having been acknowledged."""
-        self._budget_timer = None
-        used = self.budget.used
-        if self._budget_mark is None or used < self._budget_mark:
-            self._budget_mark = used
-            self._budget_timer = self.loop.call_later(BUDGET_PAUSE, self._budget_check_progress)
-            return
-        self._resume_publishers()
-
-    def _resume_publishers(self) -> None:
-        paused, self.budget_paused = self.budget_paused, []
-        if self._budget_timer is not None:
-            self._budget_timer.cancel()
-            self._budget_timer = None
-        self.budget.tripped = False
-        self._pacing = False
-        for conn in paused:
-            conn.resume_reading(PAUSE_BUDGET)
-        self._resumed = [(conn, conn.channel.bytes_in) for conn in paused if not conn.closed]
-
-    def check_budget(self) -> None:
-        """After each round of writes: resume publishers as soon as the queues
-        have drained to half the budget."""
-        budget = self.budget
-        if budget.tripped and budget.used <= budget.half:
-            self._resume_publishers()
-            if self._budget_warned:
-                self._budget_warned = False
-                log.info("queues drained to %d bytes: publishers resumed", budget.used)
-
     def _sweep(self) -> None:
         now = self.loop.time()
-        self.sweeps += 1
-        if self._resumed:          # no connection that went away is kept for the budget
-            self._resumed = [entry for entry in self._resumed if not entry[0].closed]
         try:
-            self.check_budget()
+            self.pacer.sweep()
             for conn in list(self.connections):
                 if conn.paused:
                     # Its pings wait unread in the socket: not the client's fault.
@@ -378,14 +269,16 @@ class Server:
         self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
 
     def _log_preauth(self) -> None:
-        """At most every FEEDER_SWEEPS sweeps (10 s): how many connections the pre-authentication budget closed."""
+        """At most every PREAUTH_LOG_SWEEPS sweeps (10 s): how many connections the pre-authentication
+        budget closed."""
         refused = self.broker.preauth.refused
         logged, at = self._preauth_logged
-        if refused != logged and self.sweeps - at >= FEEDER_SWEEPS:
+        sweeps = self.pacer.sweeps
+        if refused != logged and sweeps - at >= PREAUTH_LOG_SWEEPS:
             log.warning("closed %d connections whose incomplete CONNECTs would have passed --preauth-budget "
                         "(%d bytes held by unauthenticated connections at most)", refused - logged,
                         self.broker.preauth.limit)
-            self._preauth_logged = (refused, self.sweeps)
+            self._preauth_logged = (refused, sweeps)
 
     async def stop(self, timeout: float = 5.0) -> None:
         for srv in self.servers:
@@ -421,7 +314,7 @@ class Server:
             if self.writer is not None:
                 await self.writer.drain(timeout)        # the others adopt what is stored
             await self.cluster.stop(graceful=True)
-            self.broker.cluster = None
+            self.broker.attach_cluster(None)
         if self.policy_source is not None:
             await self.policy_source.stop()
         if self.writer is not None:

@@ -73,23 +73,23 @@ class SysTopics:
         if self.interval <= 0:
             return
         b = self.broker
-        for ns in list(b.namespaces.values()):
-            policy = b.auth.policy(ns.name)
+        for tenant in b.router.tenant_names():
+            policy = b.auth.policy(tenant)
             if policy is None:
-                if ns.name != b.config.anonymous_tenant:
+                if tenant != b.config.anonymous_tenant:
                     continue
                 interval, parts = self.interval, None
             elif not policy.sys_enabled or not policy.sys_parts:
                 continue
             else:
                 interval, parts = policy.sys_interval, policy.sys_parts
-            if now < self.next_at.get(ns.name, 0.0):
+            if now < self.next_at.get(tenant, 0.0):
                 continue
-            self.next_at[ns.name] = now + interval
-            self.publish(ns, now, node=policy is None, parts=parts)
+            self.next_at[tenant] = now + interval
+            self.publish(tenant, now, node=policy is None, parts=parts)
 
-    def values(self, ns, now: float, node: bool) -> dict[str, str]:
-        """The tree for ``ns``: the node's figures, or the tenant's own."""
+    def values(self, tenant: str, now: float, node: bool) -> dict[str, str]:
+        """The tree for ``tenant``: the node's figures, or the tenant's own."""
         b = self.broker
         st = b.stats
         if node:
@@ -100,22 +100,24 @@ class SysTopics:
             connected = b.connected
             subs = b.subscription_count()
             retained = b.retained_count()
-            spaces = list(b.namespaces.values())
+            spaces = b.router.all_figures()
+            f = b.router.figures(tenant)
         else:
-            received, sent, bytes_in, bytes_out = ns.closed
-            for ch in ns.channels:
+            f = b.router.figures(tenant)
+            received, sent, bytes_in, bytes_out = f.closed
+            for ch in f.live:
                 received += ch.msgs_in
                 sent += ch.msgs_out
                 bytes_in += ch.bytes_in
                 bytes_out += ch.bytes_out
-            sessions = len(ns.sessions)
-            connected = len(ns.channels)
-            subs = sum(len(s.subscriptions) for s in ns.sessions.values())
-            retained = len(ns.retained)
-            spaces = [ns]
-        load = self.loads.setdefault(ns.name, _Load())
+            sessions = f.sessions
+            connected = f.connected
+            subs = f.subscriptions
+            retained = f.retained
+            spaces = [f]
+        load = self.loads.setdefault(tenant, _Load())
         counters = {"messages/received": received, "messages/sent": sent, "bytes/received": bytes_in,
-                    "bytes/sent": bytes_out, "connections": st.connects if node else ns.connects}
+                    "bytes/sent": bytes_out, "connections": st.connects if node else f.connects}
         if node:
             counters["publish/dropped"] = st.dropped_queue_full + st.dropped_expired + st.dropped_too_large
         load.update(now, counters)
@@ -129,8 +131,8 @@ class SysTopics:
             "clients/total": sessions,
             "messages/received": received,
             "messages/sent": sent,
-            "messages/inflight": sum(len(s.inflight) for n in spaces for s in n.sessions.values()),
-            "messages/stored": sum(len(s.queue) for n in spaces for s in n.sessions.values()),
+            "messages/inflight": sum(s.inflight for s in spaces),
+            "messages/stored": sum(s.queued for s in spaces),
             "publish/messages/received": received,
             "publish/messages/sent": sent,
             "bytes/received": bytes_in,
@@ -139,7 +141,7 @@ class SysTopics:
             "retained messages/count": retained,
         }
         if not node:
-            m = ns.m
+            m = f.counters
             v["clients/maximum"] = m.connections_max
             v["publish/messages/dropped"] = m.queue_full + m.expired + m.too_large
         if node:
@@ -155,8 +157,9 @@ class SysTopics:
             v["load/" + key] = f"{value:.2f}"
         return {k: str(val) for k, val in v.items()}
 
-    def publish(self, ns, now: float, node: bool = True, parts=None) -> None:
-        values = self.values(ns, now, node)
+    def publish(self, tenant: str, now: float, node: bool = True, parts=None) -> None:
+        values = self.values(tenant, now, node)
+        ns = self.broker.namespace(tenant)
         allowed = None
         if parts is not None:
             allowed = tuple(p for part in parts for p in PARTS.get(part, ()))

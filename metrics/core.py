@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DROP_REASONS = ("queue_full", "expired", "too_large", "no_subscribers", "acl_denied", "quota")
+from brokerd.metrics.counters import DROP_REASONS  # what brokerd counts drops by (one list for both sides)
+
 # the drops that mean something went wrong: a publish nobody subscribes to is
 # normal for telemetry, so ``no_subscribers`` is shown but raises no alarm
 ALARMING_DROPS = ("queue_full", "expired", "too_large", "acl_denied", "quota")

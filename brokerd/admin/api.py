@@ -123,31 +123,27 @@ def list_clients(broker, node: str, q: dict, now: float) -> list[dict]:
     ip = q.get("ip")
     want = q.get("connected")          # None, "true", "false"
     out = []
-    spaces = [broker.namespaces[tenant]] if tenant in broker.namespaces else (
-        [] if tenant else list(broker.namespaces.values()))
-    for ns in spaces:
-        for session in ns.sessions.values():
-            if cid and cid not in session.client_id:
+    for name, session in broker.router.sessions(tenant or None):
+        if cid and cid not in session.client_id:
+            continue
+        ch = session.channel
+        if ch is not None:
+            if want == "false":
                 continue
-            ch = session.channel
-            if ch is not None:
-                if want == "false":
-                    continue
-                if username and (ch.username or "") != username:
-                    continue
-                if ip and _peer_ip(ch.peer) != ip:
-                    continue
-                out.append(client_summary(node, ch, now, broker.wall_offset))
-            else:
-                if want == "true" or username or ip:
-                    continue
-                out.append(offline_summary(node, ns.name, session, broker.wall_offset))
+            if username and (ch.username or "") != username:
+                continue
+            if ip and _peer_ip(ch.peer) != ip:
+                continue
+            out.append(client_summary(node, ch, now, broker.wall_offset))
+        else:
+            if want == "true" or username or ip:
+                continue
+            out.append(offline_summary(node, name, session, broker.wall_offset))
     return out
 
 
 def session_detail(broker, node: str, tenant: str, client_id: str, now: float) -> dict | None:
-    ns = broker.namespaces.get(tenant)
-    session = ns.sessions.get(client_id) if ns is not None else None
+    session = broker.router.session(tenant, client_id)
     if session is None:
         return None
     ch = session.channel
@@ -169,21 +165,20 @@ def session_detail(broker, node: str, tenant: str, client_id: str, now: float) -
 def kick(broker, tenant: str, client_id: str, clear_session: bool, now: float) -> bool:
     """Disconnect a client (v5: DISCONNECT 0x98 Administrative action); with
     ``clear_session`` its session ends too."""
-    ns = broker.namespaces.get(tenant)
-    session = ns.sessions.get(client_id) if ns is not None else None
+    router = broker.router
+    session = router.session(tenant, client_id)
     if session is None:
         return False
     if session.channel is not None:
         session.channel.disconnect(rc.ADMINISTRATIVE_ACTION, "disconnected by an administrator", now)
-    session = ns.sessions.get(client_id)
+    session = router.session(tenant, client_id)
     if clear_session and session is not None:
         broker.end_session(session, now)
     return True
 
 
 def add_subscription(broker, tenant: str, client_id: str, body: dict, now: float) -> dict:
-    ns = broker.namespaces.get(tenant)
-    session = ns.sessions.get(client_id) if ns is not None else None
+    session = broker.router.session(tenant, client_id)
     if session is None:
         raise ApiError(404, "no such client")
     req = subscription_request(body)
@@ -205,8 +200,7 @@ def subscription_request(body: dict) -> SubscriptionRequest:
 
 
 def remove_subscription(broker, tenant: str, client_id: str, filt: str, now: float) -> bool:
-    ns = broker.namespaces.get(tenant)
-    session = ns.sessions.get(client_id) if ns is not None else None
+    session = broker.router.session(tenant, client_id)
     if session is None:
         raise ApiError(404, "no such client")
     return broker.admin_unsubscribe(session, filt, now)
@@ -283,11 +277,8 @@ def _properties(body: dict) -> dict:
 
 
 def retained_list(broker, tenant: str, prefix: str) -> list[dict]:
-    ns = broker.namespaces.get(tenant)
-    if ns is None:
-        return []
     out = []
-    for topic, msg in ns.retained.items():
+    for topic, msg in broker.router.retained_items(tenant):
         if prefix and not topic.startswith(prefix):
             continue
         out.append(retained_view(tenant, topic, msg, broker.wall_offset, with_payload=False))
@@ -311,10 +302,9 @@ def retained_view(tenant: str, topic: str, msg, wall_offset: float, with_payload
 
 
 def retained_delete(broker, tenant: str, topic: str, now: float) -> bool:
-    ns = broker.namespaces.get(tenant)
-    if ns is None or ns.retained.get(topic) is None:
+    if broker.router.retained_message(tenant, topic) is None:
         return False
-    broker.publish_internal(ns, Publish(topic, b"", 0, True), now)
+    broker.publish_internal(broker.namespace(tenant), Publish(topic, b"", 0, True), now)
     return True
 
 

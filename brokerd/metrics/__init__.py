@@ -1,11 +1,11 @@
-"""What a node measures, and the snapshot the admin API, Prometheus and the
+"""What a node measures, and the figures (``node_figures``) the admin API, Prometheus and the
 history share (issue #7).
 
 Counting costs the per-message path almost nothing: messages and bytes are
 counted per connection by the channels (QoS 1/2 on their own, QoS 0 is the
 rest), drops and denials where they happen (node ``Stats`` and the tenant's
 ``TenantCounters``); everything else -- sums over connections and tenants,
-rates, percentiles -- is computed when somebody asks (``snapshot``), at most
+rates, percentiles -- is computed when somebody asks (``node_figures``), at most
 a few times a second.
 
 Latency: one PUBLISH in 64 is timed from the moment the broker takes it
@@ -20,9 +20,9 @@ import os
 import resource
 from time import perf_counter
 
-from .counters import TenantCounters
+from .counters import DROP_REASONS, TenantCounters
 
-__all__ = ["TenantCounters", "Histogram", "LatencySampler", "LoopMonitor", "snapshot"]
+__all__ = ["DROP_REASONS", "TenantCounters", "Histogram", "LatencySampler", "LoopMonitor", "node_figures"]
 
 LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 SAMPLE_MASK = 63                    # one in 64
@@ -132,10 +132,10 @@ def process_stats() -> dict:
     return {"cpu_seconds": round(ru.ru_utime + ru.ru_stime, 3), "memory_rss": rss, "open_fds": fds}
 
 
-DROP_REASONS = ("queue_full", "expired", "too_large", "no_subscribers", "acl_denied", "quota")
 
 
-def _totals(m: TenantCounters, channels, sessions, retained: int, connections_max: int) -> dict:
+def _totals(m: TenantCounters, channels, subs: int, queued: int, inflight: int, retained: int,
+            connections_max: int) -> dict:
     msgs_in, msgs_out, bytes_in, bytes_out = m.msgs_in, m.msgs_out, m.bytes_in, m.bytes_out
     q1_in, q2_in, q1_out, q2_out = m.q1_in, m.q2_in, m.q1_out, m.q2_out
     for ch in channels:
@@ -147,11 +147,6 @@ def _totals(m: TenantCounters, channels, sessions, retained: int, connections_ma
         q2_in += ch.qos_in[2]
         q1_out += ch.qos_out[1]
         q2_out += ch.qos_out[2]
-    subs = queued = inflight = 0
-    for s in sessions:
-        subs += len(s.subscriptions)
-        queued += len(s.queue)
-        inflight += len(s.inflight)
     return {
         "connections": len(channels), "connections_max": connections_max,
         "connects": m.connects, "disconnects": m.disconnects,
@@ -175,17 +170,17 @@ def add_totals(into: dict, t: dict) -> None:
             into[key] = into.get(key, 0) + value
 
 
-def snapshot(server) -> dict:
+def node_figures(server) -> dict:
     """This node's figures: TOTALS for the node and for each tenant, plus the process's."""
     b = server.broker
     tenants = {}
     node: dict = {}
-    for ns in list(b.namespaces.values()):
-        t = _totals(ns.m, ns.channels, ns.sessions.values(), len(ns.retained), ns.m.connections_max)
-        tenants[ns.name] = t
+    for f in b.router.all_figures():
+        t = _totals(f.counters, f.live, f.subscriptions, f.queued, f.inflight, f.retained, f.counters.connections_max)
+        tenants[f.name] = t
         add_totals(node, t)
     if not tenants:
-        add_totals(node, _totals(TenantCounters(), (), (), 0, 0))
+        add_totals(node, _totals(TenantCounters(), (), 0, 0, 0, 0, 0))
     st = b.stats
     node["connections_max"] = st.clients_max
     # the node's own drop counters also count what no tenant was known for

@@ -3,8 +3,13 @@
 Plain ints in slots, bumped where the node's own ``Stats`` are bumped (the
 rare paths: connects, drops, denials); messages and bytes are counted per
 connection by the channels and added in when a connection closes, so the
-per-message path pays nothing more for tenants (see ``snapshot``).
+per-message path pays nothing more for tenants (see ``node_figures``).
 """
+
+# what a tenant's messages were dropped or refused for: each is a counter below, a key of
+# the admin API's "dropped" and a label of brokerd_messages_dropped_total (the console's
+# metrics/core.py reads them from here)
+DROP_REASONS = ("queue_full", "expired", "too_large", "no_subscribers", "acl_denied", "quota")
 
 
 class TenantCounters:

@@ -3,14 +3,15 @@
 Each node exposes itself (Prometheus scrapes every node, as it would scrape
 every Mosquitto or EMQX node); ``tenant`` is a label, ``node`` too so that
 sums over a cluster read naturally. Built at scrape time from the same
-snapshot the admin API serves: nothing is counted twice.
+figures the admin API serves (``node_figures``): nothing is counted twice.
 """
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from . import DROP_REASONS, snapshot
+from . import node_figures
+from .counters import DROP_REASONS
 
 __all__ = ["CONTENT_TYPE_LATEST", "exposition", "registry_for"]
 
@@ -23,7 +24,7 @@ class NodeCollector:
         return []
 
     def collect(self):
-        snap = snapshot(self.server)
+        snap = node_figures(self.server)
         node = snap["node"]
         tenants = snap["tenants"]
 

@@ -11,11 +11,14 @@ passed in, and the few things only the transport can do are asked of the
 - ``hooks.pause_reading()`` / ``hooks.resume_reading()``.
 
 Decisions that need the rest of the broker (authentication, the session,
-routing, subscriptions) go to ``broker``, a plain object with synchronous
-methods (see :class:`brokerd.broker.Broker`): ``connect``, ``publish``,
-``subscribe``, ``unsubscribe``, ``channel_closed``. The broker answers a
-CONNECT by calling ``accept`` or ``refuse`` -- possibly later, in which case
-packets that follow the CONNECT wait, and reading is paused.
+routing, subscriptions, durability, node-wide budgets) go to ``broker``, an
+object with synchronous methods declared in :class:`brokerd.protocol.ports.ChannelBroker`
+-- exactly what a channel uses, nothing else (``brokerd.broker.Broker``
+implements it). The broker answers a CONNECT by calling ``accept`` or
+``refuse`` -- possibly later, in which case packets that follow the CONNECT
+wait, and reading is paused. The outgoing QoS 1/2 flows (the inflight
+window, packet ids, PUBACK/PUBREC/PUBCOMP) are the session's
+(:class:`brokerd.session.session.Session`): the channel moves bytes and asks it.
 """
 
 from collections import deque
@@ -57,6 +60,9 @@ from .packets import (
     Suback,
     Unsuback,
 )
+from .ports import ChannelBroker, TransportHooks
+from .properties import NEVER
+from .reason import STORE_UNAVAILABLE
 
 # channel states
 NEW, CONNECTING, CONNECTED, CLOSED = 0, 1, 2, 3
@@ -64,11 +70,7 @@ NEW, CONNECTING, CONNECTED, CLOSED = 0, 1, 2, 3
 # a client over its inbound rate for this long is disconnected (0x96)
 ABUSE_SECONDS = 10.0
 
-# ack reason when the session store could not make a message durable
-STORE_UNAVAILABLE = rc.IMPLEMENTATION_SPECIFIC_ERROR
-
 _PINGRESP = b"\xd0\x00"
-NEVER = 0xFFFFFFFF
 
 # Reason codes a server may put in DISCONNECT (MQTT 5.0 section 3.14.2.1); a
 # peer error with any other code is reported as 0x82 Protocol Error.
@@ -98,18 +100,6 @@ class ChannelLimits:
     max_alias_bytes: int = 64 * 1024   # topic characters behind the aliases we set towards one client
 
 
-class PreauthBudget:
-    """Bytes the node holds for connections that have not sent a whole CONNECT
-    (their incomplete CONNECTs), shared by every channel: plain counters."""
-
-    __slots__ = ("used", "limit", "refused")
-
-    def __init__(self, limit: int):
-        self.used = 0
-        self.limit = limit
-        self.refused = 0           # connections closed because their bytes would have passed ``limit``
-
-
 class Channel:
     __slots__ = (
         "broker", "limits", "hooks", "peer", "listener", "decoder", "out", "state", "version",
@@ -122,8 +112,8 @@ class Channel:
         "__weakref__",
     )
 
-    def __init__(self, broker, limits: ChannelLimits, hooks, now: float = 0.0, peer: str = "",
-                 listener: str = ""):
+    def __init__(self, broker: ChannelBroker, limits: ChannelLimits, hooks: TransportHooks, now: float = 0.0,
+                 peer: str = "", listener: str = ""):
         self.broker = broker
         self.limits = limits
         self.hooks = hooks
@@ -176,7 +166,7 @@ class Channel:
         self.qos_in = [0, 0, 0]         # PUBLISHes at QoS 1 and 2 (index 0 unused: QoS 0 = msgs - the others)
         self.qos_out = [0, 0, 0]
         self.paced = 0                  # times its input was paused because its messages filled the queue budget
-        self._preauth = 0               # bytes of an incomplete CONNECT charged to the broker's PreauthBudget
+        self._preauth = 0               # bytes of an incomplete CONNECT charged to the node's pre-auth budget
         self.alias_bytes = 0            # topic characters behind out_aliases
 
     def __repr__(self):
@@ -251,11 +241,8 @@ class Channel:
         before = self._preauth
         if held == before:
             return
-        budget = self.broker.preauth
-        budget.used += held - before
         self._preauth = held
-        if held > before and budget.used > budget.limit:
-            budget.refused += 1
+        if not self.broker.preauth_charge(held - before):
             self._preauth_release()
             self.close_reason = (rc.SERVER_BUSY, "the node holds too many unauthenticated bytes")
             self.state = CLOSED
@@ -263,7 +250,7 @@ class Channel:
 
     def _preauth_release(self) -> None:
         if self._preauth:
-            self.broker.preauth.used -= self._preauth
+            self.broker.preauth_charge(-self._preauth)
             self._preauth = 0
 
     # A client over its inbound rate is slowed before anything is dropped: the
@@ -618,32 +605,28 @@ class Channel:
         out.append(data)
 
     def _on_puback(self, p, now):
-        inflight = self.session.inflight
-        d = inflight.get(p.packet_id)
-        if d is not None and d.qos == 1:
-            del inflight[p.packet_id]
+        session = self.session
+        d = session.puback(p.packet_id)
+        if d is not None:
             if d.entry:
-                self.broker.acked(self.session, d)
-            if self.session.queue:
+                self.broker.acked(session, d)
+            if session.queue:
                 self._pump(now)
 
     def _on_pubrec(self, p, now):
-        inflight = self.session.inflight
-        d = inflight.get(p.packet_id)
-        if d is None or d.qos != 2:
+        session = self.session
+        d, released = session.pubrec(p.packet_id, p.reason_code)
+        if d is None:
             self._send_ack(PUBREL, p.packet_id, rc.PACKET_IDENTIFIER_NOT_FOUND)
             return
         if p.reason_code >= 0x80:
-            del inflight[p.packet_id]
             if d.entry:
-                self.broker.acked(self.session, d)
-            if self.session.queue:
+                self.broker.acked(session, d)
+            if session.queue:
                 self._pump(now)
             return
-        if d.state != 1:
-            d.state = 1
-            if d.entry:
-                self.broker.released(self.session, d)
+        if released and d.entry:
+            self.broker.released(session, d)
         self._send_ack(PUBREL, p.packet_id, 0)
 
     def _on_pubrel(self, p, now):
@@ -660,13 +643,12 @@ class Channel:
             self._queue_ack(PUBCOMP, pid, rc.PACKET_IDENTIFIER_NOT_FOUND)
 
     def _on_pubcomp(self, p, now):
-        inflight = self.session.inflight
-        d = inflight.get(p.packet_id)
-        if d is not None and d.qos == 2 and d.state == 1:
-            del inflight[p.packet_id]
+        session = self.session
+        d = session.pubcomp(p.packet_id)
+        if d is not None:
             if d.entry:
-                self.broker.acked(self.session, d)
-            if self.session.queue:
+                self.broker.acked(session, d)
+            if session.queue:
                 self._pump(now)
 
     # ---------------------------------------------------- subscribe / unsubscribe
@@ -778,11 +760,7 @@ class Channel:
         if msg.expiry_at is not None and now > msg.expiry_at:
             self.broker.discarded(session, d, True)
             return
-        pid = d.pid
-        if pid:
-            session.reserved.discard(pid)     # reserved when it was stored
-        else:
-            pid = d.pid = session.allocate_pid()
+        pid = session.take_pid(d)
         if self._write_publish(msg, d.qos, d.retain, pid, d.dup, d.sub_ids, now):
             session.inflight[pid] = d
         elif d.entry:
@@ -795,11 +773,10 @@ class Channel:
         inflight = session.inflight
         window = self.send_window
         limit = self.max_pending
-        journal = self.broker.journal
-        committed = journal.committed if journal is not None else None
+        committed = self.broker.committed_generation()
         while queue and not self.congested and self.pending <= limit and not self.shaping:
             if committed is not None and queue.peek().gen > committed:
-                self.broker.gated.add(self)       # its write is not durable yet
+                self.broker.gate(self)            # its write is not durable yet
                 break
             if len(inflight) >= window:
                 # QoS 0 messages may still go out past a full window, unless
@@ -924,12 +901,11 @@ class Channel:
         if congested == self.congested:
             return
         self.congested = congested
-        budget = self.broker.budget
         if congested:
-            budget.add(self.max_pending)
+            self.broker.congestion(self.max_pending)
             self.blocked = True
         else:
-            budget.add(-self.max_pending)
+            self.broker.congestion(-self.max_pending)
             if self.state == CONNECTED:
                 self._pump(now)
 
@@ -992,7 +968,7 @@ class Channel:
         self._preauth_release()
         if self.congested:
             self.congested = False
-            self.broker.budget.add(-self.max_pending)
+            self.broker.congestion(-self.max_pending)
         if self.state == CLOSED:
             return
         was_connecting = self.state in (NEW, CONNECTING)
@@ -1039,4 +1015,5 @@ _HANDLERS[AUTH] = Channel._on_auth
 for _t in (2, 9, 11, 13):  # CONNACK, SUBACK, UNSUBACK, PINGRESP
     _HANDLERS[_t] = Channel._on_server_only
 
-__all__ = ["CLOSED", "CONNECTED", "CONNECTING", "NEW", "Channel", "ChannelLimits", "MalformedPacket", "PreauthBudget"]
+__all__ = ["CLOSED", "CONNECTED", "CONNECTING", "NEVER", "NEW", "STORE_UNAVAILABLE", "Channel", "ChannelLimits",
+           "MalformedPacket"]

@@ -87,3 +87,7 @@ FORWARDED = frozenset({PAYLOAD_FORMAT_INDICATOR, MESSAGE_EXPIRY_INTERVAL, CONTEN
                        CORRELATION_DATA, USER_PROPERTY})
 # Properties a server drops from acks when the client set Request Problem Information = 0.
 PROBLEM_INFORMATION = frozenset({REASON_STRING, USER_PROPERTY})
+
+# Session Expiry Interval that never ends (MQTT 5.0 3.1.2.11.2); also the cap of every
+# other u32 interval
+NEVER = 0xFFFFFFFF

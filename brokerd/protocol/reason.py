@@ -15,6 +15,9 @@ UNSPECIFIED_ERROR = 0x80
 MALFORMED_PACKET = 0x81
 PROTOCOL_ERROR = 0x82
 IMPLEMENTATION_SPECIFIC_ERROR = 0x83
+# the ack of a message the session store could not make durable (v5 with a reason string;
+# 3.x clients, which have no negative ack, are disconnected instead)
+STORE_UNAVAILABLE = IMPLEMENTATION_SPECIFIC_ERROR
 UNSUPPORTED_PROTOCOL_VERSION = 0x84
 CLIENT_IDENTIFIER_NOT_VALID = 0x85
 BAD_USERNAME_OR_PASSWORD = 0x86

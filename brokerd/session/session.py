@@ -8,14 +8,11 @@ was away or while its inflight window was full.
 
 from collections import deque
 
+from ..budget import QUEUED_OVERHEAD, MemoryBudget
+
 # Delivery states in the outgoing inflight window
 AWAIT_ACK = 0   # PUBLISH sent, waiting for PUBACK (QoS 1) or PUBREC (QoS 2)
 AWAIT_COMP = 1  # PUBREL sent, waiting for PUBCOMP (QoS 2)
-
-NEVER = 0xFFFFFFFF
-# Memory a queued message costs beyond its payload (Delivery, queue entry and
-# its share of the Publish object), charged to the node's MemoryBudget.
-QUEUED_OVERHEAD = 256
 
 
 class Subscription:
@@ -56,36 +53,6 @@ class Delivery:
 
     def __repr__(self):
         return f"Delivery({self.msg.topic!r}, qos={self.qos}, pid={self.pid})"
-
-
-class MemoryBudget:
-    """Bytes held for delivery across every session of a node.
-
-    Queues (and congested connections) ``add`` their bytes here. With a
-    ``limit``, every addition calls ``on_add`` at once, from inside the
-    enqueue -- the transport uses it to learn which connections' messages
-    are being queued -- and an addition above ``limit`` trips the budget
-    first, so that the transport stops reading from those connections in the
-    same event-loop iteration; the transport clears ``tripped`` once it has
-    seen the queues drain to ``half`` (see ``brokerd.server.Server``).
-    """
-
-    __slots__ = ("used", "limit", "half", "tripped", "on_add")
-
-    def __init__(self, limit: int = 0, on_add=None):
-        self.used = 0
-        self.limit = limit
-        self.half = limit // 2
-        self.tripped = False
-        self.on_add = on_add
-
-    def add(self, delta: int) -> None:
-        used = self.used = self.used + delta
-        if delta > 0 and self.limit:
-            if used > self.limit:
-                self.tripped = True
-            if self.on_add is not None:
-                self.on_add()
 
 
 _NONE = ()      # an empty queue before its first message: falsy, len 0, no deque allocated
@@ -218,7 +185,7 @@ class Session:
         self.queue = MessageQueue(max_queued, max_queued_bytes)
         self.budget = budget                       # charged with the queue while connected
         self.awaiting_rel: set[int] = set()       # incoming QoS 2 packet ids before PUBREL
-        self.expiry_interval = expiry_interval     # seconds; NEVER = does not expire
+        self.expiry_interval = expiry_interval     # seconds; properties.NEVER = does not expire
         self.channel = None                        # the connected Channel, if any
         self.next_pid = 1
         self.expires_at: float | None = None       # set while disconnected
@@ -251,3 +218,47 @@ class Session:
                 return pid
             pid = pid + 1 if pid < 65535 else 1
         raise RuntimeError("no free packet identifier")
+
+    # The outgoing QoS 1/2 flows (MQTT 5.0 4.3.2-4.3.3), the session's as in
+    # EMQX's emqx_session: the channel sends what these decide.
+
+    def take_pid(self, d: Delivery) -> int:
+        """The packet id ``d`` goes out under: the one reserved for it when it was
+        stored, else a free one."""
+        pid = d.pid
+        if pid:
+            self.reserved.discard(pid)
+        else:
+            pid = d.pid = self.allocate_pid()
+        return pid
+
+    def puback(self, pid: int) -> Delivery | None:
+        """PUBACK: the QoS 1 delivery it completes (out of the window), or None."""
+        d = self.inflight.get(pid)
+        if d is None or d.qos != 1:
+            return None
+        del self.inflight[pid]
+        return d
+
+    def pubrec(self, pid: int, code: int) -> tuple[Delivery | None, bool]:
+        """PUBREC: (the QoS 2 delivery or None for an id not in that flow,
+        whether PUBREL became owed now). A refusal (``code`` >= 0x80) ends
+        the delivery: it leaves the window."""
+        d = self.inflight.get(pid)
+        if d is None or d.qos != 2:
+            return None, False
+        if code >= 0x80:
+            del self.inflight[pid]
+            return d, False
+        if d.state == AWAIT_ACK:
+            d.state = AWAIT_COMP
+            return d, True
+        return d, False
+
+    def pubcomp(self, pid: int) -> Delivery | None:
+        """PUBCOMP: the QoS 2 delivery it completes (out of the window), or None."""
+        d = self.inflight.get(pid)
+        if d is None or d.qos != 2 or d.state != AWAIT_COMP:
+            return None
+        del self.inflight[pid]
+        return d

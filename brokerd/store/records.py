@@ -74,7 +74,7 @@ def unpack_props(blob, kind=P.PUBLISH) -> dict | None:
     if not blob:
         return None
     blob = bytes(blob)
-    props, _ = codec._properties(blob, 0, len(blob), kind)
+    props, _ = codec.decode_properties(blob, 0, len(blob), kind)
     return props
 
 
@@ -100,7 +100,7 @@ def unpack_will(blob) -> Will | None:
     pl = int.from_bytes(blob[i:i + 4], "big")
     payload = blob[i + 4:i + 4 + pl]
     i += 4 + pl
-    props, _ = codec._properties(blob, i, len(blob), P.WILL)
+    props, _ = codec.decode_properties(blob, i, len(blob), P.WILL)
     return Will(topic, payload, flags & 3, bool(flags & 4), props)
 
 

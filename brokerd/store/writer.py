@@ -96,7 +96,7 @@ class StoreWriter:
                 journal.error = None
             journal.committed = gen
             try:
-                self.broker.committed(gen, self.loop.time())
+                self.broker.commit_done(gen, self.loop.time())
             except Exception:
                 log.exception("sending after commit failed")
             self._call(waiters, True)

@@ -9,13 +9,14 @@ event-loop iteration leaves in one ``transport.write``.
 import asyncio
 import logging
 
+from ..budget import PAUSE_BUDGET as _BUDGET
 from ..protocol.channel import Channel
 
 log = logging.getLogger("brokerd.connection")
 
 # Why reading from a connection is paused (a bit each; reading resumes when none is left).
 PAUSE_CONNECT = 1    # the broker is still deciding on the CONNECT
-PAUSE_BUDGET = 2     # the node's queue budget is exceeded and this connection publishes
+PAUSE_BUDGET = _BUDGET  # the node's queue budget is exceeded and this connection publishes (brokerd.budget)
 PAUSE_RATE = 4       # the client is over its tenant's inbound rate
 
 
@@ -111,11 +112,11 @@ class MqttConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         server = self.server
-        server.reading = self          # whose PUBLISHes fill the queues, for the queue budget
+        server.pacer.reading = self          # whose PUBLISHes fill the queues, for the queue budget
         try:
             self.channel.receive_data(data, self.time())
         finally:
-            server.reading = None
+            server.pacer.reading = None
 
     def eof_received(self):
         return False
@@ -198,11 +199,11 @@ class MqttConnection(asyncio.Protocol):
         if self.closed:
             return
         server = self.server
-        server.reading = self
+        server.pacer.reading = self
         try:
             self.channel.resume_input(self.time())
         finally:
-            server.reading = None
+            server.pacer.reading = None
         if self.rate_timer is None:          # the channel did not have to wait again
             self.resume_reading(PAUSE_RATE)
 

@@ -36,7 +36,7 @@ class WsMqttConnection(MqttConnection):
 
     def data_received(self, data: bytes) -> None:
         ws = self.ws
-        self.server.reading = self
+        self.server.pacer.reading = self
         try:
             ws.receive_data(data)
             for event in ws.events():
@@ -62,7 +62,7 @@ class WsMqttConnection(MqttConnection):
             self.closed = True
             self.transport.close()
         finally:
-            self.server.reading = None
+            self.server.pacer.reading = None
 
     def _handshake(self, req: Request) -> None:
         path = req.target.split("?", 1)[0]

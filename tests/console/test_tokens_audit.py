@@ -16,7 +16,7 @@ from django.test import Client
 from django.urls import get_resolver
 from django.utils import timezone
 
-from brokerd.admin.server import AdminTokens
+from brokerd.admin.endpoints import AdminTokens
 from console.models import ApiToken, hash_token
 from core.models import AuditEvent
 from tenants import services

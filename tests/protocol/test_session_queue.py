@@ -8,7 +8,7 @@ from brokerd.protocol.packets import Publish
 from brokerd.session.session import Delivery, MessageQueue, Session
 
 try:
-    from brokerd.session.session import MemoryBudget
+    from brokerd.budget import MemoryBudget
 except ImportError:  # pragma: no cover - older tree without the node-wide budget
     MemoryBudget = None
 

@@ -3,8 +3,9 @@ built on them: a namespace's route cache and a client's ACL verdicts (issue 16).
 
 import gc
 
-from brokerd.broker import ROUTE_CACHE_BYTES, Broker
+from brokerd.broker import Broker
 from brokerd.routing.cache import MAX_CACHED_TOPIC, STR_COST, CacheBudget, TopicCache, topic_cost
+from brokerd.routing.router import ROUTE_CACHE_BYTES
 from brokerd.tenancy.acl import ACL_CACHE_BYTES, ClientAcl
 
 

@@ -3,7 +3,7 @@ row, in the console's database (table ``metrics_sample``, the Django model
 ``metrics.models.Sample``) -- written by each node for itself with plain SQL,
 as the audit log is (brokerd never imports Django).
 
-Every minute (on the wall clock's minute) the node takes a snapshot, writes
+Every minute (on the wall clock's minute) the node reads its figures, writes
 what changed since the previous one (messages, bytes, connects, drops,
 rejections) and the most connections seen at once (checked every few
 seconds), and adds the same figures into the hour's row (an upsert). Once an
@@ -17,7 +17,7 @@ import datetime
 import logging
 import time
 
-from . import snapshot
+from . import node_figures
 
 log = logging.getLogger("brokerd.metrics")
 
@@ -55,7 +55,7 @@ class History:
         self.rows_written = 0
 
     def start(self) -> None:
-        self._take(snapshot(self.server), first=True)
+        self._take(node_figures(self.server), first=True)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="metrics-history")
 
     async def stop(self) -> None:
@@ -94,8 +94,8 @@ class History:
                     break
                 await asyncio.sleep(min(left, self.peek))
                 if end - time.time() > 0:
-                    self._watch_peaks(snapshot(self.server))
-            rows = self._take(snapshot(self.server))
+                    self._watch_peaks(node_figures(self.server))
+            rows = self._take(node_figures(self.server))
             minute = datetime.datetime.fromtimestamp(end - self.interval, datetime.UTC)
             try:
                 await asyncio.to_thread(self.write, minute, rows)

@@ -117,7 +117,7 @@ def cluster_metrics(nodes: list[dict]) -> dict:
 PUBLIC = ("/healthz", "/openapi.json")
 
 
-class AdminServer:
+class AdminApi:
     def __init__(self, server, host: str, port: int, tokens: AdminTokens, audit=None,
                  limits: HttpLimits | None = None):
         self.server = server
@@ -212,7 +212,7 @@ class AdminServer:
                 nodes += await self._gather(req, "nodes")
             return json_response(200, {"items": sorted(nodes, key=lambda n: n["id"])})
         if parts == ["metrics"] and m == "GET":
-            nodes = [metrics.snapshot(self.server)]
+            nodes = [metrics.node_figures(self.server)]
             if not local:
                 nodes += await self._gather(req, "metrics")
             nodes.sort(key=lambda n: n["node"])
@@ -274,8 +274,7 @@ class AdminServer:
                 return json_response(200, api.paginate(api.retained_list(b, tenant, req.query.get("prefix", "")),
                                                        req.query))
             if m == "GET":
-                ns = b.namespaces.get(tenant)
-                msg = ns.retained.get(topic) if ns is not None else None
+                msg = b.router.retained_message(tenant, topic)
                 if msg is None:
                     raise ApiError(404, "no retained message on that topic")
                 return json_response(200, api.retained_view(tenant, topic, msg, b.wall_offset))
@@ -284,8 +283,7 @@ class AdminServer:
                     raise ApiError(400, "'topic' query parameter required")
                 if topic.startswith("$"):
                     raise ApiError(400, api.DOLLAR_TOPIC)
-                ns = b.namespaces.get(tenant)
-                msg = ns.retained.get(topic) if ns is not None else None
+                msg = b.router.retained_message(tenant, topic)
                 before = api.retained_view(tenant, topic, msg, b.wall_offset) if msg is not None else None
                 if not api.retained_delete(b, tenant, topic, now):
                     raise ApiError(404, "no retained message on that topic")
@@ -317,11 +315,10 @@ class AdminServer:
         if self.server.policy_source is not None:
             return tenant in self.broker.auth.policies or (config.allow_anonymous and
                                                             tenant == config.anonymous_tenant)
-        return tenant == config.anonymous_tenant or tenant in self.broker.namespaces
+        return tenant == config.anonymous_tenant or self.broker.router.has_tenant(tenant)
 
     def _here(self, tenant: str, cid: str) -> bool:
-        ns = self.broker.namespaces.get(tenant)
-        return ns is not None and cid in ns.sessions
+        return self.broker.router.session(tenant, cid) is not None
 
     def _peers(self) -> dict[str, str]:
         cluster = self.server.cluster

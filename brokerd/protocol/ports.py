@@ -1,0 +1,111 @@
+"""What a :class:`~brokerd.protocol.channel.Channel` needs from the rest of
+the node, declared (the ports of a sans-IO core, as in aioquic and h11).
+
+A channel talks to exactly two collaborators:
+
+- ``hooks`` (:class:`TransportHooks`): what only the transport can do --
+  write soon, close, stop and resume reading, wait;
+- ``broker`` (:class:`ChannelBroker`): every decision that needs the rest of
+  the node -- authentication and the session (``connect``), routing a
+  PUBLISH, subscriptions, the store's durability, the node-wide budgets and
+  the counters of what was dropped.
+
+Nothing else of the broker is reached from a channel: the channel never
+reads the broker's attributes or writes into its sets. ``brokerd.broker.Broker``
+implements ``ChannelBroker`` (``tests/protocol/test_ports.py`` checks that it
+has every method, with these names); a test can give a channel any object that
+does.
+"""
+
+from typing import Protocol
+
+
+class TransportHooks(Protocol):
+    def wake(self) -> None:
+        """``channel.out`` went from empty to non-empty: flush it this iteration."""
+
+    def close(self) -> None:
+        """Flush ``channel.out``, then close the connection."""
+
+    def pause_reading(self, why: int = ...) -> None: ...
+
+    def resume_reading(self, why: int = ...) -> None: ...
+
+    def throttle(self, wait: float) -> None:
+        """Over the inbound rate: read nothing for ``wait`` s, then ``channel.resume_input``."""
+
+    def throttle_output(self, wait: float) -> None:
+        """Over the outbound rate: ``channel.resume_output`` in ``wait`` s."""
+
+
+class ChannelBroker(Protocol):
+    # ------------------------------------------------------------ connection
+    def admit(self, channel, now: float) -> tuple[int, str] | None:
+        """Before decoding anything: (reason code, reason) to refuse the
+        connection with (the failed-login throttle of its address), or None."""
+
+    def preauth_charge(self, delta: int) -> bool:
+        """Bytes of an incomplete CONNECT held (+) or let go (-); False when
+        holding ``delta`` more passes the node's pre-authentication budget."""
+
+    def connect(self, channel, connect, now: float) -> None:
+        """Decide a CONNECT: the broker calls ``channel.accept`` or ``channel.refuse``, maybe later."""
+
+    def connect_aborted(self, channel) -> None:
+        """The channel closed while its CONNECT was being decided."""
+
+    def channel_closed(self, channel, now: float, will: bool) -> None:
+        """An accepted channel closed (``will``: its will follows the usual rules)."""
+
+    # ------------------------------------------------------------- messages in
+    def publish(self, msg, channel, now: float, rel: int = 0) -> int | None:
+        """Route a client's PUBLISH; -> the ack's reason code, or None when the
+        ack waits (``channel.publish_done`` follows). ``rel``: a QoS 2 id kept until PUBREL."""
+
+    def rel_done(self, session, pid: int, fn) -> bool:
+        """A QoS 2 id was released; True when PUBCOMP must wait for ``fn(ok)`` (the store)."""
+
+    def dropped(self, channel, msg, code: int) -> None:
+        """A PUBLISH refused by the channel itself (e.g. a payload that is not UTF-8)."""
+
+    # ------------------------------------------------------------ subscriptions
+    def subscribe(self, channel, requests: list, sub_id: int | None, props, now: float) -> tuple[list, list]:
+        """-> (reason codes, [(retained message, qos, subscription ids)] to send after SUBACK)."""
+
+    def unsubscribe(self, channel, filters: list, now: float) -> list:
+        """-> reason codes."""
+
+    def durable_pending(self, session) -> bool:
+        """Must the ack of what just changed in ``session`` wait for the store?"""
+
+    def after_commit(self, fn) -> None:
+        """``fn(ok)`` once what was written so far is durable."""
+
+    # ------------------------------------------------------------ messages out
+    def committed_generation(self) -> int | None:
+        """The last journal batch known durable, or None without a store: a
+        queued stored delivery with a later ``gen`` must not be sent yet."""
+
+    def gate(self, channel) -> None:
+        """``channel`` holds a stored delivery that waits for a commit: ``resume_output`` after it."""
+
+    def acked(self, session, delivery) -> None:
+        """The client acknowledged (or can never get) a stored delivery."""
+
+    def released(self, session, delivery) -> None:
+        """QoS 2 PUBREC of a stored delivery: PUBREL is owed now."""
+
+    def queue_dropped(self, session, dropped: list) -> None:
+        """The session's queue was full: these deliveries were dropped."""
+
+    def discarded(self, session, delivery, expired: bool) -> None:
+        """A queued delivery left unsent: expired, or too large for the client."""
+
+    def expired(self, channel, msg) -> None:
+        """A QoS 0 message expired before it could be sent."""
+
+    def too_large(self, channel, msg) -> None:
+        """A message above the client's Maximum Packet Size was not sent."""
+
+    def congestion(self, delta: int) -> None:
+        """Bytes a congested connection holds (+) or let go (-), for the node's queue budget."""

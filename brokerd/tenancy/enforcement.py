@@ -1,0 +1,167 @@
+"""Tenancy on live clients: their ACL, quotas and rate limits, re-checked
+when the console changes a tenant's policy, and their credentials' expiry.
+
+The control plane (``control.TenantControl``) says what a client may do;
+this module applies it to what the node holds: a connecting client gets its
+ACL, quota and limiters; a resumed session's subscriptions are checked
+against the client's ACL of now (those refused are removed, those granted in
+part are checked on each delivery); a policy change disconnects clients whose
+credentials are no longer valid and re-checks every session of the tenant;
+a deleted tenant's sessions and retained messages go. Pure: ``now`` and the
+wall clock come from the caller.
+"""
+
+from typing import Protocol
+
+from ..protocol import reason as rc
+from ..protocol.packets import Publish
+from .control import Identity
+
+
+class EnforcementBroker(Protocol):
+    """What enforcement reaches, through the broker."""
+
+    auth: object            # TenantControl (or the broker's AnonymousAuth)
+    router: object          # brokerd.routing.router.Router
+    registry: object        # brokerd.registry.ClientRegistry: end_session
+    persist: object         # brokerd.persistence.Persistence, or None
+    acct: object            # brokerd.metrics.accounting.Accounting
+    limits: object
+    wall_offset: float
+
+
+class Enforcement:
+    def __init__(self, broker: EnforcementBroker, anonymous_tenant: str):
+        self.b = broker
+        self.anonymous_tenant = anonymous_tenant
+        self.expiring: set = set()          # channels whose credential expires while connected
+
+    # ------------------------------------------------------------ connections
+
+    def connected(self, channel, session, identity, policy, quota, present: bool, now: float) -> None:
+        """A CONNECT is accepted into ``session``: the client's ACL, quota and
+        rate limits; a resumed session re-checked against that ACL."""
+        auth = self.b.auth
+        device = identity.device if identity is not None else None
+        channel.acl = acl = auth.client_acl(identity, session.client_id) if identity is not None else None
+        channel.quota = quota
+        channel.limit_in, channel.limit_out = auth.limiters(session.ns.name, now)
+        if present and (session.device != device or acl is not None or session.read_acl is not None):
+            session.device = device
+            self.reauthorize(session, acl)
+        session.device = device
+        expires = credential_expiry(identity, policy)
+        if expires is not None:
+            channel.valid_until = expires
+            self.expiring.add(channel)
+
+    def closed(self, channel) -> None:
+        self.expiring.discard(channel)
+
+    def tick(self, now: float) -> None:
+        """Disconnect clients whose credential expired while they were connected."""
+        if not self.expiring:
+            return
+        wall = now + self.b.wall_offset
+        for ch in [c for c in self.expiring if c.valid_until is not None and c.valid_until <= wall]:
+            self.expiring.discard(ch)
+            self.b.acct.stats.revoked += 1
+            ch.disconnect(rc.NOT_AUTHORIZED, "credential expired", now)
+
+    # ---------------------------------------------------------------- sessions
+
+    def reauthorize(self, session, acl) -> None:
+        """Check a session's subscriptions against the client's (new) ACL:
+        those now refused are removed, those allowed in part are checked on
+        each delivery."""
+        b = self.b
+        session.read_acl = None
+        ns = session.ns
+        for sub in list(session.subscriptions.values()):
+            if acl is None:
+                sub.check = False
+                continue
+            inner = sub.filter if sub.group is None else sub.filter.split("/", 2)[2]
+            if inner.startswith("$SYS"):
+                continue                          # system-topic settings, not the ACL
+            granted, check = acl.subscribe(inner)
+            if not granted:
+                del session.subscriptions[sub.filter]
+                b.router.remove(ns, session, sub)
+                if session.durable:
+                    b.persist.unsubscribed(session, ns.name, sub.filter)
+                continue
+            sub.check = check
+            if check:
+                session.read_acl = acl
+        ns.cache.clear()
+
+    def reauthorize_all(self) -> None:
+        """After start-up: restored sessions get their clients' ACLs."""
+        auth = self.b.auth
+        for tenant, session in self.b.router.sessions():
+            if session.device is None and tenant != self.anonymous_tenant:
+                continue                     # device unknown: judged when it reconnects
+            acl = auth.client_acl(Identity(tenant, session.device), session.client_id)
+            if acl is not None:
+                self.reauthorize(session, acl)
+
+    def policy_changed(self, tenant: str, old, new, now: float, wall: float) -> None:
+        """A tenant's policy changed in the console: enforce it on live clients
+        and stored sessions now."""
+        b = self.b
+        ns = b.router.namespaces.get(tenant)
+        if ns is None:
+            return
+        auth = b.auth
+        for ch in list(ns.channels):
+            reason = auth.still_valid(ch.identity, wall) if ch.identity is not None else None
+            if reason is not None:
+                b.acct.stats.revoked += 1
+                ch.disconnect(rc.NOT_AUTHORIZED, reason, now)
+                continue
+            ch.acl = auth.client_acl(ch.identity, ch.client_id) if ch.identity is not None else None
+            ch.quota = new.quota if new is not None and new.quota else None
+            ch.limit_in, ch.limit_out = auth.limiters(tenant, now)
+            expires = credential_expiry(ch.identity, new)
+            ch.valid_until = expires
+            if expires is not None:
+                self.expiring.add(ch)
+            else:
+                self.expiring.discard(ch)
+        if new is None:
+            self._tenant_deleted(ns, now)
+            return
+        limits = b.limits
+        for session in list(ns.sessions.values()):
+            ch = session.channel
+            if ch is not None:
+                acl = ch.acl
+            elif session.device is None and tenant != self.anonymous_tenant:
+                continue                         # device unknown: judged when it reconnects
+            else:
+                acl = auth.client_acl(Identity(tenant, session.device), session.client_id)
+            self.reauthorize(session, acl)
+            max_queued = new.quota.get("max_queued")
+            session.queue.max_len = limits.max_queued if max_queued is None else min(limits.max_queued, max_queued)
+
+    def _tenant_deleted(self, ns, now: float) -> None:
+        """Its sessions and retained messages go too."""
+        b = self.b
+        for session in list(ns.sessions.values()):
+            b.registry.end_session(session, now)
+        for topic, _ in list(ns.retained.items()):
+            ns.retained.delete(topic)
+            if b.persist is not None:
+                b.persist.retained(ns.name, Publish(topic, b"", 0, True))
+
+
+def credential_expiry(identity, policy) -> float | None:
+    """Wall-clock time the client's credential expires, if it does."""
+    if identity is None or identity.credential is None or policy is None:
+        return None
+    dev = policy.devices.get(identity.device)
+    for cred in dev.credentials if dev is not None else ():
+        if cred.id == identity.credential:
+            return cred.expires_at
+    return None
