@@ -17,7 +17,10 @@ import tomllib
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from .cluster.handshake import MIN_SECRET
 from .protocol.properties import NEVER
+from .store import open_store
+from .tenancy.source import PolicyDatabase
 
 SCHEMES = {"mqtt": 1883, "mqtts": 8883, "ws": 8083, "wss": 8084}
 
@@ -163,8 +166,6 @@ class Config:
             raise ConfigError("--log-format must be text or json")
         if self.shared_subscription_strategy not in ("round_robin", "random"):
             raise ConfigError("--shared-subscription-strategy must be round_robin or random")
-        from .store import open_store
-
         try:
             open_store(self.store)
         except (ValueError, ImportError) as exc:
@@ -193,8 +194,6 @@ class Config:
             if not host or not port.isdigit():
                 raise ConfigError("--server-reference must be HOST:PORT")
         if self.control_plane:
-            from .tenancy.source import PolicyDatabase
-
             try:
                 PolicyDatabase(self.control_plane)
             except ValueError as exc:
@@ -205,8 +204,6 @@ class Config:
     def _validate_link_credentials(self) -> None:
         """A node joins a cluster only with a credential for its links: nothing
         another node sends is acted on unless it proves the same one."""
-        from .cluster.handshake import MIN_SECRET
-
         tls = (self.cluster_tls_cert, self.cluster_tls_key, self.cluster_tls_ca)
         if any(tls) and not all(tls):
             raise ConfigError("mutual TLS on the cluster links needs all of --cluster-tls-cert, --cluster-tls-key "

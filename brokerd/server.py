@@ -24,7 +24,7 @@ from .admin.http import HttpLimits
 from .broker import Broker, BrokerConfig
 from .budget import QueuePacer
 from .cluster.node import ClusterError, ClusterNode
-from .config import Config, Listener
+from .config import Config, ConfigError, Listener, load
 from .metrics import LatencySampler, LoopMonitor
 from .metrics.history_writer import History
 from .metrics.usage import UsageLog
@@ -401,8 +401,6 @@ async def serve(config: Config) -> None:
 
 
 def main(argv=None) -> int:
-    from .config import ConfigError, load
-
     try:
         config = load(argv)
     except ConfigError as exc:

@@ -16,6 +16,13 @@ add a row; to check another package (brokerd), add it to ``SCANNED``.
 ``LAZY`` lists the imports between project modules made inside functions,
 each with its reason (none of them may exist to break a circle).
 
+brokerd has its own layers (DESIGN.md, README *How it is built*): the
+protocol core is sans-IO -- no asyncio, no clock, no sockets, no storage --
+and so are the session, the router and the broker; only ``transports``,
+``cluster``, ``admin``, ``store`` and ``server`` do I/O; nothing in brokerd
+imports Django or the console's apps (it reads the console's tables with
+plain SQL, ``tenancy/source.py``).
+
 Templates stand in the same floors (``templates/<app>/``): an app's templates
 include, extend and load tag libraries only from the apps its code may import.
 """
@@ -31,8 +38,14 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 DJANGO_APPS = ("core", "tenants", "metrics", "spark_reports", "console")
-SCANNED = DJANGO_APPS
-ACYCLIC = DJANGO_APPS
+SCANNED = DJANGO_APPS + ("brokerd",)
+ACYCLIC = DJANGO_APPS + ("brokerd",)
+
+# what brokerd's pure layers may not reach: I/O, the clock, and the layers that do I/O
+IO = ("asyncio", "uvloop", "socket", "ssl", "selectors", "time", "sqlite3", "happybase", "redis", "psycopg", "h11",
+      "wsproto", "brokerd.transports", "brokerd.cluster", "brokerd.admin", "brokerd.store", "brokerd.server",
+      "brokerd.persistence")
+DJANGO_SIDE = ("django", "channels", "celery", "console", "core", "tenants", "metrics", "spark_reports")
 
 
 @dataclass(frozen=True)
@@ -48,12 +61,27 @@ RULES = [
     Rule("tenants", ("console",), "console is the top floor"),
     Rule("metrics", ("console",), "console is the top floor"),
     Rule("spark_reports", ("console",), "console is the top floor"),
+    Rule("brokerd", DJANGO_SIDE, "brokerd reaches the console only through its tables and the admin API"),
+    Rule("brokerd.protocol", IO + ("brokerd.broker", "brokerd.registry", "brokerd.routing", "brokerd.tenancy"),
+         "the protocol core is sans-IO, and talks to the broker only through ports.ChannelBroker"),
+    Rule("brokerd.session", IO, "session state is pure"),
+    Rule("brokerd.routing", IO, "the router is pure"),
+    Rule("brokerd.broker", IO, "the broker is pure: now comes from the caller"),
+    Rule("brokerd.registry", IO, "the client registry is pure: timers are a heap served by tick(now)"),
+    Rule("brokerd.budget", IO, "the budgets' policy is pure: the timer is given"),
+    Rule("brokerd.tenancy.enforcement", IO, "enforcement is pure"),
+    Rule("brokerd.tenancy.acl", IO, "the ACL engine is pure (the console runs it too)"),
+    Rule("brokerd.metrics.accounting", IO, "counting is pure"),
+    Rule("brokerd.metrics.counters", IO, "counters are pure (the console reads DROP_REASONS)"),
 ]
 
 # (importer, imported) -> why the import is made inside a function
 LAZY = {
     ("spark_reports.reports", "core.roles"): "the report registry is imported without Django (bench/reports_1m.py)",
     ("spark_reports.reports", "tenants.access"): "the report registry is imported without Django (bench/reports_1m.py)",
+    ("brokerd.store", "brokerd.store.memory"): "a store backend (and its library) is imported only when it is used",
+    ("brokerd.store", "brokerd.store.sqlite"): "a store backend (and its library) is imported only when it is used",
+    ("brokerd.store", "brokerd.store.hbase"): "a store backend (and its library) is imported only when it is used",
 }
 
 
@@ -147,6 +175,9 @@ def test_the_scan_sees_imports(all_imports):
     assert ("spark_reports.tasks", "spark_reports.services") in seen        # from . import services
     assert ("core.views", "core.shortcuts") in seen                         # from .shortcuts import ...
     assert ("spark_reports.reports", "core.roles", True) in {(i.importer, i.imported, i.lazy) for i in all_imports}
+    assert ("brokerd.protocol.channel", "brokerd.protocol.ports") in seen               # from .ports import ...
+    assert ("brokerd.broker", "brokerd.routing.router") in seen
+    assert ("brokerd.transports.connection", "asyncio") in seen
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: r.package)
