@@ -218,6 +218,11 @@ def _properties(buf, i, end, kind, max_users=MAX_USER_PROPERTIES):
     return props, i
 
 
+def decode_properties(buf, start, end, allowed):
+    """A property block (MQTT 5 wire form) of a packet of kind ``allowed``: (dict or None, next index)."""
+    return _properties(buf, start, end, allowed)
+
+
 def connect_level(buf, start: int, end: int) -> int:
     """The protocol level of a CONNECT whose variable header starts at
     ``buf[start]`` (``end``: how far ``buf`` goes); 0 when it is not there yet
