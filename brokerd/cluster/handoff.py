@@ -10,9 +10,9 @@ and moves the routes from itself to the new owner in one event of the log;
 once every node confirms, on its own link, that it applied that event (SYNC
 / SYNCED: nothing more can come by the old route), it lets the session go.
 The new owner loads the session and adds what it held: first what came
-through the old owner, then the rest. A holder at the new owner that waits
-longer than RELEASE_TIMEOUT for its session is flushed (to nobody: its
-messages' acknowledgements fail, the publishers send again).
+through the old owner, then the rest. A holder at the new owner is flushed
+when its claim ends (to the session if it is here now), or RELEASE_TIMEOUT
+after it began if no claim is under way.
 
 ``Takeover`` (``takeover.py``) drives the steps; ``Forwarder`` hands this
 class the messages for a moving session.

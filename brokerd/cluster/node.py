@@ -75,7 +75,7 @@ class ClusterNode:
         self.clock = clock
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
-        self.requests = Requests(wake=self._arm)
+        self.requests = Requests()              # start() arms a timer for its deadlines
         self.routes = ClusterRoutes(node_id)
         self.membership = Membership(node_id, bus, broker, addresses, reference)
         members_of = self.membership_members
@@ -148,6 +148,20 @@ class ClusterNode:
     # ================================================================= start
 
     async def start(self) -> None:
+        await self.join()
+        self.requests.wake = self._arm
+        for coro, name in ((self._heartbeat_loop(), "cluster-heartbeat"), (self._event_loop(), "cluster-events"),
+                           (self.announcer.run(), "cluster-announce"), (self._compact_loop(), "cluster-compact"),
+                           (self._timer_loop(), "cluster-timeouts")):
+            self._tasks.append(self.loop.create_task(coro, name=name))
+        log.info("node %s joined the cluster (%d other nodes, link %s)", self.id, len(self.members),
+                 self.membership.link_address)
+
+    async def join(self) -> None:
+        """Listen for links, join the membership, load the route table, say
+        "reset", adopt orphans, mark every local route to be announced --
+        without the tasks and timers (``start`` adds them; a unit test drives
+        ``heartbeat``, ``tick``, ``eventlog.read`` and ``announcer.flush``)."""
         self.membership.link_address = await self.peers.start()
         await self.membership.join()
         await self.eventlog.load_snapshot()
@@ -156,12 +170,6 @@ class ClusterNode:
         await self.bus.publish_events([{"t": "reset", "n": self.id}])
         await self.adoption.adopt_orphans()
         self.announcer.all_dirty()
-        for coro, name in ((self._heartbeat_loop(), "cluster-heartbeat"), (self._event_loop(), "cluster-events"),
-                           (self.announcer.run(), "cluster-announce"), (self._compact_loop(), "cluster-compact"),
-                           (self._timer_loop(), "cluster-timeouts")):
-            self._tasks.append(self.loop.create_task(coro, name=name))
-        log.info("node %s joined the cluster (%d other nodes, link %s)", self.id, len(self.members),
-                 self.membership.link_address)
 
     async def stop(self, graceful: bool = True) -> None:
         """Leave the cluster: routes withdrawn, sessions left for adoption."""
