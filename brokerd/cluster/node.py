@@ -268,8 +268,9 @@ class ClusterNode:
         self._timer = self.loop.call_at(deadline, self._on_timer)
 
     def _on_timer(self) -> None:
-        self._timer = None
-        self.requests.expire(self.clock())
+        at, self._timer = self._timer_at, None
+        # armed for ``at``, it fired there (uvloop rounds a timer to the millisecond, either way)
+        self.requests.expire(max(self.clock(), at))
         deadline = self.requests.next_deadline()
         if deadline is not None:
             self._arm(deadline)

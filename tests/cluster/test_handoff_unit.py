@@ -14,9 +14,21 @@ import re
 
 from brokerd.cluster import frames
 from brokerd.cluster.handoff import HANDOFF_TIMEOUT, RELEASE_TIMEOUT, SYNC_TIMEOUT
-from brokerd.cluster.requests import ACK_TIMEOUT
+from brokerd.cluster.node import ClusterNode
+from brokerd.cluster.requests import ACK_TIMEOUT, ANSWER, LATE, ask
 
-from .fakes import Connecting, FakeNet, publish
+from .fakes import (
+    BusState,
+    Connecting,
+    FakeBroker,
+    FakeBus,
+    FakeClock,
+    FakeNet,
+    FakePeers,
+    FakeStore,
+    Wire,
+    publish,
+)
 
 SESSION = ("t", "dev")
 
@@ -257,5 +269,22 @@ def test_a_holder_whose_session_never_comes_is_flushed_at_its_deadline():
         await net.settle()
         assert not b.handoff.arriving and not b.handoff.moving and held.done
         assert b"late" not in net.store.queues[SESSION]
+
+    run(go())
+
+
+def test_an_unanswered_ask_fails_at_its_deadline_on_the_loops_timer():
+    """In production the clock is the loop's and an ask's deadline arms a
+    timer (no timer round runs here): the ask ends LATE at its deadline, not before."""
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        node = ClusterNode("n1", FakeBus(BusState(FakeClock()), "n1"), FakeBroker(FakeStore()), loop=loop,
+                           clock=loop.time, peers=FakePeers(Wire(), "n1"))
+        node.requests.wake = node._arm           # as start() wires it
+        t = loop.time()
+        got = await asyncio.wait_for(ask(node.requests, ANSWER, "n2", lambda req: None, t + 0.05), 10)
+        assert got is LATE and loop.time() >= t + 0.05
+        assert not node.requests.asks and node._timer is None
 
     run(go())
