@@ -78,7 +78,7 @@ class ClusterNode:
         self.requests = Requests()              # start() arms a timer for its deadlines
         self.routes = ClusterRoutes(node_id)
         self.membership = Membership(node_id, bus, broker, addresses, reference)
-        members_of = self.membership_members
+        members_of = self._members_of
         self.peers = peers if peers is not None else Peers(node_id, links, loop, clock, flusher, budget)
         send = self.peers.send
         self.fence = fence = Fence()
@@ -114,7 +114,7 @@ class ClusterNode:
     def members(self) -> dict[str, dict]:
         return self.membership.members
 
-    def membership_members(self) -> dict[str, dict]:
+    def _members_of(self) -> dict[str, dict]:
         return self.membership.members
 
     @property
