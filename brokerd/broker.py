@@ -706,6 +706,93 @@ class Broker:
             self.persist.unsubscribed(session, session.ns.name, filt)
         return True
 
+    # ================================================= ClusterBroker port
+    # (brokerd.cluster.ports: what the cluster's parts ask of the broker besides
+    # release, deliver_shared, publish_gone_will and drop_all_sessions -- by
+    # tenant and client id; the cluster never walks a namespace, the
+    # persistence or the journal)
+
+    def forwarded(self, tenant: str, msg: Publish, group: str | None, gfilter: str | None, now: float) -> int:
+        """A message another node forwarded: for this node's subscribers (or one member of ``group``)."""
+        return self.receive_forward(self.namespace(tenant), msg, group, gfilter, now)
+
+    def deliver_to_client(self, tenant: str, client_id: str, msg: Publish, now: float) -> bool:
+        """``deliver_to`` the session of ``client_id`` held here, if it is (a session on the move)."""
+        session = self.router.session(tenant, client_id)
+        return session is not None and self.deliver_to(session, msg, now)
+
+    def retained_copy(self, tenant: str, topic: str, msg: Publish | None) -> None:
+        """Another node's retained message (None: cleared): kept here, neither stored nor announced."""
+        retained = self.namespace(tenant).retained
+        if msg is None:
+            retained.delete(topic)
+        else:
+            retained.set(topic, msg)
+
+    def restore_sessions(self, records: list, now: float) -> bool:
+        """Stored sessions brought into this node (a takeover, an adoption); False: no store."""
+        if self.persist is None:
+            return False
+        self.persist.restore(self, records, [], now)
+        return True
+
+    def disconnect_clients(self, code: int, reason: str, now: float, server_reference: str | None) -> None:
+        """Every client disconnected (v5: DISCONNECT ``code``), no will published (a fenced node)."""
+        for ch in list(self.channels):
+            ch.disconnect(code, reason, now, will=False, server_reference=server_reference)
+
+    def store_refusing(self) -> bool:
+        journal = self.journal
+        return journal is not None and not journal.healthy
+
+    def writes_pending(self) -> int:
+        journal = self.journal
+        return len(journal.ops) if journal is not None else 0
+
+    def when_durable(self, fn) -> None:
+        """``fn(ok)`` once what was written so far is committed (at once, True, without a store)."""
+        if self.journal is not None:
+            self.journal.after_commit(fn)
+        else:
+            fn(True)
+
+    def local_filters(self) -> list[tuple[str, str]]:
+        return self.router.local_filters()
+
+    def local_route_counts(self, tenant: str, filt: str) -> tuple[int, int, dict[str, int]]:
+        """(subscriptions, of durable sessions, {shared group: members}) on ``filt`` here."""
+        return self.router.route_counts(tenant, filt)
+
+    def holds(self, tenant: str, client_id: str) -> bool:
+        return self.router.session(tenant, client_id) is not None
+
+    def session_filters(self, tenant: str, client_id: str) -> list[str] | None:
+        """The filters of the session held here, as subscribed; None: not held here."""
+        session = self.router.session(tenant, client_id)
+        return None if session is None else list(session.subscriptions)
+
+    def handoff_filters(self, tenant: str, client_id: str) -> list[str]:
+        """The plain (not shared) filters, sorted, of the durable session held here; [] if none."""
+        session = self.router.session(tenant, client_id)
+        if session is None or not session.durable:
+            return []
+        return sorted({sub.filter for sub in session.subscriptions.values() if sub.group is None})
+
+    def connection_counts(self) -> dict[str, int]:
+        return self.router.connection_counts()
+
+    def remote_connections(self, counts: dict[str, int]) -> None:
+        """Connected clients per tenant on the other nodes (tenant connection quotas count them)."""
+        if hasattr(self.auth, "remote_connected"):
+            self.auth.remote_connected = counts
+
+    def node_stats(self) -> dict:
+        t = self.totals()
+        return {"connected": self.connected, "sessions": self.session_count(),
+                "subscriptions": self.subscription_count(), "retained": self.retained_count(),
+                "msgs_received": t["msgs_received"], "msgs_sent": t["msgs_sent"],
+                "bytes_received": t["bytes_received"], "bytes_sent": t["bytes_sent"]}
+
 
 class _AckWhenDurable:
     """The PUBACK/PUBREC a publisher waits for: sent once every part it waits

@@ -23,7 +23,9 @@ from .admin.endpoints import AdminApi, AdminTokens
 from .admin.http import HttpLimits
 from .broker import Broker, BrokerConfig
 from .budget import QueuePacer
+from .cluster.bus import Bus
 from .cluster.node import ClusterError, ClusterNode
+from .cluster.peers import LinkSettings
 from .config import Config, ConfigError, Listener, load
 from .metrics import LatencySampler, LoopMonitor
 from .metrics.history_writer import History
@@ -211,6 +213,15 @@ class Server:
             host = socket.gethostname()
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
+    def mqtt_urls(self) -> list[str]:
+        """The MQTT listeners' URLs as clients elsewhere reach them (a cluster node's info)."""
+        return [f"{lst.scheme}://{self.advertised(f'{lst.host}:{lst.port}')}{lst.path}" for lst in self.bound]
+
+    def admin_address(self) -> str | None:
+        """The admin API's ``HOST:PORT`` as the other nodes reach it, if it listens."""
+        admin = self.admin.address if self.admin is not None else None
+        return admin and self.advertised(admin)
+
     async def start(self) -> None:
         if self.config.control_plane:
             self.policy_source = PolicySource(self.config.control_plane, self.broker.auth, self.broker, self.loop,
@@ -238,7 +249,11 @@ class Server:
             await self.admin.start()
         if self.config.cluster:
             host, _, port = self.config.cluster_listen.rpartition(":")
-            self.cluster = ClusterNode(self, self.config.cluster, host, int(port))
+            self.cluster = ClusterNode(
+                self.config.node_id, Bus(self.config.cluster, self.config.node_id, ttl=5.0), self.broker,
+                loop=self.loop, clock=self.loop.time, links=LinkSettings.from_config(self.config, host, int(port)),
+                store=self.store, writer=self.writer, addresses=self, reference=self.config.server_reference,
+                flusher=self.flusher, budget=self.broker.budget)
             await self.cluster.start()
             self.broker.attach_cluster(self.cluster)
         self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)

@@ -15,6 +15,7 @@ Keys, all under a prefix (``brokerd`` by default, ``?prefix=NAME`` in the URL):
 ``reap:{node}``         which survivor adopts a dead node's sessions (once)
 ``stats:{node}``        the node's counters, for the cluster-wide ``$SYS`` tree
 ``left:{node}``         a node that left gracefully (its survivor publishes no wills)
+``compact``, ``orphans`` leases: which node writes the route snapshot, adopts orphaned sessions
 """
 
 import json
@@ -222,6 +223,15 @@ class Bus:
         await pipe.execute()
         async for key in self.redis.scan_iter(match=self.k("conns", "*"), count=1000):
             await self.redis.hdel(key, node)
+
+    # ---------------------------------------------------------------- leases
+
+    async def try_lease(self, name: str, seconds: int) -> bool:
+        """Be the one node that does ``name`` for ``seconds`` (or until ``drop_lease``)."""
+        return bool(await self.redis.set(self.k(name), self.node, nx=True, ex=seconds))
+
+    async def drop_lease(self, name: str) -> None:
+        await self.redis.delete(self.k(name))
 
     # ---------------------------------------------------------- quotas, $SYS
 

@@ -23,7 +23,7 @@ Nothing but HELLO and AUTH is accepted on a link before both sides proved
 they hold the cluster secret (``link.Link``); before that a frame may be at
 most ``PREAUTH_FRAME`` bytes.
 
-A session on the move (``node.ClusterNode._on_takeover``):
+A session on the move (``takeover.Takeover.on_takeover``, ``handoff.Handoff``):
 
 ``HANDOFF``  req id, JSON ``{"tenant", "client_id", "filters"}``: old owner to
              new owner, "hold what comes for these filters of this session"

@@ -38,7 +38,7 @@ class Link(asyncio.Protocol):
     """
 
     def __init__(self, node, expected: str | None = None):
-        self.node = node                    # the ClusterNode
+        self.node = node                    # its owner, a peers.Peers (peers.LinkOwner)
         self.expected = expected
         self.peer: str | None = None
         self.claimed: str | None = None     # the node id the peer's HELLO named
@@ -103,7 +103,7 @@ class Link(asyncio.Protocol):
 
     def _uncharge(self) -> None:
         if self.charged:
-            self.node.broker.budget.add(-self.charged)
+            self.node.budget.add(-self.charged)
             self.charged = 0
 
     # ------------------------------------------------------------ handshake
@@ -199,7 +199,7 @@ class Link(asyncio.Protocol):
         if self.congested:
             n = len(frame)
             self.charged += n
-            self.node.broker.budget.add(n)
+            self.node.budget.add(n)
             if self.charged > MAX_BACKLOG:
                 self.fail(f"the node does not read: {self.charged} bytes waiting")
                 return

@@ -42,6 +42,14 @@ class ClusterRoutes:
         self.cache_budget = CacheBudget(ROUTE_CACHE_NODE_BYTES)
         self.rr: dict[tuple, int] = {}               # round robin over nodes of a shared group
 
+    def clear(self) -> None:
+        """Empty, as new (a fenced node rejoining reloads the table; the
+        parts of the cluster share this one object)."""
+        self.tries = {}
+        self.caches = {}
+        self.cache_budget = CacheBudget(ROUTE_CACHE_NODE_BYTES)
+        self.rr = {}
+
     def _trie(self, tenant: str) -> TopicTrie:
         trie = self.tries.get(tenant)
         if trie is None:

@@ -53,7 +53,7 @@ def settle(publisher, topic: str, *subscribers, timeout: float = 10.0) -> None:
                 while not sub.messages.empty():
                     msg = sub.messages.get_nowait()
                     assert msg.payload.startswith(b"probe:"), f"unexpected message while settling: {msg.payload!r}"
-                    if int(msg.payload[6:]) == k:
+                    if msg.topic == topic and int(msg.payload[6:]) == k:      # not an earlier settle's probe k
                         seen[i] = True
             time.sleep(0.01)
         if all(seen):

@@ -1,0 +1,144 @@
+"""Sessions no live node holds: a dead node's, adopted by one survivor (asyncio side).
+
+When a node's membership expires (or it left gracefully), one survivor --
+the one that wins a key on the bus -- loads each stored session the dead
+node held, under the client id's lock as a CONNECT would, so that they go
+on receiving messages; it publishes the wills of the dead node's connected
+clients (unless it left gracefully), once, and announces "gone". Until
+then the dead node's routes to stored sessions are kept and QoS 1/2
+messages for them refused (``forwarding``): the publisher is told and sends
+again rather than being acknowledged for nobody -- for ORPHAN_TIMEOUT at
+most. A node joining a cluster also adopts the stored sessions no live
+node holds (the whole cluster was down, or Redis lost its registry).
+"""
+
+import logging
+from typing import Protocol
+
+from ..store.records import unpack_will
+from .ports import Clock, ClusterBroker, ReapBus, SessionStore
+from .routes import ClusterRoutes
+
+log = logging.getLogger("brokerd.cluster")
+
+ORPHAN_TIMEOUT = 30.0    # how long messages for a dead node's sessions are refused awaiting their adoption
+
+
+class SessionLoader(Protocol):
+    async def load(self, tenant: str, cid: str, wills: bool = True) -> bool: ...
+
+
+class EventQueue(Protocol):
+    def queue_event(self, e: dict) -> None: ...
+
+
+class Adoption:
+    def __init__(self, node_id: str, bus: ReapBus, routes: ClusterRoutes, broker: ClusterBroker,
+                 sessions: SessionLoader, store: SessionStore | None, events: EventQueue, members_of,
+                 clock: Clock):
+        self.id = node_id
+        self.bus = bus
+        self.routes = routes
+        self.broker = broker
+        self.sessions = sessions
+        self.store = store
+        self.events = events
+        self.members_of = members_of            # () -> the other members
+        self.clock = clock
+        self.orphaned: dict[str, float] = {}     # dead node -> until when its sessions await adoption
+
+    # ------------------------------------------------- what the others say
+
+    def awaiting(self, node: str) -> None:
+        """``node`` is gone; its stored sessions await a survivor (their routes kept, their messages refused)."""
+        if self.routes.drop_node(node, keep_durable=True):
+            self.orphaned[node] = self.clock() + ORPHAN_TIMEOUT
+
+    def settled(self, node: str) -> None:
+        """``node``'s sessions were adopted (or it rejoined): nothing of it awaits any more."""
+        self.routes.drop_node(node)
+        self.orphaned.pop(node, None)
+
+    def alive(self, members) -> None:
+        """These nodes are members (back, restarted: each announces its routes afresh)."""
+        for node in members:
+            self.orphaned.pop(node, None)
+
+    def expire(self, now: float) -> None:
+        for node, until in list(self.orphaned.items()):
+            if until < now:                  # nobody announced an adoption: stop refusing
+                log.warning("no node announced adopting the sessions of node %s", node)
+                self.routes.drop_node(node)
+                del self.orphaned[node]
+
+    # ------------------------------------------------------------ adopting
+
+    async def reap(self, node: str) -> None:
+        """Adopt the stored sessions of a node that is gone (one survivor does)."""
+        try:
+            if not await self.bus.reap(node):
+                return                   # another survivor does it (and announces it)
+        except Exception:
+            log.exception("adopting the sessions of node %s failed", node)
+            return
+        try:
+            graceful = await self.bus.left_gracefully(node)
+            adopted = 0
+            for tenant, cid in await self.bus.owned(node):
+                token = await self.bus.lock(tenant, cid)
+                try:
+                    if await self.bus.owner(tenant, cid) != node:
+                        continue
+                    if await self.sessions.load(tenant, cid, wills=not graceful):
+                        await self.bus.claim(tenant, cid, True, node)
+                        adopted += 1
+                finally:
+                    if token:
+                        await self.bus.unlock(tenant, cid, token)
+            wills = 0
+            if not graceful:
+                now = self.clock()
+                for tenant, cid, blob in await self.bus.take_wills(node):
+                    will = unpack_will(blob)
+                    if will is not None:
+                        self.broker.publish_gone_will(tenant, cid, will, now)
+                        wills += 1
+            await self.bus.forget_node(node)
+            log.warning("adopted %d sessions of node %s%s", adopted, node,
+                        "" if graceful else f", published {wills} wills of its clients")
+        except Exception:
+            log.exception("adopting the sessions of node %s failed", node)
+        finally:
+            self.settled(node)
+            self.events.queue_event({"t": "gone", "n": self.id, "of": node})
+
+    async def adopt_orphans(self) -> None:
+        """Stored sessions no live node holds (the whole cluster was down, or
+        Redis lost its registry) come here, so that messages for them are
+        queued again -- one node at a time does this check."""
+        store = self.store
+        if store is None or not store.durable:
+            return
+        if not await self.bus.try_lease("orphans", 60):
+            return
+        try:
+            records, _ = await store.load()
+            alive = set(self.members_of()) | {self.id}
+            adopted = 0
+            for rec in records:
+                # under the client id's lock, as a CONNECT would take it
+                token = await self.bus.lock(rec.tenant, rec.client_id)
+                try:
+                    owner = await self.bus.owner(rec.tenant, rec.client_id)
+                    if owner in alive:
+                        continue
+                    self.broker.restore_sessions([rec], self.clock())
+                    await self.bus.claim(rec.tenant, rec.client_id, True, owner)
+                    adopted += 1
+                finally:
+                    if token:
+                        await self.bus.unlock(rec.tenant, rec.client_id, token)
+            if adopted:
+                log.warning("adopted %d stored sessions no live node held", adopted)
+        finally:
+            await self.bus.drop_lease("orphans")

@@ -1,0 +1,176 @@
+"""This node's routes, announced on the cluster event log (asyncio side).
+
+Each node announces how many subscriptions it has per topic filter (and how
+many of those belong to stored sessions), and the members of its shared
+groups; every node keeps the whole table (``routes.ClusterRoutes``, filled
+by ``eventlog.EventLog``). A subscription marks its filter dirty; a round
+publishes the changed counts in one batch, after the other events queued
+meanwhile (a retained message, an adoption's "gone": they follow the routes
+they concern). What could not be published is announced again; what is
+announced is recorded, so that a round publishes only what changed.
+
+While a stored session moves (``handoff``), its filters' counts are frozen
+at both ends and the route switch is one event: ``arrival`` and ``switch``
+are the two locked steps the handoff takes here.
+"""
+
+import asyncio
+import logging
+
+from .ports import ClusterBroker, EventBus, FenceState
+
+log = logging.getLogger("brokerd.cluster")
+
+GATHER = 0.01           # seconds a round waits to gather a burst of subscriptions
+RETRY = 0.5             # seconds after a failed round before the next
+
+
+class Announcer:
+    def __init__(self, node_id: str, bus: EventBus, broker: ClusterBroker, fence: FenceState):
+        self.id = node_id
+        self.bus = bus
+        self.broker = broker
+        self.fence = fence
+        self.lock = asyncio.Lock()                    # a round and a handoff's steps, one at a time
+        self.announced: dict[tuple, tuple] = {}       # (tenant, filter) -> (subs, durable, {group: members})
+        self._dirty: set[tuple] = set()               # (tenant, filter) whose counts changed
+        self._outbox: list[dict] = []                 # other events to publish, in order
+        self._frozen: set[tuple] = set()              # (tenant, filter) not announced during a handoff
+        self.wanted = asyncio.Event()                 # something to announce
+
+    # ------------------------------------------------------------- changes
+
+    def route_dirty(self, tenant: str, filt: str) -> None:
+        self._dirty.add((tenant, filt))
+        self.wanted.set()
+
+    def queue_event(self, e: dict) -> None:
+        self._outbox.append(e)
+        self.wanted.set()
+
+    def all_dirty(self) -> None:
+        """Every local route, announced afresh (joining)."""
+        for key in self.broker.local_filters():
+            self._dirty.add(key)
+        self.wanted.set()
+
+    def forget(self) -> None:
+        """Nothing announced counts any more (a fenced node rejoins: its "reset" voided it)."""
+        self.announced.clear()
+
+    def announced_filters(self, tenant: str) -> list[str]:
+        return [f for (t, f) in self.announced if t == tenant]
+
+    # --------------------------------------------------------------- rounds
+
+    async def run(self) -> None:
+        while True:
+            await self.wanted.wait()
+            await asyncio.sleep(GATHER)          # gather a burst of subscriptions into one round
+            self.wanted.clear()
+            if not await self.flush():
+                await asyncio.sleep(RETRY)
+
+    async def flush(self) -> bool:
+        """Publish what changed; -> False when the bus failed (retried)."""
+        async with self.lock:
+            dirty, self._dirty = self._dirty, set()
+            outbox, self._outbox = self._outbox, []
+            if self._frozen:
+                held = {item for item in dirty if item in self._frozen}
+                if held:
+                    dirty -= held
+                    self._dirty |= held        # announced when the handoff is over
+            events = []
+            changes: list = []
+            for item in dirty:
+                events.extend(self.route_events(*item, changes=changes))
+            events.extend(outbox)                  # after the routes (an adoption's "gone" follows its routes)
+            if not events:
+                return True
+            try:
+                if self.fence.fenced:
+                    raise ConnectionError("fenced")
+                await self.bus.publish_events(events)
+            except Exception as exc:
+                # not announced: forget that it was, so that the retry (or the rejoin) announces it
+                for key, before, now in changes:
+                    if self.announced.get(key) == now:
+                        if before is None:
+                            self.announced.pop(key, None)
+                        else:
+                            self.announced[key] = before
+                if not self.fence.fenced:
+                    log.warning("could not announce routes (%s); retrying", exc)
+                self._dirty |= dirty
+                self._outbox[:0] = outbox
+                self.wanted.set()
+                return False
+        return True
+
+    def route_events(self, tenant: str, filt: str, changes: list | None = None) -> list[dict]:
+        """The events that announce this node's current counts for ``filt``;
+        records them as announced (``changes`` gets (key, before, now) to undo
+        that when the events could not be published)."""
+        subs, durable, groups = self.broker.local_route_counts(tenant, filt)
+        before = self.announced.get((tenant, filt), (0, 0, {}))
+        now = (subs, durable, groups)
+        if now == before:
+            return []
+        if changes is not None:
+            changes.append(((tenant, filt), self.announced.get((tenant, filt)),
+                            now if (subs or durable or groups) else None))
+        if subs or durable or groups:
+            self.announced[(tenant, filt)] = now
+        else:
+            self.announced.pop((tenant, filt), None)
+        events = []
+        if (subs, durable) != before[:2]:
+            events.append({"t": "route", "n": self.id, "tn": tenant, "f": filt, "s": subs, "d": durable})
+        for name in set(groups) | set(before[2]):
+            if groups.get(name, 0) != before[2].get(name, 0):
+                events.append({"t": "group", "n": self.id, "tn": tenant, "g": name, "f": filt,
+                               "m": groups.get(name, 0)})
+        return events
+
+    # ---------------------------------------------------- a session moving
+
+    def freeze(self, keys: list[tuple]) -> None:
+        """Old owner, before the handoff: these filters' counts wait for the switch."""
+        self._frozen.update(keys)
+
+    def thaw(self, keys: list[tuple]) -> None:
+        """The handoff is over (or did not happen): announce these filters' counts as they are."""
+        self._frozen.difference_update(keys)
+        for key in keys:
+            self.route_dirty(*key)
+
+    async def arrival(self, tenant: str, filters: list[str], then) -> dict:
+        """New owner: freeze the session's filters and count it in as the old
+        owner will announce it (once more each, of a stored session); runs
+        ``then()`` before anything else can announce. -> {filter: [subs,
+        durable]} announced here before."""
+        counts = {}
+        async with self.lock:
+            for f in filters:
+                key = (tenant, f)
+                self._frozen.add(key)
+                subs, durable, groups = self.announced.get(key, (0, 0, {}))
+                counts[f] = [subs, durable]
+                self.announced[key] = (subs + 1, durable + 1, groups)       # what the old owner will announce
+            then()
+        return counts
+
+    async def switch(self, tenant: str, filters: list[str], peer: str, counts: dict) -> list[str]:
+        """Old owner: this node's counts without the session and the new
+        owner's with it, in one event -> its id(s) (raises when the bus failed)."""
+        events = []
+        async with self.lock:
+            for f in filters:
+                key = (tenant, f)
+                self._frozen.discard(key)
+                self._dirty.discard(key)
+                events.extend(self.route_events(tenant, f))      # this node's counts, without the session
+                subs, durable = counts.get(f, (0, 0))
+                events.append({"t": "route", "n": peer, "tn": tenant, "f": f, "s": subs + 1, "d": durable + 1})
+            return await self.bus.publish_events([{"t": "multi", "n": self.id, "e": events}])

@@ -1,0 +1,188 @@
+"""The cluster event log, read and compacted (asyncio side).
+
+Every node applies the others' events, in the log's order, to its copy of
+the route table (``routes.ClusterRoutes``): routes and shared groups, a node
+that left or rejoined ("reset"), a dead node whose sessions were adopted
+("gone"), and retained messages (every node keeps a copy). A joining node
+loads the route snapshot from the store and reads the log from the
+snapshot's position on; now and then one node (a lease on the bus) writes
+the table as a new snapshot and trims the log to the previous one's
+position, so the log stays short and a joining node reads little.
+"""
+
+import base64
+import json
+import logging
+import os
+from typing import Protocol
+
+from ..protocol.codec import decode_properties, encode_properties
+from ..protocol.packets import PUBLISH as PUBLISH_PROPS
+from ..protocol.packets import Publish
+from .ports import ClusterBroker, EventBus, FenceState, LeaseBus, SessionStore
+from .routes import ClusterRoutes
+
+log = logging.getLogger("brokerd.cluster")
+
+COMPACT_EVERY = float(os.environ.get("BROKERD_COMPACT_INTERVAL", "30"))   # seconds between route snapshots
+SNAPSHOT_KEY = "cluster.routes"
+
+
+def event_key(eid: str) -> tuple[int, int]:
+    """A Redis Stream id, comparable: (milliseconds, sequence)."""
+    ms, _, seq = eid.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _b64(raw: bytes | None) -> str | None:
+    return base64.b64encode(raw).decode() if raw else None
+
+
+def _unb64(text: str | None) -> bytes:
+    return base64.b64decode(text) if text else b""
+
+
+def retain_event(node: str, tenant: str, msg: Publish, wall_offset: float) -> dict:
+    """The event that copies a retained message (an empty payload: cleared) to every node."""
+    return {"t": "retain", "n": node, "tn": tenant, "tp": msg.topic, "q": msg.qos,
+            "p": _b64(msg.payload), "x": _b64(encode_properties(msg.properties)) if msg.properties else None,
+            "e": None if msg.expiry_at is None else msg.expiry_at + wall_offset}
+
+
+def retained_message(e: dict, wall_offset: float) -> Publish | None:
+    """The retained message a "retain" event carries (None: cleared)."""
+    payload = _unb64(e.get("p"))
+    if not payload:
+        return None
+    props = None
+    raw = _unb64(e.get("x"))
+    if raw:
+        props, _ = decode_properties(raw, 0, len(raw), PUBLISH_PROPS)
+    msg = Publish(e["tp"], payload, e["q"], True, False, 0, props)
+    if e.get("e") is not None:
+        msg.expiry_at = e["e"] - wall_offset
+    return msg
+
+
+class Orphans(Protocol):
+    """Dead nodes' sessions awaiting adoption (``adoption.Adoption``)."""
+
+    def awaiting(self, node: str) -> None: ...
+
+    def settled(self, node: str) -> None: ...
+
+
+class OwnRoutes(Protocol):
+    """What this node announced (``announce.Announcer``): its part of a snapshot."""
+
+    announced: dict[tuple, tuple]
+
+
+class LogBus(EventBus, LeaseBus, Protocol):
+    pass
+
+
+class EventLog:
+    def __init__(self, node_id: str, bus: LogBus, routes: ClusterRoutes, broker: ClusterBroker,
+                 store: SessionStore | None, orphans: Orphans, fence: FenceState, own: OwnRoutes,
+                 members_of, applied=None):
+        self.id = node_id
+        self.bus = bus
+        self.routes = routes
+        self.broker = broker
+        self.store = store
+        self.orphans = orphans
+        self.fence = fence
+        self.own = own
+        self.members_of = members_of      # () -> the other members (a snapshot names the live nodes)
+        self.applied = applied            # applied() after a read that applied events (SYNCs wait for it)
+        self.last_event = "0-0"
+
+    # -------------------------------------------------------------- reading
+
+    async def read(self, block_ms: int = 1000) -> None:
+        """Apply what the log holds after ``last_event`` (waits up to ``block_ms``; raises when the bus failed)."""
+        events = await self.bus.read_events(self.last_event, block_ms=block_ms)
+        for eid, e in events:
+            self.last_event = eid
+            if e.get("n") == self.id or self.fence.fenced:
+                continue
+            try:
+                self.apply(e)
+            except Exception:
+                log.exception("bad cluster event %r", e)
+        if events and self.applied is not None:
+            self.applied()
+
+    def apply(self, e: dict) -> None:
+        kind = e["t"]
+        if kind == "multi":                 # several changes at once (a handoff): no message sees half of them
+            for sub in e["e"]:
+                if sub.get("n") != self.id:
+                    self.apply(sub)
+        elif kind == "route":
+            self.routes.set_route(e["n"], e["tn"], e["f"], e["s"], e["d"])
+        elif kind == "group":
+            self.routes.set_group(e["n"], e["tn"], e["g"], e["f"], e["m"])
+        elif kind == "reset":               # a node leaves (keep: its sessions await adoption) or rejoins
+            if e.get("keep") and e["n"] != self.id:
+                self.orphans.awaiting(e["n"])
+            else:
+                self.orphans.settled(e["n"])
+        elif kind == "gone":                # node "of" is adopted: nothing of it awaits any more
+            if e["of"] != self.id:
+                self.orphans.settled(e["of"])
+        elif kind == "retain":
+            self.broker.retained_copy(e["tn"], e["tp"], retained_message(e, self.broker.wall_offset))
+
+    # ------------------------------------------------------------ snapshots
+
+    async def load_snapshot(self) -> None:
+        if self.store is None:
+            return
+        blob = await self.store.get_meta(SNAPSHOT_KEY)
+        if not blob:
+            return
+        snap = json.loads(blob)
+        members = self.members_of()
+        self.routes.load(snap, exclude={self.id} | (set(snap.get("nodes", ())) - set(members)))
+        self.last_event = snap.get("event_id", "0-0")
+        log.info("route snapshot loaded (%d routes, %d shared groups, events after %s)", len(snap.get("routes", ())),
+                 len(snap.get("groups", ())), self.last_event)
+
+    async def reload(self) -> None:
+        """The table afresh: the snapshot, then the log from there (a fenced node rejoins)."""
+        self.routes.clear()
+        self.last_event = "0-0"
+        await self.load_snapshot()
+
+    def drop_all(self) -> None:
+        """Forget every other node's routes (this node fenced itself)."""
+        for node in list(self.routes.nodes()):
+            self.routes.drop_node(node)
+
+    async def compact(self) -> None:
+        """Write the route table as a snapshot and trim the log to the
+        previous snapshot's position -- if this node holds the lease."""
+        store = self.store
+        if store is None or self.fence.fenced:
+            return
+        try:
+            if not await self.bus.try_lease("compact", int(COMPACT_EVERY * 0.8)):
+                return
+            snap = self.routes.snapshot()
+            for (tenant, filt), (subs, durable, groups) in self.own.announced.items():
+                snap["routes"].append([self.id, tenant, filt, subs, durable])
+                for name, members in groups.items():
+                    snap["groups"].append([self.id, tenant, name, filt, members])
+            old = await store.get_meta(SNAPSHOT_KEY)
+            snap["event_id"] = self.last_event
+            snap["nodes"] = sorted(set(self.members_of()) | {self.id})
+            snap["prev_id"] = json.loads(old).get("event_id", "0-0") if old else "0-0"
+            await store.put_meta(SNAPSHOT_KEY, json.dumps(snap).encode())
+            log.info("route snapshot written (%d routes, events up to %s)", len(snap["routes"]),
+                     snap["event_id"])
+            if snap["prev_id"] != "0-0":
+                await self.bus.trim_events(snap["prev_id"])
+        except Exception as exc:
+            log.warning("route snapshot failed: %s", exc)

@@ -1,0 +1,185 @@
+"""Messages between nodes: out to the nodes that want them, in from a link.
+
+A message goes once to every other node with a matching route, over this
+node's link to it (``peers.Peers``); a shared group's message goes to one
+node, round robin over those with members (this node among them). When
+that node holds stored sessions for the message, the publisher is
+acknowledged only once that node has stored it too (a request id in the
+PUBLISH frame and an ACK back; ``requests.Requests``). A node whose sessions
+await adoption gets no QoS 1/2 message for them: it is refused (the
+publisher is told, and sends again) rather than acknowledged for nobody.
+
+In, a forwarded message goes to this node's subscribers (the broker's
+``forwarded``), a TARGET one to the session that moved, and what a moving
+session wants also to its holder (``handoff.Handoff``); the ACK follows the
+local store commit and every holder's part. A node fenced off the cluster,
+or whose store refuses writes, takes on no QoS 1/2 message it could lose.
+
+The two hot paths of a cluster, ``forward`` and ``on_publish``, run once per
+message: they keep to plain attribute reads and no per-message allocation
+beyond the frame.
+"""
+
+
+from ..protocol import reason as rc
+from ..protocol.codec import decode_properties, encode_properties
+from ..protocol.packets import PUBLISH as PUBLISH_PROPS
+from ..protocol.packets import Publish
+from . import frames
+from .handoff import Handoff
+from .ports import Clock, ClusterBroker, FenceState
+from .requests import ACK_TIMEOUT, Requests
+from .routes import ClusterRoutes
+
+
+class _Join:
+    """Calls ``done(all ok)`` after ``n`` calls."""
+
+    __slots__ = ("n", "ok", "done")
+
+    def __init__(self, n: int, done):
+        self.n, self.ok, self.done = n, True, done
+
+    def __call__(self, ok: bool) -> None:
+        self.ok = self.ok and ok
+        self.n -= 1
+        if self.n == 0:
+            self.done(self.ok)
+
+
+class Forwarder:
+    def __init__(self, node_id: str, routes: ClusterRoutes, requests: Requests, send, handoff: Handoff,
+                 orphaned: dict, broker: ClusterBroker, fence: FenceState, clock: Clock):
+        self.id = node_id
+        self.routes = routes
+        self.requests = requests
+        self._ids = requests.ids
+        self._send = send                 # send(node, frame): over this node's link to it
+        self.handoff = handoff
+        self._moving = handoff.moving     # tenant -> sessions moving through this node (read per message)
+        self._orphaned = orphaned         # dead node -> until when its sessions await adoption
+        self.broker = broker
+        self.fence = fence
+        self.clock = clock
+
+    # ================================================================== out
+
+    def forward(self, ns, msg: Publish, groups: list, now: float) -> tuple[int, list]:
+        """Send ``msg`` to the other nodes that want it and decide the shared
+        groups cluster-wide (local members through the broker). -> (deliveries
+        counted, [request ids whose ACK the publisher waits for])."""
+        if self.fence.fenced or msg.topic.startswith("$SYS/"):
+            return self._local_groups(ns, msg, groups, now), []
+        nodes, rgroups = self.routes.match(ns.name, msg.topic)
+        holders = self._moving.get(ns.name) if self._moving else None
+        if not nodes and not rgroups and not holders:
+            return (self._local_groups(ns, msg, groups, now) if groups else 0), []
+        count = 0
+        waits = []
+        parts = self._parts(ns, msg, now)
+        if holders:
+            count += self.handoff.held(holders, msg, parts, waits)
+        for node, durable in nodes.items():
+            if node in self._orphaned:
+                if durable and msg.qos:          # for sessions awaiting adoption: refused (see adoption)
+                    req = next(self._ids)
+                    waits.append(req)
+                    self.requests.expect_ack(req, node, 0.0)      # fails at the next timeout round
+                continue
+            req = next(self._ids) if durable and msg.qos else 0
+            self._send(node, frames.publish(req, *parts))
+            if req:
+                self._wait_ack(req, node, waits)
+            count += 1
+        local = {(g.name, g.filter): g for g in groups}
+        for gname, filt, members in rgroups:
+            group = local.pop((gname, filt), None)
+            target = self.routes.pick_group_node(ns.name, gname, filt, members, len(group.members) if group else 0)
+            if target is None:
+                if group is not None and self.broker.deliver_shared(ns, group, msg, now):
+                    count += 1
+                continue
+            req = next(self._ids) if msg.qos else 0
+            self._send(target, frames.publish(req, *parts, gname.encode(), filt.encode()))
+            if req:
+                self._wait_ack(req, target, waits)
+            count += 1
+        return count + self._local_groups(ns, msg, list(local.values()), now), waits
+
+    def _local_groups(self, ns, msg, groups, now) -> int:
+        return sum(1 for g in groups if self.broker.deliver_shared(ns, g, msg, now))
+
+    @staticmethod
+    def _parts(ns, msg: Publish, now: float) -> tuple:
+        """The fields of a PUBLISH frame for ``msg`` (after the request id)."""
+        expiry = -1 if msg.expiry_at is None else max(0, int(msg.expiry_at - now))
+        raw = msg.enc3
+        if raw is not None and not msg.qos and not msg.retain:
+            # its 3.x wire form goes as it is: the receiving node sends those bytes on
+            return 0, frames.RAW, expiry, ns.name.encode(), msg.topic.encode(), b"", raw
+        props = encode_properties(msg.properties) if msg.properties else b""
+        return msg.qos, 1 if msg.retain else 0, expiry, ns.name.encode(), msg.topic.encode(), props, msg.payload
+
+    def _wait_ack(self, req: int, node: str, waits: list) -> None:
+        waits.append(req)
+        self.requests.expect_ack(req, node, self.clock() + ACK_TIMEOUT)
+
+    # =================================================================== in
+
+    def on_publish(self, link, req, qos, flags, expiry, tenant, topic, props, payload, group, gfilter) -> None:
+        now = self.clock()
+        if flags & frames.RAW:
+            # the 3.x QoS 0 wire form: PUBLISH header, remaining length, topic, payload
+            raw = payload
+            i = 2
+            while raw[i - 1] & 0x80:
+                i += 1
+            msg = Publish(topic, raw[i + 2 + len(topic.encode()):], 0, False)
+            msg.enc3 = raw
+        else:
+            properties = None
+            if props:
+                properties, _ = decode_properties(props, 0, len(props), PUBLISH_PROPS)
+            msg = Publish(topic, payload, qos, bool(flags & 1), False, 0, properties)
+        if expiry >= 0:
+            msg.expiry_at = now + expiry
+        broker = self.broker
+        if req and (self.fence.fenced or broker.store_refusing()):
+            # a fenced node dropped its sessions (the others adopt them): it must not take on
+            # anything it could lose -- the publisher's node answers its client with the error
+            link.send(frames.ack(req, rc.IMPLEMENTATION_SPECIFIC_ERROR))
+            return
+        before = broker.writes_pending() if req else 0
+        wanting = None
+        if flags & frames.TARGET:
+            # for one session that moved: the node it left sends what still came there
+            if self.handoff.came_through_old(tenant, group, msg, self._acker(link, req) if req else None):
+                return
+            broker.deliver_to_client(tenant, group, msg, now)
+        else:
+            broker.forwarded(tenant, msg, group or None, gfilter or None, now)
+            if self._moving and not group:
+                wanting = self.handoff.wanting(tenant, topic)
+        if not req:
+            if wanting:
+                parts = (qos, flags, expiry, tenant.encode(), topic.encode(), props, payload)
+                for h in wanting:
+                    self.handoff.hold(h, msg, parts, None)
+            return
+        stored = broker.writes_pending() > before
+        if not wanting:
+            if stored:
+                broker.when_durable(self._acker(link, req))
+            else:
+                link.send(frames.ack(req, 0))
+            return
+        join = _Join(int(stored) + len(wanting), self._acker(link, req))
+        if stored:
+            broker.when_durable(join)
+        parts = (qos, flags, expiry, tenant.encode(), topic.encode(), props, payload)
+        for h in wanting:
+            self.handoff.hold(h, msg, parts, join)
+
+    @staticmethod
+    def _acker(link, req: int):
+        return lambda ok: link.send(frames.ack(req, 0 if ok else rc.IMPLEMENTATION_SPECIFIC_ERROR))

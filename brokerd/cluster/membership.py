@@ -1,0 +1,90 @@
+"""Who is in the cluster, and the figures the nodes share (asyncio side).
+
+A Redis key per node with a TTL, refreshed every second, holds what the
+others need of it: its link address, its MQTT URLs, its admin API and the
+server reference clients are sent to; a node whose key is gone is dead.
+Each round also publishes this node's connections per tenant (tenant
+connection quotas count every node) and its counters, and sums everyone's
+for the cluster-wide ``$SYS`` tree. What a round's failure means is
+``fencing.Fencing``'s to decide; what a departure means, ``node``'s.
+"""
+
+import time
+
+from redis.exceptions import RedisError
+
+from .bus import redacted
+from .ports import ClusterBroker, ClusterError, MemberBus, NodeAddresses
+
+
+class Membership:
+    def __init__(self, node_id: str, bus: MemberBus, broker: ClusterBroker, addresses: NodeAddresses | None,
+                 reference: str | None = None, wall=time.time):
+        self.id = node_id
+        self.bus = bus
+        self.broker = broker
+        self.addresses = addresses
+        self.reference = reference          # --server-reference: where clients are sent (v5 0x9C)
+        self.wall = wall
+        self.link_address = ""              # HOST:PORT of this node's link listener
+        self.members: dict[str, dict] = {}  # the other live nodes -> their info
+        self.stats_totals: dict[str, float] = {}
+
+    def info(self) -> dict:
+        a = self.addresses
+        if a is None:
+            return {"link": self.link_address, "mqtt": [], "admin": None, "ref": self.reference,
+                    "started": self.wall()}
+        return {"link": a.advertised(self.link_address), "mqtt": a.mqtt_urls(), "admin": a.admin_address(),
+                "ref": self.reference, "started": self.wall()}
+
+    async def join(self) -> None:
+        try:
+            self.members = await self.bus.members()
+        except (RedisError, OSError) as exc:
+            raise ClusterError(f"cannot reach the cluster bus {redacted(self.bus.url)}: {exc}") from None
+        self.members.pop(self.id, None)
+
+    async def poll(self) -> dict[str, dict]:
+        """One heartbeat round: refresh this node's key, read who is there,
+        share the figures; -> the other members (raises when the bus failed)."""
+        await self.bus.heartbeat(self.info())
+        members = await self.bus.members()
+        members.pop(self.id, None)
+        await self._publish_counts()
+        return members
+
+    def update(self, members: dict[str, dict]) -> set[str]:
+        """The members a round read; -> the nodes that are gone."""
+        gone = set(self.members) - set(members)
+        self.members = members
+        return gone
+
+    async def look_up(self, node: str) -> bool:
+        """Whether ``node`` is a member now (a node that just joined may be newer than this list)."""
+        members = await self.bus.members()
+        if node in members:
+            self.members.setdefault(node, members[node])
+            return True
+        return False
+
+    async def _publish_counts(self) -> None:
+        local = self.broker.connection_counts()
+        totals = await self.bus.set_counts(local)
+        self.broker.remote_connections({t: totals[t] - local.get(t, 0) for t in totals})
+        await self.bus.set_stats(self.broker.node_stats())
+        totals_stats: dict[str, float] = {}
+        for stats in (await self.bus.all_stats()).values():
+            for k, v in stats.items():
+                totals_stats[k] = totals_stats.get(k, 0) + float(v)
+        totals_stats["nodes"] = len(self.members) + 1
+        self.stats_totals = totals_stats
+
+    def other_node_url(self, scheme: str = "mqtt") -> str | None:
+        for info in self.members.values():
+            if info.get("ref") and scheme == "mqtt":
+                return info["ref"]
+            for url in info.get("mqtt", ()):
+                if url.startswith(scheme + "://"):
+                    return url.split("://", 1)[1].split("/", 1)[0]
+        return None

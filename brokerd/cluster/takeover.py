@@ -1,0 +1,160 @@
+"""Client ids across the cluster: a CONNECT claims its client id, taking the
+session over from the node that holds it (asyncio side).
+
+A Redis hash maps each client id to the node that holds its session (the
+registry), and a short lock on the client id serialises CONNECTs. A CONNECT
+for a session held elsewhere asks that node for it (TAKEOVER): that node
+disconnects the old connection (0x8E), writes what it still owes to the
+store and lets go (RELEASED) -- handing the session's messages over on the
+way (``handoff.Handoff``) -- and this node loads the session from the
+store. A node hands a session over only to the node that holds its client
+id's lock. A client without a stored session registers its will, which a
+survivor publishes should this node die (``adoption``).
+"""
+
+import logging
+from typing import Protocol
+
+from ..protocol import reason as rc
+from ..store.records import pack_will
+from . import frames
+from .announce import Announcer
+from .handoff import RELEASE_TIMEOUT, Handoff
+from .ports import ClaimingChannel, ClientBus, Clock, ClusterBroker, FenceState, StoreDrain
+from .requests import LATE, LOST, RELEASE, Requests, ask
+
+log = logging.getLogger("brokerd.cluster")
+
+CONNECTING = 1           # protocol.channel's state of a connection whose CONNECT is being handled
+
+
+class SessionLoader(Protocol):
+    async def load(self, tenant: str, cid: str, wills: bool = True) -> bool: ...
+
+
+class Takeover:
+    def __init__(self, node_id: str, bus: ClientBus, broker: ClusterBroker, sessions: SessionLoader,
+                 handoff: Handoff, announcer: Announcer, requests: Requests, send, members_of,
+                 writer: StoreDrain | None, fence: FenceState, clock: Clock, spawn):
+        self.id = node_id
+        self.bus = bus
+        self.broker = broker
+        self.sessions = sessions
+        self.handoff = handoff
+        self.announcer = announcer
+        self.requests = requests
+        self.send = send                  # send(node, frame): over this node's link to it
+        self.members_of = members_of      # () -> the other members
+        self.writer = writer
+        self.fence = fence
+        self.clock = clock
+        self.spawn = spawn                # spawn(coroutine): run it as a task
+
+    # ========================================================== new owner
+
+    def claim(self, channel: ClaimingChannel, tenant: str, cid: str, clean_start: bool, will, cont) -> None:
+        """CONNECT of ``cid`` on this node: take its session over from wherever
+        it is, then ``cont(now)`` opens it here."""
+        self.spawn(self.run_claim(channel, tenant, cid, clean_start, will, cont))
+
+    async def run_claim(self, channel: ClaimingChannel, tenant, cid, clean_start, will, cont) -> None:
+        if self.fence.fenced:
+            channel.refuse(rc.SERVER_UNAVAILABLE, "this node is out of the cluster")
+            return
+        token = None
+        try:
+            # the common case in one round trip: the client id was free, or already here
+            owner = await self.bus.try_claim(tenant, cid)
+            if owner is not None:
+                token = await self.bus.lock(tenant, cid)
+                if token is None:
+                    channel.refuse(rc.SERVER_BUSY, "the client id is being taken over")
+                    return
+                owner = await self.bus.owner(tenant, cid)
+                if owner is not None and owner != self.id and owner in self.members_of():
+                    self.handoff.expect(tenant, cid)
+                    await self._request_release(owner, tenant, cid)
+                if not clean_start:
+                    await self.sessions.load(tenant, cid)
+                self.handoff.flush_arriving(tenant, cid)
+                await self.bus.claim(tenant, cid, False, owner)
+            elif not clean_start and not self.broker.holds(tenant, cid):
+                # free in the registry but perhaps stored: Redis may have lost its registry (restarted
+                # empty) before anyone adopted the session -- the store, not the registry, is the truth
+                await self.sessions.load(tenant, cid)
+            if channel.state != CONNECTING:         # the client went away meanwhile
+                return
+            cont(self.clock())
+            session = channel.session
+            if session is not None and session.durable:
+                await self.bus.mark_owned(tenant, cid)
+            if will is not None and session is not None and not session.durable:
+                await self.bus.set_will(tenant, cid, pack_will(will))
+        except Exception as exc:
+            log.warning("CONNECT of %s/%s refused: cluster unavailable (%s)", tenant, cid, exc)
+            if channel.state == CONNECTING:
+                channel.refuse(rc.SERVER_UNAVAILABLE, "cluster unavailable")
+        finally:
+            self.handoff.done_expecting(tenant, cid)
+            self.handoff.flush_arriving(tenant, cid)
+            if token is not None:
+                try:
+                    await self.bus.unlock(tenant, cid, token)
+                except Exception:
+                    pass
+
+    async def _request_release(self, node: str, tenant: str, cid: str) -> bool:
+        answer = await ask(self.requests, RELEASE, node, lambda r: self.send(node, frames.takeover(r, tenant, cid)),
+                           self.clock() + RELEASE_TIMEOUT)
+        if answer is LATE:
+            log.warning("node %s did not release %s/%s in time", node, tenant, cid)
+            return False
+        return answer is not LOST and answer
+
+    def client_gone(self, tenant: str, cid: str, ended: bool, had_will: bool) -> None:
+        """A connection closed here; ``ended``: its session is over too."""
+        if self.fence.fenced or not (ended or had_will):
+            return
+
+        async def update():
+            try:
+                await self.bus.gone(tenant, cid, ended, had_will)
+            except Exception:
+                pass
+
+        self.spawn(update())
+
+    # ========================================================== old owner
+
+    async def on_takeover(self, link, req: int, tenant: str, cid: str) -> None:
+        """Another node takes a session of this one over (see ``handoff``) --
+        only while it holds the client id's lock, as a CONNECT there does."""
+        try:
+            holder_node = await self.bus.lock_holder(tenant, cid)
+        except Exception as exc:
+            holder_node = None
+            log.warning("takeover of %s/%s by node %s: lock unknown (%s)", tenant, cid, link.peer, exc)
+        if holder_node != link.peer:
+            log.warning("takeover of %s/%s refused: node %s does not hold the client id's lock", tenant, cid,
+                        link.peer)
+            link.send(frames.released(req, 2))
+            return
+        holder = None
+        if not self.fence.fenced and link.peer:
+            filters = self.broker.handoff_filters(tenant, cid)
+            if filters:
+                holder = await self.handoff.begin(link, tenant, cid, filters)
+        # from here on, what arrives for the session goes to the holder (no await in between)
+        found = self.broker.release(tenant, cid, self.clock())
+        if found:
+            for filt in self.announcer.announced_filters(tenant):
+                self.announcer.route_dirty(tenant, filt)
+        try:
+            if holder is not None:
+                await self.handoff.switch(holder)
+            if found and self.writer is not None:
+                await self.writer.drain(5.0)
+        finally:
+            if holder is not None:
+                self.handoff.end(holder)
+        link.send(frames.released(req, 0 if found else 1))

@@ -1,0 +1,174 @@
+"""Fencing -- a node cut off from the bus lets go before the others take
+over, and rejoins when the bus is back -- driven with a fake bus and a fake
+clock (``fakes.py``): no Redis, no socket, no wait. (test_failover.py cuts a
+real node off a real Redis through a proxy.)
+
+``a`` holds the stored session of ``t/dev`` (``x/#``), ``b`` the one of
+``t/dev2`` (``y/#``); ``b`` sends clients elsewhere to ``b.example.net:1883``.
+"""
+
+import asyncio
+import json
+
+from brokerd.cluster import frames
+from brokerd.cluster.fencing import MARGIN
+from brokerd.cluster.node import HEARTBEAT
+from brokerd.protocol import reason as rc
+
+from .fakes import Connecting, FakeNet, publish
+
+REF = "b.example.net:1883"
+
+
+def run(coro):
+    asyncio.run(asyncio.wait_for(coro, 30))
+
+
+async def two_nodes():
+    net = FakeNet()
+    a = await net.node("a")
+    b = await net.node("b", reference=REF)
+    for node, cid, filt in ((a, "dev", "x/#"), (b, "dev2", "y/#")):
+        net.store.add("t", cid, [filt])
+        conn = Connecting()
+        node.claim(conn, "t", cid, False, None, conn.cont)
+        await net.settle()
+        assert conn.opened
+    assert a.routes.match("t", "y/1") == ({"b": True}, []) and b.routes.match("t", "x/1") == ({"a": True}, [])
+    return net, a, b
+
+
+async def beat_at(net, node, t: float) -> None:
+    net.clock.now = t
+    await node.heartbeat()
+
+
+def test_a_node_fences_itself_once_the_bus_is_out_of_reach_for_ttl_minus_margin():
+    """The bus stops answering a: heartbeats fail, and a stays in service for
+    ttl - MARGIN (3.5 s) after the last round that succeeded -- a short outage
+    changes nothing -- then fences: its clients sent to b (0x9C with b's
+    reference), its writes drained, its sessions and b's routes dropped, what
+    it waited for failed; it refuses CONNECTs and takes on no QoS 1 message.
+    b declares it dead only at ttl (5 s) and adopts its session: never two
+    nodes holding one session."""
+
+    async def go():
+        net, a, b = await two_nodes()
+        net.wire.lose(frames.ACK, "b", "a")
+        pending = publish(a, "t", "y/1", b"for b")       # a waits for b's ACK
+        await net.settle()
+        assert not pending.done
+        limit = a.bus.ttl - MARGIN
+        t0 = net.clock()
+        await beat_at(net, a, t0)
+        a.bus.reachable = False
+        for dt in (HEARTBEAT, 2 * HEARTBEAT, 3.0):       # a short outage ...
+            await beat_at(net, a, t0 + dt)
+        a.bus.reachable = True
+        await beat_at(net, a, t0 + 3.2)                  # ... is forgotten once the bus answers
+        a.bus.reachable = False
+        t1 = t0 + 3.2
+        for dt in (1.0, 2.0, 3.0, limit):
+            await beat_at(net, a, t1 + dt)
+            assert not a.fenced, f"fenced {dt} s after the last round that reached the bus"
+        assert a.broker.holds("t", "dev") and not a.broker.disconnected
+        await beat_at(net, a, t1 + limit + 0.01)
+        assert a.fenced
+        assert a.broker.disconnected == [(rc.USE_ANOTHER_SERVER, REF)]
+        assert a.sessions.store is net.store and a.fencing.writer.drains >= 1
+        assert not a.broker.sessions
+        assert a.routes.nodes() == set()
+        assert pending.done and not pending.ok
+        refused = Connecting()
+        a.claim(refused, "t", "new", True, None, refused.cont)
+        await net.step()
+        assert refused.refused[0] == rc.SERVER_UNAVAILABLE and not refused.opened
+        late = publish(b, "t", "x/1", b"for a")        # b still routes x/# to a: a must not take it on
+        await net.settle()
+        assert late.done and not late.ok
+        # b: a's membership lives until its last refresh + ttl
+        await beat_at(net, b, t1 + a.bus.ttl - 0.01)
+        assert "a" in b.members and not b.broker.holds("t", "dev")
+        await beat_at(net, b, t1 + a.bus.ttl)
+        assert "a" not in b.members
+        await net.settle()
+        assert b.broker.holds("t", "dev") and not a.broker.holds("t", "dev")
+        assert net.state.clients["t"]["dev"] == "b"
+
+    run(go())
+
+
+def test_without_another_node_to_send_them_to_clients_are_told_the_server_shuts_down():
+    async def go():
+        net = FakeNet()
+        a = await net.node("a")
+        a.bus.reachable = False
+        await beat_at(net, a, net.clock() + a.bus.ttl)
+        assert a.fenced and a.broker.disconnected == [(rc.SERVER_SHUTTING_DOWN, None)]
+
+    run(go())
+
+
+def test_a_fenced_node_rejoins_when_the_bus_answers_and_reloads_the_route_table():
+    """While a is fenced, b adopts a's session, compacts the log into a
+    snapshot and trims it. When the bus answers a again, a says "reset"
+    (what it announced before is void), reloads the table from the snapshot
+    and the log after it -- b's routes, the adopted one among them --, and
+    accepts CONNECTs again; its new session's route reaches b."""
+
+    async def go():
+        net, a, b = await two_nodes()
+        t0 = net.clock()
+        await beat_at(net, a, t0)
+        a.bus.reachable = False
+        await beat_at(net, a, t0 + a.bus.ttl)
+        assert a.fenced
+        await beat_at(net, b, t0 + a.bus.ttl)
+        await net.settle()
+        assert b.broker.holds("t", "dev")
+        await b.eventlog.compact()
+        net.state.leases.clear()
+        extra = Connecting()                             # one more route, after the first snapshot
+        net.store.add("t", "dev3", ["z/#"])
+        b.claim(extra, "t", "dev3", False, None, extra.cont)
+        await net.settle()
+        await b.eventlog.compact()                       # trims the log to the first snapshot
+        assert len(net.state.events) < net.state.seq
+        assert a.routes.nodes() == set()
+        a.bus.reachable = True
+        await beat_at(net, a, t0 + a.bus.ttl + 2)
+        assert not a.fenced
+        assert json.loads(net.state.events[-1][1]) == {"t": "reset", "n": "a"}
+        assert not a.announcer.announced
+        for topic in ("x/1", "y/1", "z/1"):
+            assert a.routes.match("t", topic) == ({"b": True}, []), topic
+        await beat_at(net, b, net.clock() + HEARTBEAT)     # b sees a back
+        assert "a" in b.members
+        await net.settle()
+        back = Connecting()
+        net.store.add("t", "dev4", ["w/#"])
+        a.claim(back, "t", "dev4", False, None, back.cont)
+        await net.settle()
+        assert back.opened and a.broker.holds("t", "dev4")
+        assert b.routes.match("t", "w/1") == ({"a": True}, [])
+        ack = publish(b, "t", "w/1", b"again")
+        await net.settle()
+        assert ack.done and ack.ok and net.store.queues[("t", "dev4")] == [b"again"]
+
+    run(go())
+
+
+def test_a_fenced_node_answers_route_switches_at_once():
+    """A SYNC that reaches a fenced node is answered at once: it applies no
+    event any more, and a handoff elsewhere must not wait for it."""
+
+    async def go():
+        net, a, b = await two_nodes()
+        a.bus.reachable = False
+        await beat_at(net, a, net.clock() + a.bus.ttl)
+        assert a.fenced
+        net.wire.queue.clear()
+        a.on_frame(type("Link", (), {"peer": "b"})(), (frames.SYNC, 7, "999999-0"))
+        assert list(net.wire.queue) == [("a", "b", "a", frames.synced(7))] and not a.handoff.syncs
+
+    run(go())
