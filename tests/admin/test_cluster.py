@@ -131,7 +131,7 @@ def test_a_kick_through_another_node_is_audited_under_the_console_user(three, pl
     """The console asks n1 to kick a client whose session is on n2: n2 does it and writes
     the audit row, naming the console user (X-On-Behalf-Of passed on with the request; it
     was lost on the way) and the console's token."""
-    from console.brokerd_api import BrokerdClient
+    from core.brokerd_client import BrokerdClient
 
     c, (n1, n2, n3) = three
     stem = f"aud-{time.monotonic_ns()}"

@@ -117,9 +117,9 @@ def test_a_console_made_token_cannot_name_the_user_it_acts_for(plane, node, http
 
 
 def test_the_consoles_own_token_names_the_console_user_and_itself(plane, node, tokens, client_id):
-    """The console's client (console/brokerd_api.py) with the console's token: the audit row
+    """The console's client (core/brokerd_client.py) with the console's token: the audit row
     names the console user and the token it came through."""
-    from console.brokerd_api import BrokerdClient
+    from core.brokerd_client import BrokerdClient
 
     c = PahoClient(client_id).connect(node.port())
     api = BrokerdClient(base_url=node.admin_url, token=CONSOLE_TOKEN, actor="console:carol")
@@ -198,7 +198,7 @@ def test_while_the_consoles_token_is_rotated_the_previous_one_still_acts_for_its
     old one as BROKERD_ADMIN_TOKEN_PREVIOUS, so the console, until it has switched, still acts
     for its users (a console-made token would now get 403 for X-On-Behalf-Of). The audit row
     says which of the two it was; any other secret is refused."""
-    from console.brokerd_api import BrokerdClient
+    from core.brokerd_client import BrokerdClient
 
     from ..procs import BrokerProcess
 
