@@ -162,11 +162,14 @@ class Handoff:
         link.send(frames.holding(req, json.dumps(counts)))
 
     def flush_arriving(self, tenant: str, cid: str, ok: bool = True) -> None:
-        """The session is here (or will not be): what was held goes to it."""
+        """The session is here (or will not be): what was held goes to it. When
+        it is not here (its load failed, the claim gave up, a clean start), what
+        was held reached no session: the publishers are told, and send again."""
         h = self.arriving.pop((tenant, cid), None)
         if h is None:
             return
         self._forget(h)
+        ok = ok and self.broker.holds(tenant, cid)
         now = self.clock()
         waiters = []
         for msg, waiter in h.old + h.new:

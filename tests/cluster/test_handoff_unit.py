@@ -106,6 +106,47 @@ def test_messages_during_a_handoff_are_neither_lost_nor_doubled_nor_reordered(ca
     assert through_old > 0 and held > 0, "the takeover did not go through both of the handoff's paths"
 
 
+def test_what_the_new_owner_held_for_a_session_it_could_not_load_is_refused(caplog):
+    """The same takeover, but the stored session is gone when b loads it (a
+    store that lost it, a load that failed): what b held for it reached no
+    session, so its publishers get a negative ack and send again -- they
+    were acknowledged as stored (a loss). Everything acknowledged is in the
+    session's stored queue."""
+
+    async def go():
+        net, a, b, c = await three_nodes()
+        sent = []
+
+        async def one():
+            sent.append(publish(c, "t", "x/1", b"%d" % len(sent)))
+            await net.step()
+            assert len(sent) < 200, "the takeover never finished"
+
+        for _ in range(3):
+            await one()
+        net.deaf.add("c")
+        net.store.records.clear()                 # b's load of the session will find nothing
+        second = Connecting()
+        b.claim(second, *SESSION, False, None, second.cont)
+        while a.broker.holds(*SESSION):
+            await one()
+        for _ in range(3):
+            await one()
+        net.deaf.clear()
+        while not second.opened:                  # c switches to b, which holds them
+            await one()
+        await net.settle()
+        assert all(ack.done for ack in sent)
+        acked = [i for i, ack in enumerate(sent) if ack.ok]
+        refused = [i for i, ack in enumerate(sent) if not ack.ok]
+        queue = net.store.queues[SESSION]
+        assert [b"%d" % i for i in acked if b"%d" % i not in queue] == [], "acknowledged, never stored"
+        assert refused, "no message was held for the session at b"
+
+    with caplog.at_level(logging.INFO, logger="brokerd.cluster"):
+        run(go())
+
+
 def test_a_slow_link_to_the_old_owner_does_not_reorder(caplog):
     """c's link to a stalls while the routes switch: c sends the next messages
     to b, whose confirmation (SYNCED) to a waits behind the stalled ones on
@@ -248,7 +289,8 @@ def test_acks_that_never_come_fail_at_the_deadline():
 def test_a_holder_whose_session_never_comes_is_flushed_at_its_deadline():
     """b holds messages for a session it expected, and no claim is under way
     any more: the holder is flushed RELEASE_TIMEOUT after it began (by the
-    clock, not before) -- to nobody, the session is not here."""
+    clock, not before) -- to nobody, the session is not here, so its
+    publisher gets a negative ack."""
 
     async def go():
         net, a, b, c = await three_nodes()
@@ -269,6 +311,8 @@ def test_a_holder_whose_session_never_comes_is_flushed_at_its_deadline():
         await net.settle()
         assert not b.handoff.arriving and not b.handoff.moving and held.done
         assert b"late" not in net.store.queues[SESSION]
+        # nobody stored it: the publisher is told so (and sends again) -- it was acknowledged as stored
+        assert not held.ok, "a message no session received was acknowledged to its publisher"
 
     run(go())
 
