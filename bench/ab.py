@@ -18,6 +18,7 @@ part of the test suite.
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from run import SCENARIOS, fmt, get  # noqa: E402
+from run import DEFAULT_MQTTBENCH, SCENARIOS, fmt, get  # noqa: E402
 
 
 def cpu_us_per_message(res: dict) -> float | None:
@@ -40,7 +41,9 @@ def run_once(checkout: Path, scenario: str, out: Path, python: str, extra: list[
     cmd = [python, str(checkout / "bench" / "run.py"), "--brokers", "brokerd", "--runs", "1", "--out", str(out),
            *[f"--brokerd-arg={a}" for a in extra], scenario]
     before = out.read_text().count("\n") if out.exists() else 0
-    subprocess.run(cmd, cwd=checkout, check=True, capture_output=True, text=True, timeout=900)
+    # both sides use one generator (this checkout's default; a worktree elsewhere has no ../shared)
+    env = {**os.environ, "MQTTBENCH": os.environ.get("MQTTBENCH", str(DEFAULT_MQTTBENCH))}
+    subprocess.run(cmd, cwd=checkout, check=True, capture_output=True, text=True, timeout=900, env=env)
     lines = out.read_text().splitlines()[before:]
     return json.loads(lines[-1])
 
