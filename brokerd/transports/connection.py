@@ -48,6 +48,59 @@ class Flusher:
             self.after()
 
 
+DRAIN_SECONDS = 2.0            # a closed connection's input is read and dropped this long at most ...
+DRAIN_BYTES = 4 * 1024 * 1024  # ... and this much: then the socket closes whatever the peer does
+
+
+class _Drain(asyncio.Protocol):
+    """What a connection becomes when the server closed it: its last bytes
+    (a DISCONNECT, a refusing CONNACK) are on their way and our FIN follows
+    them (``write_eof``); whatever the peer still sends is read and dropped
+    until it closes too, DRAIN_SECONDS pass or DRAIN_BYTES arrive. Closing a
+    socket with unread input makes the kernel answer with RST and drop what
+    it had not sent yet -- the client would read a reset instead of the
+    DISCONNECT (a client over its Receive Maximum whose PUBLISHes were still
+    on the wire, one slow to read). The protocol it replaces hears
+    ``connection_lost`` as before."""
+
+    __slots__ = ("transport", "owner", "left", "timer")
+
+    def __init__(self, transport, owner, loop):
+        self.transport = transport
+        self.owner = owner
+        self.left = DRAIN_BYTES
+        self.timer = loop.call_later(DRAIN_SECONDS, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        self.left -= len(data)
+        if self.left < 0:
+            self.transport.close()
+
+    def eof_received(self):
+        return False                   # the peer is done too: close now
+
+    def connection_lost(self, exc) -> None:
+        self.timer.cancel()
+        self.owner.connection_lost(exc)
+
+
+def close_gently(transport, owner, loop) -> None:
+    """Close a connection whose last bytes must reach the peer: half-close and
+    drain where the transport can (plain TCP), else close at once (TLS has no
+    half-close). A connection closed with nothing to say (a CONNECT that never
+    came, one over the pre-authentication budget) is closed at once."""
+    if not transport.can_write_eof():
+        transport.close()
+        return
+    try:
+        transport.write_eof()
+    except (OSError, RuntimeError):
+        transport.close()
+        return
+    transport.set_protocol(_Drain(transport, owner, loop))
+    transport.resume_reading()          # a paused connection (CONNECT pending, rate, budget) is drained too
+
+
 class _Closed:
     """The hooks of a channel whose connection is gone: everything is a no-op."""
 
@@ -169,9 +222,13 @@ class MqttConnection(asyncio.Protocol):
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:
+            last_words = bool(self.channel.out)        # a DISCONNECT or a refusing CONNACK
             self.flush()
             self.closed = True
-            self.transport.close()
+            if last_words:
+                close_gently(self.transport, self, self.server.loop)
+            else:
+                self.transport.close()
 
     def pause_reading(self, why: int = PAUSE_CONNECT) -> None:
         was = self.paused

@@ -1,6 +1,7 @@
 """QoS 0/1/2 in both directions, packet identifiers, inflight window, Receive Maximum,
 DUP redelivery on session resumption, QoS downgrade."""
 
+import socket
 import threading
 import time
 
@@ -339,3 +340,39 @@ def test_v311_client_with_many_qos2_in_flight_is_served(broker, client_id, topic
             assert sorted(c.expect(PUBCOMP).pid for _ in range(40)) == recs
         assert len(sub.expect_n(40)) == 40
 
+
+
+def test_a_client_that_keeps_sending_after_a_protocol_error_reads_the_disconnect(window_broker, client_id, topic):
+    """A v5 client over Receive Maximum whose PUBLISHes keep arriving, and which is slow to read
+    what it is sent, must still read DISCONNECT 0x93, not a connection reset. Closing a socket
+    that has unread input makes the kernel send RST and drop what it had not sent yet -- the
+    DISCONNECT, queued behind the messages the client had not read. The server half-closes,
+    drains the client's input until the client closes (or briefly), then closes."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)     # a client slow to take its input
+    sock.connect(("127.0.0.1", window_broker.port()))
+    c = RawClient(window_broker.port(), sock=sock)
+    with c:
+        c.connect(client_id, version=5)
+        c.send(raw.subscribe_packet(1, [(topic, 0)], version=5))
+        assert c.recv().type == raw.SUBACK
+        with connect(window_broker.port(), client_id + "-pub", V311) as pub:
+            for _ in range(200):               # 2 MB the subscriber does not read yet
+                pub.publish(topic, b"m" * 10_000, qos=0)
+            pub.publish(topic, b"end", qos=1)
+
+            def flood():                       # the 3rd QoS 2 PUBLISH breaks the window (2); 1 MB more follows
+                try:
+                    for pid in range(1, 1000):
+                        c.sock.sendall(raw.publish_packet(topic, b"x" * 1000, qos=2, pid=pid, version=5))
+                except OSError:
+                    pass
+
+            sender = threading.Thread(target=flood, daemon=True)
+            sender.start()
+            time.sleep(1.0)                    # the server answered and closed before we read
+            got = c.expect_closed(timeout=15)
+            sender.join(5)
+        kinds = [p.type for p in got]
+        assert kinds and kinds[-1] == raw.DISCONNECT, f"{len(kinds)} packets, the last {kinds[-3:]}"
+        assert got[-1].code == 0x93
