@@ -2,6 +2,8 @@
 .PHONY: run test setup lint bench clean
 
 VENV ?= .venv
+# pytest-xdist processes for make test (auto: one per core), each test file kept on one of them
+PYTEST_WORKERS ?= auto
 PY := $(VENV)/bin/python
 
 setup:
@@ -12,7 +14,7 @@ run: setup
 
 test: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 lint: setup
 	$(PY) -m ruff check .
