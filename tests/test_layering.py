@@ -72,6 +72,8 @@ RULES = [
     Rule("brokerd.tenancy.enforcement", IO, "enforcement is pure"),
     Rule("brokerd.tenancy.acl", IO, "the ACL engine is pure (the console runs it too)"),
     Rule("brokerd.metrics.accounting", IO, "counting is pure"),
+    Rule("brokerd.rules", IO + ("brokerd.broker", "brokerd.registry", "brokerd.tenancy"),
+         "the rule engine is pure (the console compiles rules with it too): the broker is handed in"),
     Rule("brokerd.metrics.counters", IO, "counters are pure (the console reads DROP_REASONS)"),
 ]
 

@@ -1,0 +1,227 @@
+"""The rule language: statements compiled once, run on messages and events."""
+
+import hashlib
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from brokerd.rules import Context, RuleEvalError, RuleSyntaxError, compile_rule
+from brokerd.rules.template import Template, TemplateError
+
+
+def msg(topic="sensors/d1/temp", payload=b'{"temp": 31}', **kw):
+    kw.setdefault("clientid", "c1")
+    kw.setdefault("username", "acme/d1")
+    kw.setdefault("timestamp", 1_700_000_000_123)
+    return Context("message.publish", topic, payload, **kw)
+
+
+def run(sql, ctx):
+    return compile_rule(sql).run(ctx)
+
+
+def test_the_issue_example():
+    rule = compile_rule('SELECT payload.temp AS t, clientid, topic, timestamp FROM "sensors/+/temp" '
+                        "WHERE payload.temp > 30")
+    assert rule.topics == ("sensors/+/temp",) and not rule.events
+    assert rule.matches("sensors/d1/temp") and not rule.matches("sensors/d1/hum")
+    assert rule.run(msg()) == {"t": 31, "clientid": "c1", "topic": "sensors/d1/temp", "timestamp": 1_700_000_000_123}
+    assert rule.run(msg(payload=b'{"temp": 30}')) is None
+
+
+def test_fields_of_a_message():
+    ctx = msg(qos=1, retain=True, user_properties=[("site", "north"), ("k", "v")])
+    row = run("SELECT clientid, username, topic, qos, retain, payload, timestamp, user_properties.site AS site, "
+              'user_properties FROM "#"', ctx)
+    assert row == {"clientid": "c1", "username": "acme/d1", "topic": "sensors/d1/temp", "qos": 1, "retain": True,
+                   "payload": '{"temp": 31}', "timestamp": 1_700_000_000_123, "site": "north",
+                   "user_properties": {"site": "north", "k": "v"}}
+
+
+def test_nested_payload_fields_arrays_and_unnamed_columns():
+    ctx = msg(payload=b'{"a": {"b": {"c": {"d": 4}}}, "arr": [10, 20], "s": "x"}')
+    row = run('SELECT payload.a.b.c.d AS d, payload.arr[2] AS second, payload.arr[3] AS beyond, '
+              'payload.a.b, payload.missing.deep AS m, clientid FROM "#"', ctx)
+    assert row == {"d": 4, "second": 20, "beyond": None, "payload": {"a": {"b": {"c": {"d": 4}}}}, "m": None,
+                   "clientid": "c1"}
+
+
+def test_payload_that_is_not_json_reads_as_null():
+    assert run('SELECT payload.x AS x, payload FROM "#"', msg(payload=b"\xffnot json")) == {
+        "x": None, "payload": "\ufffdnot json"}
+    assert run('SELECT * FROM "#" WHERE payload.x > 1', msg(payload=b"3")) is None
+
+
+def test_the_payload_is_decoded_once_and_only_when_read(monkeypatch):
+    import brokerd.rules.context as context
+    calls = []
+    real = context.json.loads
+    monkeypatch.setattr(context.json, "loads", lambda b: calls.append(b) or real(b))
+    ctx = msg()
+    run('SELECT clientid FROM "#" WHERE topic = \'sensors/d1/temp\'', ctx)
+    assert calls == []
+    for _ in range(3):
+        run('SELECT payload.temp AS t FROM "#" WHERE payload.temp > 1', ctx)
+    assert len(calls) == 1
+
+
+def test_topic_levels():
+    row = run("SELECT nth(2, split(topic, '/')) AS device, nth(9, split(topic, '/')) AS none FROM \"sensors/#\"",
+              msg(topic="sensors/d7/temp"))
+    assert row == {"device": "d7", "none": None}
+
+
+def test_operators():
+    ctx = msg(payload=b'{"a": 7, "b": 2, "s": "abc", "n": null}')
+    row = run("SELECT payload.a + payload.b AS add, payload.a - payload.b AS sub, payload.a * payload.b AS mul, "
+              "payload.a / payload.b AS div, payload.a % payload.b AS mod, -payload.a AS neg, "
+              "payload.s || '-' || clientid AS cat, payload.a > 5 AND payload.b < 5 AS both, "
+              "payload.a < 5 OR payload.b = 2 AS either, NOT payload.a = 7 AS notseven, "
+              "payload.a IN (1, 7) AS isin, payload.a BETWEEN 1 AND 5 AS btw, payload.s LIKE 'a_c%' AS lk, "
+              "payload.n IS NULL AS isnull, payload.a IS NOT NULL AS notnull, payload.n + 1 AS nullsum, "
+              "payload.a <> 7 AS ne, payload.a >= 7 AS ge, payload.a <= 6 AS le, "
+              "CASE WHEN payload.a > 5 THEN 'big' ELSE 'small' END AS size, "
+              "CASE payload.b WHEN 1 THEN 'one' WHEN 2 THEN 'two' END AS word, TRUE AS t, NULL AS nothing "
+              'FROM "#"', ctx)
+    assert row == {"add": 9, "sub": 5, "mul": 14, "div": 3.5, "mod": 1, "neg": -7, "cat": "abc-c1",
+                   "both": True, "either": True, "notseven": False, "isin": True, "btw": False, "lk": True,
+                   "isnull": True, "notnull": True, "nullsum": None, "ne": False, "ge": True, "le": False,
+                   "size": "big", "word": "two", "t": True, "nothing": None}
+
+
+def test_where_may_use_the_names_given_with_as():
+    rule = compile_rule('SELECT payload.temp * 1.8 + 32 AS f FROM "#" WHERE f > 90')
+    assert rule.run(msg(payload=b'{"temp": 35}')) == {"f": 95.0}
+    assert rule.run(msg(payload=b'{"temp": 30}')) is None
+
+
+def test_null_is_false_in_where():
+    for where in ("payload.none > 1", "NOT payload.none > 1", "payload.none = NULL", "payload.none AND TRUE"):
+        assert run(f'SELECT * FROM "#" WHERE {where}', msg()) is None, where
+
+
+def test_select_star_is_the_whole_context():
+    row = run('SELECT * FROM "#"', msg(qos=0, retain=False))
+    assert row == {"event": "message.publish", "clientid": "c1", "username": "acme/d1", "topic": "sensors/d1/temp",
+                   "qos": 0, "retain": False, "payload": '{"temp": 31}', "timestamp": 1_700_000_000_123}
+
+
+def test_functions():
+    ctx = msg(payload=b'{"s": "  Hello/World  ", "x": -2.5, "n": "42", "o": {"k": [1, 2]}}')
+    row = run("SELECT lower(payload.s) AS lo, upper(trim(payload.s)) AS up, ltrim(payload.s) AS lt, "
+              "rtrim(payload.s) AS rt, strlen(payload.s) AS sl, substr(trim(payload.s), 0, 5) AS sub, "
+              "replace(payload.s, 'o', '0') AS rep, regex_match(payload.s, 'W.r') AS rm, "
+              "concat(clientid, '-', payload.n) AS cc, int(payload.n) + 1 AS i, float('1.5') AS f, "
+              "str(payload.x) AS s, coalesce(payload.none, 'dflt') AS co, is_null(payload.none) AS isn, "
+              "abs(payload.x) AS a, ceil(payload.x) AS ce, floor(payload.x) AS fl, round(2.567, 2) AS r2, "
+              "round(2.5) AS r0, sqrt(16) AS sq, power(2, 10) AS pw, ln(1) AS ln, log(2, 8) AS lg, "
+              "log10(1000) AS l10, md5('abc') AS m, sha('abc') AS sh, sha256('abc') AS s256, "
+              "base64_encode('hi') AS b64, base64_decode('aGk=') AS unb64, json_encode(payload.o) AS je, "
+              "json_decode('{\"z\": 1}') AS jd, length(payload.o.k) AS ln2, now_timestamp() AS now, "
+              "now_timestamp('second') AS nows, now_rfc3339() AS iso, "
+              "unix_ts_to_rfc3339(0) AS epoch, unix_ts_to_rfc3339(60, 'second') AS minute "
+              'FROM "#"', ctx)
+    assert row == {
+        "lo": "  hello/world  ", "up": "HELLO/WORLD", "lt": "Hello/World  ", "rt": "  Hello/World", "sl": 15,
+        "sub": "Hello", "rep": "  Hell0/W0rld  ", "rm": True, "cc": "c1-42", "i": 43, "f": 1.5, "s": "-2.5",
+        "co": "dflt", "isn": True, "a": 2.5, "ce": -2, "fl": -3, "r2": 2.57, "r0": 2, "sq": 4.0, "pw": 1024,
+        "ln": 0.0, "lg": pytest.approx(3.0), "l10": pytest.approx(3.0), "m": hashlib.md5(b"abc").hexdigest(),
+        "sh": hashlib.sha1(b"abc").hexdigest(), "s256": hashlib.sha256(b"abc").hexdigest(), "b64": "aGk=",
+        "unb64": "hi", "je": '{"k":[1,2]}', "jd": {"z": 1}, "ln2": 2, "now": 1_700_000_000_123,
+        "nows": 1_700_000_000, "iso": "2023-11-14T22:13:20.123+00:00", "epoch": "1970-01-01T00:00:00.000+00:00",
+        "minute": "1970-01-01T00:01:00.000+00:00"}
+
+
+def test_a_function_of_null_is_null():
+    assert run('SELECT upper(payload.none) AS u, sqrt(payload.none) AS s FROM "#"', msg()) == {"u": None, "s": None}
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT payload.temp > 'x' AS bad FROM \"#\"",           # a number compared with a string
+    "SELECT 1 / 0 AS bad FROM \"#\"",
+    "SELECT sqrt(-1) AS bad FROM \"#\"",
+    "SELECT int('seven') AS bad FROM \"#\"",
+    "SELECT clientid + 1 AS bad FROM \"#\"",
+])
+def test_an_error_on_a_message_fails_the_rule_not_the_caller(sql):
+    with pytest.raises(RuleEvalError):
+        compile_rule(sql).run(msg())
+
+
+def test_events_and_several_topic_filters():
+    rule = compile_rule('SELECT clientid, event FROM "a/#", "b/+", "$events/client_connected", '
+                        '"$events/session_subscribed"')
+    assert rule.topics == ("a/#", "b/+") and rule.events == {"client_connected", "session_subscribed"}
+    assert rule.matches("b/x") and not rule.matches("b/x/y") and not rule.matches("c")
+    ev = Context("$events/client_connected", clientid="c9", timestamp=1)
+    assert rule.run(ev) == {"clientid": "c9", "event": "$events/client_connected"}
+
+
+def _error(sql) -> RuleSyntaxError:
+    with pytest.raises(RuleSyntaxError) as info:
+        compile_rule(sql)
+    return info.value
+
+
+@pytest.mark.parametrize("sql, line, column, says", [
+    ('SELECT a FROM "t" WHERE (payload.a > ', 1, 36, "incomplete"),
+    ('SELECT clientid\nFROM "t"\nWHERE bogus = 1', 3, 7, "unknown field 'bogus'"),
+    ('SELECT frobnicate(clientid) FROM "t"', 1, 8, "unknown function frobnicate()"),
+    ('SELECT upper(clientid, 2) FROM "t"', 1, 25, "arguments"),
+    ('SELECT nth(1) FROM "t"', 1, 8, "nth() takes 2 arguments, not 1"),
+    ('SELECT * FROM "$events/nope"', 1, 15, "unknown event"),
+    ('SELECT * FROM "a/#/b"', 1, 15, "not a valid topic filter"),
+    ('SELECT * FROM "$SYS/#"', 1, 15, "$events"),
+    ("SELECT 'abc FROM \"t\"", 1, 8, "unterminated"),
+    ('SELECT * FROM "t" GROUP BY clientid', 1, 28, "GROUP"),
+    ('SELECT * FROM t JOIN u ON t.a = u.b', 1, 22, "JOIN"),
+    ('SELECT * FROM "t" WHERE payload.x IS 3', 1, 25, "IS takes NULL"),
+    ('SELECT * FROM "t" WHERE payload.s LIKE clientid', 1, 40, "LIKE takes a string"),
+])
+def test_malformed_statements_are_refused_with_their_position(sql, line, column, says):
+    e = _error(sql)
+    assert (e.line, e.column) == (line, column), str(e)
+    assert says in e.message
+    assert str(e).startswith(f"line {line}, column {column}: ")
+
+
+@pytest.mark.parametrize("sql", ["", "   ", 'SELECT *', 'SELECT * FROM "a"; SELECT * FROM "b"',
+                                 "DELETE FROM t", 'SELECT * FROM "a" LIMIT 1'])
+def test_what_is_not_one_select_with_a_from_is_refused(sql):
+    _error(sql)
+
+
+def test_templates():
+    t = Template("out/${device}/${clientid}/${payload.temp}/${o.k}/${missing}")
+    row = {"device": "d7", "o": {"k": [1, "x"]}}
+    assert t.render(row, msg()) == 'out/d7/c1/31/[1,"x"]/'
+    assert Template("${topic}:${username}:${qos}").render({}, msg(qos=1)) == "sensors/d1/temp:acme/d1:1"
+    assert Template("${flag}").render({"flag": True}) == "true"
+    assert Template("plain").render({}) == "plain"
+    for bad in ("a/${", "a/${x", "${a b}", "${}"):
+        with pytest.raises(TemplateError):
+            Template(bad)
+
+
+# ------------------------------------------------------------- differential
+
+OPS = {">": lambda a, b: a > b, ">=": lambda a, b: a >= b, "<": lambda a, b: a < b, "<=": lambda a, b: a <= b,
+       "=": lambda a, b: a == b, "!=": lambda a, b: a != b}
+numbers = st.one_of(st.integers(-1000, 1000), st.floats(-1000, 1000, allow_nan=False).map(lambda f: round(f, 3)))
+
+
+@given(payloads=st.lists(st.fixed_dictionaries({}, optional={"temp": numbers, "hum": numbers}), max_size=8),
+       op=st.sampled_from(sorted(OPS)), threshold=numbers, conj=st.sampled_from(["AND", "OR"]),
+       scale=st.integers(-5, 5))
+def test_a_compiled_rule_agrees_with_a_plain_reading(payloads, op, threshold, conj, scale):
+    """The same statement, read by hand in Python: the rows it keeps and what they hold."""
+    rule = compile_rule(f"SELECT payload.temp * {scale} + 1 AS t, payload.hum AS h, clientid "
+                        f'FROM "s/+" WHERE payload.temp {op} {threshold} {conj} payload.hum IS NOT NULL')
+    for p in payloads:
+        temp, hum = p.get("temp"), p.get("hum")
+        cmp = None if temp is None else OPS[op](temp, threshold)
+        keep = (bool(cmp) and hum is not None) if conj == "AND" else (bool(cmp) or hum is not None)
+        expected = {"t": None if temp is None else temp * scale + 1, "h": hum, "clientid": "c1"} if keep else None
+        assert rule.run(msg("s/x", json.dumps(p).encode())) == expected
