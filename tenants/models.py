@@ -291,3 +291,27 @@ class PolicySnapshot(models.Model):
 
     def __str__(self):
         return f"policy of {self.tenant_slug} v{self.version}"
+
+
+class Rule(models.Model):
+    """A tenant's rule: an SQL-like statement over its messages and client
+    events, and what to do with each output row (``brokerd/rules/``)."""
+
+    class Action(models.TextChoices):
+        REPUBLISH = "republish"
+        WEBHOOK = "webhook"
+        STORE = "store"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="rules")
+    sql = models.TextField()
+    action = models.CharField(max_length=16, choices=Action.choices)
+    config = models.JSONField(default=dict)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["tenant_id", "id"]
+
+    def __str__(self):
+        return f"rule {self.pk} ({self.action}{'' if self.enabled else ', disabled'})"

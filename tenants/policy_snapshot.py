@@ -30,7 +30,9 @@ whole policy, never a difference.
      "acl": [{"id", "position", "who", "device", "pattern", "action",
               "topic", "allow"}],             # by position, then id
      "quota": {QUOTA_FIELDS: int|null},     # ceiling and own limit, the smaller
-     "sys": {"enabled": bool, "interval": int, "parts": [str]}}
+     "sys": {"enabled": bool, "interval": int, "parts": [str]},
+     "rules": [{"id": int, "sql": str, "action": "republish"|..., "config": {...},
+                "enabled": bool}]}             # by id; brokerd/rules/ (absent before issue 19)
 """
 
 import json
@@ -38,7 +40,7 @@ import json
 from django.db.models import F
 
 from . import limits
-from .models import AclRule, Credential, Device, OwnQuota, PolicyCounter, PolicySnapshot, Tenant
+from .models import AclRule, Credential, Device, OwnQuota, PolicyCounter, PolicySnapshot, Rule, Tenant
 from .validators import SYS_PARTS
 
 SCHEMA = 1
@@ -75,6 +77,11 @@ def rule_json(r: AclRule) -> dict:
     }
 
 
+def processing_rule_json(r: Rule) -> dict:
+    """A rule of the rule engine (not an ACL rule: ``rule_json``)."""
+    return {"id": r.pk, "sql": r.sql, "action": r.action, "config": r.config, "enabled": r.enabled}
+
+
 def _quota(tenant: Tenant) -> dict:
     """The administrators' ceilings, lowered where the tenant lowered them."""
     own = OwnQuota.objects.filter(tenant=tenant).first()
@@ -101,6 +108,7 @@ def build(tenant: Tenant) -> dict:
             "interval": sys_.interval,
             "parts": [p for p in SYS_PARTS if p in sys_.parts],
         },
+        "rules": [processing_rule_json(r) for r in tenant.rules.order_by("id")],
     }
 
 

@@ -53,8 +53,9 @@ def test_new_tenant_document(tenant):
         "devices": {}, "acl": [], "quota": dict.fromkeys(QUOTA_FIELDS),
         "sys": {"enabled": True, "interval": 10,
                 "parts": ["clients", "messages", "bytes", "subscriptions", "retained", "load"]},
+        "rules": [],
     }
-    assert list(doc) == ["schema", "tenant", "status", "default_acl", "devices", "acl", "quota", "sys"]
+    assert list(doc) == ["schema", "tenant", "status", "default_acl", "devices", "acl", "quota", "sys", "rules"]
 
 
 def test_tenant_changes(tenant):

@@ -1,0 +1,113 @@
+"""A tenant's rules: stored by the console, run by the brokerd nodes.
+
+The statement and the action are checked with the very compiler the nodes
+run (``brokerd.rules``, pure: no asyncio, no Django -- the console imports it
+as it imports ``brokerd.tenancy.acl``), so a rule the console stores is a rule
+every node can load, and ``test_rule`` shows what a node would output.
+Every change runs in one transaction that writes the tenant's policy
+snapshot (the nodes have it within about a second) and one audit row.
+
+The webhook and store actions are refused for now: the nodes do not run
+them yet, and a stored rule that does nothing would mislead.
+"""
+
+import json
+
+from django.db import transaction
+
+from brokerd.rules import Context, RuleEvalError, RuleSyntaxError, compile_rule
+from brokerd.rules.actions import ActionError, validate
+from core import audit
+
+from . import policy_snapshot
+from .errors import NotFound, ServiceError
+from .models import Rule, Tenant
+
+MAX_SQL = 16_384
+
+
+def rule_doc(rule: Rule) -> dict:
+    """What the snapshot carries, the audit log shows and ``rules list`` prints."""
+    return policy_snapshot.processing_rule_json(rule)
+
+
+def check_sql(sql: str):
+    """The compiled statement, or ServiceError with the line and column of the fault."""
+    if not isinstance(sql, str) or len(sql) > MAX_SQL:
+        raise ServiceError(f"rule statement: at most {MAX_SQL} characters")
+    try:
+        return compile_rule(sql)
+    except RuleSyntaxError as exc:
+        raise ServiceError(f"rule statement: {exc}") from None
+
+
+def check_action(action: str, config: dict) -> dict:
+    try:
+        return validate(action, config)
+    except ActionError as exc:
+        raise ServiceError(str(exc)) from None
+
+
+def _audit(action: str, rule_id, tenant: Tenant, before, after, request=None, actor=None) -> None:
+    audit.record(request, action, "rule", rule_id, tenant=tenant, before=before, after=after,
+                 actor=actor if actor is not None or request is not None else "manage.py")
+
+
+def rules(tenant: Tenant):
+    return tenant.rules.order_by("id")
+
+
+def get_rule(tenant: Tenant, rule_id: int) -> Rule:
+    rule = tenant.rules.filter(pk=rule_id).first()
+    if rule is None:
+        raise NotFound(f"tenant {tenant.slug!r} has no rule {rule_id}")
+    return rule
+
+
+@transaction.atomic
+def add_rule(tenant: Tenant, *, sql: str, action: str, config: dict, enabled: bool = True,
+             request=None, actor=None) -> Rule:
+    check_sql(sql)
+    config = check_action(action, config)
+    rule = Rule.objects.create(tenant=tenant, sql=sql, action=action, config=config, enabled=bool(enabled))
+    policy_snapshot.publish(tenant)
+    _audit("rule.create", rule.pk, tenant, None, rule_doc(rule), request, actor)
+    return rule
+
+
+@transaction.atomic
+def set_rule_enabled(rule: Rule, enabled: bool, request=None, actor=None) -> Rule:
+    before = rule_doc(rule)
+    rule.enabled = bool(enabled)
+    rule.save(update_fields=["enabled", "updated_at"])
+    policy_snapshot.publish(rule.tenant)
+    _audit("rule.enable" if enabled else "rule.disable", rule.pk, rule.tenant, before, rule_doc(rule), request,
+           actor)
+    return rule
+
+
+@transaction.atomic
+def delete_rule(rule: Rule, request=None, actor=None) -> None:
+    before, tenant, pk = rule_doc(rule), rule.tenant, rule.pk
+    rule.delete()
+    policy_snapshot.publish(tenant)
+    _audit("rule.delete", pk, tenant, before, None, request, actor)
+
+
+def test_rule(sql: str, *, topic: str, payload: bytes, client_id: str = "test-client", username: str = "",
+              qos: int = 0, retain: bool = False, timestamp_ms: int = 0) -> dict | None:
+    """The output row the statement gives for this message (None: WHERE is not true);
+    nothing is published, stored or counted."""
+    rule = check_sql(sql)
+    if not rule.matches(topic):
+        froms = ", ".join(f'"{t}"' for t in rule.topics) or "no topic filter"
+        raise ServiceError(f"topic {topic!r} does not match the rule's FROM ({froms})")
+    ctx = Context("message.publish", topic, payload, client_id, username, qos, retain, timestamp_ms)
+    try:
+        return rule.run(ctx)
+    except RuleEvalError as exc:
+        raise ServiceError(f"the rule fails on this message: {exc}") from None
+
+
+def row_json(row) -> str:
+    return json.dumps(row, separators=(",", ":"), ensure_ascii=False, default=str)

@@ -1,0 +1,121 @@
+"""Rules in the console (issue 19): validated by brokerd's own compiler, carried
+in the policy snapshot, audited; ``manage.py rules`` and its contract."""
+
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from core.models import AuditEvent
+from tenants import policy_snapshot, services
+from tenants import rules as rule_services
+from tenants.errors import NotFound, ServiceError
+
+from .test_cli import env, manage, one_line_error  # noqa: F401  (env: the module's migrated database)
+
+pytestmark = pytest.mark.django_db
+
+SQL = 'SELECT payload.temp AS t, clientid FROM "sensors/+/temp" WHERE payload.temp > 30'
+
+
+@pytest.fixture
+def tenant(db):
+    return services.create_tenant("acme")
+
+
+def run(*args) -> list[str]:
+    out = io.StringIO()
+    call_command(*args, stdout=out, stderr=io.StringIO())
+    return out.getvalue().splitlines()
+
+
+def test_a_rule_is_stored_published_in_the_snapshot_and_audited(tenant):
+    rule = rule_services.add_rule(tenant, sql=SQL, action="republish",
+                                  config={"topic": "alerts/${clientid}", "qos": 1})
+    doc = policy_snapshot.load("acme")
+    assert doc["rules"] == [{"id": rule.pk, "sql": SQL, "action": "republish",
+                             "config": {"topic": "alerts/${clientid}", "qos": 1, "retain": False},
+                             "enabled": True}]
+    rule_services.set_rule_enabled(rule, False)
+    assert policy_snapshot.load("acme")["rules"][0]["enabled"] is False
+    rule_services.delete_rule(rule)
+    assert policy_snapshot.load("acme")["rules"] == []
+    actions = list(AuditEvent.objects.filter(object_type="rule").order_by("id").values_list("action", "actor",
+                                                                                           "tenant"))
+    assert actions == [("rule.create", "manage.py", "acme"), ("rule.disable", "manage.py", "acme"),
+                       ("rule.delete", "manage.py", "acme")]
+
+
+def test_a_malformed_statement_is_refused_with_its_position(tenant):
+    with pytest.raises(ServiceError, match=r"^rule statement: line 2, column 7: unknown field 'tmep'"):
+        rule_services.add_rule(tenant, sql='SELECT clientid FROM "t"\nWHERE tmep > 1', action="republish",
+                               config={"topic": "x"})
+    with pytest.raises(ServiceError, match=r"line 1, column 36: incomplete expression"):
+        rule_services.add_rule(tenant, sql='SELECT * FROM "t" WHERE (payload.a > ', action="republish",
+                               config={"topic": "x"})
+    assert not tenant.rules.exists()
+    assert "rules" not in (policy_snapshot.load("acme") or {}) or policy_snapshot.load("acme")["rules"] == []
+
+
+@pytest.mark.parametrize("action, config, says", [
+    ("webhook", {"url": "http://127.0.0.1:1/"}, "the webhook action is not available yet"),
+    ("store", {"dataset": "t"}, "the store action is not available yet"),
+    ("republish", {"topic": "$SYS/x"}, "may not start with $"),
+    ("republish", {"topic": "a/#"}, "wildcards"),
+    ("republish", {"topic": "a/${"}, "closing"),
+    ("republish", {"topic": "a", "qos": 3}, "qos is 0, 1 or 2"),
+    ("teleport", {}, "unknown action"),
+])
+def test_actions_that_would_not_run_are_refused(tenant, action, config, says):
+    with pytest.raises(ServiceError, match=says.replace("$", r"\$")):
+        rule_services.add_rule(tenant, sql=SQL, action=action, config=config)
+    assert not tenant.rules.exists()
+
+
+def test_the_command_line_contract(tenant):
+    [rid] = run("rules", "add", "acme", "--sql", SQL, "--republish", "alerts/${clientid}", "--qos", "1",
+                "--retain")
+    [rid2] = run("rules", "add", "acme", "--sql", 'SELECT * FROM "$events/client_connected"', "--republish",
+                 "events/${clientid}", "--disabled")
+    listing = run("rules", "list", "acme")
+    assert listing[0].split() == ["ID", "ENABLED", "ACTION", "TARGET", "SQL"]
+    assert listing[1].split()[:4] == [rid, "yes", "republish", "alerts/${clientid}"]
+    assert listing[2].split()[:4] == [rid2, "no", "republish", "events/${clientid}"]
+    assert run("rules", "enable", "acme", rid2) == [f"enabled rule {rid2}"]
+    assert run("rules", "disable", "acme", rid) == [f"disabled rule {rid}"]
+    assert [r["enabled"] for r in policy_snapshot.load("acme")["rules"]] == [False, True]
+    assert run("rules", "delete", "acme", rid) == [f"deleted rule {rid}"]
+    with pytest.raises(CommandError, match=f"tenant 'acme' has no rule {rid}"):
+        run("rules", "delete", "acme", rid)
+
+
+def test_rules_test_prints_the_output_row_without_side_effects(tenant):
+    before = policy_snapshot.load("acme")
+    [line] = run("rules", "test", "acme", "--sql", SQL + " AND clientid = 'd7'", "--topic", "sensors/d1/temp",
+                 "--payload", '{"temp": 31.5}', "--client-id", "d7")
+    assert json.loads(line) == {"t": 31.5, "clientid": "d7"}
+    assert run("rules", "test", "acme", "--sql", SQL, "--topic", "sensors/d1/temp", "--payload",
+               '{"temp": 3}') == ["null"]
+    with pytest.raises(CommandError, match="does not match the rule's FROM"):
+        run("rules", "test", "acme", "--sql", SQL, "--topic", "other", "--payload", "{}")
+    assert policy_snapshot.load("acme") == before and not tenant.rules.exists()
+
+
+def test_unknown_tenant_and_rule(tenant):
+    with pytest.raises(NotFound):
+        rule_services.get_rule(tenant, 999)
+
+
+@pytest.mark.slow
+def test_errors_are_one_line_with_a_non_zero_exit(env):  # noqa: F811
+    done = manage(env, "rules", "add", "acme", "--sql", 'SELECT * FROM "t" WHERE', "--republish", "x")
+    one_line_error(done, 1, "rule statement: line 1, column 19: ")
+    done = manage(env, "rules", "add", "acme", "--sql", SQL, "--webhook", "http://127.0.0.1:9/")
+    one_line_error(done, 1, "the webhook action is not available yet")
+    done = manage(env, "rules", "add", "acme", "--sql", SQL, "--republish", "x", "--webhook", "http://h/")
+    one_line_error(done, 2, "not allowed with argument")
+    done = manage(env, "rules", "add", "acme", "--sql", SQL, "--republish", "alerts/x")
+    assert done.returncode == 0 and done.stdout.strip().isdigit(), done
+    done = manage(env, "rules", "test", "acme", "--sql", SQL, "--topic", "sensors/a/temp", "--payload", '{"temp":40}')
+    assert (done.returncode, json.loads(done.stdout)) == (0, {"t": 40, "clientid": "test-client"})
