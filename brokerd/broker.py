@@ -115,6 +115,7 @@ class Broker:
         self._waits: list = []              # requests to other nodes a publish waits for
         self.wall_offset = 0.0              # wall clock = now + wall_offset (set by the server)
         self._strategy = self.config.shared_strategy
+        self.rules: dict = {}               # tenant -> rules.engine.TenantRules, tenants with enabled rules only
 
     def use_store(self, persist) -> None:
         """Mirror durable sessions through ``persist`` (a ``Persistence``)."""
@@ -284,6 +285,9 @@ class Broker:
             code = self._publish_quota(ns, msg, quota)
             if code:
                 return code
+        rules = self.rules.get(ns.name)
+        if rules is not None:
+            rules.message(self, ns, msg, channel, now)
         sampler = self.sampler
         if sampler is not None:
             sampler.n += 1
@@ -298,7 +302,7 @@ class Broker:
                 self._retain(ns, msg)
             if self._dispatch(ns, msg, now):
                 return rc.SUCCESS
-            self._no_subscribers(ns, msg)
+            self._no_subscribers(ns, msg, channel, now)
             return rc.NO_MATCHING_SUBSCRIBERS
         if journal is None or not msg.qos:
             return self._publish_clustered(ns, msg, channel, now)
@@ -313,7 +317,7 @@ class Broker:
         waits = self._waits = []
         code = rc.SUCCESS if self._dispatch(ns, msg, now) else rc.NO_MATCHING_SUBSCRIBERS
         if code:
-            self._no_subscribers(ns, msg)
+            self._no_subscribers(ns, msg, channel, now)
         stored = len(journal.ops) > before
         if not stored and not waits:
             return code
@@ -324,9 +328,12 @@ class Broker:
             self.cluster.wait_for(waits, ack)
         return None
 
-    def _no_subscribers(self, ns: Namespace, msg: Publish) -> None:
+    def _no_subscribers(self, ns: Namespace, msg: Publish, channel, now: float) -> None:
         """A client's PUBLISH matched no subscription: counted for the node, the tenant and the usage log."""
         self.acct.no_subscribers(ns, msg.topic)
+        rules = self.rules.get(ns.name)
+        if rules is not None:
+            rules.event("message_dropped", self, ns, channel, now, msg=msg, reason="no_subscribers")
 
     def _publish_clustered(self, ns: Namespace, msg: Publish, channel, now: float) -> int | None:
         """A PUBLISH that needs no local store write, on a node of a cluster:
@@ -336,7 +343,7 @@ class Broker:
         waits = self._waits = []
         code = rc.SUCCESS if self._dispatch(ns, msg, now) else rc.NO_MATCHING_SUBSCRIBERS
         if code:
-            self._no_subscribers(ns, msg)
+            self._no_subscribers(ns, msg, channel, now)
         if not waits or not msg.qos:
             return code
         self.cluster.wait_for(waits, _AckWhenDurable(channel, msg.packet_id, msg.qos, code, len(waits)))
@@ -597,6 +604,7 @@ class Broker:
         acl = channel.acl
         quota = channel.quota
         max_subs = quota.get("max_subscriptions") if quota is not None else None
+        rules = self.rules.get(ns.name)
         for req in requests:
             filt = req.filter
             try:
@@ -638,6 +646,8 @@ class Broker:
             if session.durable:
                 self.persist.subscribed(session, ns.name, sub)
             codes.append(req.qos)
+            if rules is not None:
+                rules.event("session_subscribed", self, ns, channel, now, topic=filt, qos=req.qos)
             if group is None and (req.retain_handling == 0 or (req.retain_handling == 1 and not existed)):
                 ids = (sub_id,) if sub_id else None
                 for msg in ns.retained.match(inner):

@@ -147,6 +147,9 @@ class ClientRegistry:
             b.persist.session_opened(session, ns.name, channel.will)
         self._count_in(channel, ns)
         channel.accept(session, present, now, assigned, connack_props)
+        rules = b.rules.get(ns.name)
+        if rules is not None:
+            rules.event("client_connected", b, ns, channel, now)
 
     def _takeover(self, ns, client_id: str, now: float) -> Session | None:
         """The session of ``client_id``, after its current connection (if any) was
@@ -205,6 +208,9 @@ class ClientRegistry:
         st.bytes_sent_closed += channel.bytes_out
         ns = session.ns
         ns.channels.discard(channel)
+        rules = b.rules.get(ns.name)
+        if rules is not None:
+            rules.event("client_disconnected", b, ns, channel, now)
         closed = ns.closed
         closed[0] += channel.msgs_in
         closed[1] += channel.msgs_out

@@ -33,6 +33,7 @@ from .metrics.usage import UsageLog
 from .persistence import Persistence
 from .protocol import reason as rc
 from .protocol.channel import ChannelLimits
+from .rules.engine import RuleEngine
 from .store import Journal, StoreError, open_store
 from .store.writer import StoreWriter
 from .sys_topics import SysTopics
@@ -106,6 +107,7 @@ class Server:
         )
         self.broker.wall_offset = time.time() - now
         self.policy_source: PolicySource | None = None
+        self.rule_engine = RuleEngine(self.broker.rules)     # the tenants' rules, from their policy snapshots
         self.admin: AdminApi | None = None
         self.admin_tokens = AdminTokens()
         if config.control_plane:
@@ -225,7 +227,8 @@ class Server:
     async def start(self) -> None:
         if self.config.control_plane:
             self.policy_source = PolicySource(self.config.control_plane, self.broker.auth, self.broker, self.loop,
-                                              wall=lambda: time.time(), tokens=self.admin_tokens)
+                                              wall=lambda: time.time(), tokens=self.admin_tokens,
+                                              rules=self.rule_engine)
             await self.policy_source.load(POLICY_STARTUP_TIMEOUT)
             self.policy_source.start()
         await self.open_store()

@@ -117,6 +117,26 @@ def cluster_metrics(nodes: list[dict]) -> dict:
 PUBLIC = ("/healthz", "/openapi.json")
 
 
+def rule_totals(items: list[dict]) -> list[dict]:
+    """Per-node rule counters -> one row per rule, counters summed over the nodes
+    (each node runs the rules on the messages it received), with the newest
+    error, and each node's own figures under ``nodes``."""
+    rows: dict = {}
+    for item in items:
+        node = item.pop("node", None)
+        row = rows.get(item["id"])
+        if row is None:
+            row = rows[item["id"]] = dict(item, nodes={})
+        else:
+            for key in ("matched", "passed", "no_result", "failed"):
+                row[key] += item[key]
+            if (item["last_error_at"] or 0) > (row["last_error_at"] or 0):
+                row["last_error"], row["last_error_at"] = item["last_error"], item["last_error_at"]
+            row["loaded"] = row["loaded"] and item["loaded"]
+        row["nodes"][node] = {k: item[k] for k in ("matched", "passed", "no_result", "failed", "loaded")}
+    return [rows[k] for k in sorted(rows)]
+
+
 class AdminApi:
     def __init__(self, server, host: str, port: int, tokens: AdminTokens, audit=None,
                  limits: HttpLimits | None = None):
@@ -265,6 +285,14 @@ class AdminApi:
             await self._audit(token, req, "message.publish", "topic", body.get("topic"), body.get("tenant"), None,
                               {k: body.get(k) for k in ("topic", "qos", "retain")})
             return json_response(200, result)
+        if len(parts) == 3 and parts[0] == "tenants" and parts[2] == "rules":
+            if m != "GET":
+                raise ApiError(405, "not allowed here")
+            tenant = parts[1]
+            items = [dict(r, node=self.node) for r in self.server.rule_engine.view(tenant)]
+            if not local:
+                items += await self._gather(req, f"tenants/{urllib.parse.quote(tenant, safe='')}/rules")
+            return json_response(200, {"tenant": tenant, "items": rule_totals(items)})
         if parts == ["retained"]:
             tenant = req.query.get("tenant")
             if not tenant:

@@ -175,6 +175,14 @@ OPENAPI = {
                                                  "'$' topic, a message larger than the node's maximum packet "
                                                  "size, JSON that is not an object", **_ERR},
                           "404": {"description": "no such tenant", **_ERR}, **_AUTH, **_BODY}}},
+        "/api/v1/tenants/{tenant}/rules": {"get": {
+            "summary": "a tenant's rules as the nodes run them: per rule matched (FROM matched), passed (WHERE "
+                       "true, action done), no_result (WHERE not true), failed, last_error and last_error_at "
+                       "(unix seconds), summed over the nodes, each node's own under 'nodes'",
+            "parameters": [_p("tenant", "tenant slug"),
+                           _q("local", "1: this node's figures only")],
+            "responses": {"200": {"description": "{tenant, items: [rule]} (a tenant without rules: no items)"},
+                          **_AUTH}}},
         "/api/v1/retained": {
             "get": {"summary": "retained messages of a tenant (list by topic prefix, or one with 'topic')",
                     "parameters": [_q("tenant", "tenant slug", required=True), _q("prefix", "topic prefix"),

@@ -65,6 +65,7 @@ class TenantPolicy:
     sys_enabled: bool = True
     sys_interval: float = 10.0
     sys_parts: tuple = SYS_PARTS
+    rules: list = field(default_factory=list)     # [{"id", "sql", "action", "config", "enabled"}] (brokerd.rules)
 
     @property
     def active(self) -> bool:
@@ -91,6 +92,7 @@ class TenantPolicy:
         p.sys_enabled = bool(sys.get("enabled", True))
         p.sys_interval = max(1.0, float(sys.get("interval", 10)))
         p.sys_parts = tuple(x for x in sys.get("parts", SYS_PARTS) if x in SYS_PARTS)
+        p.rules = [r for r in data.get("rules") or () if isinstance(r, dict) and "id" in r and "sql" in r]
         return p
 
 

@@ -178,8 +178,9 @@ class PolicySource:
     """Polls the snapshot table and feeds ``control`` and the broker."""
 
     def __init__(self, url: str, control, broker, loop: asyncio.AbstractEventLoop, interval: float = 0.5,
-                 wall=None, tokens=None):
+                 wall=None, tokens=None, rules=None):
         self.db = PolicyDatabase(url)
+        self.rules = rules                    # brokerd.rules.engine.RuleEngine: the tenants' rules
         self.tokens = tokens                  # AdminTokens to refresh, if the node has an admin API
         self.control = control
         self.broker = broker
@@ -200,6 +201,8 @@ class PolicySource:
                 log.error("policy snapshot of tenant %r (version %d) ignored: %s", slug, version, exc)
                 self.control.version = max(self.control.version, version)
                 continue
+            if self.rules is not None:
+                self.rules.apply(slug, new.rules if new is not None else None)
             if self.control.loaded:
                 self.broker.policy_changed(slug, old, new, now, self.wall())
         self.control.loaded = True

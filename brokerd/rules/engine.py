@@ -1,0 +1,172 @@
+"""The rules of every tenant, as the broker runs them.
+
+``RuleEngine.apply`` takes a tenant's rules from its policy snapshot
+(``"rules": [{"id", "sql", "action", "config", "enabled"}]``) and compiles
+each rule once (a rule whose statement and action did not change keeps its
+compiled form and its counters). ``RuleEngine.active`` -- the dict the broker
+holds as ``Broker.rules`` -- has an entry only for tenants with at least one
+enabled rule, so a tenant without rules costs the publish path one dict
+lookup that misses.
+
+Rules run on the node that received the message, after its ACL and quota
+checks passed, before it is delivered; a rule's failure (an evaluation error,
+a refused republish) is counted and never reaches the publisher. Counters
+per rule and per node: ``matched`` (the FROM matched), ``passed`` (WHERE was
+true and the action done), ``no_result`` (WHERE was not true), ``failed``,
+``last_error`` and ``last_error_at`` (wall-clock seconds).
+"""
+
+import logging
+
+from ..protocol.properties import USER_PROPERTY
+from .actions import ActionError, build
+from .compiler import EVENTS, RuleEvalError, RuleSyntaxError, compile_rule
+from .context import Context
+
+log = logging.getLogger("brokerd.rules")
+
+
+class RuleState:
+    __slots__ = ("id", "sql", "kind", "config", "enabled", "rule", "action", "broken", "matched", "passed",
+                 "no_result", "failed", "last_error", "last_error_at")
+
+    def __init__(self, spec: dict):
+        self.id = int(spec["id"])
+        self.sql = spec["sql"]
+        self.kind = spec.get("action", "republish")
+        self.config = spec.get("config") or {}
+        self.enabled = bool(spec.get("enabled", True))
+        self.rule = self.action = self.broken = None
+        self.matched = self.passed = self.no_result = self.failed = 0
+        self.last_error = self.last_error_at = None
+        try:
+            self.rule = compile_rule(self.sql)
+            self.action = build(self.kind, self.config)
+        except (RuleSyntaxError, ActionError) as exc:
+            # the console validates before it stores: this is a node older or newer than the console
+            self.broken = str(exc)
+            self.last_error = f"not loaded: {exc}"
+
+    def same(self, spec: dict) -> bool:
+        return (self.sql, self.kind, self.config) == (spec["sql"], spec.get("action", "republish"),
+                                                      spec.get("config") or {})
+
+    def fail(self, error: str, wall: float) -> None:
+        self.failed += 1
+        self.last_error = error
+        self.last_error_at = wall
+
+    def view(self) -> dict:
+        return {"id": self.id, "sql": self.sql, "action": self.kind, "config": self.config,
+                "enabled": self.enabled, "loaded": self.broken is None, "matched": self.matched,
+                "passed": self.passed, "no_result": self.no_result, "failed": self.failed,
+                "last_error": self.last_error, "last_error_at": self.last_error_at}
+
+
+class TenantRules:
+    """One tenant's enabled rules, sorted by what they read."""
+
+    __slots__ = ("tenant", "on_topics", "on_events")
+
+    def __init__(self, tenant: str, states: list):
+        self.tenant = tenant
+        live = [s for s in states if s.enabled and s.broken is None]
+        self.on_topics = tuple(s for s in live if s.rule.topics)
+        self.on_events = {e: tuple(s for s in live if e in s.rule.events) for e in EVENTS}
+
+    # ---- the broker's hook points
+
+    def message(self, broker, ns, msg, channel, now: float) -> None:
+        """A client's PUBLISH, accepted by the ACL and quotas."""
+        ctx = None
+        topic = msg.topic
+        for s in self.on_topics:
+            if s.rule.matches(topic):
+                if ctx is None:
+                    ctx = _message_context(broker, msg, channel, now)
+                self._run(s, ctx, broker, ns, channel, now)
+
+    def event(self, name: str, broker, ns, channel, now: float, **fields) -> None:
+        """``client_connected``, ``client_disconnected``, ``session_subscribed`` (``topic``, ``qos``),
+        ``message_dropped`` (``msg``, ``reason``)."""
+        states = self.on_events.get(name)
+        if not states:
+            return
+        msg = fields.pop("msg", None)
+        ctx = Context("$events/" + name, clientid=channel.client_id, username=channel.username,
+                      timestamp=_wall_ms(broker, now), peerhost=_host(channel.peer), node=broker.config.node_id,
+                      **fields)
+        if msg is not None:
+            ctx.topic, ctx.raw, ctx.qos, ctx.retain = msg.topic, msg.payload, msg.qos, msg.retain
+        for s in states:
+            self._run(s, ctx, broker, ns, channel, now)
+
+    def _run(self, s: RuleState, ctx, broker, ns, channel, now: float) -> None:
+        s.matched += 1
+        try:
+            row = s.rule.run(ctx)
+        except RuleEvalError as exc:
+            s.fail(str(exc), now + broker.wall_offset)
+            return
+        if row is None:
+            s.no_result += 1
+            return
+        try:
+            out = s.action.message(row, ctx, channel.acl)
+        except ActionError as exc:
+            s.fail(str(exc), now + broker.wall_offset)
+            return
+        broker.publish_internal(ns, out, now)
+        s.passed += 1
+
+
+def _wall_ms(broker, now: float) -> int:
+    return int((now + broker.wall_offset) * 1000)
+
+
+def _host(peer) -> str | None:
+    if not peer:
+        return None
+    host, sep, _ = str(peer).rpartition(":")
+    return host.strip("[]") if sep else str(peer)
+
+
+def _message_context(broker, msg, channel, now: float) -> Context:
+    props = msg.properties
+    return Context("message.publish", msg.topic, msg.payload, channel.client_id, channel.username, msg.qos,
+                   msg.retain, _wall_ms(broker, now), props.get(USER_PROPERTY) if props else None, _host(channel.peer),
+                   None, broker.config.node_id)
+
+
+class RuleEngine:
+    """Every tenant's rules on this node; ``active`` is ``Broker.rules``."""
+
+    def __init__(self, active: dict | None = None):
+        self.active: dict = active if active is not None else {}
+        self.states: dict[str, dict[int, RuleState]] = {}
+
+    def apply(self, tenant: str, specs: list | None) -> None:
+        """The tenant's rules from its new snapshot (None or []: none; a deleted tenant)."""
+        old = self.states.get(tenant, {})
+        new: dict[int, RuleState] = {}
+        for spec in specs or ():
+            prev = old.get(int(spec["id"]))
+            if prev is not None and prev.same(spec):
+                prev.enabled = bool(spec.get("enabled", True))
+                new[prev.id] = prev
+            else:
+                new[int(spec["id"])] = state = RuleState(spec)
+                if state.broken:
+                    log.error("tenant %s, rule %s: %s", tenant, state.id, state.broken)
+        if new:
+            self.states[tenant] = new
+        else:
+            self.states.pop(tenant, None)
+        table = TenantRules(tenant, list(new.values()))
+        if table.on_topics or any(table.on_events.values()):
+            self.active[tenant] = table
+        else:
+            self.active.pop(tenant, None)
+
+    def view(self, tenant: str) -> list[dict]:
+        return [s.view() for s in sorted(self.states.get(tenant, {}).values(), key=lambda s: s.id)]

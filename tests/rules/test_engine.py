@@ -1,0 +1,159 @@
+"""The rule engine inside a real (pure) Broker, driven without sockets
+(``tests/protocol/harness.py``): rules from a policy snapshot, run on the
+node's PUBLISHes and client events, republishing inside the tenant and its
+ACL, with counters per rule."""
+
+import hashlib
+import json
+
+from brokerd.protocol import properties as P
+from brokerd.protocol.packets import MQTT5
+from brokerd.rules.engine import RuleEngine
+from brokerd.tenancy.control import TenantControl
+
+from ..protocol.harness import Net
+
+SECRET = b"s3cret"
+
+
+def snapshot(slug, rules, acl=None):
+    cred = {"id": 1, "hash": "sha256$" + hashlib.sha256(SECRET).hexdigest(), "enabled": True}
+    return {"schema": 1, "tenant": slug, "status": "active", "default_acl": "deny",
+            "devices": {d: {"enabled": True, "credentials": [cred]} for d in ("d1", "watch")},
+            "acl": acl if acl is not None else [
+                {"id": 1, "position": 1, "who": "all", "action": "both", "topic": "sensors/#", "allow": True},
+                {"id": 2, "position": 2, "who": "all", "action": "both", "topic": "alerts/#", "allow": True},
+                {"id": 3, "position": 3, "who": "device", "device": "watch", "action": "subscribe", "topic": "#",
+                 "allow": True}],
+            "quota": {}, "rules": rules}
+
+
+def rule(rid, sql, topic, **config):
+    return {"id": rid, "sql": sql, "action": "republish", "config": {"topic": topic, **config}, "enabled": True}
+
+
+class Scene:
+    def __init__(self, rules_by_tenant):
+        self.net = Net()
+        self.control = TenantControl()
+        self.net.broker.auth = self.control
+        self.engine = RuleEngine(self.net.broker.rules)
+        self.net.broker.wall_offset = 1_700_000_000.0 - self.net.now
+        self.version = 1
+        self.apply(rules_by_tenant)
+
+    def apply(self, rules_by_tenant):
+        for slug, rules in rules_by_tenant.items():
+            self.version += 1
+            _, new = self.control.apply(slug, self.version, snapshot(slug, rules))
+            self.engine.apply(slug, new.rules)
+
+    def client(self, who, cid, version=MQTT5):
+        c = self.net.client(version)
+        c.connect(cid, username=who, password=SECRET)
+        return c
+
+    def counters(self, slug):
+        return {r["id"]: (r["matched"], r["passed"], r["no_result"], r["failed"]) for r in self.engine.view(slug)}
+
+
+THRESHOLD = 'SELECT payload.temp AS t, clientid FROM "sensors/+/temp" WHERE payload.temp > 30'
+
+
+def test_only_readings_above_the_threshold_are_republished_reshaped():
+    s = Scene({"acme": [rule(1, THRESHOLD, "alerts/${clientid}", qos=1, user_properties={"from": "${topic}"})]})
+    watch = s.client("acme/watch", "w")
+    watch.subscribe("alerts/#", qos=1)
+    dev = s.client("acme/d1", "d1")
+    for temp in (10, 31, 30, 45.5):
+        dev.publish("sensors/d1/temp", json.dumps({"temp": temp}).encode(), qos=1)
+    dev.publish("sensors/d1/hum", b'{"temp": 99}')
+    got = watch.publishes()
+    assert [(p.topic, json.loads(p.payload), p.qos) for p in got] == [
+        ("alerts/d1", {"t": 31, "clientid": "d1"}, 1), ("alerts/d1", {"t": 45.5, "clientid": "d1"}, 1)]
+    assert got[0].properties[P.USER_PROPERTY] == [("from", "sensors/d1/temp")]
+    assert s.counters("acme") == {1: (4, 2, 2, 0)}
+
+
+def test_a_republish_the_acl_forbids_is_counted_as_failed_and_not_sent():
+    s = Scene({"acme": [rule(1, 'SELECT * FROM "sensors/#"', "secret/${clientid}")]})
+    watch = s.client("acme/watch", "w")
+    watch.subscribe("#")
+    dev = s.client("acme/d1", "d1")
+    dev.publish("sensors/x", b"1")
+    assert [p.topic for p in watch.publishes()] == ["sensors/x"]
+    [view] = s.engine.view("acme")
+    assert (view["matched"], view["passed"], view["failed"]) == (1, 0, 1)
+    assert view["last_error"] == "the ACL denies 'd1' publishing to 'secret/d1'"
+    assert view["last_error_at"] == 1_700_000_000.0
+
+
+def test_rules_never_cross_tenants():
+    s = Scene({"acme": [rule(1, 'SELECT * FROM "sensors/#"', "alerts/all")], "globex": []})
+    spy = s.client("globex/watch", "spy")
+    spy.subscribe("#")
+    acme_watch = s.client("acme/watch", "w")
+    acme_watch.subscribe("alerts/#")
+    s.client("acme/d1", "d1").publish("sensors/x", b"1")
+    assert spy.publishes() == [] and [p.topic for p in acme_watch.publishes()] == ["alerts/all"]
+    s.client("globex/d1", "g1").publish("sensors/x", b"1")       # globex has no rules
+    assert [p.topic for p in acme_watch.publishes()] == []
+    assert "globex" not in s.net.broker.rules
+
+
+def test_events():
+    s = Scene({"acme": [
+        rule(1, 'SELECT clientid, username, event FROM "$events/client_connected"', "alerts/conn"),
+        rule(2, 'SELECT clientid FROM "$events/client_disconnected"', "alerts/gone"),
+        rule(3, 'SELECT clientid, topic, qos FROM "$events/session_subscribed" WHERE topic = \'sensors/#\'',
+             "alerts/sub"),
+        rule(4, 'SELECT topic, payload, reason FROM "$events/message_dropped"', "alerts/dropped")]})
+    watch = s.client("acme/watch", "w")
+    watch.subscribe("alerts/#")
+    dev = s.client("acme/d1", "d1")
+    dev.subscribe("sensors/#", qos=1)
+    dev.publish("alerts/nobody-reads-this-either")    # delivered to watch: not dropped
+    s.client("acme/d1", "d2").publish("sensors/none", b"x")     # d1 reads sensors/#: delivered
+    dev.disconnect()
+    lonely = s.client("acme/d1", "d3")
+    lonely.publish("sensors/none", b"lost")           # d1 is gone: nobody subscribes
+    got = [(p.topic, json.loads(p.payload)) for p in watch.publishes() if p.topic != "alerts/nobody-reads-this-either"]
+    assert got == [
+        ("alerts/conn", {"clientid": "d1", "username": "acme/d1", "event": "$events/client_connected"}),
+        ("alerts/sub", {"clientid": "d1", "topic": "sensors/#", "qos": 1}),
+        ("alerts/conn", {"clientid": "d2", "username": "acme/d1", "event": "$events/client_connected"}),
+        ("alerts/gone", {"clientid": "d1"}),
+        ("alerts/conn", {"clientid": "d3", "username": "acme/d1", "event": "$events/client_connected"}),
+        ("alerts/dropped", {"topic": "sensors/none", "payload": "lost", "reason": "no_subscribers"}),
+    ]
+
+
+def test_a_changed_snapshot_keeps_the_counters_of_unchanged_rules_and_disabling_empties_the_hook():
+    s = Scene({"acme": [rule(1, THRESHOLD, "alerts/a"), rule(2, 'SELECT * FROM "sensors/#"', "alerts/b")]})
+    dev = s.client("acme/d1", "d1")
+    dev.publish("sensors/d1/temp", b'{"temp": 50}')
+    assert s.counters("acme") == {1: (1, 1, 0, 0), 2: (1, 1, 0, 0)}
+    s.apply({"acme": [rule(1, THRESHOLD, "alerts/a"), rule(2, 'SELECT clientid FROM "sensors/#"', "alerts/b")]})
+    assert s.counters("acme") == {1: (1, 1, 0, 0), 2: (0, 0, 0, 0)}    # rule 2 changed: compiled afresh
+    s.apply({"acme": [dict(rule(1, THRESHOLD, "alerts/a"), enabled=False)]})
+    assert "acme" not in s.net.broker.rules and s.counters("acme") == {1: (1, 1, 0, 0)}
+    dev.publish("sensors/d1/temp", b'{"temp": 50}')
+    assert s.counters("acme") == {1: (1, 1, 0, 0)}
+    s.apply({"acme": []})
+    assert s.engine.view("acme") == []
+
+
+def test_an_evaluation_error_fails_the_rule_not_the_publish():
+    s = Scene({"acme": [rule(1, 'SELECT payload.temp / 0 AS x FROM "sensors/#"', "alerts/x")]})
+    dev = s.client("acme/d1", "d1")
+    assert dev.publish("sensors/t", b'{"temp": 1}', qos=1).reason_code == 0x10   # no subscribers, not an error
+    [view] = s.engine.view("acme")
+    assert view["failed"] == 1 and view["last_error"].startswith("ZeroDivisionError")
+
+
+def test_a_rule_a_node_cannot_load_is_reported_not_run():
+    s = Scene({"acme": [rule(1, "SELECT nonsense(", "alerts/x"), rule(2, 'SELECT * FROM "a"', "alerts/${")]})
+    views = s.engine.view("acme")
+    assert [(v["loaded"], v["last_error"].split(":")[0]) for v in views] == [(False, "not loaded"),
+                                                                              (False, "not loaded")]
+    assert "acme" not in s.net.broker.rules
