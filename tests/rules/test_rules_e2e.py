@@ -1,0 +1,152 @@
+"""Rules end to end (issue 19): rules added with ``manage.py rules`` in a real
+console database, loaded by a real brokerd from its policy snapshot, observed
+with paho-mqtt clients and the admin API."""
+
+import json
+import time
+import urllib.request
+
+import pytest
+
+from ..controlplane import ControlPlane
+from ..mqtt import V5, V311, PahoClient
+
+pytestmark = pytest.mark.slow
+
+ACL = [
+    {"topic": "sensors/#", "action": "both", "allow": True},
+    {"topic": "alerts/#", "action": "both", "allow": True},
+    {"topic": "#", "action": "subscribe", "allow": True, "pattern": "watch"},
+]
+THRESHOLD = 'SELECT payload.temp AS t, nth(2, split(topic, \'/\')) AS device FROM "sensors/+/temp" WHERE t > 30'
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory):
+    plane = ControlPlane(tmp_path_factory.mktemp("rules"))
+    secrets = plane.provision([{"slug": "acme", "acl": ACL, "devices": ["d1", "watch"]},
+                               {"slug": "globex", "acl": ACL, "devices": ["d1", "watch"]}])
+    token = plane.issue_token("rules-reader", "read")
+    node = plane.broker("--admin", "127.0.0.1:0")
+    yield plane, node, secrets, token
+    node.stop()
+
+
+def add(plane, tenant, *args) -> int:
+    return int(plane.manage("rules", "add", tenant, *args).stdout.strip())
+
+
+def client(node, secrets, who, cid, version=V5) -> PahoClient:
+    c = PahoClient(cid, version, username=who, password=secrets[who])
+    c.connect(node.port())
+    return c
+
+
+def rules_api(node, token, tenant) -> dict:
+    req = urllib.request.Request(f"{node.admin_url}/api/v1/tenants/{tenant}/rules",
+                                 headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def wait_for(pred, timeout=5.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def loaded(node, token, tenant, rule_id):
+    """The node has the rule (from the snapshot it polls every 0.5 s)."""
+    return wait_for(lambda: any(r["id"] == rule_id for r in rules_api(node, token, tenant)["items"]),
+                    what=f"rule {rule_id} on the node")
+
+
+def test_only_readings_above_the_threshold_are_republished_reshaped(scene):
+    plane, node, secrets, token = scene
+    rid = add(plane, "acme", "--sql", THRESHOLD, "--republish", "alerts/${device}/hot", "--qos", "1")
+    started = time.monotonic()
+    loaded(node, token, "acme", rid)
+    assert time.monotonic() - started < 2.0          # reaches the node like any policy change
+    watch = client(node, secrets, "acme/watch", "w-threshold")
+    watch.subscribe("alerts/+/hot", qos=1)
+    dev = client(node, secrets, "acme/d1", "d1-threshold", version=V311)
+    readings = [12, 31, 30, 55.5, 29.9, 40]
+    for temp in readings:
+        dev.publish("sensors/kitchen/temp", json.dumps({"temp": temp, "unit": "C"}).encode(), qos=1)
+    got = watch.expect_n(3)
+    watch.expect_none(0.5)
+    assert [(m.topic, json.loads(m.payload), m.qos) for m in got] == [
+        ("alerts/kitchen/hot", {"t": t, "device": "kitchen"}, 1) for t in (31, 55.5, 40)]
+    [view] = [r for r in rules_api(node, token, "acme")["items"] if r["id"] == rid]
+    assert (view["matched"], view["passed"], view["no_result"], view["failed"]) == (6, 3, 3, 0)
+    plane.manage("rules", "disable", "acme", str(rid))
+    wait_for(lambda: not [r for r in rules_api(node, token, "acme")["items"] if r["id"] == rid][0]["enabled"],
+             what="the rule disabled on the node")
+    dev.publish("sensors/kitchen/temp", b'{"temp": 99}', qos=1)
+    watch.expect_none(0.5)
+    for c in (dev, watch):
+        c.disconnect()
+
+
+def test_client_connected_fires_once_per_connect(scene):
+    plane, node, secrets, token = scene
+    rid = add(plane, "acme", "--sql", 'SELECT clientid, username FROM "$events/client_connected" '
+                                      "WHERE clientid LIKE 'ev-%'", "--republish", "alerts/connected/${clientid}")
+    loaded(node, token, "acme", rid)
+    watch = client(node, secrets, "acme/watch", "w-events")
+    watch.subscribe("alerts/connected/#", qos=1)
+    for i in range(3):
+        c = client(node, secrets, "acme/d1", f"ev-{i}", version=V311 if i % 2 else V5)
+        c.disconnect()
+    got = watch.expect_n(3)
+    watch.expect_none(0.5)
+    assert [(m.topic, json.loads(m.payload)) for m in got] == [
+        (f"alerts/connected/ev-{i}", {"clientid": f"ev-{i}", "username": "acme/d1"}) for i in range(3)]
+    plane.manage("rules", "delete", "acme", str(rid))
+    watch.disconnect()
+
+
+def test_a_rule_cannot_republish_into_another_tenant_or_past_the_acl(scene):
+    plane, node, secrets, token = scene
+    # globex's watcher reads everything in globex; an acme rule cannot reach it, whatever its topic says
+    spy = client(node, secrets, "globex/watch", "spy")
+    spy.subscribe("#", qos=1)
+    acme_watch = client(node, secrets, "acme/watch", "w-acl")
+    acme_watch.subscribe("#", qos=1)
+    inside = add(plane, "acme", "--sql", 'SELECT * FROM "sensors/leak/#"', "--republish", "alerts/leak")
+    forbidden = add(plane, "acme", "--sql", 'SELECT * FROM "sensors/leak/#"', "--republish", "secret/${clientid}")
+    loaded(node, token, "acme", forbidden)
+    dev = client(node, secrets, "acme/d1", "d1-acl")
+    dev.publish("sensors/leak/1", b"x", qos=1)
+    topics = sorted(m.topic for m in acme_watch.expect_n(2))
+    acme_watch.expect_none(0.5)
+    assert topics == ["alerts/leak", "sensors/leak/1"]          # never secret/d1-acl: d1 may not publish there
+    spy.expect_none(0.3)
+    views = {r["id"]: r for r in rules_api(node, token, "acme")["items"]}
+    assert (views[inside]["passed"], views[inside]["failed"]) == (1, 0)
+    assert (views[forbidden]["passed"], views[forbidden]["failed"]) == (0, 1)
+    assert views[forbidden]["last_error"] == "the ACL denies 'd1-acl' publishing to 'secret/d1-acl'"
+    assert views[forbidden]["last_error_at"] == pytest.approx(time.time(), abs=30)
+    # a $-topic or a wildcard is refused before it is stored
+    done = plane.manage("rules", "add", "globex", "--sql", 'SELECT * FROM "a"', "--republish", "$SYS/x",
+                        check=False)
+    assert done.returncode == 1 and done.stderr.startswith("error: republish: the topic may not start with $")
+    for c in (dev, spy, acme_watch):
+        c.disconnect()
+    for rid in (inside, forbidden):
+        plane.manage("rules", "delete", "acme", str(rid))
+
+
+def test_a_malformed_statement_is_refused_with_its_position(scene):
+    plane, node, secrets, token = scene
+    done = plane.manage("rules", "add", "acme", "--sql", 'SELECT payload.temp\nFROM "sensors/#"\nWHERE tmp > 1',
+                        "--republish", "alerts/x", check=False)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "error: rule statement: line 3, column 7: unknown field 'tmp': one of event, clientid, username, topic, "
+        "qos, retain, payload, timestamp, user_properties, peerhost, reason, node (or a name given with AS)"]
+    assert "tmp" not in plane.manage("rules", "list", "acme").stdout
