@@ -290,8 +290,9 @@ class AdminApi:
                 raise ApiError(405, "not allowed here")
             tenant = parts[1]
             items = [dict(r, node=self.node) for r in self.server.rule_engine.view(tenant)]
-            if not local:
-                items += await self._gather(req, f"tenants/{urllib.parse.quote(tenant, safe='')}/rules")
+            if local:
+                return json_response(200, {"tenant": tenant, "items": items})
+            items += await self._gather(req, f"tenants/{urllib.parse.quote(tenant, safe='')}/rules")
             return json_response(200, {"tenant": tenant, "items": rule_totals(items)})
         if parts == ["retained"]:
             tenant = req.query.get("tenant")

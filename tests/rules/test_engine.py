@@ -157,3 +157,17 @@ def test_a_rule_a_node_cannot_load_is_reported_not_run():
     assert [(v["loaded"], v["last_error"].split(":")[0]) for v in views] == [(False, "not loaded"),
                                                                               (False, "not loaded")]
     assert "acme" not in s.net.broker.rules
+
+
+def test_counters_are_summed_over_the_nodes():
+    from brokerd.admin.endpoints import rule_totals
+
+    def item(node, matched, failed, error=None, at=None):
+        return {"id": 1, "sql": "s", "action": "republish", "config": {}, "enabled": True, "loaded": True,
+                "matched": matched, "passed": matched - failed, "no_result": 0, "failed": failed,
+                "last_error": error, "last_error_at": at, "node": node}
+
+    [row] = rule_totals([item("n1", 5, 1, "old", 10.0), item("n2", 3, 2, "new", 20.0), item("n3", 1, 0)])
+    assert (row["matched"], row["passed"], row["failed"]) == (9, 6, 3)
+    assert (row["last_error"], row["last_error_at"]) == ("new", 20.0)
+    assert set(row["nodes"]) == {"n1", "n2", "n3"} and row["nodes"]["n2"]["failed"] == 2
