@@ -26,6 +26,7 @@ from .template import Template, TemplateError
 KINDS = ("republish", "webhook", "store")
 RUNNABLE = ("republish",)
 MAX_TOPIC_BYTES = 65535
+_to_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str).encode   # made once
 
 
 class ActionError(ValueError):
@@ -96,7 +97,7 @@ class Republish:
         if self.payload is not None:
             payload = self.payload.render(row, ctx).encode("utf-8")
         else:
-            payload = json.dumps(row, separators=(",", ":"), ensure_ascii=False, default=str).encode("utf-8")
+            payload = _to_json(row).encode("utf-8")
         props = None
         if self.props:
             props = {USER_PROPERTY: [(k, t.render(row, ctx)) for k, t in self.props]}

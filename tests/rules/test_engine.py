@@ -21,6 +21,8 @@ def snapshot(slug, rules, acl=None):
     return {"schema": 1, "tenant": slug, "status": "active", "default_acl": "deny",
             "devices": {d: {"enabled": True, "credentials": [cred]} for d in ("d1", "watch")},
             "acl": acl if acl is not None else [
+                {"id": 9, "position": 0, "who": "all", "action": "both", "topic": "bench/#", "allow": True},
+                {"id": 8, "position": 0, "who": "all", "action": "both", "topic": "out/#", "allow": True},
                 {"id": 1, "position": 1, "who": "all", "action": "both", "topic": "sensors/#", "allow": True},
                 {"id": 2, "position": 2, "who": "all", "action": "both", "topic": "alerts/#", "allow": True},
                 {"id": 3, "position": 3, "who": "device", "device": "watch", "action": "subscribe", "topic": "#",
@@ -171,3 +173,19 @@ def test_counters_are_summed_over_the_nodes():
     assert (row["matched"], row["passed"], row["failed"]) == (9, 6, 3)
     assert (row["last_error"], row["last_error_at"]) == ("new", 20.0)
     assert set(row["nodes"]) == {"n1", "n2", "n3"} and row["nodes"]["n2"]["failed"] == 2
+
+
+def test_which_rules_a_topic_matches_is_remembered_within_a_bound(monkeypatch):
+    import brokerd.rules.engine as engine
+    monkeypatch.setattr(engine, "TOPIC_CACHE", 3)
+    s = Scene({"acme": [rule(1, 'SELECT * FROM "sensors/a/#"', "alerts/a"),
+                        rule(2, 'SELECT * FROM "sensors/+/x"', "alerts/b")]})
+    table = s.net.broker.rules["acme"]
+    dev = s.client("acme/d1", "d1")
+    for topic in ("sensors/a/x", "sensors/b/x", "sensors/c", "sensors/a/x"):
+        dev.publish(topic, b"1")
+    assert {t: [st.id for st in v] for t, v in table._by_topic.items()} == {
+        "sensors/a/x": [1, 2], "sensors/b/x": [2], "sensors/c": []}
+    dev.publish("sensors/d", b"1")                      # a fourth topic: the remembered ones are forgotten
+    assert list(table._by_topic) == ["sensors/d"]
+    assert s.counters("acme") == {1: (2, 2, 0, 0), 2: (3, 3, 0, 0)}
