@@ -132,6 +132,9 @@ class TenantRules:
         except ActionError as exc:
             s.fail(str(exc), now + broker.wall_offset)
             return
+        except Exception as exc:      # a value the message cannot carry (a lone surrogate from json_decode...)
+            s.fail(f"{type(exc).__name__}: {exc}", now + broker.wall_offset)
+            return
         broker.publish_internal(ns, out, now)
         s.passed += 1
 

@@ -189,3 +189,12 @@ def test_which_rules_a_topic_matches_is_remembered_within_a_bound(monkeypatch):
     dev.publish("sensors/d", b"1")                      # a fourth topic: the remembered ones are forgotten
     assert list(table._by_topic) == ["sensors/d"]
     assert s.counters("acme") == {1: (2, 2, 0, 0), 2: (3, 3, 0, 0)}
+
+
+def test_a_row_the_action_cannot_encode_fails_the_rule_not_the_publisher():
+    s = Scene({"acme": [rule(1, "SELECT json_decode(payload) AS x FROM \"sensors/#\"", "alerts/x")]})
+    dev = s.client("acme/d1", "d1")
+    assert dev.publish("sensors/t", b'"\\ud800"', qos=1).reason_code == 0x10     # a lone surrogate in the row
+    assert not dev.closed
+    [view] = s.engine.view("acme")
+    assert view["failed"] == 1 and view["last_error"].startswith("UnicodeEncodeError")
