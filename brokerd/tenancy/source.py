@@ -202,7 +202,10 @@ class PolicySource:
                 self.control.version = max(self.control.version, version)
                 continue
             if self.rules is not None:
-                self.rules.apply(slug, new.rules if new is not None else None)
+                try:
+                    self.rules.apply(slug, new.rules if new is not None else None)
+                except (ValueError, KeyError, TypeError) as exc:
+                    log.error("rules of tenant %r (version %d) ignored: %s", slug, version, exc)
             if self.control.loaded:
                 self.broker.policy_changed(slug, old, new, now, self.wall())
         self.control.loaded = True
