@@ -15,8 +15,9 @@ import json
 
 from django.db import transaction
 
-from brokerd.rules import Context, RuleEvalError, RuleSyntaxError, compile_rule
+from brokerd.rules import Context, RuleEvalError, RuleSyntaxError
 from brokerd.rules.actions import ActionError, validate
+from brokerd.rules.compiler import compile_rule
 from core import audit
 
 from . import policy_snapshot

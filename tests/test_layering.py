@@ -84,6 +84,8 @@ LAZY = {
     ("brokerd.store", "brokerd.store.memory"): "a store backend (and its library) is imported only when it is used",
     ("brokerd.store", "brokerd.store.sqlite"): "a store backend (and its library) is imported only when it is used",
     ("brokerd.store", "brokerd.store.hbase"): "a store backend (and its library) is imported only when it is used",
+    ("brokerd.rules.engine", "brokerd.rules.compiler"):
+        "the rule compiler imports sqlglot (~17 MB): loaded only on a node whose tenants have rules",
 }
 
 

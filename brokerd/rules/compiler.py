@@ -30,6 +30,9 @@ and under AND/OR/NOT. Comparing a number with a string, or dividing by zero,
 is an error: that message fails the rule (``RuleEvalError``).
 
 A malformed statement raises ``RuleSyntaxError`` with its line and column.
+
+This module imports sqlglot; ``engine`` imports it only when a rule is
+compiled, so a node without rules does not load it (``errors``).
 """
 
 import operator
@@ -41,23 +44,8 @@ from sqlglot import exp
 
 from ..routing.topic import is_valid_filter, matches
 from .context import FIELDS
+from .errors import EVENT_PREFIX, EVENTS, RuleEvalError, RuleSyntaxError
 from .functions import FUNCTIONS, NULL_AWARE, _text
-
-EVENTS = ("client_connected", "client_disconnected", "session_subscribed", "message_dropped")
-EVENT_PREFIX = "$events/"
-
-
-class RuleSyntaxError(ValueError):
-    """A statement that cannot be compiled; ``line`` and ``column`` count from 1."""
-
-    def __init__(self, message: str, line: int | None = None, column: int | None = None):
-        self.message, self.line, self.column = message, line, column
-        where = f"line {line}, column {column}: " if line is not None else ""
-        super().__init__(where + message)
-
-
-class RuleEvalError(Exception):
-    """A rule failed on one message (a type mismatch, a function's error)."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -20,8 +20,8 @@ import logging
 
 from ..protocol.properties import USER_PROPERTY
 from .actions import ActionError, build
-from .compiler import EVENTS, RuleEvalError, RuleSyntaxError, compile_rule
 from .context import Context
+from .errors import EVENTS, RuleEvalError, RuleSyntaxError
 
 log = logging.getLogger("brokerd.rules")
 
@@ -39,6 +39,8 @@ class RuleState:
         self.rule = self.action = self.broken = None
         self.matched = self.passed = self.no_result = self.failed = 0
         self.last_error = self.last_error_at = None
+        from .compiler import compile_rule  # sqlglot: loaded by the first rule a node gets (errors.py)
+
         try:
             self.rule = compile_rule(self.sql)
             self.action = build(self.kind, self.config)

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from brokerd.rules import Context, RuleEvalError, RuleSyntaxError, compile_rule
+from brokerd.rules import Context, RuleEvalError, RuleSyntaxError
+from brokerd.rules.compiler import compile_rule
 from brokerd.rules.template import Template, TemplateError
 
 

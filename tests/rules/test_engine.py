@@ -198,3 +198,15 @@ def test_a_row_the_action_cannot_encode_fails_the_rule_not_the_publisher():
     assert not dev.closed
     [view] = s.engine.view("acme")
     assert view["failed"] == 1 and view["last_error"].startswith("UnicodeEncodeError")
+
+
+def test_a_node_without_rules_does_not_load_the_compiler():
+    """sqlglot holds ~17 MB: brokerd loads it with the first rule it compiles, not at start."""
+    import subprocess
+    import sys
+
+    code = ("import sys, brokerd.server\nassert 'sqlglot' not in sys.modules\n"
+            "from brokerd.rules.engine import RuleEngine\nRuleEngine().apply('t', [{'id': 1, 'sql': "
+            "'SELECT * FROM \"a\"', 'config': {'topic': 'b'}}])\nassert 'sqlglot' in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
