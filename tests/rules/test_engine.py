@@ -210,3 +210,11 @@ def test_a_node_without_rules_does_not_load_the_compiler():
             "'SELECT * FROM \"a\"', 'config': {'topic': 'b'}}])\nassert 'sqlglot' in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_republish_on_session_subscribed_reaches_the_new_subscription():
+    s = Scene({"acme": [rule(1, 'SELECT clientid FROM "$events/session_subscribed"', "alerts/welcome/${clientid}")]})
+    dev = s.client("acme/watch", "w1")
+    dev.publish("alerts/welcome/w1", b"before")          # the topic's (empty) route is now cached
+    dev.subscribe("alerts/welcome/#")
+    assert [(p.topic, json.loads(p.payload)) for p in dev.publishes()] == [("alerts/welcome/w1", {"clientid": "w1"})]
