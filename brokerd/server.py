@@ -36,6 +36,7 @@ from .protocol import reason as rc
 from .protocol.channel import ChannelLimits
 from .store import Journal, StoreError, open_store
 from .store.writer import StoreWriter
+from .supervisor import supervise
 from .sys_topics import SysTopics
 from .tenancy.control import TenantControl
 from .tenancy.source import AuditSink, PolicySource
@@ -443,9 +444,7 @@ def main(argv=None) -> int:
         return 2
     setup_logging(config)
     if config.worker_count() > 1:
-        from .supervisor import supervise  # the parent of the host's workers
-
-        return supervise(config)
+        return supervise(config)            # this process is the parent of the host's workers
     return run(config)
 
 

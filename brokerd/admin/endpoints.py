@@ -355,7 +355,10 @@ class AdminApi:
         if not peers:
             return []
 
+        members = dict(self.server.cluster.members)
+
         async def one(node, address):
+            info = members.get(node) or {}
             try:
                 status, body = await self._ask(address, req, f"/api/v1/{what}", {k: v for k, v in req.query.items()
                                                                                if k not in ("page", "per_page")}
@@ -365,9 +368,12 @@ class AdminApi:
                 return json.loads(body)["items"]
             except Exception as exc:
                 log.warning("node %s did not answer the admin API: %s", node, exc)
+                # a worker that does not answer is still listed under its host (its membership info as it was
+                # when asked: it may have left since)
+                who = {"host": info.get("host") or node, "worker": info.get("worker")}
                 if what == "metrics":
-                    return [{"node": node, "health": "unreachable"}]
-                return [{"id": node, "health": "unreachable"}] if what == "nodes" else []
+                    return [{"node": node, "health": "unreachable", **who}]
+                return [{"id": node, "health": "unreachable", **who}] if what == "nodes" else []
 
         results = await asyncio.gather(*(one(n, a) for n, a in peers.items()))
         return [x for r in results for x in r]

@@ -8,6 +8,7 @@ where a test needs a client on a given worker it connects again until the
 kernel gave it that one (bounded).
 """
 
+import concurrent.futures
 import json
 import os
 import re
@@ -72,9 +73,11 @@ class Host:
     def port(self) -> int:
         return self.proc.port()
 
-    def api(self, path: str):
-        req = urllib.request.Request(f"{self.proc.admin_url}{path}", headers={"Authorization": f"Bearer {TOKEN}"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
+    def api(self, path: str, at: str | None = None):
+        """GET ``path`` from the host's shared admin port, or from a worker's own (``at``: HOST:PORT)."""
+        base = f"http://{at}" if at else self.proc.admin_url
+        req = urllib.request.Request(f"{base}{path}", headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
             return json.loads(resp.read())
 
     def workers(self) -> dict[str, dict]:
@@ -155,6 +158,19 @@ def test_workers_are_listed_under_their_host(host):
     metrics = host.api("/api/v1/metrics")
     assert sorted((n["node"], n["host"], n["worker"]) for n in metrics["items"]) == [("h.0", "h", 0),
                                                                                     ("h.1", "h", 1)]
+    # a worker that does not answer is still listed under its host (asked on the other worker's own port:
+    # the shared one may hand the connection to the stopped worker)
+    os.kill(workers["h.1"]["pid"], signal.SIGSTOP)
+    try:        # both at once: stopped for one admin timeout (5 s), within its membership's lifetime
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            asked = [pool.submit(host.api, f"/api/v1/{what}", workers["h.0"]["admin"]) for what in ("nodes", "metrics")]
+            items, metrics = (f.result()["items"] for f in asked)
+    finally:
+        os.kill(workers["h.1"]["pid"], signal.SIGCONT)
+    assert sorted((n["id"], n["host"], n["worker"], n["health"]) for n in items) == [
+        ("h.0", "h", 0, "ok"), ("h.1", "h", 1, "unreachable")]
+    assert sorted((n["node"], n["host"], n["worker"], n["health"]) for n in metrics) == [
+        ("h.0", "h", 0, "ok"), ("h.1", "h", 1, "unreachable")]
 
 
 def test_a_message_from_a_device_on_one_worker_reaches_a_subscriber_on_the_other_in_order(host, tag):
