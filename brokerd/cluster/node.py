@@ -91,6 +91,7 @@ class ClusterNode:
         self.handoff = Handoff(node_id, self.requests, send, self.announcer, self.routes, broker, members_of,
                                self.eventlog, fence, clock)
         self.eventlog.applied = self.handoff.answer_syncs
+        self.eventlog.switched = self.handoff.switched
         self.forwarding = Forwarder(node_id, self.routes, self.requests, send, self.handoff,
                                     self.adoption.orphaned, broker, fence, clock)
         self.takeover = Takeover(node_id, bus, broker, self.sessions, self.handoff, self.announcer,
