@@ -96,6 +96,7 @@ class EventLog:
         self.own = own
         self.members_of = members_of      # () -> the other members (a snapshot names the live nodes)
         self.applied = applied            # applied() after a read that applied events (SYNCs wait for it)
+        self.switched = None              # switched(node, tenant, filters): node moved those routes here
         self.last_event = "0-0"
 
     # -------------------------------------------------------------- reading
@@ -117,9 +118,15 @@ class EventLog:
     def apply(self, e: dict) -> None:
         kind = e["t"]
         if kind == "multi":                 # several changes at once (a handoff): no message sees half of them
+            mine: dict[str, set] = {}
             for sub in e["e"]:
                 if sub.get("n") != self.id:
                     self.apply(sub)
+                elif sub["t"] == "route":   # routes moved to this node: a session arriving here from e["n"]
+                    mine.setdefault(sub["tn"], set()).add(sub["f"])
+            if self.switched is not None:
+                for tenant, filters in mine.items():
+                    self.switched(e["n"], tenant, filters)
         elif kind == "route":
             self.routes.set_route(e["n"], e["tn"], e["f"], e["s"], e["d"])
         elif kind == "group":

@@ -78,7 +78,7 @@ class Forwarder:
         waits = []
         parts = self._parts(ns, msg, now)
         if holders:
-            count += self.handoff.held(holders, msg, parts, waits)
+            count += self.handoff.held(holders, msg, parts, waits, nodes)
         for node, durable in nodes.items():
             if node in self._orphaned:
                 if durable and msg.qos:          # for sessions awaiting adoption: refused (see adoption)

@@ -45,7 +45,7 @@ class Holder:
     at the node it comes to (what arrives is held: ``old``, forwarded by the
     old owner, and ``new``, the rest, until the session is loaded here)."""
 
-    __slots__ = ("tenant", "cid", "filters", "link", "peer", "counts", "old", "new", "since")
+    __slots__ = ("tenant", "cid", "filters", "link", "peer", "counts", "old", "new", "since", "switched")
 
     def __init__(self, tenant, cid, filters, link, peer, arriving: bool, since: float):
         self.tenant, self.cid, self.filters = tenant, cid, filters
@@ -54,6 +54,9 @@ class Holder:
         self.old: list | None = [] if arriving else None        # [(msg, waiter or None)]
         self.new: list = []
         self.since = since
+        # at the new owner: the old owner's route switch is applied here (before it, a message published
+        # here that goes to the old owner by its route comes back from there: it is not held here as well)
+        self.switched = False
 
     def wants(self, topic: str) -> bool:
         return any(matches(f, topic) for f in self.filters)
@@ -188,6 +191,13 @@ class Handoff:
                 self.broker.when_durable(lambda done: [w(done) for w in waiters])
         self.announcer.thaw([(tenant, f) for f in h.filters])
 
+    def switched(self, node: str, tenant: str, filters: set) -> None:
+        """The event that moves routes from ``node`` to this one (a handoff's switch) is applied here:
+        what is published here for a session arriving from ``node`` is held here from now on."""
+        for h in self.arriving.values():
+            if h.peer == node and h.tenant == tenant and not filters.isdisjoint(h.filters):
+                h.switched = True
+
     def came_through_old(self, tenant: str, cid: str, msg, waiter) -> bool:
         """A message the old owner sent on (TARGET): held, if the session is arriving."""
         h = self.arriving.get((tenant, cid))
@@ -209,11 +219,18 @@ class Handoff:
 
     # ======================================================= either owner
 
-    def held(self, holders: list[Holder], msg, parts: tuple, waits: list) -> int:
+    def held(self, holders: list[Holder], msg, parts: tuple, waits: list, sent_to=()) -> int:
         """A message published here for moving sessions (``holders``, of its
-        tenant); -> how many wanted it (the ACKs of QoS 1/2 join ``waits``)."""
+        tenant); -> how many wanted it (the ACKs of QoS 1/2 join ``waits``).
+        ``sent_to``: the nodes it goes to by their routes. At the new owner, a
+        message that also goes to the old owner (the session's route is still
+        there) reaches the session through it -- delivered to it there, or sent
+        back as TARGET -- and is not held here too (it was: delivered twice,
+        the second time as new, out of order)."""
         count = 0
         for h in holders:
+            if h.old is not None and not h.switched and h.peer in sent_to:
+                continue
             if h.wants(msg.topic):
                 waiter = None
                 if msg.qos:
