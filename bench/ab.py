@@ -2,13 +2,16 @@
 """Two revisions of brokerd measured in the same sitting, alternating.
 
 A change that must not cost speed (a restructuring) is measured against the
-revision before it on the same machine at the same time: ``bench/run.py`` of
-each checkout runs its own brokerd (broker on CPU 0, generator on CPU 1), one
-scenario run at a time, the two revisions alternating and swapping who goes
-first each round, so drift in the machine's load falls on both.
+revision before it on the same machine at the same time: this checkout's
+``bench/run.py`` runs each checkout's brokerd (``--brokerd-root``; broker on
+CPU 0, generator on CPU 1), one scenario run at a time, the two revisions
+alternating and swapping who goes first each round, so drift in the
+machine's load falls on both. One harness for both sides: a variant such as
+``brokerd-full`` (every feature on) runs the earlier revision too.
 
     git worktree add /tmp/before <REV> && ln -s "$PWD/.venv" /tmp/before/.venv
     .venv/bin/python bench/ab.py --before /tmp/before --runs 3 a2 b20k c1 d10
+    .venv/bin/python bench/ab.py --before /tmp/before --broker brokerd-full a2
 
 Prints, per scenario, the medians of each revision's figures and the ratio
 after/before, plus the broker's CPU per delivered message (µs; the figure
@@ -27,23 +30,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from run import DEFAULT_MQTTBENCH, SCENARIOS, fmt, get  # noqa: E402
+from run import DEFAULT_MQTTBENCH, SCENARIOS, cpu_us_per_message, fmt, get  # noqa: E402
 
 
-def cpu_us_per_message(res: dict) -> float | None:
-    cpu, rate = res.get("broker_cpu_pct"), res.get("recv_rate")
-    if not cpu or not rate:
-        return None
-    return cpu / 100.0 / rate * 1e6
-
-
-def run_once(checkout: Path, scenario: str, out: Path, python: str, extra: list[str]) -> dict:
-    cmd = [python, str(checkout / "bench" / "run.py"), "--brokers", "brokerd", "--runs", "1", "--out", str(out),
-           *[f"--brokerd-arg={a}" for a in extra], scenario]
+def run_once(checkout: Path, scenario: str, out: Path, python: str, extra: list[str], broker: str) -> dict:
+    cmd = [python, str(HERE / "run.py"), "--brokers", broker, "--runs", "1", "--out", str(out),
+           "--brokerd-root", str(checkout), *[f"--brokerd-arg={a}" for a in extra], scenario]
     before = out.read_text().count("\n") if out.exists() else 0
     # both sides use one generator (this checkout's default; a worktree elsewhere has no ../shared)
     env = {**os.environ, "MQTTBENCH": os.environ.get("MQTTBENCH", str(DEFAULT_MQTTBENCH))}
-    subprocess.run(cmd, cwd=checkout, check=True, capture_output=True, text=True, timeout=900, env=env)
+    subprocess.run(cmd, cwd=HERE.parent, check=True, capture_output=True, text=True, timeout=900, env=env)
     lines = out.read_text().splitlines()[before:]
     return json.loads(lines[-1])
 
@@ -56,6 +52,7 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--brokerd-arg", action="append", default=[])
+    ap.add_argument("--broker", default="brokerd", help="the brokerd variant of bench/run.py (e.g. brokerd-full)")
     args = ap.parse_args(argv)
     sides = {"before": Path(args.before).resolve(), "after": Path(args.after).resolve()}
     results: dict = {}
@@ -64,7 +61,8 @@ def main(argv=None) -> int:
             order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
             for name in args.scenarios:
                 for side in order:
-                    res = run_once(sides[side], name, Path(tmp) / f"{side}.jsonl", args.python, args.brokerd_arg)
+                    res = run_once(sides[side], name, Path(tmp) / f"{side}.jsonl", args.python, args.brokerd_arg,
+                                   args.broker)
                     results.setdefault((name, side), []).append(res)
                     us = cpu_us_per_message(res)
                     print(f"{name} {side} run {r + 1}: " + ", ".join(

@@ -25,6 +25,7 @@ Loopback only. Not part of the test suite: speed is measured, never asserted.
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -78,10 +79,14 @@ DEFAULT_SCENARIOS = ["a2", "a1", "b5k", "b10k", "b20k", "c1", "d10"]
 
 # Broker variants. "brokerd" is the in-memory default; "brokerd-sqlite" and
 # "brokerd-hbase" keep sessions in the store (the HBase one through the test
-# double of its Thrift gateway, tests/hbase_double.py); "mosquitto-persist"
-# turns Mosquitto's persistence on -- which only writes snapshots (on
-# shutdown and every autosave_interval), not every message.
-BROKERS = ("brokerd", "brokerd-sqlite", "brokerd-hbase", "mosquitto", "mosquitto-persist", "amqtt")
+# double of its Thrift gateway, tests/hbase_double.py); "brokerd-full" has
+# every feature on (issue 18): the control plane with a tenant of 20 ACL
+# rules, every client authenticated as one of its devices (FullFeatures),
+# ``--store sqlite``, ``--admin``, and ``--cluster`` as the one node of a
+# cluster on a real redis-server; "mosquitto-persist" turns Mosquitto's
+# persistence on -- which only writes snapshots (on shutdown and every
+# autosave_interval), not every message.
+BROKERS = ("brokerd", "brokerd-sqlite", "brokerd-hbase", "brokerd-full", "mosquitto", "mosquitto-persist", "amqtt")
 # amqtt, the other Python broker (shared/bench/peers): installed on first use into its own
 # virtualenv under var/ (it pins other versions of packages brokerd uses)
 AMQTT = "amqtt==0.12.1"
@@ -184,9 +189,48 @@ class Redis:
             self.proc.wait(10)
 
 
+class FullFeatures:
+    """What "every feature on" needs besides brokerd: a control plane (the
+    console's database, provisioned once per sitting by ``bench/tenancy.py``:
+    a tenant with 20 ACL rules, the one that allows the benchmark's topics
+    last) and a redis-server for the cluster bus, on CPU 1 with the
+    generator (a one-node cluster barely uses it), restarted with each run."""
+
+    RULES = [{"topic": f"other/{i}/#", "action": "both", "allow": i % 2 == 0} for i in range(19)] + [
+        {"topic": "bench/#", "action": "both", "allow": True}]
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.env = None
+        self.secret = ""
+        self.redis = None
+
+    def provision(self) -> None:
+        if self.env is None:
+            from tenancy import console  # (bench/tenancy.py imports this module)
+
+            secrets_, env = console(self.tmp, {"slug": "bench", "devices": 1, "rules": self.RULES})
+            self.secret = secrets_["d0"]
+            self.env = {**env, "BROKERD_CLUSTER_SECRET": secrets.token_hex(32)}
+
+    def start_redis(self) -> int:
+        port = free_port()
+        self.redis = subprocess.Popen(["taskset", "-c", "1", shutil.which("redis-server") or "/usr/bin/redis-server",
+                                       "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                                       "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(port)
+        return port
+
+    def stop_redis(self) -> None:
+        if self.redis is not None and self.redis.poll() is None:
+            self.redis.terminate()
+            self.redis.wait(10)
+        self.redis = None
+
+
 class Broker:
     def __init__(self, name: str, python: str, tmp: Path, extra: list[str], cpus: str = "0",
-                 redis: Redis | None = None):
+                 redis: Redis | None = None, root: Path = ROOT, full: FullFeatures | None = None):
         self.name = name
         self.python = python
         self.tmp = tmp
@@ -194,11 +238,24 @@ class Broker:
         self.cpus = cpus
         self.redis = redis
         self.workers = workers_of(extra) if name.startswith("brokerd") else None
+        self.root = root                  # the checkout whose brokerd runs
+        self.full = full
         self.proc = None
         self.port = 0
         self.hbase = None
+        self.env = None
+        self.gen_args: list[str] = []     # the generator's extra arguments (credentials)
 
     def command(self) -> list[str]:
+        if self.name == "brokerd-full":
+            full = self.full
+            full.provision()
+            self.env = full.env
+            self.gen_args = ["--username", "bench/d0", "--password", full.secret]
+            return [self.python, "-m", "brokerd", "--log-level", "warning", "--listen",
+                    f"mqtt://127.0.0.1:{self.port}", "--store", f"sqlite:///{self.tmp}/brokerd-{time.time_ns()}.db",
+                    "--admin", f"127.0.0.1:{free_port()}", "--cluster", f"redis://127.0.0.1:{full.start_redis()}/0",
+                    "--node-id", "bench", *self.extra]
         if self.name.startswith("brokerd"):
             store = "memory://"
             if self.name == "brokerd-sqlite":
@@ -232,9 +289,10 @@ class Broker:
         self.port = free_port()
         log_path = self.tmp / f"{self.name}.log"
         start = log_path.stat().st_size if log_path.exists() else 0
-        env = dict(os.environ, BROKERD_CLUSTER_SECRET=os.environ.get("BROKERD_CLUSTER_SECRET") or "b" * 32)
+        env = self.env if self.env is not None else dict(
+            os.environ, BROKERD_CLUSTER_SECRET=os.environ.get("BROKERD_CLUSTER_SECRET") or "b" * 32)
         with open(log_path, "a") as log:
-            self.proc = subprocess.Popen(["taskset", "-c", self.cpus, *self.command()], cwd=ROOT, stdout=log,
+            self.proc = subprocess.Popen(["taskset", "-c", self.cpus, *self.command()], cwd=self.root, stdout=log,
                                          stderr=log, start_new_session=True, env=env)
         wait_port(self.port)
         if self.workers:        # every worker listens (and can reach the others) once the supervisor says so
@@ -256,6 +314,8 @@ class Broker:
                 self.proc.wait()
         if self.hbase is not None:
             self.hbase.stop()
+        if self.full is not None:
+            self.full.stop_redis()
 
 
 def get(d: dict, path: str):
@@ -276,7 +336,7 @@ def run_one(broker: Broker, args: str, mqttbench: Path, python: str, persistent:
         elif broker.workers:          # the broker's CPU and RSS: the supervisor and its workers
             gen = [str(HERE / "mqttbench_tree.py"), "--mqttbench", str(mqttbench)]
         cmd = ["taskset", "-c", gen_cpus, python, *gen, *args.split(), "--port", str(broker.port),
-               "--broker-pid", str(broker.proc.pid), "--json"]
+               "--broker-pid", str(broker.proc.pid), "--json", *broker.gen_args]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
         if not lines:
@@ -298,27 +358,46 @@ def fmt(v) -> str:
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
+def cpu_us_per_message(res: dict) -> float | None:
+    """The broker's CPU per delivered message (µs): the figure that does not
+    depend on how fast the generator can go."""
+    cpu, rate = res.get("broker_cpu_pct"), res.get("recv_rate")
+    if not cpu or not rate:
+        return None
+    return cpu / 100.0 / rate * 1e6
+
+
+CPU_US = ("__cpu_us", "broker CPU µs per message", "lower")
+
+
+def value(res: dict, path: str):
+    return cpu_us_per_message(res) if path == CPU_US[0] else get(res, path)
+
+
 def table(results: dict, brokers: list[str], scenarios: list[str]) -> str:
-    """Markdown: scenario, metric, median per broker, ratio brokerd/mosquitto."""
-    bd_name = next((b for b in brokers if b.startswith("brokerd")), brokers[0])
-    mq_name = next((b for b in brokers if b.startswith("mosquitto")), brokers[-1])
-    head = "| scenario | metric | " + " | ".join(brokers) + f" | {bd_name} / {mq_name} |"
-    rows = [head, "|" + "---|" * (len(brokers) + 3)]
+    """Markdown: scenario, metric, median per broker, the ratio of each brokerd
+    variant to Mosquitto, and of each further variant to the first."""
+    bds = [b for b in brokers if b.startswith("brokerd")]
+    mq_name = next((b for b in brokers if b.startswith("mosquitto")), None)
+    pairs = [(b, mq_name) for b in bds if mq_name] + [(b, bds[0]) for b in bds[1:]]
+    head = "| scenario | metric | " + " | ".join(brokers) + "".join(f" | {a} / {b}" for a, b in pairs) + " |"
+    rows = [head, "|" + "---|" * (len(brokers) + len(pairs) + 2)]
     for name in scenarios:
         _, title, metrics = SCENARIOS[name]
+        if name != "d10":
+            metrics = [*metrics, CPU_US]
         for path, label, _better in metrics:
             meds = {}
             for b in brokers:
-                vals = [get(r, path) for r in results.get((name, b), []) if get(r, path) is not None]
+                vals = [value(r, path) for r in results.get((name, b), [])]
+                vals = [v for v in vals if v is not None]
                 meds[b] = statistics.median(vals) if vals else None
-            ratio = "-"
-            bd = next((meds[b] for b in brokers if b.startswith("brokerd") and meds.get(b) is not None), None)
-            mq = next((meds[b] for b in brokers if b.startswith("mosquitto") and meds.get(b) is not None), None)
-            if bd is not None and mq:
-                ratio = f"{bd / mq:.2f}x"
-            elif bd is not None and mq == 0:
-                ratio = "(mosquitto 0)"
-            rows.append(f"| {name}: {title} | {label} | " + " | ".join(fmt(meds[b]) for b in brokers) + f" | {ratio} |")
+            ratios = []
+            for a, b in pairs:
+                x, y = meds.get(a), meds.get(b)
+                ratios.append(f"{x / y:.2f}x" if x is not None and y else "-")
+            rows.append(f"| {name}: {title} | {label} | " + " | ".join(fmt(meds[b]) for b in brokers)
+                        + "".join(f" | {r}" for r in ratios) + " |")
     return "\n".join(rows)
 
 
@@ -337,6 +416,8 @@ def main(argv=None) -> int:
                          "--brokerd-arg=--workers=N")
     ap.add_argument("--broker-cpus", default="0", help="taskset cores of the broker (default 0)")
     ap.add_argument("--gen-cpus", default="1", help="taskset cores of the load generator (default 1)")
+    ap.add_argument("--brokerd-root", default=str(ROOT),
+                    help="the checkout whose brokerd runs (bench/ab.py: two revisions under one harness)")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args(argv)
     if args.list:
@@ -369,7 +450,7 @@ def main(argv=None) -> int:
         if redis is not None:
             redis.start()
         try:
-            bench_all(args, scenarios, brokers, mqttbench, out, results, Path(tmp), redis)
+            bench_all(args, scenarios, brokers, mqttbench, out, results, Path(tmp), redis, FullFeatures(Path(tmp)))
         finally:
             if redis is not None:
                 redis.stop()
@@ -379,13 +460,13 @@ def main(argv=None) -> int:
     return 0
 
 
-def bench_all(args, scenarios, brokers, mqttbench, out, results, tmp, redis) -> None:
+def bench_all(args, scenarios, brokers, mqttbench, out, results, tmp, redis, full) -> None:
     for name in scenarios:
         cmd = SCENARIOS[name][0]
         for run in range(args.runs):
             for b in brokers:
-                broker = Broker(b, args.python, tmp, args.brokerd_arg if b == "brokerd" else [], args.broker_cpus,
-                                redis)
+                broker = Broker(b, args.python, tmp, args.brokerd_arg if b.startswith("brokerd") else [],
+                                args.broker_cpus, redis, Path(args.brokerd_root), full)
                 t0 = time.time()
                 res = run_one(broker, cmd, mqttbench, args.python, name in PERSISTENT, args.gen_cpus)
                 res.update(scenario=name, broker=b, run=run, started=t0, args=cmd)

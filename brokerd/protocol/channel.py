@@ -183,6 +183,16 @@ class Channel:
                 return
             if state == CLOSED:
                 return
+        elif len(data) == 4 and data[0] == 0x40 and data[1] == 2 and self.limit_in is None and self._held is None:
+            # One PUBACK, alone in its read (a subscriber at a steady rate): acknowledged
+            # here, without a packet object -- unless the decoder holds part of a packet
+            # or an error, or the packet id is 0 (the decoder's error).
+            decoder = self.decoder
+            pid = (data[2] << 8) | data[3]
+            if pid and not decoder._buf and decoder.error is None:
+                self.last_rx = now
+                self._puback(pid, now)
+                return
         try:
             pkts = self.decoder.feed(data)
         except RemoteProtocolError as exc:
@@ -605,8 +615,11 @@ class Channel:
         out.append(data)
 
     def _on_puback(self, p, now):
+        self._puback(p.packet_id, now)
+
+    def _puback(self, pid: int, now: float) -> None:
         session = self.session
-        d = session.puback(p.packet_id)
+        d = session.puback(pid)
         if d is not None:
             if d.entry:
                 self.broker.acked(session, d)

@@ -76,6 +76,8 @@ MAX_USER_PROPERTIES = 256       # per packet; other brokers document 10-20 (Alib
 
 _U16 = Struct(">H")
 _U32 = Struct(">I")
+_PUB_HEAD1 = Struct(">BBH")     # PUBLISH fixed header (remaining length < 128), topic length
+_PUB_HEAD2 = Struct(">BBBH")    # the same, remaining length < 16,384
 _PINGREQ = Pingreq()
 _PINGRESP = Pingresp()
 
@@ -673,6 +675,16 @@ def publish_head(topic: bytes, qos: int, retain: bool, dup: bool, packet_id: int
     """
     b0 = 0x30 | (qos << 1) | (1 if retain else 0) | (8 if dup else 0)
     tl = len(topic)
+    if props is None:
+        # 3.x, on every QoS 1/2 delivery: the fixed header and the topic length packed at once
+        rl = tl + (4 if qos else 2) + payload_len
+        if rl < 0x80:
+            head = _PUB_HEAD1.pack(b0, rl, tl)
+        elif rl < 0x4000:
+            head = _PUB_HEAD2.pack(b0, (rl & 0x7F) | 0x80, rl >> 7, tl)
+        else:
+            head = bytes((b0,)) + varint(rl) + _U16.pack(tl)
+        return head + topic + _U16.pack(packet_id) if qos else head + topic
     vh = bytes((tl >> 8, tl & 0xFF)) + topic
     if qos:
         vh += bytes((packet_id >> 8, packet_id & 0xFF))

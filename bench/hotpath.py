@@ -1,0 +1,288 @@
+#!/usr/bin/env python3
+"""The Python work brokerd does per message, driven in-process (issue 18).
+
+The socket benchmarks (``bench/run.py``, ``bench/ab.py``) measure what a
+user sees, and move by ±5 % with the machine's load. This driver runs the
+real connection, channel, broker and router code -- ``MqttConnection``
+on a fake transport that keeps nothing, the ``Flusher`` run by hand once per
+"iteration" -- with no event loop and no system call, so its cost per
+message is the Python around the syscalls alone, and under callgrind an
+instruction count that does not move with the machine's noise:
+
+    python bench/hotpath.py q1 --messages 20000          # µs per message (perf_counter)
+    python bench/hotpath.py q1 --messages 2000 --callgrind   # instructions per message
+
+Scenarios, shaped like ``bench/run.py``'s:
+
+- ``q1``: pairs at QoS 1, one PUBLISH per socket read and one PUBACK per
+  read back (b20k: a steady rate, where nothing batches), ``--batch`` reads
+  per loop iteration;
+- ``q0``: pairs at QoS 0, ``--per-read`` PUBLISHes in each read (a2);
+- ``fan``: one publisher, ``--clients`` subscribers of one topic (c1).
+
+``--acl`` gives every client the ACL of a tenant with 20 rules (the bench
+tenant of ``bench/run.py``'s brokerd-full); ``--usage DIR`` attaches the
+usage log. Nothing here asserts a speed; it is a measuring tool.
+"""
+
+import argparse
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from brokerd.broker import Broker, BrokerConfig  # noqa: E402
+from brokerd.budget import QueuePacer  # noqa: E402
+from brokerd.server import _tune_gc  # noqa: E402
+from brokerd.transports.connection import Flusher, MqttConnection  # noqa: E402
+
+RULES = [{"topic": f"other/{i}/#", "action": "both", "allow": i % 2 == 0} for i in range(19)] + [
+    {"topic": "bench/#", "action": "both", "allow": True}]
+
+
+def _s(b: bytes) -> bytes:
+    return struct.pack(">H", len(b)) + b
+
+
+def _packet(b0: int, body: bytes) -> bytes:
+    n, rl = len(body), b""
+    while True:
+        d, n = n & 0x7F, n >> 7
+        rl += bytes((d | (0x80 if n else 0),))
+        if not n:
+            return bytes((b0,)) + rl + body
+
+
+def connect(cid: str) -> bytes:
+    return _packet(0x10, _s(b"MQTT") + bytes((4, 2)) + struct.pack(">H", 60) + _s(cid.encode()))
+
+
+def subscribe(topic: str, qos: int) -> bytes:
+    return _packet(0x82, struct.pack(">H", 1) + _s(topic.encode()) + bytes((qos,)))
+
+
+def publish(topic: str, payload: bytes, qos: int, pid: int = 0) -> bytes:
+    return _packet(0x30 | (qos << 1), _s(topic.encode()) + (struct.pack(">H", pid) if qos else b"") + payload)
+
+
+ACKS = [bytes((0x40, 2, p >> 8, p & 0xFF)) for p in range(65536)]
+
+
+class FakeLoop:
+    def __init__(self):
+        self.ready = []
+        self.now = 1000.0
+
+    def call_soon(self, fn, *args):
+        self.ready.append((fn, args))
+
+    def call_later(self, delay, fn, *args):
+        return None
+
+    def time(self):
+        return self.now
+
+    def run_ready(self):
+        ready, self.ready = self.ready, []
+        for fn, args in ready:
+            fn(*args)
+
+
+class FakeTransport:
+    __slots__ = ("written",)
+
+    def __init__(self):
+        self.written = 0
+
+    def get_extra_info(self, name, default=None):
+        return ("127.0.0.1", 40000) if name == "peername" else default
+
+    def set_write_buffer_limits(self, high=None, low=None):
+        pass
+
+    def write(self, data):
+        self.written += len(data)
+
+    def pause_reading(self):
+        pass
+
+    def resume_reading(self):
+        pass
+
+    def close(self):
+        pass
+
+
+class Listener:
+    websocket = False
+    url = "mqtt://127.0.0.1:1883"
+
+
+class FakeServer:
+    """What MqttConnection reads of brokerd.server.Server."""
+
+    def __init__(self, broker: Broker):
+        self.loop = FakeLoop()
+        self.broker = broker
+        self.limits = broker.limits
+        self.connections = set()
+        self.pacer = QueuePacer(broker.budget, self.connections, self.loop.call_later)
+        self.flusher = Flusher(self.loop, self.pacer.after_writes)
+        self.write_high = broker.limits.max_pending
+
+
+def make_broker(args) -> tuple[Broker, FakeServer]:
+    broker = Broker(BrokerConfig(allow_anonymous=True))
+    server = FakeServer(broker)
+    if args.usage:
+        from brokerd.metrics.usage import UsageLog
+
+        broker.attach_usage(UsageLog(args.usage, "bench", 0.0))
+    return broker, server
+
+
+def client(server: FakeServer, cid: str, sub: str | None = None, qos: int = 0, acl=None) -> MqttConnection:
+    conn = MqttConnection(server, Listener())
+    conn.connection_made(FakeTransport())
+    conn.data_received(connect(cid))
+    if acl:
+        from brokerd.tenancy.acl import ClientAcl
+
+        conn.channel.acl = ClientAcl(RULES, False, "d0", cid)
+    if sub is not None:
+        conn.data_received(subscribe(sub, qos))
+    server.loop.run_ready()
+    return conn
+
+
+def scenario_q1(args, server):
+    n = args.clients
+    pubs = [client(server, f"p{i}", acl=args.acl) for i in range(n)]
+    subs = [client(server, f"s{i}", f"bench/pairs/{i}", 1, acl=args.acl) for i in range(n)]
+    payload = bytes(args.payload)
+    # the frames, made once, whatever --messages is (so that under callgrind Ir(2M) - Ir(M) is the
+    # broker's work alone): each publisher reuses packet id 1 (its PUBACK comes before its next
+    # PUBLISH); the broker numbers its deliveries to a subscriber 1, 2, ... 65535, 1, ...
+    frames = [publish(f"bench/pairs/{i}", payload, 1, 1) for i in range(n)]
+    sent = [0] * n
+    loop = server.loop
+    batch = args.batch
+
+    def run(messages):
+        k = 0
+        while k < messages:
+            lo = k % n
+            group = range(lo, min(lo + batch, n))
+            for i in group:
+                sent[i] = sent[i] % 65535 + 1
+                pubs[i].data_received(frames[i])
+            loop.run_ready()
+            for i in group:
+                subs[i].data_received(ACKS[sent[i]])
+            loop.run_ready()
+            k += len(group)
+        return k
+    return run
+
+
+def scenario_q0(args, server):
+    n = args.clients
+    pubs = [client(server, f"p{i}", acl=args.acl) for i in range(n)]
+    [client(server, f"s{i}", f"bench/pairs/{i}", 0, acl=args.acl) for i in range(n)]
+    payload = bytes(args.payload)
+    reads = [publish(f"bench/pairs/{i}", payload, 0) * args.per_read for i in range(n)]
+    loop = server.loop
+    batch = args.batch
+
+    def run(messages):
+        k = 0
+        while k < messages:
+            lo = (k // args.per_read) % n
+            for i in range(lo, min(lo + batch, n)):
+                pubs[i].data_received(reads[i])
+                k += args.per_read
+            loop.run_ready()
+        return k
+    return run
+
+
+def scenario_fan(args, server):
+    pub = client(server, "p0", acl=args.acl)
+    [client(server, f"s{i}", "bench/fanout", 0, acl=args.acl) for i in range(args.clients)]
+    read = publish("bench/fanout", bytes(args.payload), 0)
+    loop = server.loop
+
+    def run(messages):
+        k = 0
+        while k < messages:
+            pub.data_received(read)
+            loop.run_ready()
+            k += args.clients
+        return k
+    return run
+
+
+SCENARIOS = {"q1": scenario_q1, "q0": scenario_q0, "fan": scenario_fan}
+
+
+def callgrind(args, argv: list[str]) -> int:
+    """Ir(2M) - Ir(M), over M: the instructions of one message, exactly."""
+    rest = [a for a in argv if a != "--callgrind"]
+    counts = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for m in (args.messages, 2 * args.messages):
+            out = Path(tmp) / f"cg.{m}"
+            cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__, *rest,
+                   "--messages", str(m), "--count-only"]
+            subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+            totals = [ln for ln in out.read_text().splitlines() if ln.startswith(("summary:", "totals:"))]
+            counts.append(int(totals[-1].split()[1]))
+    per = (counts[1] - counts[0]) / args.messages
+    print(f"{args.scenario}: {per:,.0f} instructions per message (callgrind, {args.messages} vs "
+          f"{2 * args.messages} messages)")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("scenario", choices=SCENARIOS)
+    ap.add_argument("--messages", type=int, default=20000, help="messages delivered in the measured part")
+    ap.add_argument("--clients", type=int, default=100, help="pairs (q1, q0) or subscribers (fan)")
+    ap.add_argument("--payload", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=20, help="socket reads per loop iteration")
+    ap.add_argument("--per-read", type=int, default=4, help="q0: PUBLISHes in one read")
+    ap.add_argument("--acl", action="store_true", help="every client has the 20-rule ACL of brokerd-full's tenant")
+    ap.add_argument("--usage", metavar="DIR", help="attach the usage log (nothing is written)")
+    ap.add_argument("--callgrind", action="store_true",
+                    help="instructions per message: runs itself under callgrind with --messages M and 2M and "
+                         "prints the difference over M (start-up and warming cancel out)")
+    ap.add_argument("--count-only", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.callgrind:
+        return callgrind(args, argv if argv is not None else sys.argv[1:])
+    if args.scenario == "fan" and args.clients == 100:
+        args.clients = 1000
+    if args.scenario == "fan":
+        args.payload = 100 if args.payload == 1024 else args.payload
+    broker, server = make_broker(args)
+    run = SCENARIOS[args.scenario](args, server)
+    run(max(args.messages // 10, 1000))          # warm: caches, specialised bytecode, pid counters
+    _tune_gc()                                   # as brokerd.server does
+    if args.count_only:
+        run(args.messages)
+        return 0
+    t0 = time.perf_counter()
+    done = run(args.messages)
+    dt = time.perf_counter() - t0
+    print(f"{args.scenario}: {done} messages, {dt * 1e6 / done:.3f} µs per message (Python only, no syscalls)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
