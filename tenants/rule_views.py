@@ -118,7 +118,7 @@ def rule_edit(request, slug, rule_id):
     if request.method == "POST":
         form = RuleForm(request.POST)
         if _save(request, form, lambda f: rule_service.update_rule(
-                rule, sql=f.cleaned_data["sql"], config=f.action_config(), request=request)):
+                rule, sql=f.cleaned_data["sql"], config=_kept(rule, f.action_config()), request=request)):
             messages.success(request, f"Rule {rule.pk} saved; its counters start again from zero.")
             if not wants_fragment(request):
                 return redirect("rules", slug=slug)
@@ -126,6 +126,14 @@ def rule_edit(request, slug, rule_id):
     else:
         form = RuleForm(initial=RuleForm.initial_for(rule))
     return _editor(request, _context(request, tenant, rw, form=form, editing=rule))
+
+
+def _kept(rule, config: dict) -> dict:
+    """The form's action settings plus those the form does not edit (user
+    properties set with ``manage.py rules`` or the service), so saving keeps them."""
+    if rule.config.get("user_properties"):
+        config["user_properties"] = rule.config["user_properties"]
+    return config
 
 
 def _set_enabled(request, slug, rule_id, enabled: bool):

@@ -190,6 +190,15 @@ def test_edit_changes_the_statement_and_audits(as_alice, rule):
     assert json.loads(event.before)["sql"] == SQL and json.loads(event.after)["sql"] == new_sql
 
 
+def test_edit_keeps_the_user_properties_the_form_does_not_show(as_alice, acme):
+    rule = rule_service.add_rule(acme, sql=SQL, action="republish",
+                                 config={"topic": "a/${clientid}", "user_properties": {"site": "${clientid}"}})
+    assert "1 user property" in text(as_alice.get(RULES))
+    assert as_alice.post(f"{RULES}{rule.pk}/edit/", form(topic="b/${clientid}")).status_code == 302
+    rule.refresh_from_db()
+    assert rule.config["topic"] == "b/${clientid}" and rule.config["user_properties"] == {"site": "${clientid}"}
+
+
 # ------------------------------------------------ enable / disable / delete
 
 
