@@ -27,6 +27,7 @@ BAD = 'SELECT payload.temp AS t, clientid\nFROM "sensors/+/temp"\nWHERE tmep > 3
 def shots(page, name):
     for size, (w, h) in SIZES.items():
         page.set_viewport_size({"width": w, "height": h})
+        page.evaluate("window.scrollTo(0, 0)")   # sticky bars are drawn where the scroll left them
         shot(page, f"rules-{name}-{size}")
     page.set_viewport_size({"width": 1366, "height": 900})
 
