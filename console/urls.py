@@ -5,6 +5,7 @@ from django.urls import include, path, register_converter
 
 from metrics import views as mv
 from spark_reports import urls as report_urls
+from tenants import rule_views as rv
 from tenants import views as tv
 
 from . import live_views as lv
@@ -45,6 +46,15 @@ tenant_patterns = [
     path("acl/<int:rule_id>/edit/", tv.acl_edit, name="acl_edit"),
     path("acl/<int:rule_id>/move/", tv.acl_move, name="acl_move"),
     path("acl/<int:rule_id>/delete/", tv.acl_delete, name="acl_delete"),
+    # rules of the rule engine
+    path("rules/", rv.rules_page, name="rules"),
+    path("rules/table/", rv.rules_table, name="rules_table"),
+    path("rules/new/", rv.rule_add, name="rule_add"),
+    path("rules/test/", rv.rule_test, name="rule_test"),
+    path("rules/<int:rule_id>/edit/", rv.rule_edit, name="rule_edit"),
+    path("rules/<int:rule_id>/enable/", rv.rule_enable, name="rule_enable"),
+    path("rules/<int:rule_id>/disable/", rv.rule_disable, name="rule_disable"),
+    path("rules/<int:rule_id>/delete/", rv.rule_delete, name="rule_delete"),
     # limits and settings
     path("quotas/", tv.quotas, name="quotas"),
     path("system-topics/", tv.system_topics, name="system_topics"),

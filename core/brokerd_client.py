@@ -293,6 +293,12 @@ class BrokerdClient:
     def retained_message(self, tenant: str, topic: str) -> dict:
         return self._call("GET", "retained", {"tenant": tenant, "topic": topic})
 
+    def rules(self, tenant: str) -> dict:
+        """A tenant's rules as the nodes run them, counters summed over the cluster:
+        ``{"tenant", "items": [{"id", "enabled", "loaded", "matched", "passed", "no_result",
+        "failed", "last_error", "last_error_at", "nodes": {node: {...}}}]}``."""
+        return self._call("GET", f"tenants/{self._seg(tenant)}/rules")
+
     # ----------------------------------------------------------- writes
 
     def kick(self, tenant: str, client_id: str, clear_session: bool = False) -> dict:

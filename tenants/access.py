@@ -15,7 +15,7 @@ from django.http import Http404
 
 from core.roles import PLATFORM_ADMIN, is_platform_admin, remember_scope
 
-from .models import AclRule, Credential, Device, Membership, Tenant
+from .models import AclRule, Credential, Device, Membership, Rule, Tenant
 
 
 def user_tenants(user):
@@ -89,6 +89,16 @@ def get_rule_for_user(request, slug: str, rule_id: int, write: bool = False) -> 
     rule = AclRule.objects.filter(tenant=tenant, pk=rule_id).select_related("device").first()
     if rule is None:
         raise Http404("No such ACL rule")
+    rule.tenant = tenant
+    return rule, rw
+
+
+def get_processing_rule_for_user(request, slug: str, rule_id: int, write: bool = False) -> tuple[Rule, bool]:
+    """One of the tenant's rules of the rule engine (not an ACL rule)."""
+    tenant, rw = get_tenant_for_user(request, slug, write)
+    rule = Rule.objects.filter(tenant=tenant, pk=rule_id).first()
+    if rule is None:
+        raise Http404("No such rule")
     rule.tenant = tenant
     return rule, rw
 

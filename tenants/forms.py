@@ -201,3 +201,43 @@ class MemberForm(forms.Form):
 
 class MemberRoleForm(forms.Form):
     role = forms.ChoiceField(choices=Membership.Role.choices)
+
+
+class RuleForm(forms.Form):
+    """A rule of the rule engine with its republish action (the only action
+    the nodes run yet); ``tenants.rules`` compiles the statement and has the last word."""
+
+    sql = forms.CharField(label="Statement", max_length=16_384, strip=False, widget=forms.Textarea(attrs={
+        "rows": 6, "spellcheck": "false", "class": "mono", "autocomplete": "off",
+        "placeholder": 'SELECT payload.temp AS t, clientid FROM "sensors/+/temp" WHERE t > 30'}),
+        help_text='SELECT … FROM "topic/filter" (or "$events/client_connected" …) [WHERE …]')
+    topic = forms.CharField(label="Republish to", max_length=1024, help_text="A topic template: ${field} from "
+                            "the output row, ${clientid}, ${topic}, ${username}.",
+                            widget=forms.TextInput(attrs={"placeholder": "alerts/${clientid}", "class": "mono"}))
+    qos = forms.TypedChoiceField(label="QoS", choices=[(0, "0"), (1, "1"), (2, "2")], coerce=int, initial=0)
+    retain = forms.BooleanField(label="Retain", required=False)
+    payload = forms.CharField(label="Payload template", max_length=16_384, required=False,
+                              help_text="Empty: the output row as JSON.",
+                              widget=forms.TextInput(attrs={"placeholder": '{"t": ${t}}', "class": "mono"}))
+
+    def action_config(self) -> dict:
+        d = self.cleaned_data
+        config = {"topic": d["topic"], "qos": d["qos"], "retain": d["retain"]}
+        if d.get("payload"):
+            config["payload"] = d["payload"]
+        return config
+
+    @staticmethod
+    def initial_for(rule) -> dict:
+        c = rule.config
+        return {"sql": rule.sql, "topic": c.get("topic", ""), "qos": c.get("qos", 0),
+                "retain": c.get("retain", False), "payload": c.get("payload", "")}
+
+
+class RuleTestForm(forms.Form):
+    """A message to run a statement on, with no side effects."""
+
+    sql = forms.CharField(max_length=16_384, strip=False)
+    test_topic = forms.CharField(label="Topic", max_length=1024)
+    test_payload = forms.CharField(label="Payload", max_length=65_536, required=False, strip=False)
+    test_client_id = forms.CharField(label="Client id", max_length=256, required=False)

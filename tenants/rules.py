@@ -27,6 +27,15 @@ from .models import Rule, Tenant
 MAX_SQL = 16_384
 
 
+class RuleStatementError(ServiceError):
+    """A statement the compiler refuses; ``line`` and ``column`` (from 1, or None)
+    say where, so the console can point at it next to the editor."""
+
+    def __init__(self, message: str, line: int | None = None, column: int | None = None):
+        super().__init__(message)
+        self.line, self.column = line, column
+
+
 def rule_doc(rule: Rule) -> dict:
     """What the snapshot carries, the audit log shows and ``rules list`` prints."""
     return policy_snapshot.processing_rule_json(rule)
@@ -35,11 +44,11 @@ def rule_doc(rule: Rule) -> dict:
 def check_sql(sql: str):
     """The compiled statement, or ServiceError with the line and column of the fault."""
     if not isinstance(sql, str) or len(sql) > MAX_SQL:
-        raise ServiceError(f"rule statement: at most {MAX_SQL} characters")
+        raise RuleStatementError(f"rule statement: at most {MAX_SQL} characters")
     try:
         return compile_rule(sql)
     except RuleSyntaxError as exc:
-        raise ServiceError(f"rule statement: {exc}") from None
+        raise RuleStatementError(f"rule statement: {exc}", exc.line, exc.column) from None
 
 
 def check_action(action: str, config: dict) -> dict:
@@ -73,6 +82,20 @@ def add_rule(tenant: Tenant, *, sql: str, action: str, config: dict, enabled: bo
     rule = Rule.objects.create(tenant=tenant, sql=sql, action=action, config=config, enabled=bool(enabled))
     policy_snapshot.publish(tenant)
     _audit("rule.create", rule.pk, tenant, None, rule_doc(rule), request, actor)
+    return rule
+
+
+@transaction.atomic
+def update_rule(rule: Rule, *, sql: str, config: dict, request=None, actor=None) -> Rule:
+    """A new statement and/or action settings for ``rule`` (its action kind and
+    enabled flag stay; the nodes recompile it and start its counters afresh)."""
+    check_sql(sql)
+    config = check_action(rule.action, config)
+    before = rule_doc(rule)
+    rule.sql, rule.config = sql, config
+    rule.save(update_fields=["sql", "config", "updated_at"])
+    policy_snapshot.publish(rule.tenant)
+    _audit("rule.update", rule.pk, rule.tenant, before, rule_doc(rule), request, actor)
     return rule
 
 

@@ -46,6 +46,7 @@ from console.models import ApiToken
 from core.brokerd_client import BrokerdClient, BrokerdUnavailable
 from metrics.models import Alarm
 from spark_reports.models import ReportRun, ReportSchedule
+from tenants import rules as rule_services
 from tenants import services
 from tenants.models import Membership
 
@@ -93,6 +94,9 @@ DEV = {"name": "device"}
 CRED = {"name": "device", "credential_id": "credential"}
 RULE = {"rule_id": "rule"}
 MEMBER = {"membership_id": "member"}
+PRULE = {"rule_id": "prule"}             # a rule of the rule engine (enabled)
+PRULE_OFF = {"rule_id": "prule_off"}     # and a disabled one
+RULE_FORM = {"sql": 'SELECT clientid FROM "a/#"', "topic": "b/out", "qos": "0"}  # data is str.format()ted
 CLIENT = {"client_id": "client"}
 RUN = {"run_id": "run"}
 FAILED = {"run_id": "failed_run"}
@@ -142,6 +146,16 @@ TABLE: dict[str, list[Try]] = {
                       args=RULE)],
     "acl_move": [post(TENANT_WRITE, {"direction": "down"}, args=RULE)],
     "acl_delete": [get(TENANT_WRITE, args=RULE), post(TENANT_WRITE, args=RULE)],
+    # ------------------------------------------------------------ rules (rule engine)
+    "rules": [get(TENANT_READ)],
+    "rules_table": [get(TENANT_READ)],
+    "rule_add": [post(TENANT_WRITE, RULE_FORM)],
+    "rule_test": [post(TENANT_READ, {"sql": 'SELECT * FROM "a/#"', "test_topic": "a/b", "test_payload": "x"},
+                       ok=(200,), writes=False)],
+    "rule_edit": [get(TENANT_WRITE, args=PRULE), post(TENANT_WRITE, RULE_FORM, args=PRULE)],
+    "rule_enable": [post(TENANT_WRITE, args=PRULE_OFF)],
+    "rule_disable": [post(TENANT_WRITE, args=PRULE)],
+    "rule_delete": [get(TENANT_WRITE, args=PRULE), post(TENANT_WRITE, args=PRULE)],
     # ------------------------------------------------------------ limits, settings, members, audit
     "quotas": [get(TENANT_READ),
                post(TENANT_WRITE, {"which": "own", "own-max_connections": "3"}),
@@ -265,6 +279,10 @@ def build_world(acme, globex) -> dict:
                                default_acl=tenant.default_acl)
         if tenant.acl_rules.count() < 2:
             services.add_acl_rule(tenant, topic="extra/#", action="both", allow=True)
+        prule = rule_services.add_rule(tenant, sql='SELECT * FROM "x/#"', action="republish",
+                                       config={"topic": "y/${clientid}"}, actor="test")
+        prule_off = rule_services.add_rule(tenant, sql='SELECT * FROM "x/#"', action="republish",
+                                           config={"topic": "z/${clientid}"}, enabled=False, actor="test")
         other = get_user_model().objects.create_user(f"member-of-{tenant.slug}", password=PASSWORD)
         member = Membership.objects.create(user=other, tenant=tenant, role=Membership.Role.VIEWER)
         device = tenant.test_credential.device
@@ -277,6 +295,7 @@ def build_world(acme, globex) -> dict:
         schedule = ReportSchedule.objects.create(tenant=tenant, frequency="weekly", hour=6, recipients=ops[tenant.slug])
         out[tenant.slug] = {"slug": tenant.slug, "device": device.name, "credential": tenant.test_credential.pk,
                             "rule": tenant.acl_rules.order_by("position").first().pk, "member": member.pk,
+                            "prule": prule.pk, "prule_off": prule_off.pk,
                             "client": "dev/1~x", "run": run.pk, "failed_run": failed.pk, "schedule": schedule.pk,
                             "contact": ops[tenant.slug][0]}
     run = ReportRun.objects.create(

@@ -1,0 +1,306 @@
+"""The tenant's Rules page: list with the nodes' counters (or "nodes
+unreachable"), add/edit with the statement's error under the editor (line,
+column, the typed text kept), enable/disable/delete (CSRF, confirmation,
+audit, policy snapshot), the "test with this message" runner (no side
+effects), tenant isolation and roles (the ACL page's model).
+
+People (conftest): root (platform admin), alice (admin of acme), bob (viewer
+of globex). brokerd's admin API points at a closed port unless a test starts
+``AdminApiDouble``, a loopback HTTP server answering the one endpoint this
+page reads, ``GET /api/v1/tenants/{t}/rules`` (the real node is in
+``tests/browser/test_rules_browser.py``).
+"""
+
+import html
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.test import Client
+
+from core.models import AuditEvent
+from tenants import rules as rule_service
+from tenants.models import Rule
+
+from .conftest import HTMX, policy
+
+RULES = "/tenants/acme/rules/"
+SQL = 'SELECT payload.temp AS t, clientid FROM "sensors/+/temp" WHERE t > 30'
+BAD_SQL = 'SELECT clientid\nFROM "sensors/#"\nWHERE tmep > 1'
+
+
+def form(sql=SQL, topic="alerts/${clientid}", qos="1", retain=False, payload="", **extra):
+    data = {"sql": sql, "topic": topic, "qos": qos, "payload": payload, **extra}
+    if retain:
+        data["retain"] = "on"
+    return data
+
+
+@pytest.fixture
+def rule(acme):
+    return rule_service.add_rule(acme, sql=SQL, action="republish", config={"topic": "alerts/${clientid}", "qos": 1})
+
+
+@pytest.fixture
+def globex_rule(globex):
+    return rule_service.add_rule(globex, sql='SELECT * FROM "plant/#"', action="republish",
+                                 config={"topic": "copy/${topic}"})
+
+
+class AdminApiDouble:
+    """A test double of brokerd's admin API: answers ``GET /api/v1/tenants/{t}/rules``
+    with ``items`` (and records the paths asked), 404 for anything else."""
+
+    def __init__(self, items):
+        double = self
+        self.items, self.paths = items, []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                double.paths.append(self.path)
+                if self.path.startswith("/api/v1/tenants/") and self.path.endswith("/rules"):
+                    body = json.dumps({"tenant": self.path.split("/")[4], "items": double.items}).encode()
+                    self.send_response(200)
+                else:
+                    body = b'{"error": "not here"}'
+                    self.send_response(404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def nodes(settings):
+    doubles = []
+
+    def start(items):
+        d = AdminApiDouble(items)
+        doubles.append(d)
+        settings.BROKERD_ADMIN_URL = d.url
+        return d
+    yield start
+    for d in doubles:
+        d.close()
+
+
+def text(response) -> str:
+    return html.unescape(response.content.decode())
+
+
+# ------------------------------------------------------------------ list
+
+
+def test_the_list_shows_statement_action_state_and_nodes_unreachable(as_alice, rule):
+    r = as_alice.get(RULES)
+    assert r.status_code == 200
+    page = text(r)
+    assert SQL in page and "alerts/${clientid}" in page and "QoS 1" in page and "enabled" in page
+    assert "Nodes unreachable" in page and "nodes unreachable" in page
+    # no number is made up when the nodes do not answer
+    row = page[page.index(f'id="rule-{rule.pk}"'):]
+    row = row[:row.index("</tr>")]
+    assert not any(f'<td class="num">{n}</td>' in row for n in range(10))
+
+
+def test_the_list_shows_the_nodes_counters_and_last_error(as_alice, rule, nodes):
+    double = nodes([{"id": rule.pk, "enabled": True, "loaded": True, "matched": 12, "passed": 7, "no_result": 4,
+                     "failed": 1, "last_error": "the ACL denies 'd1' publishing to 'alerts/d1'",
+                     "last_error_at": 1_790_000_000.5, "nodes": {"n1": {}}}])
+    page = text(as_alice.get(RULES))
+    assert "Nodes unreachable" not in page
+    for figure in ("12", "7", "4"):
+        assert f'<td class="num">{figure}</td>' in page
+    assert '<td class="num strong">1</td>' in page            # failed, in bold
+    assert "the ACL denies 'd1' publishing to 'alerts/d1'" in page and "2026-09-21 14:13:20 UTC" in page
+    assert double.paths == ["/api/v1/tenants/acme/rules"]
+    # the table alone, as the page polls it
+    fragment = text(as_alice.get(f"{RULES}table/", **HTMX))
+    assert fragment.startswith('<div class="card" id="rules-table"') and "<td class=\"num\">12</td>" in fragment
+
+
+def test_a_rule_the_nodes_do_not_have_yet_shows_no_figures(as_alice, rule, nodes):
+    nodes([])
+    page = text(as_alice.get(RULES))
+    assert "not on the nodes yet" in page and "Nodes unreachable" not in page
+
+
+# -------------------------------------------------------- create / edit
+
+
+def test_create_stores_publishes_and_audits(as_alice, acme):
+    r = as_alice.post(f"{RULES}new/", form(retain=True, payload='{"t": ${t}}'))
+    assert r.status_code == 302 and r["Location"] == RULES
+    rule = Rule.objects.get(tenant=acme)
+    assert (rule.sql, rule.action, rule.enabled) == (SQL, "republish", True)
+    assert rule.config == {"topic": "alerts/${clientid}", "qos": 1, "retain": True, "payload": '{"t": ${t}}'}
+    assert [x["id"] for x in policy("acme")["rules"]] == [rule.pk]
+    event = AuditEvent.objects.get(action="rule.create")
+    assert (event.actor, event.tenant, event.object_id) == ("alice", "acme", str(rule.pk))
+
+
+def test_a_malformed_statement_shows_its_line_and_column_and_keeps_the_input(as_alice, acme):
+    for extra in ({}, HTMX):
+        r = as_alice.post(f"{RULES}new/", form(sql=BAD_SQL, topic="alerts/x"), **extra)
+        assert r.status_code == 200
+        page = text(r)
+        assert "Line 3, column 7: unknown field 'tmep'" in page
+        assert "3 | WHERE tmep > 1\n" + " " * (len("3 | ") + 6) + "^" in page
+        assert ">\n" + BAD_SQL + "</textarea>" in page              # what was typed, as typed
+        assert 'value="alerts/x"' in page
+    assert not Rule.objects.exists() and not AuditEvent.objects.filter(action__startswith="rule.").exists()
+
+
+def test_an_action_the_nodes_would_refuse_is_shown_on_its_field(as_alice, acme):
+    page = text(as_alice.post(f"{RULES}new/", form(topic="alerts/#")))
+    assert "The topic may not hold wildcards" in page and not Rule.objects.exists()
+
+
+def test_webhook_and_store_are_not_offered(as_alice, acme):
+    page = text(as_alice.get(RULES)).lower()
+    assert "republish to" in page and 'name="action"' not in page and "webhook url" not in page
+
+
+def test_edit_changes_the_statement_and_audits(as_alice, rule):
+    page = text(as_alice.get(f"{RULES}{rule.pk}/edit/"))
+    assert f"Edit rule {rule.pk}" in page and SQL in page
+    bad = text(as_alice.post(f"{RULES}{rule.pk}/edit/", form(sql='SELECT * FROM "a" WHERE (', topic="b")))
+    assert "column" in bad and 'SELECT * FROM "a" WHERE (' in bad
+    rule.refresh_from_db()
+    assert rule.sql == SQL
+    new_sql = 'SELECT clientid FROM "sensors/#"'
+    r = as_alice.post(f"{RULES}{rule.pk}/edit/", form(sql=new_sql, topic="copy/${clientid}", qos="0"))
+    assert r.status_code == 302
+    rule.refresh_from_db()
+    assert (rule.sql, rule.config["topic"], rule.config["qos"]) == (new_sql, "copy/${clientid}", 0)
+    assert policy("acme")["rules"][0]["sql"] == new_sql
+    event = AuditEvent.objects.get(action="rule.update")
+    assert json.loads(event.before)["sql"] == SQL and json.loads(event.after)["sql"] == new_sql
+
+
+def test_edit_keeps_the_user_properties_the_form_does_not_show(as_alice, acme):
+    rule = rule_service.add_rule(acme, sql=SQL, action="republish",
+                                 config={"topic": "a/${clientid}", "user_properties": {"site": "${clientid}"}})
+    assert "1 user property" in text(as_alice.get(RULES))
+    assert as_alice.post(f"{RULES}{rule.pk}/edit/", form(topic="b/${clientid}")).status_code == 302
+    rule.refresh_from_db()
+    assert rule.config["topic"] == "b/${clientid}" and rule.config["user_properties"] == {"site": "${clientid}"}
+
+
+# ------------------------------------------------ enable / disable / delete
+
+
+def test_disable_enable_and_delete(as_alice, rule):
+    r = as_alice.post(f"{RULES}{rule.pk}/disable/", **HTMX)
+    assert r.status_code == 200 and ">disabled<" in r.content.decode() and ">Enable<" in r.content.decode()
+    rule.refresh_from_db()
+    assert not rule.enabled and policy("acme")["rules"][0]["enabled"] is False
+    assert as_alice.post(f"{RULES}{rule.pk}/enable/").status_code == 302
+    rule.refresh_from_db()
+    assert rule.enabled
+    # delete: a confirmation page on GET, the deletion on POST
+    confirm = as_alice.get(f"{RULES}{rule.pk}/delete/")
+    assert confirm.status_code == 200 and "Delete rule" in confirm.content.decode()
+    assert Rule.objects.filter(pk=rule.pk).exists()
+    assert as_alice.post(f"{RULES}{rule.pk}/delete/").status_code == 302
+    assert not Rule.objects.filter(pk=rule.pk).exists() and policy("acme")["rules"] == []
+    assert [e.action for e in AuditEvent.objects.order_by("id") if e.action.startswith("rule.")] == [
+        "rule.create", "rule.disable", "rule.enable", "rule.delete"]
+
+
+def test_changes_need_post_and_csrf(alice, rule):
+    c = Client(enforce_csrf_checks=True)
+    c.force_login(alice)
+    assert c.get(f"{RULES}{rule.pk}/disable/").status_code == 405
+    assert c.post(f"{RULES}{rule.pk}/disable/").status_code == 403
+    assert c.post(f"{RULES}{rule.pk}/delete/").status_code == 403
+    assert c.post(f"{RULES}new/", form()).status_code == 403
+    rule.refresh_from_db()
+    assert rule.enabled and Rule.objects.count() == 1
+    page = c.get(RULES).content.decode()
+    assert page.count('name="csrfmiddlewaretoken"') >= 3 and "hx-confirm=\"Delete rule" in page
+
+
+# ------------------------------------------------------------- the runner
+
+
+def run(client, sql=SQL, topic="sensors/kitchen/temp", payload='{"temp": 31.5}', client_id="pump-7", **extra):
+    r = client.post(f"{RULES}test/", {"sql": sql, "test_topic": topic, "test_payload": payload,
+                                      "test_client_id": client_id}, **extra)
+    assert r.status_code == 200
+    return text(r)
+
+
+def test_the_runner_shows_the_row_no_row_or_the_error_without_side_effects(as_alice, rule, nodes):
+    double = nodes([])
+    out = run(as_alice, **HTMX)
+    assert out.startswith('<div id="rule-test"') and "Output row" in out and '{"t":31.5,"clientid":"pump-7"}' in out
+    assert "No row (WHERE not true)" in run(as_alice, payload='{"temp": 20}', **HTMX)
+    assert "does not match the rule's FROM" in run(as_alice, topic="other/x", **HTMX)
+    failing = run(as_alice, sql='SELECT payload.a + 1 AS x FROM "sensors/#"', payload='{"a": "text"}', **HTMX)
+    assert "the rule fails on this message" in failing and "Error" in failing
+    bad = run(as_alice, sql=BAD_SQL, **HTMX)
+    assert "line 3, column 7: unknown field 'tmep'" in bad
+    # nothing stored, published, audited or sent to a node
+    assert Rule.objects.count() == 1 and double.paths == []
+    assert not AuditEvent.objects.exclude(action="rule.create").exists()
+    # without htmx: the whole page, the form keeping what was typed
+    page = run(as_alice)
+    assert "Output row" in page and 'value="sensors/kitchen/temp"' in page and SQL in page
+
+
+# ---------------------------------------------------- isolation and roles
+
+
+def test_another_tenants_rules_are_404(as_alice, globex_rule):
+    base = f"/tenants/globex/rules/{globex_rule.pk}"
+    assert as_alice.get("/tenants/globex/rules/").status_code == 404
+    assert as_alice.get("/tenants/globex/rules/table/").status_code == 404
+    assert as_alice.post("/tenants/globex/rules/new/", form()).status_code == 404
+    assert as_alice.post("/tenants/globex/rules/test/", {"sql": SQL, "test_topic": "a"}).status_code == 404
+    for action in ("edit", "enable", "disable", "delete"):
+        assert as_alice.post(f"{base}/{action}/", form()).status_code == 404
+    # globex's rule through acme's URL is not found either
+    for action in ("edit", "disable", "delete"):
+        assert as_alice.post(f"{RULES}{globex_rule.pk}/{action}/", form()).status_code == 404
+    globex_rule.refresh_from_db()
+    assert globex_rule.enabled and globex_rule.sql == 'SELECT * FROM "plant/#"'
+    assert not as_alice.get(RULES).content.decode().count("plant/#")
+
+
+def test_a_viewer_reads_and_tests_but_cannot_change(as_bob, globex_rule):
+    base = "/tenants/globex/rules/"
+    page = text(as_bob.get(base))
+    assert 'SELECT * FROM "plant/#"' in page and "Add a rule" not in page and ">Disable<" not in page
+    assert as_bob.post(f"{base}new/", form()).status_code == 403
+    for action in ("edit", "enable", "disable", "delete"):
+        assert as_bob.post(f"{base}{globex_rule.pk}/{action}/", form()).status_code == 403
+    assert as_bob.get(f"{base}{globex_rule.pk}/delete/").status_code == 403
+    r = as_bob.post(f"{base}test/", {"sql": 'SELECT * FROM "plant/#"', "test_topic": "plant/a",
+                                     "test_payload": "x"}, **HTMX)
+    assert r.status_code == 200 and "Output row" in r.content.decode()
+    globex_rule.refresh_from_db()
+    assert globex_rule.enabled and Rule.objects.count() == 1
+
+
+def test_the_platform_administrator_manages_any_tenant(as_admin, globex):
+    assert as_admin.post("/tenants/globex/rules/new/", form(sql='SELECT * FROM "plant/#"')).status_code == 302
+    event = AuditEvent.objects.get(action="rule.create")
+    assert (event.actor, event.tenant) == ("root", "globex")
+
+
+def test_anonymous_users_are_sent_to_log_in(rule):
+    r = Client().get(RULES)
+    assert r.status_code == 302 and "/login/" in r["Location"]
