@@ -6,8 +6,34 @@ working directory, ``sqlite:////srv/brokerd.db`` absolute. Query options:
 batch survives a crash of the process -- SIGKILL included; ``full`` also
 survives a power cut, at the cost of an fsync per batch).
 
-Each journal batch is one transaction; runs of operations of the same kind
-go through ``executemany``.
+Each journal batch is one transaction. Between two session operations
+(which create or delete what the others apply to) the batch is applied kind
+by kind, each kind in one ``executemany``: the queue's appends, then its
+state changes, then its deletes, after the other kinds -- the order that
+gives the same result as applying the operations one by one (an entry is
+appended before anything else names it; the other kinds never touch the
+queue). Under load a batch is mostly appends and acknowledgements of one
+another's messages, interleaved: grouped, it is three statements, not one
+per change of kind.
+
+Queue entries are numbered from one counter for the whole file
+(``counters``, advanced once per batch), not one per session: each
+session's numbers still increase in append order and are never reused, the
+counter's row serialises nodes sharing the file just as the sessions' rows
+did, and a batch no longer updates a row per session it appends to (that
+``UPDATE ... RETURNING`` was a third of the store's time under load). An
+attempt at a batch that fails is rolled back, counter included: the entries
+it numbered get seq 0 again, so a later ``q_del`` of an entry that was never
+written (dropped by the writer) cannot delete the entry that took its number.
+
+Schema 2. A file of schema 1 is upgraded when it is opened, in one
+transaction: its counter starts past every number it holds, and the
+sessions' old per-session counter column is renamed (``last_seq_v1``), so a
+brokerd of schema 1 still running on the file fails its next queue write
+("no such column": the store unavailable, its publishers get negative
+acknowledgements) instead of numbering entries that collide with the new
+ones. An older brokerd refuses to open a schema-2 file; any brokerd refuses a
+schema it does not know. Stop every node sharing a file before upgrading them.
 """
 
 import os
@@ -30,14 +56,24 @@ from .records import (
     unpack_will,
 )
 
-SCHEMA_VERSION = "1"
+# Python's sqlite3 binds int, float, str and bytearray as they are, but for any other value -- None
+# and bytes included -- it first looks for an adapter by raising and clearing AttributeErrors
+# (``__adapt__``, ``__conform__``): a tenth of the store thread's instructions under load, five
+# such values a queue row. Registered, these two are found in its table at once and bound as they
+# are (the same values: NULL, a BLOB).
+sqlite3.register_adapter(bytes, bytes)
+sqlite3.register_adapter(type(None), lambda v: v)
+
+SCHEMA_VERSION = "2"
+COUNTER = "queue_seq"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS blobs (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS sessions (
     tenant TEXT NOT NULL, client_id TEXT NOT NULL, expiry_interval INTEGER NOT NULL,
-    disconnected_at REAL, will BLOB, will_due REAL, last_seq INTEGER NOT NULL DEFAULT 0, device TEXT,
+    disconnected_at REAL, will BLOB, will_due REAL, device TEXT,
     PRIMARY KEY (tenant, client_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS subscriptions (
     tenant TEXT NOT NULL, client_id TEXT NOT NULL, filter TEXT NOT NULL,
@@ -69,9 +105,13 @@ _SQL = {
     "sub": "INSERT OR REPLACE INTO subscriptions SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8 "
            "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)",
     "unsub": "DELETE FROM subscriptions WHERE tenant = ? AND client_id = ? AND filter = ?",
-    "q": "INSERT OR REPLACE INTO queue VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    # queue entries only for sessions that exist
+    "q": "INSERT OR REPLACE INTO queue SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15 "
+         "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)",
+    "q_plain": "INSERT OR REPLACE INTO queue SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL, NULL, ?8, ?9, NULL, NULL, ?10, ?11 "
+               "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)",
     "q_state": "UPDATE queue SET state = ? WHERE tenant = ? AND client_id = ? AND seq = ?",
-    "seq": "UPDATE sessions SET last_seq = last_seq + ? WHERE tenant = ? AND client_id = ? RETURNING last_seq",
+    "seq": f"UPDATE counters SET value = value + ? WHERE name = '{COUNTER}' RETURNING value",
     "q_del": "DELETE FROM queue WHERE tenant = ? AND client_id = ? AND seq = ?",
     "rel": "INSERT OR IGNORE INTO awaiting_rel SELECT ?1, ?2, ?3 "
            "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)",
@@ -90,15 +130,6 @@ def _params(op: tuple) -> tuple:
     if kind == "sub":
         s = op[3]
         return (op[1], op[2], s.filter, s.qos, int(s.no_local), int(s.rap), s.rh, s.sub_id)
-    if kind == "q":
-        e = op[3]
-        m = e.msg
-        return (op[1], op[2], e.seq, m.topic, m.payload, m.qos, int(m.retain), pack_props(m.properties), m.expiry_at,
-                e.qos, int(e.retain), pack_ids(e.sub_ids), pack_share(e.share), e.pid, e.state)
-    if kind == "q_state":
-        return (op[3].state, op[1], op[2], op[3].seq)
-    if kind == "q_del":
-        return (op[1], op[2], op[3].seq)
     if kind == "retain":
         m = op[3]
         return (op[1], op[2], m.payload, m.qos, pack_props(m.properties), m.expiry_at)
@@ -135,15 +166,27 @@ class SQLiteStore(Store):
         db.execute("PRAGMA journal_mode = WAL")
         db.execute(f"PRAGMA synchronous = {self.synchronous}")
         db.execute("PRAGMA busy_timeout = 30000")
+        try:
+            if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone():
+                _check_version(db, self.path)        # before creating anything in a file it does not know
+        except BaseException:
+            db.close()
+            raise
         db.executescript(SCHEMA)
         columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
         if "device" not in columns:          # files written before sessions kept their device
             db.execute("ALTER TABLE sessions ADD COLUMN device TEXT")
-        row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
-        if row is None:
-            db.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
-        elif row[0] != SCHEMA_VERSION:
-            raise StoreError(f"{self.path}: schema version {row[0]}, this brokerd writes {SCHEMA_VERSION}")
+        try:
+            db.execute("BEGIN IMMEDIATE")            # several nodes may open one file at once
+            try:
+                _upgrade(db, self.path)
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except BaseException:
+            db.close()
+            raise
         self.db = db
 
     def _close(self):
@@ -153,31 +196,36 @@ class SQLiteStore(Store):
 
     def _apply(self, ops):
         db = self.db
+        numbered: list = []                  # the entries this attempt gave numbers to
         db.execute("BEGIN IMMEDIATE")
         try:
-            for kind, run in groupby(ops, key=lambda op: op[0]):
+            queue = ([], [], [], numbered)       # appends, state changes, deletes
+            for kind, run in groupby(ops, key=_kind):
+                if kind in _QUEUE_KINDS:
+                    queue[_QUEUE_KINDS[kind]].extend(run)
+                    continue
+                if kind in _SESSION_KINDS:
+                    _apply_queue(db, queue)           # what the session operation applies to comes first
                 if kind == "session_del":
                     keys = [op[1:3] for op in run]
                     for table in _SESSION_TABLES:
                         db.executemany(f"DELETE FROM {table} WHERE tenant = ? AND client_id = ?", keys)
-                elif kind == "q":
-                    run = list(run)
-                    _number(db, run)
-                    db.executemany(_SQL[kind], [_params(op) for op in run if op[3].seq])
                 else:
                     db.executemany(_SQL[kind], [_params(op) for op in run])
+            _apply_queue(db, queue)
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
+            for e in numbered:               # the counter went back: their numbers will be given again
+                e.seq = 0
             raise
 
     def _load(self):
         db = self.db
         sessions = {}
-        for t, c, exp, disc, will, due, last, device in db.execute(
-                "SELECT tenant, client_id, expiry_interval, disconnected_at, will, will_due, last_seq, device "
-                "FROM sessions"):
-            sessions[(t, c)] = SessionRecord(t, c, exp, disc, unpack_will(will), due, last_seq=last, device=device)
+        for t, c, exp, disc, will, due, device in db.execute(
+                "SELECT tenant, client_id, expiry_interval, disconnected_at, will, will_due, device FROM sessions"):
+            sessions[(t, c)] = SessionRecord(t, c, exp, disc, unpack_will(will), due, device=device)
         for t, c, f, qos, nl, rap, rh, sid in db.execute("SELECT * FROM subscriptions"):
             rec = sessions.get((t, c))
             if rec is not None:
@@ -201,12 +249,11 @@ class SQLiteStore(Store):
     def _load_session(self, tenant, client_id):
         db = self.db
         key = (tenant, client_id)
-        row = db.execute("SELECT tenant, client_id, expiry_interval, disconnected_at, will, will_due, last_seq, device "
+        row = db.execute("SELECT tenant, client_id, expiry_interval, disconnected_at, will, will_due, device "
                          "FROM sessions WHERE tenant = ? AND client_id = ?", key).fetchone()
         if row is None:
             return None
-        rec = SessionRecord(row[0], row[1], row[2], row[3], unpack_will(row[4]), row[5], last_seq=row[6],
-                            device=row[7])
+        rec = SessionRecord(row[0], row[1], row[2], row[3], unpack_will(row[4]), row[5], device=row[6])
         for _, _, f, qos, nl, rap, rh, sid in db.execute(
                 "SELECT * FROM subscriptions WHERE tenant = ? AND client_id = ?", key):
             rec.subscriptions.append(SubscriptionRecord(f, qos, bool(nl), bool(rap), rh, sid))
@@ -248,23 +295,93 @@ class SQLiteStore(Store):
         self.db.execute("INSERT OR REPLACE INTO blobs VALUES (?, ?)", (key, bytes(value)))
 
 
+def _kind(op: tuple) -> str:
+    return op[0]
+
+
+_QUEUE_KINDS = {"q": 0, "q_state": 1, "q_del": 2}
+_SESSION_KINDS = frozenset(("session", "session_del"))
+
+
+def _apply_queue(db, queue: tuple[list, list, list, list]) -> None:
+    """The queue operations gathered since the last session operation, emptied:
+    appends, then state changes, then deletes -- an entry is appended before
+    its state changes or its delete, whatever their order in the batch. (An
+    append always takes a number no row has had, so no earlier state change or
+    delete can name it; one of a number no row has -- seq 0 included -- changes
+    nothing, in any order.)"""
+    appends, states, deletes, numbered = queue
+    if appends:
+        _number(db, appends)
+        numbered.extend(op[3] for op in appends)
+        rows, plain = _append_rows(appends)
+        if plain:
+            db.executemany(_SQL["q_plain"], plain)
+        if rows:
+            db.executemany(_SQL["q"], rows)
+        appends.clear()
+    if states:
+        db.executemany(_SQL["q_state"], [(op[3].state, op[1], op[2], op[3].seq) for op in states])
+        states.clear()
+    if deletes:
+        db.executemany(_SQL["q_del"], [(op[1], op[2], op[3].seq) for op in deletes])
+        deletes.clear()
+
+
+def _append_rows(appends: list) -> tuple[list, list]:
+    """-> (rows of the "q" statement, rows of "q_plain": entries without properties,
+    expiry, subscription ids or share group -- nearly all -- bound without their NULLs)."""
+    rows, plain = [], []
+    for op in appends:
+        e = op[3]
+        m = e.msg
+        props, ids, share, expiry = m.properties, e.sub_ids, e.share, m.expiry_at
+        if props or ids or share or expiry is not None:
+            rows.append((op[1], op[2], e.seq, m.topic, m.payload, m.qos, int(m.retain),
+                         pack_props(props) if props else None, expiry, e.qos, int(e.retain),
+                         pack_ids(ids) if ids else None, pack_share(share) if share else None, e.pid, e.state))
+        else:
+            plain.append((op[1], op[2], e.seq, m.topic, m.payload, m.qos, int(m.retain), e.qos, int(e.retain),
+                          e.pid, e.state))
+    return rows, plain
+
+
 def _number(db, run: list) -> None:
-    """Give the appended entries their sequence numbers from their sessions'
-    counters, inside the batch's transaction (so concurrent writers of one
-    queue -- several nodes on one file -- never collide and stay ordered).
-    Entries of sessions that no longer exist keep seq 0 and are not written."""
-    counts: dict[tuple, list] = {}
-    for op in run:
-        counts.setdefault((op[1], op[2]), []).append(op[3])
-    for (tenant, cid), entries in counts.items():
-        row = db.execute(_SQL["seq"], (len(entries), tenant, cid)).fetchone()
-        if row is None:
-            for e in entries:
-                e.seq = 0
-            continue
-        first = row[0] - len(entries) + 1
-        for i, e in enumerate(entries):
-            e.seq = first + i
+    """Give the appended entries their sequence numbers from the file's counter,
+    inside the batch's transaction: ordered across the nodes that share the
+    file, never reused. (An entry of a session that no longer exists is
+    numbered too, and not written.)"""
+    last = db.execute(_SQL["seq"], (len(run),)).fetchone()[0]
+    first = last - len(run) + 1
+    for i, op in enumerate(run):
+        op[3].seq = first + i
+
+
+def _check_version(db, path: str) -> str | None:
+    row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+    version = None if row is None else row[0]
+    if version not in (None, "1", SCHEMA_VERSION):
+        raise StoreError(f"{path}: schema version {version}, this brokerd knows 1 and {SCHEMA_VERSION} -- written "
+                         f"by a newer brokerd? (a file is upgraded when opened, never downgraded)")
+    return version
+
+
+def _upgrade(db, path: str) -> None:
+    """Mark a new file with the schema, upgrade one of schema 1 (numbered per
+    session), refuse any other. In the caller's transaction (another node may
+    be opening the file too)."""
+    version = _check_version(db, path)
+    if version == SCHEMA_VERSION and db.execute("SELECT 1 FROM counters WHERE name = ?", (COUNTER,)).fetchone():
+        return
+    start = db.execute("SELECT coalesce(max(seq), 0) FROM queue").fetchone()[0]
+    columns = {r[1] for r in db.execute("PRAGMA table_info(sessions)")}
+    if "last_seq" in columns:
+        # schema 1: numbered per session, up to last_seq (past the rows of entries since deleted);
+        # renamed so that a schema-1 brokerd still running on the file fails its next append
+        start = max(start, db.execute("SELECT coalesce(max(last_seq), 0) FROM sessions").fetchone()[0])
+        db.execute("ALTER TABLE sessions RENAME COLUMN last_seq TO last_seq_v1")
+    db.execute("INSERT OR IGNORE INTO counters VALUES (?, ?)", (COUNTER, start))
+    db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
 
 
 def _entry(row) -> QueueEntry:

@@ -16,7 +16,7 @@ import pytest
 
 from brokerd.protocol import properties as P
 from brokerd.store import Journal, open_store
-from brokerd.store.records import StoredMessage
+from brokerd.store.records import QueueEntry, StoredMessage
 from brokerd.store.writer import StoreWriter
 
 NOW = 1_700_000_000.0
@@ -102,6 +102,32 @@ def test_a_write_the_store_can_never_take_is_dropped_and_the_rest_written(url, c
         asyncio.run(asyncio.wait_for(go(), 60))
     dropped = [r for r in caplog.records if "can never take" in r.getMessage()]
     assert len(dropped) == 3 and "bad/1" in dropped[0].getMessage()
+
+
+def test_the_ack_of_a_dropped_append_deletes_nothing_else(url):
+    """An append the store can never take, in a batch with another append to the same
+    queue: the other one is written, the poisoned one dropped -- and its number, given by
+    the attempt that failed and rolled back, is not the number of the one written: its
+    acknowledgement (the broker sent it: the batch was "durable") deletes nothing else."""
+    async def go():
+        store, journal, writer = await _writer(url)
+        try:
+            bad = QueueEntry(0, StoredMessage("q/bad", b"x", 1, False, {P.MESSAGE_EXPIRY_INTERVAL: -1}, None), 1)
+            good = QueueEntry(0, StoredMessage("q/good", b"y", 1, False, None, None), 1)
+            for op in (("session", "tenant-a", "dev", 3600, None, None, None, None),
+                       ("q", "tenant-a", "dev", bad), ("q", "tenant-a", "dev", good)):
+                journal.add(op)
+            assert await writer.drain(10)
+            assert writer.dropped == 1 and journal.healthy
+            journal.add(("q_del", "tenant-a", "dev", bad))
+            assert await writer.drain(10)
+            rec = await store.load_session("tenant-a", "dev")
+            assert [e.msg.topic for e in rec.queue] == ["q/good"]
+        finally:
+            await writer.stop()
+            await store.close()
+
+    asyncio.run(asyncio.wait_for(go(), 60))
 
 
 def test_an_unavailable_store_is_waited_for_not_dropped(tmp_path):
