@@ -256,7 +256,8 @@ class ClientRegistry:
         # processed ([MQTT-4.8.2-5]).
         leftovers = [d for d in session.inflight.values() if d.qos == 1] + session.queue.drain()
         session.inflight.clear()
-        session.awaiting_rel.clear()
+        if session.awaiting_rel:
+            session.awaiting_rel.clear()
         session.reserved = None
         for d in leftovers:
             if d.share is not None:

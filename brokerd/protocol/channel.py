@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import partial
 from math import ceil
 
-from ..session.session import AWAIT_ACK, Delivery
+from ..session.session import AWAIT_ACK, NO_IDS, Delivery
 from . import properties as P
 from . import reason as rc
 from .codec import (
@@ -71,6 +71,9 @@ NEW, CONNECTING, CONNECTED, CLOSED = 0, 1, 2, 3
 ABUSE_SECONDS = 10.0
 
 _PINGRESP = b"\xd0\x00"
+
+# the QoS 1/2 counters of a channel that has sent (or received) none: shared, a list on first use
+_ZEROS = (0, 0, 0)
 
 # Reason codes a server may put in DISCONNECT (MQTT 5.0 section 3.14.2.1); a
 # peer error with any other code is reported as 0x82 Protocol Error.
@@ -144,7 +147,7 @@ class Channel:
         self.created_at = now
         self.last_rx = now
         self.connected_at = None
-        self.in_aliases: dict[int, str] = {}
+        self.in_aliases: dict[int, str] | None = None   # made by the client's first Topic Alias
         self.out_aliases: dict[str, int] | None = None
         self.client_max_packet = MAX_PACKET_SIZE
         self.client_alias_max = 0
@@ -163,8 +166,8 @@ class Channel:
         self.msgs_out = 0
         self.bytes_in = 0
         self.bytes_out = 0
-        self.qos_in = [0, 0, 0]         # PUBLISHes at QoS 1 and 2 (index 0 unused: QoS 0 = msgs - the others)
-        self.qos_out = [0, 0, 0]
+        self.qos_in = _ZEROS            # PUBLISHes at QoS 1 and 2 (index 0 unused: QoS 0 = msgs - the others);
+        self.qos_out = _ZEROS           # a list from the first (an idle connection shares _ZEROS)
         self.paced = 0                  # times its input was paused because its messages filled the queue budget
         self._preauth = 0               # bytes of an incomplete CONNECT charged to the node's pre-auth budget
         self.alias_bytes = 0            # topic characters behind out_aliases
@@ -465,17 +468,23 @@ class Channel:
     def _on_publish(self, p: Publish, now: float) -> None:
         self.msgs_in += 1
         if p.qos:
-            self.qos_in[p.qos] += 1
+            counts = self.qos_in
+            if counts is _ZEROS:
+                counts = self.qos_in = [0, 0, 0]
+            counts[p.qos] += 1
         props = p.properties
         if props is not None:
             alias = props.pop(P.TOPIC_ALIAS, None)
             if alias is not None:
                 if alias == 0 or alias > self.limits.topic_alias_maximum:
                     raise RemoteProtocolError("topic alias out of range", rc.TOPIC_ALIAS_INVALID)
+                aliases = self.in_aliases
                 if p.topic:
-                    self.in_aliases[alias] = p.topic
+                    if aliases is None:
+                        aliases = self.in_aliases = {}
+                    aliases[alias] = p.topic
                 else:
-                    topic = self.in_aliases.get(alias)
+                    topic = aliases.get(alias) if aliases is not None else None
                     if topic is None:
                         raise RemoteProtocolError("unknown topic alias")
                     p.topic = topic
@@ -531,6 +540,8 @@ class Channel:
         code = self.broker.publish(p, self, now, pid)
         if code is None or code < 0x80:
             # counted against Receive Maximum from now until its PUBCOMP (also while the PUBREC waits)
+            if awaiting is NO_IDS:
+                awaiting = self.session.awaiting_rel = set()
             awaiting.add(pid)
         self._queue_ack(PUBREC, pid, code)
 
@@ -568,7 +579,7 @@ class Channel:
 
     def _final_ack(self, kind: int, pid: int, code: int) -> None:
         if code >= 0x80:
-            if kind == PUBREC:
+            if kind == PUBREC and pid in self.session.awaiting_rel:
                 self.session.awaiting_rel.discard(pid)
             if code == rc.PACKET_TOO_LARGE:
                 self.disconnect(code, "payload above the tenant's maximum", self.last_rx)
@@ -821,7 +832,10 @@ class Channel:
                     self._rate_out(len(data), now)
                 return True
             head = publish_head(msg.topic.encode(), qos, retain, dup, pid, None, len(payload))
-            self.qos_out[qos] += 1
+            counts = self.qos_out
+            if counts is _ZEROS:
+                counts = self.qos_out = [0, 0, 0]
+            counts[qos] += 1
             out = self.out
             if not out:
                 self.hooks.wake()
@@ -880,7 +894,10 @@ class Channel:
             # the alias is established only by a PUBLISH that is actually sent
             aliases[topic] = new_alias
             self.alias_bytes += len(topic)
-        self.qos_out[qos] += 1
+        counts = self.qos_out
+        if counts is _ZEROS:
+            counts = self.qos_out = [0, 0, 0]
+        counts[qos] += 1
         out = self.out
         if not out:
             self.hooks.wake()
