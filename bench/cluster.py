@@ -6,6 +6,11 @@ CPU 0 -- so the brokers together get the core a single node gets in
 ``bench/run.py`` -- and the generator (and Redis) on CPU 1. ``pairs`` QoS 0
 with publishers on node A and subscribers on node B (every message crosses a
 node link) against the same load with everyone on node A, in the same run.
+The broker CPU per delivered message is both nodes' together (the
+generator's sampler summed over them: ``proctree``) -- what a message costs
+the host when it crosses from one worker of ``--workers N`` to another (a
+worker is such a node: the same links on loopback) against when it stays in
+one.
 
     python bench/cluster.py --runs 3
 """
@@ -61,10 +66,11 @@ def cluster(tmp: Path):
     return redis, nodes
 
 
-def run(mqttbench: str, pub_port: int, sub_port: int, pid: int) -> dict:
+def run(mqttbench: str, pub_port: int, sub_port: int, pid: int, also: int) -> dict:
     cmd = ["taskset", "-c", "1", sys.executable, str(HERE / "mqttbench_split.py"), "--mqttbench", mqttbench,
            "--sub-port", str(sub_port), *PAIRS.split(), "--port", str(pub_port), "--json", "--broker-pid", str(pid)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "BENCH_ALSO_PIDS": str(also)})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     result = json.loads(lines[-1]) if lines else {}
     if "recv_rate" not in result:
@@ -78,25 +84,30 @@ def main() -> int:
     ap.add_argument("--mqttbench", default=os.environ.get("MQTTBENCH", str(DEFAULT_MQTTBENCH)))
     args = ap.parse_args()
     rates = {"one node": [], "across nodes": []}
+    cpu = {"one node": [], "across nodes": []}        # µs of both nodes' CPU per delivered message
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as tmp:
             redis, nodes = cluster(Path(tmp))
             try:
                 (a, pa), (b, pb) = nodes
-                rates["one node"].append(run(args.mqttbench, pa, pa, a.pid)["recv_rate"])
-                cross = run(args.mqttbench, pa, pb, a.pid)
-                rates["across nodes"].append(cross["recv_rate"])
-                print({k: v[-1] for k, v in rates.items()}, "loss", cross["loss_pct"], flush=True)
+                one = run(args.mqttbench, pa, pa, a.pid, b.pid)
+                cross = run(args.mqttbench, pa, pb, a.pid, b.pid)
+                for key, res in (("one node", one), ("across nodes", cross)):
+                    rates[key].append(res["recv_rate"])
+                    cpu[key].append(round(res.get("broker_cpu_pct", 0) / 100 / res["recv_rate"] * 1e6, 2))
+                print({k: v[-1] for k, v in rates.items()}, "µs/msg", {k: v[-1] for k, v in cpu.items()},
+                      "loss", cross["loss_pct"], flush=True)
             finally:
                 for p, _ in nodes:
                     stop(p)
                 stop(redis)
     med = {k: statistics.median(v) for k, v in rates.items()}
     med["ratio"] = round(med["across nodes"] / med["one node"], 3)
+    med["cpu_us_per_msg"] = {k: statistics.median(v) for k, v in cpu.items()}
     print(med)
     out = ROOT / "var" / "bench" / "cluster.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"runs": rates, "median": med}, indent=2))
+    out.write_text(json.dumps({"runs": rates, "cpu_us_per_msg": cpu, "median": med}, indent=2))
     return 0
 
 

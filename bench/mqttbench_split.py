@@ -14,6 +14,9 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import proctree
+
 DEFAULT = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "mqttbench.py"
 
 
@@ -41,6 +44,7 @@ def main() -> int:
         return await open_client(self, idx, client_id, timeout)
 
     mqttbench.Bench.open_client = split_open_client
+    proctree.patch(mqttbench)         # the broker's figures: with $BENCH_ALSO_PIDS, several nodes summed
     return mqttbench.main(argv)
 
 

@@ -11,6 +11,14 @@ the brokerd/Mosquitto ratio.
     python bench/run.py --runs 3 a2 b20k      # chosen scenarios, median of 3
     python bench/run.py --list
 
+With ``--workers N`` brokerd runs N worker processes (``--workers`` of
+brokerd: a Redis for the cluster bus and an SQLite store are started and set
+for it); ``--broker-cpus`` / ``--gen-cpus`` choose the cores (default 0 and
+1). The broker's CPU and RSS are then its whole process tree (supervisor and
+workers: ``mqttbench_tree.py``).
+
+    python bench/run.py --brokers brokerd --workers 2 --broker-cpus 0,1 --gen-cpus 0,1 a2 c1
+
 Loopback only. Not part of the test suite: speed is measured, never asserted.
 """
 
@@ -144,12 +152,48 @@ class HBaseDouble:
             self.proc.wait()
 
 
+def workers_of(extra: list[str]) -> str | None:
+    """The --workers brokerd is given in ``extra`` (``--workers N`` or ``--workers=N``), if more than 1."""
+    for i, arg in enumerate(extra):
+        value = arg.split("=", 1)[1] if arg.startswith("--workers=") else (
+            extra[i + 1] if arg == "--workers" and i + 1 < len(extra) else None)
+        if value is not None and value != "1":
+            return value
+    return None
+
+
+class Redis:
+    """A redis-server for the workers' cluster bus (--workers N), on the broker's cores."""
+
+    def __init__(self, cpus: str, tmp: Path):
+        self.cpus, self.tmp = cpus, tmp
+        self.proc = None
+        self.port = 0
+
+    def start(self) -> int:
+        self.port = free_port()
+        self.proc = subprocess.Popen(["taskset", "-c", self.cpus, "redis-server", "--port", str(self.port),
+                                      "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir",
+                                      str(self.tmp)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(self.port)
+        return self.port
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
 class Broker:
-    def __init__(self, name: str, python: str, tmp: Path, extra: list[str]):
+    def __init__(self, name: str, python: str, tmp: Path, extra: list[str], cpus: str = "0",
+                 redis: Redis | None = None):
         self.name = name
         self.python = python
         self.tmp = tmp
         self.extra = extra
+        self.cpus = cpus
+        self.redis = redis
+        self.workers = workers_of(extra) if name.startswith("brokerd") else None
         self.proc = None
         self.port = 0
         self.hbase = None
@@ -162,8 +206,13 @@ class Broker:
             elif self.name == "brokerd-hbase":
                 self.hbase = HBaseDouble(self.python, self.tmp)
                 store = f"hbase://127.0.0.1:{self.hbase.start()}?table_prefix=bench"
+            cluster = []
+            if self.workers:                # N members of a cluster: its bus, and a store they share
+                if store == "memory://":
+                    store = f"sqlite:///{self.tmp}/brokerd-{time.time_ns()}.db"
+                cluster = ["--cluster", f"redis://127.0.0.1:{self.redis.port}/0?prefix=b{time.time_ns()}"]
             return [self.python, "-m", "brokerd", "--allow-anonymous", "--log-level", "warning",
-                    "--listen", f"mqtt://127.0.0.1:{self.port}", "--store", store, *self.extra]
+                    "--listen", f"mqtt://127.0.0.1:{self.port}", "--store", store, *cluster, *self.extra]
         if self.name.startswith("mosquitto"):
             conf = self.tmp / "mosquitto.conf"
             state = self.tmp / f"mosq-{time.time_ns()}"
@@ -181,10 +230,20 @@ class Broker:
 
     def start(self) -> None:
         self.port = free_port()
-        with open(self.tmp / f"{self.name}.log", "a") as log:
-            self.proc = subprocess.Popen(["taskset", "-c", "0", *self.command()], cwd=ROOT, stdout=log,
-                                         stderr=log, start_new_session=True)
+        log_path = self.tmp / f"{self.name}.log"
+        start = log_path.stat().st_size if log_path.exists() else 0
+        env = dict(os.environ, BROKERD_CLUSTER_SECRET=os.environ.get("BROKERD_CLUSTER_SECRET") or "b" * 32)
+        with open(log_path, "a") as log:
+            self.proc = subprocess.Popen(["taskset", "-c", self.cpus, *self.command()], cwd=ROOT, stdout=log,
+                                         stderr=log, start_new_session=True, env=env)
         wait_port(self.port)
+        if self.workers:        # every worker listens (and can reach the others) once the supervisor says so
+            deadline = time.monotonic() + 60
+            while b"brokerd ready" not in log_path.read_bytes()[start:]:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError(f"brokerd --workers {self.workers} did not start: see {log_path}")
+                time.sleep(0.1)
+            time.sleep(1.0)
         time.sleep(0.5)
 
     def stop(self) -> None:
@@ -207,13 +266,16 @@ def get(d: dict, path: str):
     return d
 
 
-def run_one(broker: Broker, args: str, mqttbench: Path, python: str, persistent: bool = False) -> dict:
+def run_one(broker: Broker, args: str, mqttbench: Path, python: str, persistent: bool = False,
+            gen_cpus: str = "1") -> dict:
     broker.start()
     try:
         gen = [str(mqttbench)]
         if persistent:
             gen = [str(HERE / "mqttbench_persistent.py"), "--mqttbench", str(mqttbench)]
-        cmd = ["taskset", "-c", "1", python, *gen, *args.split(), "--port", str(broker.port),
+        elif broker.workers:          # the broker's CPU and RSS: the supervisor and its workers
+            gen = [str(HERE / "mqttbench_tree.py"), "--mqttbench", str(mqttbench)]
+        cmd = ["taskset", "-c", gen_cpus, python, *gen, *args.split(), "--port", str(broker.port),
                "--broker-pid", str(broker.proc.pid), "--json"]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
@@ -270,6 +332,11 @@ def main(argv=None) -> int:
     ap.add_argument("--python", default=sys.executable, help="interpreter for brokerd and the generator")
     ap.add_argument("--out", default=str(ROOT / "var" / "bench" / "results.jsonl"))
     ap.add_argument("--brokerd-arg", action="append", default=[], help="extra flag for brokerd (repeatable)")
+    ap.add_argument("--workers", metavar="N",
+                    help="brokerd --workers N (a Redis and an SQLite store are started for it); same as "
+                         "--brokerd-arg=--workers=N")
+    ap.add_argument("--broker-cpus", default="0", help="taskset cores of the broker (default 0)")
+    ap.add_argument("--gen-cpus", default="1", help="taskset cores of the load generator (default 1)")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args(argv)
     if args.list:
@@ -295,25 +362,42 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     results: dict = {}
+    if args.workers:
+        args.brokerd_arg = [*args.brokerd_arg, f"--workers={args.workers}"]
     with tempfile.TemporaryDirectory(prefix="brokerd-bench-") as tmp:
-        for name in scenarios:
-            cmd = SCENARIOS[name][0]
-            for run in range(args.runs):
-                for b in brokers:
-                    broker = Broker(b, args.python, Path(tmp), args.brokerd_arg if b == "brokerd" else [])
-                    t0 = time.time()
-                    res = run_one(broker, cmd, mqttbench, args.python, name in PERSISTENT)
-                    res.update(scenario=name, broker=b, run=run, started=t0, args=cmd)
-                    results.setdefault((name, b), []).append(res)
-                    with out.open("a") as fh:
-                        fh.write(json.dumps(res) + "\n")
-                    summary = ", ".join(f"{label}={fmt(get(res, path))}" for path, label, _ in SCENARIOS[name][2])
-                    print(f"{name} {b} run {run + 1}: {summary}" + (f" ERROR {res['error'][-300:]}" if "error" in res
-                                                                     else ""), flush=True)
+        redis = Redis(args.broker_cpus, Path(tmp)) if workers_of(args.brokerd_arg) else None
+        if redis is not None:
+            redis.start()
+        try:
+            bench_all(args, scenarios, brokers, mqttbench, out, results, Path(tmp), redis)
+        finally:
+            if redis is not None:
+                redis.stop()
     print()
     print(table(results, brokers, scenarios))
     print(f"\nraw results appended to {out}")
     return 0
+
+
+def bench_all(args, scenarios, brokers, mqttbench, out, results, tmp, redis) -> None:
+    for name in scenarios:
+        cmd = SCENARIOS[name][0]
+        for run in range(args.runs):
+            for b in brokers:
+                broker = Broker(b, args.python, tmp, args.brokerd_arg if b == "brokerd" else [], args.broker_cpus,
+                                redis)
+                t0 = time.time()
+                res = run_one(broker, cmd, mqttbench, args.python, name in PERSISTENT, args.gen_cpus)
+                res.update(scenario=name, broker=b, run=run, started=t0, args=cmd)
+                results.setdefault((name, b), []).append(res)
+                with out.open("a") as fh:
+                    fh.write(json.dumps(res) + "\n")
+                summary = ", ".join(f"{label}={fmt(get(res, path))}" for path, label, _ in SCENARIOS[name][2])
+                cpu = res.get("broker_cpu_pct")
+                per = f", broker CPU {cpu}% = {cpu / 100 / res['recv_rate'] * 1e6:.2f} µs/msg" if cpu and res.get(
+                    "recv_rate") else ""
+                print(f"{name} {b} run {run + 1}: {summary}{per}" + (f" ERROR {res['error'][-300:]}" if "error" in res
+                                                                   else ""), flush=True)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ the file over ``DATABASE_URL`` (the control plane's default).
 
 import argparse
 import dataclasses
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -123,6 +124,14 @@ class Config:
     advertise_host: str | None = None
     server_reference: str | None = None
     anonymous_tenant: str = "default"
+    # worker processes per host sharing the listeners (SO_REUSEPORT): a number or "auto" (the usable cores)
+    workers: str = "1"
+
+    def worker_count(self) -> int:
+        """--workers as a number ("auto": the cores this process may run on)."""
+        if self.workers.strip().lower() == "auto":
+            return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        return int(self.workers)
 
     def link_secret(self) -> bytes | None:
         """The cluster secret the node links prove (``--cluster-secret-file``,
@@ -193,6 +202,7 @@ class Config:
             host, _, port = self.server_reference.rpartition(":")
             if not host or not port.isdigit():
                 raise ConfigError("--server-reference must be HOST:PORT")
+        self._validate_workers()
         if self.control_plane:
             try:
                 PolicyDatabase(self.control_plane)
@@ -200,6 +210,23 @@ class Config:
                 raise ConfigError(f"--control-plane: {exc}")
         return self
 
+    def _validate_workers(self) -> None:
+        """N > 1 workers are N members of a cluster: they need its bus and a store they all share."""
+        try:
+            n = self.worker_count()
+        except ValueError:
+            raise ConfigError(f"--workers must be a number or auto, not {self.workers!r}") from None
+        if not 1 <= n <= 1024:
+            raise ConfigError("--workers must be 1..1024 (or auto)")
+        self.workers = str(self.workers).strip().lower()
+        if n == 1:
+            return
+        if not self.cluster:
+            raise ConfigError(f"--workers {n} needs --cluster redis://HOST:PORT/DB (or BROKERD_CLUSTER): "
+                              "the workers of a host are members of a cluster")
+        if not open_store(self.store).durable or self.store.startswith("sqlite:///:memory:"):
+            raise ConfigError(f"--workers {n} needs a --store all the workers share: sqlite:///PATH (one file "
+                              "on this host) or hbase://HOST:PORT")
 
     def _validate_link_credentials(self) -> None:
         """A node joins a cluster only with a credential for its links: nothing
@@ -222,6 +249,8 @@ class Config:
 def _check_type(name: str, value, source: str):
     """A TOML value must have the type of the setting's default (an int will
     do where a float is expected; optional paths are strings)."""
+    if name == "workers" and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)           # workers = 4, or workers = "auto"
     if name == "listen":
         if isinstance(value, str):
             value = [value]
@@ -359,6 +388,10 @@ def _build_parser() -> argparse.ArgumentParser:
                         "Server Reference; default: this node's first mqtt:// listener as advertised)")
     p.add_argument("--anonymous-tenant", metavar="SLUG",
                    help="tenant of clients without credentials when --allow-anonymous (default 'default')")
+    p.add_argument("--workers", metavar="N",
+                   help="worker processes on this host sharing every listener (SO_REUSEPORT), each a member of "
+                        "the cluster; 'auto' = the usable cores. More than 1 needs --cluster and a shared --store "
+                        "(default 1: one process)")
     p.add_argument("--sys-interval", type=float, metavar="SECONDS",
                    help="$SYS/broker publication interval, 0 disables (default 10)")
     p.add_argument("--usage-dir", metavar="PATH",

@@ -17,6 +17,7 @@ import socket
 import ssl
 import sys
 import time
+from dataclasses import dataclass
 
 from . import __version__
 from .admin.endpoints import AdminApi, AdminTokens
@@ -35,6 +36,7 @@ from .protocol import reason as rc
 from .protocol.channel import ChannelLimits
 from .store import Journal, StoreError, open_store
 from .store.writer import StoreWriter
+from .supervisor import supervise
 from .sys_topics import SysTopics
 from .tenancy.control import TenantControl
 from .tenancy.source import AuditSink, PolicySource
@@ -79,6 +81,16 @@ def tls_context(config: Config) -> ssl.SSLContext:
     return ctx
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerIdentity:
+    """A worker process of a host (``--workers N``, brokerd.supervisor): its host's
+    --node-id and its slot 0..N-1. It shares the host's listeners (SO_REUSEPORT)
+    and is a cluster member of its own, with the node id the supervisor gave it."""
+
+    host: str
+    slot: int
+
+
 class _Refuse(asyncio.Protocol):
     """Closes sockets accepted beyond the connection limit."""
 
@@ -87,8 +99,10 @@ class _Refuse(asyncio.Protocol):
 
 
 class Server:
-    def __init__(self, config: Config, loop: asyncio.AbstractEventLoop | None = None, broker: Broker | None = None):
+    def __init__(self, config: Config, loop: asyncio.AbstractEventLoop | None = None, broker: Broker | None = None,
+                 worker: WorkerIdentity | None = None):
         self.config = config
+        self.worker = worker
         self.loop = loop or asyncio.get_running_loop()
         self.limits = limits_from(config)
         now = self.loop.time()
@@ -222,6 +236,12 @@ class Server:
         admin = self.admin.address if self.admin is not None else None
         return admin and self.advertised(admin)
 
+    def identity(self) -> dict:
+        """Which host this node is and which of its workers (``host``, ``worker``: None without --workers)."""
+        if self.worker is None:
+            return {"host": self.config.node_id, "worker": None}
+        return {"host": self.worker.host, "worker": self.worker.slot}
+
     async def start(self) -> None:
         if self.config.control_plane:
             self.policy_source = PolicySource(self.config.control_plane, self.broker.auth, self.broker, self.loop,
@@ -236,7 +256,7 @@ class Server:
                 self.tls = tls_context(self.config)
             tls = {"ssl": self.tls, "ssl_handshake_timeout": self.config.connect_timeout} if lst.tls else {}
             srv = await self.loop.create_server(self._factory(lst), lst.host, lst.port, backlog=4096,
-                                                reuse_address=True, **tls)
+                                                reuse_address=True, reuse_port=self.worker is not None, **tls)
             self.servers.append(srv)
             port = srv.sockets[0].getsockname()[1]
             self.bound.append(Listener(lst.scheme, lst.host, port, lst.path))
@@ -245,7 +265,8 @@ class Server:
             audit = AuditSink(self.policy_source.db) if self.policy_source is not None else None
             limits = HttpLimits(max_connections=self.config.admin_max_connections,
                                 timeout=self.config.admin_timeout, body_budget=self.config.admin_body_budget)
-            self.admin = AdminApi(self, host, int(port), self.admin_tokens, audit, limits)
+            self.admin = AdminApi(self, host, int(port), self.admin_tokens, audit, limits,
+                                  shared=self.worker is not None)
             await self.admin.start()
         if self.config.cluster:
             host, _, port = self.config.cluster_listen.rpartition(":")
@@ -253,7 +274,7 @@ class Server:
                 self.config.node_id, Bus(self.config.cluster, self.config.node_id, ttl=5.0), self.broker,
                 loop=self.loop, clock=self.loop.time, links=LinkSettings.from_config(self.config, host, int(port)),
                 store=self.store, writer=self.writer, addresses=self, reference=self.config.server_reference,
-                flusher=self.flusher, budget=self.broker.budget)
+                flusher=self.flusher, budget=self.broker.budget, identity=self.identity())
             await self.cluster.start()
             self.broker.attach_cluster(self.cluster)
         self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
@@ -376,9 +397,9 @@ def _tune_process() -> None:
             libc.mallopt(M_TOP_PAD, 16 * 1024 * 1024)
 
 
-async def serve(config: Config) -> None:
+async def serve(config: Config, worker: WorkerIdentity | None = None) -> None:
     loop = asyncio.get_running_loop()
-    server = Server(config, loop)
+    server = Server(config, loop, worker=worker)
     try:
         await server.start()
     except OSError as exc:
@@ -421,15 +442,30 @@ def main(argv=None) -> int:
     except ConfigError as exc:
         print(f"brokerd: {exc}", file=sys.stderr)
         return 2
+    setup_logging(config)
+    if config.worker_count() > 1:
+        return supervise(config)            # this process is the parent of the host's workers
+    return run(config)
+
+
+def setup_logging(config: Config, worker: WorkerIdentity | None = None) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if config.log_format == "json":         # one JSON object a line, for a log collector
         from pythonjsonlogger.json import JsonFormatter
 
+        static = {"node": config.node_id} if worker is None else {"node": config.node_id, "host": worker.host,
+                                                                   "worker": worker.slot}
         handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s", rename_fields={
-            "asctime": "time", "levelname": "level", "name": "logger"}, static_fields={"node": config.node_id}))
+            "asctime": "time", "levelname": "level", "name": "logger"}, static_fields=static))
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.basicConfig(level=config.log_level.upper(), handlers=[handler])
+        # the workers of a host write to one stream: each line says which
+        who = f"[{config.node_id}]" if worker is not None else ""
+        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s %(name)s{who}: %(message)s"))
+    logging.basicConfig(level=config.log_level.upper(), handlers=[handler], force=True)
+
+
+def run(config: Config, worker: WorkerIdentity | None = None) -> int:
+    """Serve until a signal: this process is the node (or one worker of the host)."""
     _tune_process()
     try:
         import uvloop
@@ -437,7 +473,7 @@ def main(argv=None) -> int:
         uvloop = None
     if uvloop is not None:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-            runner.run(serve(config))
+            runner.run(serve(config, worker))
     else:
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, worker))
     return 0

@@ -7,7 +7,12 @@ minutes. Differences from Mosquitto: ``messages/*`` count PUBLISH packets
 
 In a cluster, ``$SYS/broker/...`` is the node's own tree and
 ``$SYS/cluster/...`` the sum over every node (nodes, clients, sessions,
-subscriptions, retained messages, messages and bytes).
+subscriptions, retained messages, messages and bytes). A host that runs
+``--workers N`` is one node to its users: each worker publishes the host's
+figures -- its workers' summed through the cluster bus (refreshed every
+second; the gauges only a ``$SYS`` round computes, in flight, stored,
+dropped, maximum, every round) -- so a subscriber reads the same tree
+whichever worker it landed on.
 
 With a control plane, every tenant gets its own tree inside its own topic
 space, with its own figures (its clients, its messages and bytes, its
@@ -115,6 +120,12 @@ class SysTopics:
             subs = f.subscriptions
             retained = f.retained
             spaces = [f]
+        host = self._host(node, spaces)
+        if host:
+            connected, sessions, subs = int(host["connected"]), int(host["sessions"]), int(host["subscriptions"])
+            retained = int(host["retained"])
+            received, sent = int(host["msgs_received"]), int(host["msgs_sent"])
+            bytes_in, bytes_out = int(host["bytes_received"]), int(host["bytes_sent"])
         load = self.loads.setdefault(tenant, _Load())
         counters = {"messages/received": received, "messages/sent": sent, "bytes/received": bytes_in,
                     "bytes/sent": bytes_out, "connections": st.connects if node else f.connects}
@@ -131,8 +142,8 @@ class SysTopics:
             "clients/total": sessions,
             "messages/received": received,
             "messages/sent": sent,
-            "messages/inflight": sum(s.inflight for s in spaces),
-            "messages/stored": sum(s.queued for s in spaces),
+            "messages/inflight": int(host["inflight"]) if host else sum(s.inflight for s in spaces),
+            "messages/stored": int(host["queued"]) if host else sum(s.queued for s in spaces),
             "publish/messages/received": received,
             "publish/messages/sent": sent,
             "bytes/received": bytes_in,
@@ -148,6 +159,9 @@ class SysTopics:
             v["clients/maximum"] = st.clients_max
             v["clients/expired"] = st.sessions_expired
             v["publish/messages/dropped"] = st.dropped_queue_full + st.dropped_expired + st.dropped_too_large
+            if host:      # the sum of the workers' maxima: at most that many at once
+                v["clients/maximum"], v["clients/expired"] = int(host["clients_max"]), int(host["expired"])
+                v["publish/messages/dropped"] = int(host["dropped"])
             try:
                 la = os.getloadavg()
                 v["load/system/1min"], v["load/system/5min"], v["load/system/15min"] = (f"{x:.2f}" for x in la)
@@ -156,6 +170,23 @@ class SysTopics:
         for key, value in load.values.items():
             v["load/" + key] = f"{value:.2f}"
         return {k: str(val) for k, val in v.items()}
+
+    def _host(self, node: bool, spaces) -> dict | None:
+        """A worker's host's figures (--workers), or None: this node's own. The
+        gauges a $SYS round computes go out with the worker's next heartbeat."""
+        cluster = self.broker.cluster
+        membership = getattr(cluster, "membership", None)
+        if not node or membership is None or not membership.identity:
+            return None
+        st = self.broker.stats
+        membership.extra_stats = {
+            "inflight": sum(s.inflight for s in spaces), "queued": sum(s.queued for s in spaces),
+            "clients_max": st.clients_max, "expired": st.sessions_expired,
+            "dropped": st.dropped_queue_full + st.dropped_expired + st.dropped_too_large}
+        host = membership.host_totals
+        keys = ("connected", "sessions", "subscriptions", "retained", "msgs_received", "msgs_sent",
+                "bytes_received", "bytes_sent", *membership.extra_stats)
+        return host if all(k in host for k in keys) else None
 
     def publish(self, tenant: str, now: float, node: bool = True, parts=None) -> None:
         values = self.values(tenant, now, node)

@@ -81,16 +81,50 @@ NODE_SUMS = ("connected", "sessions", "subscriptions", "retained", "messages_rec
              "bytes_received", "bytes_sent")
 
 
+def host_rows(nodes: list[dict]) -> list[dict]:
+    """The node list as the overview shows it: a host that runs ``brokerd --workers N``
+    is one row (its workers' figures summed; retained messages, copied to every
+    worker, counted once) with its workers under it; a node without workers is its
+    own host. -> [{"host", "node" (a one-process node, else None), "workers" (sorted
+    by slot), "health" (ok when every worker is), and the figures}]."""
+    hosts: dict[str, dict] = {}
+    for n in nodes:
+        worker = n.get("worker")
+        name = n.get("host") or n.get("id")
+        if worker is None:          # one process: a host of its own (a node listed twice stays twice)
+            hosts[f"{name}\0{len(hosts)}"] = {"host": n.get("id"), "node": n, "workers": [], **n}
+            continue
+        row = hosts.setdefault(name, {"host": name, "node": None, "workers": []})
+        row["workers"].append(n)
+    rows = []
+    for row in hosts.values():
+        if row["workers"]:
+            ws = sorted(row["workers"], key=lambda w: (w.get("worker"), str(w.get("id"))))
+            row["workers"] = ws
+            row.update({k: sum(w.get(k) or 0 for w in ws) for k in NODE_SUMS})
+            row["retained"] = max(w.get("retained") or 0 for w in ws)
+            healthy = [w.get("health") for w in ws]
+            row["health"] = "ok" if all(h == "ok" for h in healthy) else \
+                "unreachable" if all(h == "unreachable" for h in healthy) else "degraded"
+            row["healthy_workers"] = healthy.count("ok")
+            row["uptime"] = max((w.get("uptime") or 0 for w in ws), default=0)
+            row["listeners"] = next((w.get("listeners") for w in ws if w.get("listeners")), [])
+        rows.append(row)
+    return sorted(rows, key=lambda r: str(r["host"]))
+
+
 @platform_admin_required
 def overview(request):
     live = Live(request)
     nodes = live.call("nodes")
-    totals = None
+    totals = rows = None
     if nodes is not None:
-        totals = {k: sum(n.get(k) or 0 for n in nodes) for k in NODE_SUMS}
-        totals["nodes"] = len(nodes)
-        totals["healthy"] = sum(1 for n in nodes if n.get("health") == "ok")
-    context = {"nodes": nodes, "totals": totals, "db": tq.platform_numbers(),
+        rows = host_rows(nodes)
+        totals = {k: sum(r.get(k) or 0 for r in rows) for k in NODE_SUMS}
+        totals["nodes"] = len(rows)               # hosts: the workers of one count once
+        totals["healthy"] = sum(1 for r in rows if r.get("health") == "ok")
+        totals["workers"] = sum(len(r["workers"]) for r in rows)
+    context = {"nodes": nodes, "hosts": rows, "totals": totals, "db": tq.platform_numbers(),
                "brokerd_error": live.error.message if live.error else None, **live.context()}
     return render_page(request, "console/overview.html", "console/partials/cluster.html", context)
 

@@ -152,7 +152,8 @@ def summarize(doc: dict, prev: dict | None, base: dict | None = None) -> dict:
     for node in doc.get("nodes") or []:
         name = node.get("node")
         health = node.get("health") or "unreachable"
-        entry = {"node": name, "health": health}
+        # a worker of a host (brokerd --workers N) says which: the pages group workers under their host
+        entry = {"node": name, "health": health, "host": node.get("host") or name, "worker": node.get("worker")}
         if health == "unreachable" and "connections" not in node:
             nodes.append(entry)
             continue

@@ -269,7 +269,8 @@ class Hub:
         self.series.append(point)
         nodes = []
         for n in summary["nodes"]:
-            entry = {"node": n["node"], "health": n["health"]}
+            entry = {"node": n["node"], "health": n["health"], "host": n.get("host") or n["node"],
+                     "worker": n.get("worker")}
             if "rates" in n:
                 p = _point(at, n, n["rates"])
                 self.node_series.setdefault(n["node"], collections.deque(maxlen=SERIES_POINTS)).append(p)

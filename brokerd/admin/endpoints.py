@@ -118,8 +118,13 @@ PUBLIC = ("/healthz", "/openapi.json")
 
 
 class AdminApi:
+    """``shared``: a worker of a host (--workers N). The host's admin port is
+    shared by its workers (SO_REUSEPORT: any worker answers, for the whole
+    cluster); each worker also listens on a port of its own on the same
+    address, which it advertises to the cluster for the fan-out (``address``)."""
+
     def __init__(self, server, host: str, port: int, tokens: AdminTokens, audit=None,
-                 limits: HttpLimits | None = None):
+                 limits: HttpLimits | None = None, shared: bool = False):
         self.server = server
         self.broker = server.broker
         self.loop = server.loop
@@ -128,17 +133,26 @@ class AdminApi:
         self.audit = audit
         self.http = HttpState(limits or HttpLimits())
         self.address = ""
+        self.public_address = ""      # the port users reach (the shared one of a worker)
+        self.shared = shared
+        self._servers: list = []
         self._srv = None
         self._registry = None
 
     async def start(self) -> None:
-        self._srv = await self.loop.create_server(server_factory(self.http, self.admit, self.handle),
-                                                  self.host, self.port, backlog=1024)
-        self.address = f"{self.host}:{self._srv.sockets[0].getsockname()[1]}"
+        factory = server_factory(self.http, self.admit, self.handle)
+        self._srv = await self.loop.create_server(factory, self.host, self.port, backlog=1024,
+                                                  reuse_port=self.shared or None)
+        self._servers.append(self._srv)
+        self.address = self.public_address = f"{self.host}:{self._srv.sockets[0].getsockname()[1]}"
+        if self.shared:         # this worker's own, for the cluster's fan-out
+            own = await self.loop.create_server(factory, self.host, 0, backlog=1024)
+            self._servers.append(own)
+            self.address = f"{self.host}:{own.sockets[0].getsockname()[1]}"
 
     async def stop(self) -> None:
-        if self._srv is not None:
-            self._srv.close()
+        for srv in self._servers:
+            srv.close()
 
     @property
     def node(self) -> str:
@@ -298,7 +312,8 @@ class AdminApi:
         t = b.totals()
         cluster = self.server.cluster
         return {
-            "id": self.node, "health": "fenced" if cluster is not None and cluster.fenced else "ok",
+            "id": self.node, **self.server.identity(), "pid": os.getpid(),
+            "health": "fenced" if cluster is not None and cluster.fenced else "ok",
             "uptime": round(self.loop.time() - b.started_at, 1),
             "listeners": [lst.url for lst in self.server.bound], "admin": self.server.advertised(self.address),
             "connected": b.connected, "sessions": b.session_count(), "subscriptions": b.subscription_count(),
@@ -340,7 +355,10 @@ class AdminApi:
         if not peers:
             return []
 
+        members = dict(self.server.cluster.members)
+
         async def one(node, address):
+            info = members.get(node) or {}
             try:
                 status, body = await self._ask(address, req, f"/api/v1/{what}", {k: v for k, v in req.query.items()
                                                                                if k not in ("page", "per_page")}
@@ -350,9 +368,12 @@ class AdminApi:
                 return json.loads(body)["items"]
             except Exception as exc:
                 log.warning("node %s did not answer the admin API: %s", node, exc)
+                # a worker that does not answer is still listed under its host (its membership info as it was
+                # when asked: it may have left since)
+                who = {"host": info.get("host") or node, "worker": info.get("worker")}
                 if what == "metrics":
-                    return [{"node": node, "health": "unreachable"}]
-                return [{"id": node, "health": "unreachable"}] if what == "nodes" else []
+                    return [{"node": node, "health": "unreachable", **who}]
+                return [{"id": node, "health": "unreachable", **who}] if what == "nodes" else []
 
         results = await asyncio.gather(*(one(n, a) for n, a in peers.items()))
         return [x for r in results for x in r]

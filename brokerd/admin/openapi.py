@@ -54,7 +54,10 @@ OPENAPI = {
                 "dropped": {"type": "object", "description": "by reason: queue_full, expired, too_large, "
                             "no_subscribers, acl_denied, quota", "additionalProperties": {"type": "integer"}}}},
             "NodeMetrics": {"allOf": [{"$ref": "#/components/schemas/Totals"}, {"type": "object", "properties": {
-                "node": {"type": "string"}, "health": {"type": "string", "enum": ["ok", "fenced", "unreachable"]},
+                "node": {"type": "string"}, "host": {"type": "string", "description": "the host's --node-id (this node's own id without --workers)"},
+                "worker": {"type": "integer", "nullable": True, "description": "its slot among the host's "
+                           "--workers N processes (null: one process)"},
+                "health": {"type": "string", "enum": ["ok", "fenced", "unreachable"]},
                 "uptime": {"type": "number"}, "loop_lag": {"type": "number", "description": "seconds, worst of 5 s"},
                 "cpu_seconds": {"type": "number"}, "memory_rss": {"type": "integer"},
                 "open_fds": {"type": "integer"},
@@ -74,7 +77,10 @@ OPENAPI = {
                 "cluster": {"$ref": "#/components/schemas/Totals"},
                 "tenants": {"type": "object", "additionalProperties": {"$ref": "#/components/schemas/Totals"}}}},
             "Node": {"type": "object", "properties": {
-                "id": {"type": "string"}, "health": {"type": "string", "enum": ["ok", "fenced", "unreachable"]},
+                "id": {"type": "string"}, "host": {"type": "string", "description": "the host's --node-id (this node's own id without --workers)"},
+                "worker": {"type": "integer", "nullable": True, "description": "its slot among the host's "
+                           "--workers N processes (null: one process)"}, "pid": {"type": "integer"},
+                "health": {"type": "string", "enum": ["ok", "fenced", "unreachable"]},
                 "uptime": {"type": "number"}, "listeners": {"type": "array", "items": {"type": "string"}},
                 "admin": {"type": "string"}, "connected": {"type": "integer"}, "sessions": {"type": "integer"},
                 "subscriptions": {"type": "integer"}, "retained": {"type": "integer"},

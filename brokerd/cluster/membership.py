@@ -5,7 +5,9 @@ others need of it: its link address, its MQTT URLs, its admin API and the
 server reference clients are sent to; a node whose key is gone is dead.
 Each round also publishes this node's connections per tenant (tenant
 connection quotas count every node) and its counters, and sums everyone's
-for the cluster-wide ``$SYS`` tree. What a round's failure means is
+for the cluster-wide ``$SYS`` tree -- and, for a worker of a host that runs
+``--workers N``, its host's workers' (``host`` and ``worker`` in each node's
+info) for the host's ``$SYS/broker`` tree. What a round's failure means is
 ``fencing.Fencing``'s to decide; what a departure means, ``node``'s.
 """
 
@@ -19,7 +21,7 @@ from .ports import ClusterBroker, ClusterError, MemberBus, NodeAddresses
 
 class Membership:
     def __init__(self, node_id: str, bus: MemberBus, broker: ClusterBroker, addresses: NodeAddresses | None,
-                 reference: str | None = None, wall=time.time):
+                 reference: str | None = None, wall=time.time, identity: dict | None = None):
         self.id = node_id
         self.bus = bus
         self.broker = broker
@@ -29,14 +31,18 @@ class Membership:
         self.link_address = ""              # HOST:PORT of this node's link listener
         self.members: dict[str, dict] = {}  # the other live nodes -> their info
         self.stats_totals: dict[str, float] = {}
+        # {"host": its host's --node-id, "worker": slot} of a worker (--workers), else {}
+        self.identity = identity if identity and identity.get("worker") is not None else {}
+        self.host_totals: dict[str, float] = {}    # a worker's host: its workers' figures summed
+        self.extra_stats: dict[str, float] = {}    # a worker's gauges its $SYS round computed (sys_topics)
 
     def info(self) -> dict:
         a = self.addresses
         if a is None:
             return {"link": self.link_address, "mqtt": [], "admin": None, "ref": self.reference,
-                    "started": self.wall()}
+                    "started": self.wall(), **self.identity}
         return {"link": a.advertised(self.link_address), "mqtt": a.mqtt_urls(), "admin": a.admin_address(),
-                "ref": self.reference, "started": self.wall()}
+                "ref": self.reference, "started": self.wall(), **self.identity}
 
     async def join(self) -> None:
         try:
@@ -72,16 +78,29 @@ class Membership:
         local = self.broker.connection_counts()
         totals = await self.bus.set_counts(local)
         self.broker.remote_connections({t: totals[t] - local.get(t, 0) for t in totals})
-        await self.bus.set_stats(self.broker.node_stats())
+        await self.bus.set_stats({**self.broker.node_stats(), **self.extra_stats})
         totals_stats: dict[str, float] = {}
-        for stats in (await self.bus.all_stats()).values():
+        host = self.identity.get("host")
+        siblings = {n for n, info in self.members.items() if host is not None and info.get("host") == host}
+        host_stats: dict[str, float] = {}
+        for node, stats in (await self.bus.all_stats()).items():
             for k, v in stats.items():
                 totals_stats[k] = totals_stats.get(k, 0) + float(v)
+                if node in siblings or (host is not None and node == self.id):
+                    # retained messages are copied to every node: the host holds them once
+                    host_stats[k] = max(host_stats.get(k, 0), float(v)) if k == "retained" else \
+                        host_stats.get(k, 0) + float(v)
         totals_stats["nodes"] = len(self.members) + 1
         self.stats_totals = totals_stats
+        self.host_totals = host_stats
 
     def other_node_url(self, scheme: str = "mqtt") -> str | None:
+        """Where to send clients this node lets go: another host (this host's
+        other workers share its listeners, and stop with it)."""
+        host = self.identity.get("host")
         for info in self.members.values():
+            if host is not None and info.get("host") == host:
+                continue
             if info.get("ref") and scheme == "mqtt":
                 return info["ref"]
             for url in info.get("mqtt", ()):

@@ -67,7 +67,7 @@ class ClusterNode:
     def __init__(self, node_id: str, bus: ClusterBus, broker: ClusterBroker, *, loop, clock: Clock,
                  links: LinkSettings | None = None, peers=None, store: SessionStore | None = None,
                  writer: StoreDrain | None = None, addresses: NodeAddresses | None = None,
-                 reference: str | None = None, flusher=None, budget=None):
+                 reference: str | None = None, flusher=None, budget=None, identity: dict | None = None):
         self.id = node_id
         self.bus = bus
         self.broker = broker
@@ -77,7 +77,7 @@ class ClusterNode:
         self._timer_at = 0.0
         self.requests = Requests()              # start() arms a timer for its deadlines
         self.routes = ClusterRoutes(node_id)
-        self.membership = Membership(node_id, bus, broker, addresses, reference)
+        self.membership = Membership(node_id, bus, broker, addresses, reference, identity=identity)
         members_of = self._members_of
         self.peers = peers if peers is not None else Peers(node_id, links, loop, clock, flusher, budget)
         send = self.peers.send
@@ -120,6 +120,11 @@ class ClusterNode:
     @property
     def stats_totals(self) -> dict[str, float]:
         return self.membership.stats_totals
+
+    @property
+    def host_totals(self) -> dict[str, float]:
+        """This host's figures (its workers' summed; {} unless it runs --workers)."""
+        return self.membership.host_totals
 
     @property
     def last_event(self) -> str:

@@ -179,6 +179,9 @@ class Peers:
     async def _open(self, node: str) -> None:
         try:
             info = self.node.members.get(node)
+            if info is None and await self.node.look_up_member(node):
+                # joined since the last heartbeat round (workers of a host start together)
+                info = self.node.members.get(node)
             if info is None:
                 raise ConnectionError(f"node {node} is not a member")
             host, _, port = info["link"].rpartition(":")

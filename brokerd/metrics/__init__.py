@@ -195,6 +195,7 @@ def node_figures(server) -> dict:
     sampler = b.sampler
     node.update({
         "node": server.config.node_id,
+        **(server.identity() if hasattr(server, "identity") else {}),   # host, worker (--workers)
         "health": "fenced" if cluster is not None and cluster.fenced else "ok",
         "uptime": round(server.loop.time() - b.started_at, 1),
         "loop_lag": round(lag, 6),

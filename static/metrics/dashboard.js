@@ -350,13 +350,28 @@
       tbody.innerHTML = '<tr><td colspan="11" class="muted">No node reported.</td></tr>';
       return;
     }
+    // the workers of a host (brokerd --workers N) under a row of their host
+    var workers = {};
+    nodes.forEach(function (n) { if (n.worker !== null && n.worker !== undefined) workers[n.host] = (workers[n.host] || 0) + 1; });
+    nodes = nodes.slice().sort(function (a, b) {
+      var ha = a.host || a.node, hb = b.host || b.node;
+      return ha < hb ? -1 : ha > hb ? 1 : (Number(a.worker) || 0) - (Number(b.worker) || 0);
+    });
+    var seen = {};
     tbody.innerHTML = nodes.map(function (n) {
-      var link = '<a class="strong" href="' + esc(base.replace("__node__", encodeURIComponent(n.node))) + '">' + esc(n.node) + "</a>";
+      var head = "";
+      if (workers[n.host] && !seen[n.host]) {
+        seen[n.host] = true;
+        head = '<tr class="host-row" data-host="' + esc(n.host) + '"><td colspan="11"><span class="strong">' + esc(n.host) +
+          '</span> <span class="muted">· host, ' + workers[n.host] + " worker" + (workers[n.host] === 1 ? "" : "s") + "</span></td></tr>";
+      }
+      var label = workers[n.host] ? "worker " + esc(String(n.worker)) + ' <span class="muted">' + esc(n.node) + "</span>" : esc(n.node);
+      var link = (workers[n.host] ? '<span class="indent"></span>' : "") + '<a class="strong" href="' + esc(base.replace("__node__", encodeURIComponent(n.node))) + '">' + label + "</a>";
       if (!n.totals) {
-        return "<tr><td>" + link + "</td><td>" + healthBadge(n.health) + '</td><td colspan="9" class="muted">no figures (the node does not answer)</td></tr>';
+        return head + "<tr><td>" + link + "</td><td>" + healthBadge(n.health) + '</td><td colspan="9" class="muted">no figures (the node does not answer)</td></tr>';
       }
       var lag = Number(n.loop_lag) || 0;
-      return "<tr><td>" + link + "</td><td>" + healthBadge(n.health) + "</td>" +
+      return head + "<tr><td>" + link + "</td><td>" + healthBadge(n.health) + "</td>" +
         '<td class="nowrap">' + format("duration", n.uptime) + "</td>" +
         '<td class="num">' + format("count", n.totals.connections) + "</td>" +
         '<td class="num">' + format("rate", n.rates.msgs_in) + "</td>" +

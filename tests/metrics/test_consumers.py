@@ -34,6 +34,7 @@ def test_administrator_gets_the_cluster_with_nodes_and_tenants(live, browsers, d
     assert update["nodes_total"] == 1 and update["nodes_ok"] == 1
     (n,) = update["nodes"]
     assert n["node"] == "mx1" and n["health"] == "ok"
+    assert n["host"] == "mx1" and n["worker"] is None         # one process: its own host (no --workers)
     assert n["memory_rss"] > 1_000_000 and n["uptime"] >= 0 and n["loop_lag"] is not None   # 0.0 in its first 50 ms
     assert set(n["rates"]) >= {"msgs_in", "msgs_out", "bytes_in", "bytes_out", "connects", "disconnects", "drops"}
     slugs = {t["slug"] for t in update["tenants"]}

@@ -60,7 +60,7 @@ def test_summarize_sums_node_rates_and_skips_restarted_and_unreachable_nodes():
     a, b, c = s["nodes"]
     assert a["rates"]["msgs_in"] == 20.0 and a["cpu"] == pytest.approx(50.0)
     assert b["rates"]["msgs_in"] == 0.0 and b["cpu"] is None
-    assert c == {"node": "c", "health": "unreachable"}
+    assert c == {"node": "c", "health": "unreachable", "host": "c", "worker": None}
     assert s["cluster"]["nodes"] == 3 and s["cluster"]["nodes_ok"] == 2
     assert s["tenants"]["acme"]["rates"]["msgs_in"] == 15.0
     assert s["tenants"]["acme"]["connections"] == 3
@@ -183,3 +183,15 @@ def test_no_subscribers_alone_raises_nothing():
     rules = AlarmRules(AlarmSettings(drops_rate=1, drops_for=0))
     s = summary(1.0, tenants={"acme": totals(no_subscribers=500)}, prev_tenants={"acme": totals()})
     assert rules.evaluate(1.0, s, {}, set()) == ([], [])
+
+
+def test_summarize_says_which_host_each_worker_is_on():
+    """brokerd --workers N: each worker is a node of the cluster whose figures name its host and slot;
+    a node without workers is its own host."""
+    w0, w1 = node("h.0", msgs_in=10), node("h.1", msgs_in=20)
+    w0.update(host="h", worker=0)
+    w1.update(host="h", worker=1)
+    s = core.summarize(doc(2.0, w0, w1, node("solo")), None)
+    assert [(n["node"], n["host"], n["worker"]) for n in s["nodes"]] == [("h.0", "h", 0), ("h.1", "h", 1),
+                                                                        ("solo", "solo", None)]
+    assert s["cluster"]["nodes"] == 3

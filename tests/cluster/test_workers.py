@@ -1,0 +1,303 @@
+"""Workers per host (issue 18): ``--workers N`` runs N brokerd processes on one
+host that share its MQTT listener (SO_REUSEPORT) and are members of the
+cluster, each with a node id of its own (``host.slot``).
+
+Real processes and a real Redis. Which worker holds a client is asked of the
+admin API (the host's shared admin port answers for the whole cluster);
+where a test needs a client on a given worker it connects again until the
+kernel gave it that one (bounded).
+"""
+
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+import uuid
+
+import pytest
+
+from ..durability.test_crash import drain, received_in_order
+from ..integration.helpers import Client, connect
+from ..mqtt import V5, V311, PacketTypes, props
+from ..procs import ROOT, BrokerProcess
+from .conftest import PacedPublisher, settle, wait_until
+from .test_failover import ranges
+
+TOKEN = "workers-test-token-" + uuid.uuid4().hex
+EXPIRY = 300
+TRIES = 60          # connections tried before giving up on landing on a given worker (each: about 1 in 2)
+
+
+class Host:
+    """One host of the cluster: a supervisor and its ``n`` workers."""
+
+    def __init__(self, cluster, name: str = "h", n: int = 2, *flags: str):
+        self.name = name
+        self.proc = BrokerProcess("--workers", str(n), "--node-id", name, "--store", cluster.store,
+                                  "--cluster", cluster.url(), "--admin", "127.0.0.1:0", *flags,
+                                  listen=("mqtt://127.0.0.1:0",),
+                                  env={"BROKERD_CLUSTER_SECRET": cluster.secret, "BROKERD_ADMIN_TOKEN": TOKEN},
+                                  timeout=60)
+        self.n = n
+
+    def start(self) -> "Host":
+        self.proc.start()
+        wait_until(lambda: len(self.workers()) == self.n, timeout=15,
+                   message=f"the admin API does not list {self.n} workers:\n{self.proc.log}")
+        self.wait_linked()
+        return self
+
+    def wait_linked(self) -> None:
+        """Until a message published on each worker reaches a subscriber on every other one."""
+        tag = f"link-{uuid.uuid4().hex[:8]}"
+        subs = {}
+        for i in range(self.n):
+            subs[i], _ = self.on_worker(lambda i=i: connect(self.port, f"{tag}-s{i}", V311), f"{tag}-s{i}",
+                                        lambda node, i=i: node.startswith(f"{self.name}.{i}"))
+            subs[i].subscribe(f"{tag}/{i}/#")
+        for i in range(self.n):
+            pub, _ = self.on_worker(lambda i=i: connect(self.port, f"{tag}-p{i}", V311), f"{tag}-p{i}",
+                                    lambda node, i=i: node.startswith(f"{self.name}.{i}"))
+            for j in range(self.n):
+                if j != i:
+                    settle(pub, f"{tag}/{j}/from{i}", subs[j])
+            pub.disconnect()
+        for s in subs.values():
+            s.disconnect()
+
+    @property
+    def port(self) -> int:
+        return self.proc.port()
+
+    def api(self, path: str, at: str | None = None):
+        """GET ``path`` from the host's shared admin port, or from a worker's own (``at``: HOST:PORT)."""
+        base = f"http://{at}" if at else self.proc.admin_url
+        req = urllib.request.Request(f"{base}{path}", headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def workers(self) -> dict[str, dict]:
+        """node id -> item of GET /api/v1/nodes, for this host's live workers."""
+        items = self.api("/api/v1/nodes")["items"]
+        return {n["id"]: n for n in items if n.get("host") == self.name and n.get("health") == "ok"}
+
+    def holder(self, client_id: str) -> str | None:
+        """The worker holding ``client_id``'s session (one at most: asserted)."""
+        items = [c for c in self.api(f"/api/v1/clients?client_id={client_id}")["items"]
+                 if c["client_id"] == client_id]
+        assert len(items) <= 1, f"{client_id} held by several nodes: {[c['node'] for c in items]}"
+        return items[0]["node"] if items else None
+
+    def connected_on(self, client_id: str) -> str | None:
+        """The worker ``client_id`` is connected to."""
+        items = [c for c in self.api(f"/api/v1/clients?client_id={client_id}&connected=true")["items"]
+                 if c["client_id"] == client_id]
+        return items[0]["node"] if len(items) == 1 else None
+
+    def on_worker(self, make, client_id: str, want) -> tuple[Client, str]:
+        """``make()`` a connected client until the worker it is on satisfies ``want(node)``."""
+        for _ in range(TRIES):
+            c = make()
+            node = wait_until(lambda: self.connected_on(client_id), timeout=5, message=f"{client_id} not listed")
+            if want(node):
+                return c, node
+            c.disconnect()
+            if c.clean:
+                wait_until(lambda: self.holder(client_id) is None, timeout=5, message=f"{client_id} stays")
+        raise AssertionError(f"{client_id}: no connection of {TRIES} landed on the wanted worker")
+
+    def pid_of(self, node: str) -> int:
+        return int(self.workers()[node]["pid"])
+
+
+def started(cluster, host: Host) -> Host:
+    """``host`` started, its process killed with the test's cluster (and its log in a failure's report)."""
+    cluster.nodes.append(host.proc)
+    cluster.names[id(host.proc)] = host.name
+    return host.start()
+
+
+@pytest.fixture
+def host(cluster):
+    return started(cluster, Host(cluster))
+
+
+def persistent(port: int, client_id: str) -> Client:
+    c = Client(client_id, V5, clean=False)
+    return c.connect(port, properties=props(PacketTypes.CONNECT, SessionExpiryInterval=EXPIRY))
+
+
+# ---------------------------------------------------------------------- refusals
+
+@pytest.mark.parametrize("flags, says", [
+    ((), "--workers 2 needs --cluster"),
+    (("--cluster", "redis://127.0.0.1:1/0"), "--workers 2 needs a --store all the workers share"),
+])
+def test_workers_need_a_cluster_and_a_shared_store(flags, says):
+    res = subprocess.run([sys.executable, "-m", "brokerd", "--workers", "2", "--allow-anonymous", *flags],
+                         cwd=ROOT, env={"BROKERD_CLUSTER_SECRET": "s" * 32, "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=30)
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], res.stderr
+
+
+# ---------------------------------------------------------------------- one host
+
+def test_workers_are_listed_under_their_host(host):
+    workers = host.workers()
+    assert sorted(workers) == ["h.0", "h.1"]
+    assert sorted(w["worker"] for w in workers.values()) == [0, 1]
+    assert len({w["pid"] for w in workers.values()}) == 2
+    # the host's admin port is shared; each worker also has its own (the cluster's fan-out reaches it there)
+    assert len({w["admin"] for w in workers.values()} | {host.proc.admin}) == 3
+    metrics = host.api("/api/v1/metrics")
+    assert sorted((n["node"], n["host"], n["worker"]) for n in metrics["items"]) == [("h.0", "h", 0),
+                                                                                    ("h.1", "h", 1)]
+    # a worker that does not answer is still listed under its host (asked on the other worker's own port:
+    # the shared one may hand the connection to the stopped worker)
+    os.kill(workers["h.1"]["pid"], signal.SIGSTOP)
+    try:        # both at once: stopped for one admin timeout (5 s), within its membership's lifetime
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            asked = [pool.submit(host.api, f"/api/v1/{what}", workers["h.0"]["admin"]) for what in ("nodes", "metrics")]
+            items, metrics = (f.result()["items"] for f in asked)
+    finally:
+        os.kill(workers["h.1"]["pid"], signal.SIGCONT)
+    assert sorted((n["id"], n["host"], n["worker"], n["health"]) for n in items) == [
+        ("h.0", "h", 0, "ok"), ("h.1", "h", 1, "unreachable")]
+    assert sorted((n["node"], n["host"], n["worker"], n["health"]) for n in metrics) == [
+        ("h.0", "h", 0, "ok"), ("h.1", "h", 1, "unreachable")]
+
+
+def test_a_message_from_a_device_on_one_worker_reaches_a_subscriber_on_the_other_in_order(host, tag):
+    sub, a = host.on_worker(lambda: connect(host.port, f"{tag}-sub", V311), f"{tag}-sub", lambda n: True)
+    sub.subscribe(f"{tag}/t/#", qos=1)
+    pub, b = host.on_worker(lambda: connect(host.port, f"{tag}-pub", V311), f"{tag}-pub", lambda n: n != a)
+    settle(pub, f"{tag}/t/probe", sub)
+    infos = [pub.client.publish(f"{tag}/t/x", b"%05d" % i, qos=1) for i in range(500)]
+    for info in infos:
+        info.wait_for_publish(10)
+    got = [int(m.payload) for m in drain(sub, idle=2.0)]
+    assert got == list(range(500)), f"{a} <- {b}: {len(got)} messages, first out of order at " \
+        f"{next((i for i, n in enumerate(got) if n != i), None)}"
+
+
+def test_takeover_across_workers_loses_nothing(host, tag):
+    """A persistent QoS 1 subscriber moves from one worker to the other while a
+    stream is published: every acknowledged message reaches it, in order."""
+    cid = f"{tag}-sub"
+    topic = f"{tag}/stream"
+    sub, a = host.on_worker(lambda: persistent(host.port, cid), cid, lambda n: True)
+    sub.subscribe(topic, qos=1)
+    settle(connect(host.port, f"{tag}-probe", V5), topic, sub)
+    pub = PacedPublisher(host.port, topic, total=4000, rate=400).start()
+    pub.wait_acked(500)
+    received = []
+    # every connection tried takes the session over from the one before (on the same worker, or across)
+    for _ in range(TRIES):
+        again = persistent(host.port, cid)
+        received += drain(sub, idle=0.1, limit=1)       # what the connection taken over had received
+        node = wait_until(lambda: host.connected_on(cid), timeout=5, message=f"{cid} not listed")
+        if node != a:
+            break
+        sub = again
+    else:
+        raise AssertionError("the subscriber never landed on the other worker")
+    assert pub.sent < pub.total, "the stream was over before the session moved"
+    pub.finish()
+    got = received_in_order(received + drain(again, idle=3.0))
+    missing = sorted(pub.acked - set(got))
+    assert not missing, (f"{len(missing)} acknowledged messages lost in the move {a} -> {node}: {missing[:20]} "
+                         f"(reason codes {pub.by_code()})")
+
+
+@pytest.mark.slow
+def test_sigkill_of_a_worker_loses_no_acknowledged_message_and_it_is_restarted(cluster, tag):
+    """A persistent QoS 1 session (offline) held by worker B, a publisher on
+    worker A, a plain client on B; B is SIGKILLed mid-stream. The plain client
+    reconnects (to a live worker); the session is adopted by one node (never
+    by the restarted B as well as another); the supervisor restarts B under a
+    new id; the subscriber gets every acknowledged message."""
+    host = started(cluster, Host(cluster, "h", 2, "--max-queued", "10000"))
+    cid = f"{tag}-sub"
+    topic = f"{tag}/stream"
+    pub_c, a = host.on_worker(lambda: connect(host.port, f"{tag}-probe", V5), f"{tag}-probe", lambda n: True)
+    sub, b = host.on_worker(lambda: persistent(host.port, cid), cid, lambda n: n != a)
+    sub.subscribe(topic, qos=1)
+    settle(pub_c, topic, sub)
+    sub.disconnect()
+    plain, _ = host.on_worker(lambda: connect(host.port, f"{tag}-plain", V311), f"{tag}-plain", lambda n: n == b)
+    pub = None
+    for _ in range(TRIES):       # the publisher on A
+        pub = PacedPublisher(host.port, topic, total=3000, rate=400)
+        pub_id = pub.client._client_id.decode()
+        if wait_until(lambda pub_id=pub_id: host.connected_on(pub_id), timeout=5) == a:
+            break
+        pub.client.loop_stop()
+        pub.client.disconnect()
+    else:
+        raise AssertionError("the publisher never landed on worker A")
+    pub.start()
+    pub.wait_acked(800)
+    os_pid = host.pid_of(b)
+    os.kill(os_pid, signal.SIGKILL)
+    killed_at = pub.sent
+    plain.expect_disconnect()
+    back = wait_until(lambda: _try_connect(host.port, f"{tag}-plain"), timeout=10,
+                      message="the killed worker's client could not connect again")
+    pub.finish()
+    acked = pub.acked
+    restarted = wait_until(lambda: re.search(rf"worker {re.escape(b)} \(pid {os_pid}\) exited with SIGKILL.*"
+                                             rf"starting it again as (\S+)", host.proc.log), timeout=10,
+                           message=f"no restart of {b} logged").group(1)
+    assert restarted != b
+    wait_until(lambda: restarted in host.workers() and b not in host.workers(), timeout=20,
+               message=f"{restarted} not listed in place of {b}: {sorted(host.workers())}")
+    # the dead worker's session is adopted by exactly one live node
+    adopter = wait_until(lambda: re.search(rf"\[(\S+)\]: adopted \d+ sessions of node {re.escape(b)}\b",
+                                           host.proc.log), timeout=20, message=f"{b}'s sessions not adopted")
+    assert len(re.findall(rf"adopted \d+ sessions of node {re.escape(b)}\b", host.proc.log)) == 1
+    holder = host.holder(cid)
+    assert holder == adopter.group(1), f"{cid} held by {holder}, adopted by {adopter.group(1)}"
+    again = persistent(host.port, cid)
+    assert again.session_present
+    got = received_in_order(drain(again, idle=3.0))
+    missing = sorted(acked - set(got))
+    assert not missing, (f"{len(missing)} acknowledged messages lost: {ranges(missing)}, received {ranges(got)} "
+                         f"on {host.connected_on(cid)} (killed at #{killed_at}; reason codes {pub.by_code()})")
+    assert max(acked) > killed_at, "the stream did not go on after the kill"
+    back.disconnect()
+
+
+def _try_connect(port: int, client_id: str):
+    try:
+        return connect(port, client_id, V311)
+    except Exception:
+        return None
+
+
+def test_sys_broker_shows_the_hosts_figures_on_every_worker(cluster, tag):
+    h = started(cluster, Host(cluster, "h", 2, "--sys-interval", "1"))
+    # two clients on each worker, so that the host's count (4 + the watchers) differs from a worker's
+    held = [h.on_worker(lambda i=i: connect(h.port, f"{tag}-c{i}", V311), f"{tag}-c{i}",
+                        lambda n, i=i: n == f"h.{i % 2}")[0] for i in range(4)]
+    watchers = [h.on_worker(lambda i=i: connect(h.port, f"{tag}-w{i}", V311), f"{tag}-w{i}",
+                            lambda n, i=i: n == f"h.{i}")[0] for i in range(2)]
+    for w in watchers:
+        w.subscribe("$SYS/broker/clients/connected")
+
+    last = [None, None]
+
+    def both_see_six():
+        for i, w in enumerate(watchers):
+            while not w.messages.empty():
+                last[i] = int(w.messages.get_nowait().payload)
+        return last == [6, 6] or None
+
+    wait_until(both_see_six, timeout=15, interval=0.5, message="$SYS/broker/clients/connected is not the host's 6")
+    for c in held + watchers:
+        c.disconnect()
