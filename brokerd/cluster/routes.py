@@ -15,11 +15,17 @@ A publish on node A matches the table once per message; each other node
 with a match gets the message once, whatever the number of its subscribers.
 """
 
+from sys import intern
+from types import MappingProxyType
+
 from ..routing.cache import CacheBudget, TopicCache
 from ..routing.trie import TopicTrie
 
 ROUTE_CACHE_BYTES = 32 * 1024 * 1024          # match results cached per tenant (routing/cache.py)
 ROUTE_CACHE_NODE_BYTES = 128 * 1024 * 1024    # ... and for all tenants of the node
+
+# the shared groups of a route that has none (most): one read-only mapping, a dict from the first group
+_NO_GROUPS = MappingProxyType({})
 
 
 class _Route:
@@ -27,8 +33,8 @@ class _Route:
 
     def __init__(self, filt: str = ""):
         self.filter = filt
-        self.nodes: dict[str, list] = {}            # node -> [subscriptions, durable subscriptions]
-        self.groups: dict[str, dict] = {}           # group -> {node: members}
+        self.nodes: dict[str, tuple] = {}           # node -> (subscriptions, durable subscriptions)
+        self.groups: dict[str, dict] = _NO_GROUPS   # group -> {node: members}
 
     def __bool__(self):
         return bool(self.nodes) or bool(self.groups)
@@ -65,7 +71,8 @@ class ClusterRoutes:
         trie = self._trie(tenant)
         if subs > 0:
             route = trie.setdefault(filt, lambda: _Route(filt))
-            route.nodes[node] = [subs, durable]
+            # a node's name is a key of every route it announces: one string for all of them
+            route.nodes[intern(node)] = (subs, durable)
         else:
             route = trie.get(filt)
             if route is None:
@@ -81,7 +88,9 @@ class ClusterRoutes:
         trie = self._trie(tenant)
         if members > 0:
             route = trie.setdefault(filt, lambda: _Route(filt))
-            route.groups.setdefault(group, {})[node] = members
+            if route.groups is _NO_GROUPS:
+                route.groups = {}
+            route.groups.setdefault(group, {})[intern(node)] = members
         else:
             route = trie.get(filt)
             if route is None:
@@ -103,7 +112,7 @@ class ClusterRoutes:
             for filt, route in list(trie.items()):
                 counts = route.nodes.pop(node, None)
                 if keep_durable and counts is not None and counts[1] > 0:
-                    route.nodes[node] = [counts[1], counts[1]]
+                    route.nodes[node] = (counts[1], counts[1])
                     kept = True
                 for group in list(route.groups):
                     route.groups[group].pop(node, None)
