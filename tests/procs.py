@@ -7,11 +7,11 @@ chosen by the kernel (``:0``), so tests can run side by side.
 
 import os
 import re
-import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -55,35 +55,36 @@ class BrokerProcess:
         self.output = []
         self.proc = subprocess.Popen(self.command(), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, bufsize=1)
-        deadline = time.monotonic() + self.timeout
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.proc.stdout], [], [], 0.1)
-            if ready:
-                line = self.proc.stdout.readline()
-                if not line:
-                    break
-                self.output.append(line.rstrip())
-                m = READY.search(line)
+        # one thread reads every line from the start (was: select() on the pipe, then readline(): lines that
+        # came in one read sat in the file object's buffer, unseen by select(), until the process wrote again
+        # -- a supervisor's "ready" after its workers' lines waited for the next log line, up to 30 s)
+        ready = threading.Event()
+
+        def read(stream):
+            for line in stream:
+                line = line.rstrip()
+                self.output.append(line)
+                m = None if ready.is_set() else READY.search(line)
                 if m:
                     self.urls = m.group(1).split()
                     a = ADMIN.search(line)
                     self.admin = a.group(1) if a else None
-                    self._drain_in_background()
+                    ready.set()
+
+        reader = threading.Thread(target=read, args=(self.proc.stdout,), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            if ready.wait(0.1):
+                return self
+            if self.proc.poll() is not None:
+                reader.join(2)          # what it wrote before it exited
+                if ready.is_set():
                     return self
-            elif self.proc.poll() is not None:
                 break
         out = "\n".join(self.output)
         self.kill()
         raise RuntimeError(f"brokerd did not become ready:\n{out}")
-
-    def _drain_in_background(self):
-        import threading
-
-        def drain(stream, sink):
-            for line in stream:
-                sink.append(line.rstrip())
-
-        threading.Thread(target=drain, args=(self.proc.stdout, self.output), daemon=True).start()
 
     def stop(self, sig=signal.SIGTERM, timeout: float = 10.0) -> int | None:
         if self.proc is None or self.proc.poll() is not None:

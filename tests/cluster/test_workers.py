@@ -301,3 +301,35 @@ def test_sys_broker_shows_the_hosts_figures_on_every_worker(cluster, tag):
     wait_until(both_see_six, timeout=15, interval=0.5, message="$SYS/broker/clients/connected is not the host's 6")
     for c in held + watchers:
         c.disconnect()
+
+
+# ---------------------------------------------------------------------- settings
+
+def _settings(tmp_path, *argv, env=None, toml=None):
+    from brokerd.config import load
+
+    environ = {"BROKERD_CLUSTER_SECRET": "s" * 32, **(env or {})}
+    if toml is not None:
+        (tmp_path / "brokerd.toml").write_text(toml)
+        argv = ("--config", str(tmp_path / "brokerd.toml"), *argv)
+    return load(["--cluster", "redis://127.0.0.1:1/0", "--store", f"sqlite:///{tmp_path}/s.sqlite3", *argv],
+                environ=environ)
+
+
+def test_workers_auto_is_the_usable_cores_from_a_flag_the_environment_or_a_file(tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    assert _settings(tmp_path, "--workers", "auto").worker_count() == cores
+    assert _settings(tmp_path, "--workers", " AUTO ").worker_count() == cores
+    assert _settings(tmp_path, env={"BROKERD_WORKERS": "auto"}).worker_count() == cores
+    assert _settings(tmp_path, toml='workers = "auto"\n').worker_count() == cores
+    assert _settings(tmp_path, toml="workers = 3\n").worker_count() == 3
+    assert _settings(tmp_path, "--workers", "2", env={"BROKERD_WORKERS": "5"}).worker_count() == 2   # flag wins
+    assert _settings(tmp_path).worker_count() == 1
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1025", "2.5"])
+def test_workers_must_be_a_count_or_auto(tmp_path, value):
+    from brokerd.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--workers must be"):
+        _settings(tmp_path, "--workers", value)
