@@ -75,6 +75,53 @@ _PINGRESP = b"\xd0\x00"
 # the QoS 1/2 counters of a channel that has sent (or received) none: shared, a list on first use
 _ZEROS = (0, 0, 0)
 
+
+# Fields most connections never change, kept out of the Channel's slots (8 bytes each on every
+# connection): read through a descriptor that gives the default until the first other value is
+# set, which makes the connection its own _Rare object. None of them is read per message on the
+# plain publish and delivery paths.
+_RARE = {
+    "valid_until": None,        # wall clock at which its credential expires
+    "cert": None,               # DER client certificate on a TLS listener, if any
+    "cert_cn": None,            # its subject CN when it was verified
+    "client_alias_max": 0,      # Topic Alias Maximum the v5 client allows us
+    "problem_info": True,       # v5 Request Problem Information
+    "response_requested": False,  # v5 Request Response Information
+    "paced": 0,                 # times its input was paused because its messages filled the queue budget
+    "_preauth": 0,              # bytes of an incomplete CONNECT charged to the node's pre-auth budget
+    "alias_bytes": 0,           # topic characters behind out_aliases
+}
+
+
+class _Rare:
+    __slots__ = tuple(_RARE)
+
+    def __init__(self):
+        for name, default in _RARE.items():
+            setattr(self, name, default)
+
+
+class _RareField:
+    __slots__ = ("name", "default")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.default = _RARE[name]
+
+    def __get__(self, ch, owner=None):
+        if ch is None:
+            return self
+        rare = ch._rare
+        return self.default if rare is None else getattr(rare, self.name)
+
+    def __set__(self, ch, value) -> None:
+        rare = ch._rare
+        if rare is None:
+            if value is self.default or (value.__class__ is self.default.__class__ and value == self.default):
+                return
+            rare = ch._rare = _Rare()
+        setattr(rare, self.name, value)
+
 # Reason codes a server may put in DISCONNECT (MQTT 5.0 section 3.14.2.1); a
 # peer error with any other code is reported as 0x82 Protocol Error.
 DISCONNECT_CODES = frozenset({
@@ -107,11 +154,11 @@ class Channel:
     __slots__ = (
         "broker", "limits", "hooks", "peer", "listener", "decoder", "out", "state", "version",
         "client_id", "username", "session", "ns", "will", "keepalive", "created_at", "last_rx",
-        "connected_at", "in_aliases", "out_aliases", "client_max_packet", "client_alias_max",
-        "send_window", "problem_info", "congested", "blocked", "pending", "max_pending", "inbound_pending", "_acks", "_held", "close_reason",
-        "msgs_in", "msgs_out", "bytes_in", "bytes_out", "qos_in", "qos_out", "tenant", "identity", "response_requested",
-        "acl", "quota", "limit_in", "limit_out", "valid_until", "cert", "cert_cn", "throttled_since", "shaping",
-        "_rate_held", "paced", "_preauth", "alias_bytes",
+        "connected_at", "in_aliases", "out_aliases", "client_max_packet",
+        "send_window", "congested", "blocked", "pending", "max_pending", "inbound_pending", "_acks", "_held", "close_reason",
+        "msgs_in", "msgs_out", "bytes_in", "bytes_out", "qos_in", "qos_out", "tenant", "identity",
+        "acl", "quota", "limit_in", "limit_out", "throttled_since", "shaping",
+        "_rate_held", "_rare",
         "__weakref__",
     )
 
@@ -136,11 +183,9 @@ class Channel:
         self.quota = None               # its tenant's quota (dict) or None
         self.limit_in = None            # inbound rate limiter (msgs and bytes per second)
         self.limit_out = None           # outbound rate limiter
-        self.valid_until = None         # wall clock at which its credential expires
-        self.cert = None                # DER client certificate on a TLS listener, if any
-        self.cert_cn = None             # its subject CN when it was verified
         self.throttled_since = None     # inbound over its rate since (abuse detection)
         self.shaping = False            # outbound over its rate: deliveries wait
+        self._rare = None               # the fields of _RARE, once one differs from its default
         self._rate_held = None          # packets waiting for the inbound rate limit
         self.will = None
         self.keepalive = 0
@@ -150,10 +195,7 @@ class Channel:
         self.in_aliases: dict[int, str] | None = None   # made by the client's first Topic Alias
         self.out_aliases: dict[str, int] | None = None
         self.client_max_packet = MAX_PACKET_SIZE
-        self.client_alias_max = 0
         self.send_window = limits.max_inflight
-        self.problem_info = True
-        self.response_requested = False
         self.congested = False          # the transport's write buffer is above its high mark
         self.blocked = False            # deliveries must queue: congested, or the queue is not empty
         self.pending = 0                # bytes added to ``out`` since the transport last wrote it
@@ -168,9 +210,6 @@ class Channel:
         self.bytes_out = 0
         self.qos_in = _ZEROS            # PUBLISHes at QoS 1 and 2 (index 0 unused: QoS 0 = msgs - the others);
         self.qos_out = _ZEROS           # a list from the first (an idle connection shares _ZEROS)
-        self.paced = 0                  # times its input was paused because its messages filled the queue budget
-        self._preauth = 0               # bytes of an incomplete CONNECT charged to the node's pre-auth budget
-        self.alias_bytes = 0            # topic characters behind out_aliases
 
     def __repr__(self):
         return f"<Channel {self.client_id!r} {self.peer} state={self.state}>"
@@ -1017,6 +1056,9 @@ class Channel:
             self.state = CLOSED
             self.hooks.close()
 
+
+for _name in _RARE:
+    setattr(Channel, _name, _RareField(_name))
 
 _HANDLERS = [None] * 16
 _HANDLERS[CONNECT] = Channel._on_connect_again
