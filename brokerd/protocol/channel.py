@@ -152,7 +152,7 @@ class ChannelLimits:
 
 class Channel:
     __slots__ = (
-        "broker", "limits", "hooks", "peer", "listener", "decoder", "out", "state", "version",
+        "broker", "limits", "hooks", "_peer", "listener", "decoder", "out", "state", "version",
         "client_id", "username", "session", "ns", "will", "keepalive", "created_at", "last_rx",
         "connected_at", "in_aliases", "out_aliases", "client_max_packet",
         "send_window", "congested", "blocked", "pending", "max_pending", "inbound_pending", "_acks", "_held", "close_reason",
@@ -163,11 +163,11 @@ class Channel:
     )
 
     def __init__(self, broker: ChannelBroker, limits: ChannelLimits, hooks: TransportHooks, now: float = 0.0,
-                 peer: str = "", listener: str = ""):
+                 peer: str | None = "", listener: str = ""):
         self.broker = broker
         self.limits = limits
         self.hooks = hooks
-        self.peer = peer
+        self._peer = peer               # None: asked of the transport when needed (hooks.peer_address)
         self.listener = listener
         self.decoder = FrameDecoder(limits.max_packet_size, max_connect_size=limits.max_connect_size)
         self.out: list[bytes] = []
@@ -213,6 +213,16 @@ class Channel:
 
     def __repr__(self):
         return f"<Channel {self.client_id!r} {self.peer} state={self.state}>"
+
+    @property
+    def peer(self) -> str:
+        """The client's address ("host:port"): built when asked, not kept on every connection."""
+        peer = self._peer
+        return self.hooks.peer_address() if peer is None else peer
+
+    @peer.setter
+    def peer(self, value: str) -> None:
+        self._peer = value
 
     # ------------------------------------------------------------------ input
 

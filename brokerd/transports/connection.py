@@ -71,6 +71,9 @@ class _Closed:
     def throttle_output(self, wait):
         pass
 
+    def peer_address(self):
+        return ""
+
 
 _CLOSED = _Closed()
 
@@ -96,11 +99,9 @@ class MqttConnection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        peer = transport.get_extra_info("peername")
-        peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
         server = self.server
         # the listener's URL: one string for all its connections
-        self.channel = ch = Channel(server.broker, server.limits, self, self.time(), peer,
+        self.channel = ch = Channel(server.broker, server.limits, self, self.time(), None,
                                     sys.intern(self.listener.url))
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is not None:
@@ -151,6 +152,12 @@ class MqttConnection(asyncio.Protocol):
 
     def wake(self) -> None:
         self.flusher.add(self)
+
+    def peer_address(self) -> str:
+        """The client's "host:port", built when asked (auth throttle, logs): not kept per connection."""
+        transport = self.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
 
     def flush(self) -> None:
         ch = self.channel
