@@ -152,7 +152,7 @@ class Broker:
         return self.registry.connected
 
     @property
-    def channels(self) -> set:
+    def channels(self) -> list:
         return self.registry.channels
 
     @property

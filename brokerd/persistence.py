@@ -20,7 +20,7 @@ crash before they land only means a redelivery with DUP set.
 from .protocol import properties as P
 from .protocol.packets import Publish
 from .routing.topic import parse_shared
-from .session.session import AWAIT_ACK, Delivery, Subscription
+from .session.session import AWAIT_ACK, NO_IDS, Delivery, Subscription
 from .store.records import QueueEntry, StoredMessage, SubscriptionRecord, pack_will
 
 SYS_PREFIX = "$SYS/"
@@ -155,7 +155,7 @@ class Persistence:
                 group = shared[0] if shared else None
                 sub = Subscription(s.filter, s.qos, s.no_local, s.rap, s.rh, s.sub_id, group)
                 broker.add_subscription(ns, session, sub)
-            session.awaiting_rel = set(rec.awaiting_rel)
+            session.awaiting_rel = set(rec.awaiting_rel) if rec.awaiting_rel else NO_IDS
             inflight = session.inflight
             reserved = session.reserved = set()
             for e in rec.queue:

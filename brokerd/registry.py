@@ -73,10 +73,15 @@ class ClientRegistry:
         self.anonymous_tenant = anonymous_tenant
         self.claims: SessionClaims | None = None
         self.connected = 0
-        self.channels: set = set()          # accepted, connected channels
         self._timers: list = []
         self._seq = itertools.count()
         self._id_prefix = f"auto-{node_id}-"
+
+    @property
+    def channels(self) -> list:
+        """Accepted, connected channels: those of every tenant (``ns.channels``; one set per
+        tenant holds them, not a second node-wide set as well -- 100 bytes per connection)."""
+        return [ch for ns in self.b.router.namespaces.values() for ch in ns.channels]
 
     # ------------------------------------------------------------------ connect
 
@@ -167,7 +172,6 @@ class ClientRegistry:
         stats.connects += 1
         if self.connected > stats.clients_max:
             stats.clients_max = self.connected
-        self.channels.add(channel)
         ns.channels.add(channel)
         m = ns.m
         m.connects += 1
@@ -197,7 +201,6 @@ class ClientRegistry:
         if session.channel is channel:
             session.channel = None
             session.queue.attach_budget(None)
-        self.channels.discard(channel)
         b.enforcement.closed(channel)
         self.connected -= 1
         st = b.acct.stats
@@ -262,7 +265,8 @@ class ClientRegistry:
         # processed ([MQTT-4.8.2-5]).
         leftovers = [d for d in session.inflight.values() if d.qos == 1] + session.queue.drain()
         session.inflight.clear()
-        session.awaiting_rel.clear()
+        if session.awaiting_rel:
+            session.awaiting_rel.clear()
         session.reserved = None
         for d in leftovers:
             if d.share is not None:

@@ -13,7 +13,19 @@ the cluster event log (and from a snapshot of it when joining):
 
 A publish on node A matches the table once per message; each other node
 with a match gets the message once, whatever the number of its subscribers.
+
+Memory: with workers, every worker holds a route for each filter of every
+other worker (100,000 devices, each subscribed to a topic of its own, on 6
+workers: 5 remote routes per device on the host). A plain route on a filter
+without wildcards is one slot of a flat dict per tenant, filter -> the node's
+name (an interned string: one subscription, not durable), or (node, subs,
+durable), or {node: (subs, durable)} when several nodes share the filter --
+no object per route. Wildcard filters and shared groups are ``_Route``
+objects in the tenant's trie.
 """
+
+from sys import intern
+from types import MappingProxyType
 
 from ..routing.cache import CacheBudget, TopicCache
 from ..routing.trie import TopicTrie
@@ -21,23 +33,45 @@ from ..routing.trie import TopicTrie
 ROUTE_CACHE_BYTES = 32 * 1024 * 1024          # match results cached per tenant (routing/cache.py)
 ROUTE_CACHE_NODE_BYTES = 128 * 1024 * 1024    # ... and for all tenants of the node
 
+# the shared groups of a route that has none (most): one read-only mapping, a dict from the first group
+_NO_GROUPS = MappingProxyType({})
+
 
 class _Route:
     __slots__ = ("filter", "nodes", "groups")
 
     def __init__(self, filt: str = ""):
         self.filter = filt
-        self.nodes: dict[str, list] = {}            # node -> [subscriptions, durable subscriptions]
-        self.groups: dict[str, dict] = {}           # group -> {node: members}
+        self.nodes: dict[str, tuple] = {}           # node -> (subscriptions, durable subscriptions)
+        self.groups: dict[str, dict] = _NO_GROUPS   # group -> {node: members}
 
     def __bool__(self):
         return bool(self.nodes) or bool(self.groups)
 
 
+def _wild(filt: str) -> bool:
+    return "+" in filt or "#" in filt
+
+
+def _entries(value) -> list:
+    """An exact route's value -> [(node, subscriptions, durable subscriptions)]."""
+    if value.__class__ is str:
+        return [(value, 1, 0)]
+    if value.__class__ is tuple:
+        return [value]
+    return [(node, subs, durable) for node, (subs, durable) in value.items()]
+
+
+def _one(node: str, subs: int, durable: int):
+    """The value of an exact route held by one node (the common case: its name)."""
+    return node if subs == 1 and durable == 0 else (node, subs, durable)
+
+
 class ClusterRoutes:
     def __init__(self, node: str):
         self.node = node                             # this node: its own entries are kept elsewhere
-        self.tries: dict[str, TopicTrie] = {}
+        self.exact: dict[str, dict] = {}             # tenant -> plain routes on filters without wildcards
+        self.tries: dict[str, TopicTrie] = {}        # tenant -> wildcard plain routes and shared groups
         self.caches: dict[str, TopicCache] = {}      # tenant -> topic -> (plain targets, group targets)
         self.cache_budget = CacheBudget(ROUTE_CACHE_NODE_BYTES)
         self.rr: dict[tuple, int] = {}               # round robin over nodes of a shared group
@@ -45,6 +79,7 @@ class ClusterRoutes:
     def clear(self) -> None:
         """Empty, as new (a fenced node rejoining reloads the table; the
         parts of the cluster share this one object)."""
+        self.exact = {}
         self.tries = {}
         self.caches = {}
         self.cache_budget = CacheBudget(ROUTE_CACHE_NODE_BYTES)
@@ -62,10 +97,15 @@ class ClusterRoutes:
         """Node ``node`` has ``subs`` subscriptions on ``filt`` (0: none any more)."""
         if node == self.node:
             return
+        if not _wild(filt):
+            self._set_exact(node, tenant, filt, subs, durable)
+            self._clear_caches()
+            return
         trie = self._trie(tenant)
         if subs > 0:
             route = trie.setdefault(filt, lambda: _Route(filt))
-            route.nodes[node] = [subs, durable]
+            # a node's name is a key of every route it announces: one string for all of them
+            route.nodes[intern(node)] = (subs, durable)
         else:
             route = trie.get(filt)
             if route is None:
@@ -75,13 +115,49 @@ class ClusterRoutes:
                 trie.discard(filt)
         self._clear_caches()
 
+    def _set_exact(self, node: str, tenant: str, filt: str, subs: int, durable: int) -> None:
+        table = self.exact.get(tenant)
+        if table is None:
+            if subs <= 0:
+                return
+            table = self.exact[tenant] = {}
+        cur = table.get(filt)
+        if subs > 0:
+            node = intern(node)
+            if cur is None:
+                table[filt] = _one(node, subs, durable)
+            elif cur.__class__ is dict:
+                cur[node] = (subs, durable)
+            else:
+                (other, osubs, odurable), = _entries(cur)
+                if other == node:
+                    table[filt] = _one(node, subs, durable)
+                else:
+                    table[filt] = {other: (osubs, odurable), node: (subs, durable)}
+            return
+        if cur is None:
+            return
+        if cur.__class__ is dict:
+            cur.pop(node, None)
+            if len(cur) == 1:
+                (other, (osubs, odurable)), = cur.items()
+                table[filt] = _one(other, osubs, odurable)
+            elif not cur:
+                del table[filt]
+        elif _entries(cur)[0][0] == node:
+            del table[filt]
+        if not table:
+            del self.exact[tenant]
+
     def set_group(self, node: str, tenant: str, group: str, filt: str, members: int) -> None:
         if node == self.node:
             return
         trie = self._trie(tenant)
         if members > 0:
             route = trie.setdefault(filt, lambda: _Route(filt))
-            route.groups.setdefault(group, {})[node] = members
+            if route.groups is _NO_GROUPS:
+                route.groups = {}
+            route.groups.setdefault(group, {})[intern(node)] = members
         else:
             route = trie.get(filt)
             if route is None:
@@ -99,11 +175,17 @@ class ClusterRoutes:
         """A node left or died: forget everything it announced (but its routes
         to persistent sessions with ``keep_durable``). -> whether any was kept."""
         kept = False
+        for tenant, table in list(self.exact.items()):
+            for filt, value in list(table.items()):
+                for other, _, durable in _entries(value):
+                    if other == node:
+                        self._set_exact(node, tenant, filt, durable if keep_durable else 0, durable)
+                        kept = kept or (keep_durable and durable > 0)
         for trie in self.tries.values():
             for filt, route in list(trie.items()):
                 counts = route.nodes.pop(node, None)
                 if keep_durable and counts is not None and counts[1] > 0:
-                    route.nodes[node] = [counts[1], counts[1]]
+                    route.nodes[node] = (counts[1], counts[1])
                     kept = True
                 for group in list(route.groups):
                     route.groups[group].pop(node, None)
@@ -129,9 +211,15 @@ class ClusterRoutes:
         found = cache.get(topic)
         if found is not None:
             return found
-        trie = self.tries.get(tenant)
         nodes: dict[str, bool] = {}
         groups = []
+        table = self.exact.get(tenant)
+        if table is not None:
+            value = table.get(topic)
+            if value is not None:
+                for node, _, durable in _entries(value):
+                    nodes[node] = durable > 0
+        trie = self.tries.get(tenant)
         if trie is not None:
             for route in trie.match(topic):
                 for node, (_, durable) in route.nodes.items():
@@ -158,6 +246,10 @@ class ClusterRoutes:
     def snapshot(self) -> dict:
         """Every node's announcements (for the route snapshot in the store)."""
         out: dict = {"routes": [], "groups": []}
+        for tenant, table in self.exact.items():
+            for filt, value in table.items():
+                for node, subs, durable in _entries(value):
+                    out["routes"].append([node, tenant, filt, subs, durable])
         for tenant, trie in self.tries.items():
             for filt, route in trie.items():
                 for node, (subs, durable) in route.nodes.items():
@@ -177,6 +269,9 @@ class ClusterRoutes:
 
     def nodes(self) -> set:
         out = set()
+        for table in self.exact.values():
+            for value in table.values():
+                out.update(node for node, _, _ in _entries(value))
         for trie in self.tries.values():
             for _, route in trie.items():
                 out.update(route.nodes)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import partial
 from math import ceil
 
-from ..session.session import AWAIT_ACK, Delivery
+from ..session.session import AWAIT_ACK, NO_IDS, Delivery
 from . import properties as P
 from . import reason as rc
 from .codec import (
@@ -72,6 +72,56 @@ ABUSE_SECONDS = 10.0
 
 _PINGRESP = b"\xd0\x00"
 
+# the QoS 1/2 counters of a channel that has sent (or received) none: shared, a list on first use
+_ZEROS = (0, 0, 0)
+
+
+# Fields most connections never change, kept out of the Channel's slots (8 bytes each on every
+# connection): read through a descriptor that gives the default until the first other value is
+# set, which makes the connection its own _Rare object. None of them is read per message on the
+# plain publish and delivery paths.
+_RARE = {
+    "valid_until": None,        # wall clock at which its credential expires
+    "cert": None,               # DER client certificate on a TLS listener, if any
+    "cert_cn": None,            # its subject CN when it was verified
+    "client_alias_max": 0,      # Topic Alias Maximum the v5 client allows us
+    "problem_info": True,       # v5 Request Problem Information
+    "response_requested": False,  # v5 Request Response Information
+    "paced": 0,                 # times its input was paused because its messages filled the queue budget
+    "_preauth": 0,              # bytes of an incomplete CONNECT charged to the node's pre-auth budget
+    "alias_bytes": 0,           # topic characters behind out_aliases
+}
+
+
+class _Rare:
+    __slots__ = tuple(_RARE)
+
+    def __init__(self):
+        for name, default in _RARE.items():
+            setattr(self, name, default)
+
+
+class _RareField:
+    __slots__ = ("name", "default")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.default = _RARE[name]
+
+    def __get__(self, ch, owner=None):
+        if ch is None:
+            return self
+        rare = ch._rare
+        return self.default if rare is None else getattr(rare, self.name)
+
+    def __set__(self, ch, value) -> None:
+        rare = ch._rare
+        if rare is None:
+            if value is self.default or (value.__class__ is self.default.__class__ and value == self.default):
+                return
+            rare = ch._rare = _Rare()
+        setattr(rare, self.name, value)
+
 # Reason codes a server may put in DISCONNECT (MQTT 5.0 section 3.14.2.1); a
 # peer error with any other code is reported as 0x82 Protocol Error.
 DISCONNECT_CODES = frozenset({
@@ -102,22 +152,22 @@ class ChannelLimits:
 
 class Channel:
     __slots__ = (
-        "broker", "limits", "hooks", "peer", "listener", "decoder", "out", "state", "version",
+        "broker", "limits", "hooks", "_peer", "listener", "decoder", "out", "state", "version",
         "client_id", "username", "session", "ns", "will", "keepalive", "created_at", "last_rx",
-        "connected_at", "in_aliases", "out_aliases", "client_max_packet", "client_alias_max",
-        "send_window", "problem_info", "congested", "blocked", "pending", "max_pending", "inbound_pending", "_acks", "_held", "close_reason",
-        "msgs_in", "msgs_out", "bytes_in", "bytes_out", "qos_in", "qos_out", "tenant", "identity", "response_requested",
-        "acl", "quota", "limit_in", "limit_out", "valid_until", "cert", "cert_cn", "throttled_since", "shaping",
-        "_rate_held", "paced", "_preauth", "alias_bytes",
+        "connected_at", "in_aliases", "out_aliases", "client_max_packet",
+        "send_window", "congested", "blocked", "pending", "max_pending", "inbound_pending", "_acks", "_held", "close_reason",
+        "msgs_in", "msgs_out", "bytes_in", "bytes_out", "qos_in", "qos_out", "tenant", "identity",
+        "acl", "quota", "limit_in", "limit_out", "throttled_since", "shaping",
+        "_rate_held", "_rare",
         "__weakref__",
     )
 
     def __init__(self, broker: ChannelBroker, limits: ChannelLimits, hooks: TransportHooks, now: float = 0.0,
-                 peer: str = "", listener: str = ""):
+                 peer: str | None = "", listener: str = ""):
         self.broker = broker
         self.limits = limits
         self.hooks = hooks
-        self.peer = peer
+        self._peer = peer               # None: asked of the transport when needed (hooks.peer_address)
         self.listener = listener
         self.decoder = FrameDecoder(limits.max_packet_size, max_connect_size=limits.max_connect_size)
         self.out: list[bytes] = []
@@ -133,24 +183,19 @@ class Channel:
         self.quota = None               # its tenant's quota (dict) or None
         self.limit_in = None            # inbound rate limiter (msgs and bytes per second)
         self.limit_out = None           # outbound rate limiter
-        self.valid_until = None         # wall clock at which its credential expires
-        self.cert = None                # DER client certificate on a TLS listener, if any
-        self.cert_cn = None             # its subject CN when it was verified
         self.throttled_since = None     # inbound over its rate since (abuse detection)
         self.shaping = False            # outbound over its rate: deliveries wait
+        self._rare = None               # the fields of _RARE, once one differs from its default
         self._rate_held = None          # packets waiting for the inbound rate limit
         self.will = None
         self.keepalive = 0
         self.created_at = now
         self.last_rx = now
         self.connected_at = None
-        self.in_aliases: dict[int, str] = {}
+        self.in_aliases: dict[int, str] | None = None   # made by the client's first Topic Alias
         self.out_aliases: dict[str, int] | None = None
         self.client_max_packet = MAX_PACKET_SIZE
-        self.client_alias_max = 0
         self.send_window = limits.max_inflight
-        self.problem_info = True
-        self.response_requested = False
         self.congested = False          # the transport's write buffer is above its high mark
         self.blocked = False            # deliveries must queue: congested, or the queue is not empty
         self.pending = 0                # bytes added to ``out`` since the transport last wrote it
@@ -163,14 +208,21 @@ class Channel:
         self.msgs_out = 0
         self.bytes_in = 0
         self.bytes_out = 0
-        self.qos_in = [0, 0, 0]         # PUBLISHes at QoS 1 and 2 (index 0 unused: QoS 0 = msgs - the others)
-        self.qos_out = [0, 0, 0]
-        self.paced = 0                  # times its input was paused because its messages filled the queue budget
-        self._preauth = 0               # bytes of an incomplete CONNECT charged to the node's pre-auth budget
-        self.alias_bytes = 0            # topic characters behind out_aliases
+        self.qos_in = _ZEROS            # PUBLISHes at QoS 1 and 2 (index 0 unused: QoS 0 = msgs - the others);
+        self.qos_out = _ZEROS           # a list from the first (an idle connection shares _ZEROS)
 
     def __repr__(self):
         return f"<Channel {self.client_id!r} {self.peer} state={self.state}>"
+
+    @property
+    def peer(self) -> str:
+        """The client's address ("host:port"): built when asked, not kept on every connection."""
+        peer = self._peer
+        return self.hooks.peer_address() if peer is None else peer
+
+    @peer.setter
+    def peer(self, value: str) -> None:
+        self._peer = value
 
     # ------------------------------------------------------------------ input
 
@@ -475,17 +527,23 @@ class Channel:
     def _on_publish(self, p: Publish, now: float) -> None:
         self.msgs_in += 1
         if p.qos:
-            self.qos_in[p.qos] += 1
+            counts = self.qos_in
+            if counts is _ZEROS:
+                counts = self.qos_in = [0, 0, 0]
+            counts[p.qos] += 1
         props = p.properties
         if props is not None:
             alias = props.pop(P.TOPIC_ALIAS, None)
             if alias is not None:
                 if alias == 0 or alias > self.limits.topic_alias_maximum:
                     raise RemoteProtocolError("topic alias out of range", rc.TOPIC_ALIAS_INVALID)
+                aliases = self.in_aliases
                 if p.topic:
-                    self.in_aliases[alias] = p.topic
+                    if aliases is None:
+                        aliases = self.in_aliases = {}
+                    aliases[alias] = p.topic
                 else:
-                    topic = self.in_aliases.get(alias)
+                    topic = aliases.get(alias) if aliases is not None else None
                     if topic is None:
                         raise RemoteProtocolError("unknown topic alias")
                     p.topic = topic
@@ -541,6 +599,8 @@ class Channel:
         code = self.broker.publish(p, self, now, pid)
         if code is None or code < 0x80:
             # counted against Receive Maximum from now until its PUBCOMP (also while the PUBREC waits)
+            if awaiting is NO_IDS:
+                awaiting = self.session.awaiting_rel = set()
             awaiting.add(pid)
         self._queue_ack(PUBREC, pid, code)
 
@@ -578,7 +638,7 @@ class Channel:
 
     def _final_ack(self, kind: int, pid: int, code: int) -> None:
         if code >= 0x80:
-            if kind == PUBREC:
+            if kind == PUBREC and pid in self.session.awaiting_rel:
                 self.session.awaiting_rel.discard(pid)
             if code == rc.PACKET_TOO_LARGE:
                 self.disconnect(code, "payload above the tenant's maximum", self.last_rx)
@@ -834,7 +894,10 @@ class Channel:
                     self._rate_out(len(data), now)
                 return True
             head = publish_head(msg.topic.encode(), qos, retain, dup, pid, None, len(payload))
-            self.qos_out[qos] += 1
+            counts = self.qos_out
+            if counts is _ZEROS:
+                counts = self.qos_out = [0, 0, 0]
+            counts[qos] += 1
             out = self.out
             if not out:
                 self.hooks.wake()
@@ -893,7 +956,10 @@ class Channel:
             # the alias is established only by a PUBLISH that is actually sent
             aliases[topic] = new_alias
             self.alias_bytes += len(topic)
-        self.qos_out[qos] += 1
+        counts = self.qos_out
+        if counts is _ZEROS:
+            counts = self.qos_out = [0, 0, 0]
+        counts[qos] += 1
         out = self.out
         if not out:
             self.hooks.wake()
@@ -1013,6 +1079,9 @@ class Channel:
             self.state = CLOSED
             self.hooks.close()
 
+
+for _name in _RARE:
+    setattr(Channel, _name, _RareField(_name))
 
 _HANDLERS = [None] * 16
 _HANDLERS[CONNECT] = Channel._on_connect_again

@@ -37,6 +37,9 @@ class TransportHooks(Protocol):
     def throttle_output(self, wait: float) -> None:
         """Over the outbound rate: ``channel.resume_output`` in ``wait`` s."""
 
+    def peer_address(self) -> str:
+        """The client's address ("host:port"), for a Channel made with ``peer=None``."""
+
 
 class ChannelBroker(Protocol):
     # ------------------------------------------------------------ connection

@@ -15,6 +15,7 @@ walks a namespace.
 
 import random
 from collections.abc import Iterator
+from types import MappingProxyType
 
 from ..metrics.counters import TenantCounters
 from ..session.session import Session, Subscription
@@ -30,6 +31,9 @@ ROUTE_CACHE_NODE_BYTES = 128 * 1024 * 1024
 ROUTE_ENTRY_COST = 200
 ROUTE_SUB_COST = 96
 
+# the shared groups of a route that has none (most): one read-only mapping, a dict from the first group
+_NO_GROUPS = MappingProxyType({})
+
 
 class Route:
     """What a topic filter maps to: plain subscribers and shared groups."""
@@ -38,7 +42,7 @@ class Route:
 
     def __init__(self):
         self.subs: dict[Session, Subscription] = {}
-        self.groups: dict[str, SharedGroup] = {}
+        self.groups: dict[str, SharedGroup] = _NO_GROUPS
 
     def __bool__(self):
         return bool(self.subs) or bool(self.groups)
@@ -206,6 +210,8 @@ class Router:
         else:
             g = route.groups.get(sub.group)
             if g is None:
+                if route.groups is _NO_GROUPS:
+                    route.groups = {}
                 g = route.groups[sub.group] = SharedGroup(sub.group, inner)
             g.add(session, sub)
         ns.cache.clear()

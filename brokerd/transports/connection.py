@@ -8,6 +8,7 @@ event-loop iteration leaves in one ``transport.write``.
 
 import asyncio
 import logging
+import sys
 
 from ..budget import PAUSE_BUDGET as _BUDGET
 from ..protocol.channel import Channel
@@ -26,10 +27,11 @@ class Flusher:
     ``after`` runs after each round of writes (the server's budget check).
     """
 
-    __slots__ = ("call_soon", "pending", "after")
+    __slots__ = ("call_soon", "pending", "after", "time")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, after=None):
         self.call_soon = loop.call_soon
+        self.time = loop.time           # one bound method for every connection (64 bytes each otherwise)
         self.pending: list = []
         self.after = after
 
@@ -122,6 +124,9 @@ class _Closed:
     def throttle_output(self, wait):
         pass
 
+    def peer_address(self):
+        return ""
+
 
 _CLOSED = _Closed()
 
@@ -135,8 +140,8 @@ class MqttConnection(asyncio.Protocol):
         self.listener = listener
         self.transport = None
         self.channel = None
-        self.time = server.loop.time
-        self.flusher = server.flusher
+        self.flusher = flusher = server.flusher
+        self.time = flusher.time
         self.closed = False
         self.paused = 0
         self.ws_free = not listener.websocket     # bytes go to the transport as they are
@@ -147,10 +152,10 @@ class MqttConnection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        peer = transport.get_extra_info("peername")
-        peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
         server = self.server
-        self.channel = ch = Channel(server.broker, server.limits, self, self.time(), peer, self.listener.url)
+        # the listener's URL: one string for all its connections
+        self.channel = ch = Channel(server.broker, server.limits, self, self.time(), None,
+                                    sys.intern(self.listener.url))
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is not None:
             ch.cert = ssl_object.getpeercert(binary_form=True)
@@ -200,6 +205,12 @@ class MqttConnection(asyncio.Protocol):
 
     def wake(self) -> None:
         self.flusher.add(self)
+
+    def peer_address(self) -> str:
+        """The client's "host:port", built when asked (auth throttle, logs): not kept per connection."""
+        transport = self.transport
+        peer = transport.get_extra_info("peername") if transport is not None else None
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer or "")
 
     def flush(self) -> None:
         ch = self.channel

@@ -129,13 +129,21 @@ def test_trie_discard_prunes_every_branch(filts):
 
 def test_trie_discard_keeps_branches_still_in_use():
     trie = TopicTrie()
-    trie.setdefault("a/b/c", lambda: 1)
-    trie.setdefault("a", lambda: 2)
+    trie.setdefault("a/+/c", lambda: 1)
+    trie.setdefault("a/+", lambda: 2)
+    trie.discard("a/+/c")
+    assert trie._root.children["a"].children["+"].children == {}
+    assert trie.match("a/x") == [2]
+    trie.discard("a/+/d")  # not a stored filter: nothing happens
+    assert trie.get("a/+") == 2
+    # filters without wildcards (kept apart from the tree) the same way
+    trie.setdefault("a/b/c", lambda: 3)
+    trie.setdefault("a", lambda: 4)
     trie.discard("a/b/c")
-    assert trie._root.children["a"].children == {}
-    assert trie.match("a") == [2]
-    trie.discard("a/b")  # not a stored filter: nothing happens
-    assert trie.get("a") == 2
+    assert trie.match("a") == [4]
+    trie.discard("a/b")
+    assert trie.get("a") == 4
+    assert len(trie) == 2
 
 
 def test_trie_setdefault_keeps_existing_value():
