@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from .cluster.handshake import MIN_SECRET
+from .integrations.webhook import Allowance
 from .protocol.properties import NEVER
 from .store import open_store
 from .tenancy.source import PolicyDatabase
@@ -123,6 +124,11 @@ class Config:
     advertise_host: str | None = None
     server_reference: str | None = None
     anonymous_tenant: str = "default"
+    # rules' webhooks (brokerd.integrations.webhook): where they may go, and what they may hold
+    rules_webhook_allow: str = "public"
+    rules_webhook_buffer: int = 16 * 1024 * 1024
+    rules_webhook_tenant_buffer: int = 1024 * 1024
+    rules_webhook_concurrency: int = 16
 
     def link_secret(self) -> bytes | None:
         """The cluster secret the node links prove (``--cluster-secret-file``,
@@ -193,6 +199,15 @@ class Config:
             host, _, port = self.server_reference.rpartition(":")
             if not host or not port.isdigit():
                 raise ConfigError("--server-reference must be HOST:PORT")
+        try:
+            Allowance(self.rules_webhook_allow)
+        except ValueError as exc:
+            raise ConfigError(f"--rules-webhook-allow: {exc}")
+        if self.rules_webhook_tenant_buffer < 1024 or self.rules_webhook_buffer < self.rules_webhook_tenant_buffer:
+            raise ConfigError("--rules-webhook-tenant-buffer must be at least 1024 bytes and at most "
+                              "--rules-webhook-buffer")
+        if not 1 <= self.rules_webhook_concurrency <= 1024:
+            raise ConfigError("--rules-webhook-concurrency must be 1..1024")
         if self.control_plane:
             try:
                 PolicyDatabase(self.control_plane)
@@ -367,6 +382,16 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--history-interval", type=float, metavar="SECONDS",
                    help="metrics history rows into the control plane's metrics_sample table every SECONDS "
                         "(default 60: per minute, as the console's charts expect; 0 disables)")
+    p.add_argument("--rules-webhook-allow", metavar="LIST",
+                   help="where rules' webhooks may go: 'public' (global addresses), addresses/CIDRs, host names "
+                        "('.example.com': its subdomains), separated by commas (default: public; '' or 'none': "
+                        "nowhere). Loopback, private and link-local addresses only if listed")
+    p.add_argument("--rules-webhook-buffer", type=int, metavar="BYTES",
+                   help="webhook requests waiting on this node, in bytes; the oldest is dropped past it (16 MiB)")
+    p.add_argument("--rules-webhook-tenant-buffer", type=int, metavar="BYTES",
+                   help="webhook requests waiting per tenant, in bytes; its oldest is dropped past it (1 MiB)")
+    p.add_argument("--rules-webhook-concurrency", type=int, metavar="N",
+                   help="webhook requests in flight on this node (16)")
     return p
 
 
