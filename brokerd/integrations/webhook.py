@@ -223,6 +223,7 @@ class WebhookSender:
                 state.fail(error, self.wall())
                 return
             attempt += 1
+            state.retried += 1
             await asyncio.sleep(delay)
             delay = min(delay * 2, MAX_BACKOFF)
 

@@ -28,7 +28,7 @@ log = logging.getLogger("brokerd.rules")
 
 class RuleState:
     __slots__ = ("id", "sql", "kind", "config", "enabled", "rule", "action", "broken", "matched", "passed",
-                 "no_result", "failed", "last_error", "last_error_at", "sent", "dropped")
+                 "no_result", "failed", "last_error", "last_error_at", "sent", "retried", "dropped")
 
     def __init__(self, spec: dict):
         self.id = int(spec["id"])
@@ -37,7 +37,7 @@ class RuleState:
         self.config = spec.get("config") or {}
         self.enabled = bool(spec.get("enabled", True))
         self.rule = self.action = self.broken = None
-        self.matched = self.passed = self.no_result = self.failed = self.sent = self.dropped = 0
+        self.matched = self.passed = self.no_result = self.failed = self.sent = self.retried = self.dropped = 0
         self.last_error = self.last_error_at = None
         from .compiler import compile_rule  # sqlglot: loaded by the first rule a node gets (errors.py)
 
@@ -63,7 +63,7 @@ class RuleState:
                 "enabled": self.enabled, "loaded": self.broken is None, "matched": self.matched,
                 "passed": self.passed, "no_result": self.no_result, "failed": self.failed,
                 "last_error": self.last_error, "last_error_at": self.last_error_at,
-                **({"sent": self.sent, "dropped": self.dropped} if self.kind == "webhook" else {})}
+                **({"sent": self.sent, "retried": self.retried, "dropped": self.dropped} if self.kind == "webhook" else {})}
 
 
 TOPIC_CACHE = 4096        # topics whose matching rules a tenant's table remembers (cleared when full)
