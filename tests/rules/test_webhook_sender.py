@@ -4,8 +4,10 @@ allowance accepts (on resolved addresses), and the byte bounds of its buffer
 test_webhook_e2e.py."""
 
 import asyncio
+import ssl
 
 import pytest
+import trustme
 
 from brokerd.config import ConfigError, load
 from brokerd.integrations.webhook import Allowance, Refused, WebhookSender
@@ -76,6 +78,35 @@ def test_every_resolved_address_is_checked():
     with pytest.raises(Refused, match=r"10\.0\.0\.1"):       # a name may not mix an allowed address with others
         asyncio.run(sender._send(request(b"{}")))
     assert seen == ["hooks.example.com"]
+
+
+def test_https_with_a_trusted_certificate_is_sent_with_the_host_name_verified():
+    from .test_webhook_e2e import Hook
+
+    ca = trustme.CA()
+    server_side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("hooks.test").configure_cert(server_side)
+    hook = Hook(tls=server_side)
+
+    async def resolve(host, port):                 # hooks.test is 127.0.0.1 here
+        return [(2, 1, 6, "", ("127.0.0.1", port))]
+
+    async def send(host):
+        sender = WebhookSender(Allowance("127.0.0.1"), 1 << 20, 1 << 16, 1, resolve=resolve)
+        sender._ssl = ssl.create_default_context()
+        ca.configure_trust(sender._ssl)            # the node's trust store, with the test CA in it
+        req = WebhookRequest("POST", "https", host, hook.port, "/t?x=1", (("X-A", "b"),), b"{}", 5.0, 0)
+        return await sender._send(req)
+
+    try:
+        assert asyncio.run(send("hooks.test")) == 200
+        method, path, headers, body = hook.next()
+        assert (method, path, headers["X-A"], headers["Host"], body) == (
+            "POST", "/t?x=1", "b", f"hooks.test:{hook.port}", b"{}")
+        with pytest.raises(ssl.SSLCertVerificationError, match="Hostname mismatch"):
+            asyncio.run(send("other.test"))        # the certificate is checked against the URL's host
+    finally:
+        hook.close()
 
 
 def test_the_settings_come_from_flags_environment_and_are_checked():
