@@ -10,7 +10,7 @@ tenant holding the most bytes), counted in the rule's ``dropped`` and
 ``failed``, and logged as a warning (at most once per 10 s per node).
 
 ``--rules-webhook-concurrency`` workers take requests round-robin over the
-tenants and send them with a small HTTP/1.1 client (``Connection: close``,
+tenants (one tenant at most half of them) and send them with a small HTTP/1.1 client (``Connection: close``,
 one request per connection, TLS verified against the system's CAs with the
 URL's host name). A request that fails (connection error, timeout, 5xx, 408,
 429) is tried again up to the rule's ``retries`` times after 0.5 s, 1 s, 2 s,
@@ -113,6 +113,9 @@ class WebhookSender:
         self.allowance = allowance
         self.node_bytes, self.tenant_bytes = node_bytes, tenant_bytes
         self.concurrency = concurrency
+        # one tenant holds at most half the workers (a dead endpoint in its backoffs cannot starve the others)
+        self.per_tenant = max(1, concurrency // 2)
+        self.inflight: dict[str, int] = {}          # tenant -> requests its workers are sending
         self.queues: dict[str, deque] = {}         # tenant -> its jobs, oldest first
         self.queued: dict[str, int] = {}           # tenant -> bytes
         self.total = 0                             # bytes queued on the node
@@ -179,13 +182,17 @@ class WebhookSender:
         self._workers = [asyncio.get_running_loop().create_task(self._worker()) for _ in range(self.concurrency)]
 
     def _next(self) -> Job | None:
-        if not self.queues:
+        """The oldest request of the first tenant (in turn) below its share of the workers."""
+        for tenant in self.queues:
+            if self.inflight.get(tenant, 0) < self.per_tenant:
+                break
+        else:
             return None
-        tenant = next(iter(self.queues))
         job = self._pop(tenant)
         if tenant in self.queues:                  # round robin: the tenant goes to the back
             self.queues[tenant] = self.queues.pop(tenant)
             self.queued[tenant] = self.queued.pop(tenant)
+        self.inflight[tenant] = self.inflight.get(tenant, 0) + 1
         return job
 
     async def _worker(self) -> None:
@@ -195,7 +202,15 @@ class WebhookSender:
                 self._ready.clear()
                 await self._ready.wait()
                 continue
-            await self._deliver(job)
+            try:
+                await self._deliver(job)
+            finally:
+                left = self.inflight[job.tenant] - 1
+                if left:
+                    self.inflight[job.tenant] = left
+                else:
+                    del self.inflight[job.tenant]
+                self._ready.set()                  # a tenant at its share may go on
 
     async def _deliver(self, job: Job) -> None:
         req, state = job.req, job.state
@@ -258,13 +273,9 @@ class WebhookSender:
             parts = line.split(None, 2)
             if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
                 raise ValueError(f"not an HTTP response: {line[:60]!r}")
-            return int(parts[1])             # the rest (headers, body) is not read: the connection closes
+            return int(parts[1])             # the rest (headers, body) is not read
         finally:
-            writer.close()
-            try:
-                await writer.wait_closed()
-            except (OSError, ssl.SSLError):
-                pass
+            writer.transport.abort()         # no waiting for a close handshake once the status is known
 
     async def close(self) -> None:
         self.closed = True

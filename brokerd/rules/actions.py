@@ -148,6 +148,7 @@ def split_url(url: str):
         raise ActionError(f"webhook: bad host or port in {url[:80]!r}")
     if not re.fullmatch(r"[A-Za-z0-9.:_-]+", host):
         raise ActionError(f"webhook: bad host {host[:80]!r}")
+    path = path.partition("#")[0]                # a fragment is not sent
     target = (slash + path) if slash else (path or "/")
     if not target.startswith(("/", "?")):
         target = "/" + target

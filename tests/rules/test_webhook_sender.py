@@ -147,3 +147,31 @@ def test_the_buffer_is_bounded_in_bytes_and_drops_the_oldest():
         await sender.close()
 
     asyncio.run(scenario())
+
+
+def test_one_tenant_holds_at_most_half_the_workers():
+    async def scenario():
+        sender = WebhookSender(Allowance("public"), 1 << 20, 1 << 16, concurrency=4)
+        release = asyncio.Event()
+        busy: list = []
+
+        async def deliver(job):                     # an endpoint that hangs until released
+            busy.append(job.tenant)
+            await release.wait()
+
+        sender._deliver = deliver
+        state = State()
+        for _ in range(5):
+            sender.submit("acme", request(b"{}"), state)
+        sender.submit("globex", request(b"{}"), state)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert sorted(busy) == ["acme", "acme", "globex"]     # acme waits at 2 of 4, globex is served
+        assert len(sender.queues["acme"]) == 3
+        release.set()
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert busy.count("acme") == 5 and not sender.queues and not sender.inflight
+        await sender.close()
+
+    asyncio.run(scenario())
