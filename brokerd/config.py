@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from .cluster.handshake import MIN_SECRET
+from .integrations.webhook import Allowance
 from .protocol.properties import NEVER
 from .store import open_store
 from .tenancy.source import PolicyDatabase
@@ -127,6 +128,12 @@ class Config:
     # worker processes per host sharing the listeners (SO_REUSEPORT): a number or "auto" (the usable cores)
     workers: str = "1"
 
+    # rules' webhooks (brokerd.integrations.webhook): where they may go, and what they may hold
+    rules_webhook_allow: str = "public"
+    rules_webhook_buffer: int = 16 * 1024 * 1024
+    rules_webhook_tenant_buffer: int = 1024 * 1024
+    rules_webhook_concurrency: int = 16
+
     def worker_count(self) -> int:
         """--workers as a number ("auto": the cores this process may run on)."""
         if self.workers.strip().lower() == "auto":
@@ -203,6 +210,15 @@ class Config:
             if not host or not port.isdigit():
                 raise ConfigError("--server-reference must be HOST:PORT")
         self._validate_workers()
+        try:
+            Allowance(self.rules_webhook_allow)
+        except ValueError as exc:
+            raise ConfigError(f"--rules-webhook-allow: {exc}")
+        if self.rules_webhook_tenant_buffer < 1024 or self.rules_webhook_buffer < self.rules_webhook_tenant_buffer:
+            raise ConfigError("--rules-webhook-tenant-buffer must be at least 1024 bytes and at most "
+                              "--rules-webhook-buffer")
+        if not 1 <= self.rules_webhook_concurrency <= 1024:
+            raise ConfigError("--rules-webhook-concurrency must be 1..1024")
         if self.control_plane:
             try:
                 PolicyDatabase(self.control_plane)
@@ -400,6 +416,16 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--history-interval", type=float, metavar="SECONDS",
                    help="metrics history rows into the control plane's metrics_sample table every SECONDS "
                         "(default 60: per minute, as the console's charts expect; 0 disables)")
+    p.add_argument("--rules-webhook-allow", metavar="LIST",
+                   help="where rules' webhooks may go: 'public' (global addresses), addresses/CIDRs, host names "
+                        "('.example.com': its subdomains), separated by commas (default: public; '' or 'none': "
+                        "nowhere). Loopback, private and link-local addresses only if listed")
+    p.add_argument("--rules-webhook-buffer", type=int, metavar="BYTES",
+                   help="webhook requests waiting on this node, in bytes; the oldest is dropped past it (16 MiB)")
+    p.add_argument("--rules-webhook-tenant-buffer", type=int, metavar="BYTES",
+                   help="webhook requests waiting per tenant, in bytes; its oldest is dropped past it (1 MiB)")
+    p.add_argument("--rules-webhook-concurrency", type=int, metavar="N",
+                   help="webhook requests in flight on this node (16)")
     return p
 
 

@@ -28,6 +28,7 @@ from .cluster.bus import Bus
 from .cluster.node import ClusterError, ClusterNode
 from .cluster.peers import LinkSettings
 from .config import Config, ConfigError, Listener, load
+from .integrations.webhook import Allowance, WebhookSender
 from .metrics import LatencySampler, LoopMonitor
 from .metrics.history_writer import History
 from .metrics.usage import UsageLog
@@ -121,7 +122,11 @@ class Server:
         )
         self.broker.wall_offset = time.time() - now
         self.policy_source: PolicySource | None = None
-        self.rule_engine = RuleEngine(self.broker.rules)     # the tenants' rules, from their policy snapshots
+        allow = "" if config.rules_webhook_allow.strip().lower() == "none" else config.rules_webhook_allow
+        self.webhooks = WebhookSender(Allowance(allow), config.rules_webhook_buffer,
+                                      config.rules_webhook_tenant_buffer, config.rules_webhook_concurrency)
+        # the tenants' rules, from their policy snapshots; webhooks are queued to the sender
+        self.rule_engine = RuleEngine(self.broker.rules, webhook=self.webhooks.submit)
         self.admin: AdminApi | None = None
         self.admin_tokens = AdminTokens()
         if config.control_plane:
@@ -281,6 +286,7 @@ class Server:
             await self.cluster.start()
             self.broker.attach_cluster(self.cluster)
         self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+        self._own_ports()
         self.sys.tick(self.loop.time())
         self.loop_monitor.start()
         if self.config.usage_dir:
@@ -319,7 +325,21 @@ class Server:
                         self.broker.preauth.limit)
             self._preauth_logged = (refused, sweeps)
 
+    def _own_ports(self) -> None:
+        """What a rule's webhook may never call: this node's own listeners."""
+        ports = {lst.port for lst in self.bound}
+        hosts = {lst.host for lst in self.bound}
+        for address in (self.admin.address if self.admin is not None else None,
+                        self.config.cluster_listen if self.config.cluster else None):
+            if address:
+                host, _, port = address.rpartition(":")
+                if port.isdigit() and int(port):
+                    ports.add(int(port))
+                    hosts.add(host.strip("[]"))
+        self.webhooks.allowance.set_own(ports, hosts)
+
     async def stop(self, timeout: float = 5.0) -> None:
+        await self.webhooks.close()
         for srv in self.servers:
             srv.close()
         self.loop_monitor.stop()

@@ -7,8 +7,11 @@ every node can load, and ``test_rule`` shows what a node would output.
 Every change runs in one transaction that writes the tenant's policy
 snapshot (the nodes have it within about a second) and one audit row.
 
-The webhook and store actions are refused for now: the nodes do not run
-them yet, and a stored rule that does nothing would mislead.
+A webhook's URL must be http:// or https:// with a literal host (checked
+here); whether the node may reach that host is the node's own decision
+(``--rules-webhook-allow``, checked on the resolved address when it sends).
+The store action is refused for now: the nodes do not run it yet, and a
+stored rule that does nothing would mislead.
 """
 
 import json

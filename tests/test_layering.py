@@ -19,7 +19,7 @@ each with its reason (none of them may exist to break a circle).
 brokerd has its own layers (DESIGN.md, README *How it is built*): the
 protocol core is sans-IO -- no asyncio, no clock, no sockets, no storage --
 and so are the session, the router and the broker; only ``transports``,
-``cluster``, ``admin``, ``store`` and ``server`` do I/O; nothing in brokerd
+``cluster``, ``admin``, ``store``, ``integrations`` and ``server`` do I/O; nothing in brokerd
 imports Django or the console's apps (it reads the console's tables with
 plain SQL, ``tenancy/source.py``).
 
@@ -44,7 +44,7 @@ ACYCLIC = DJANGO_APPS + ("brokerd",)
 # what brokerd's pure layers may not reach: I/O, the clock, and the layers that do I/O
 IO = ("asyncio", "uvloop", "socket", "ssl", "selectors", "time", "sqlite3", "happybase", "redis", "psycopg", "h11",
       "wsproto", "brokerd.transports", "brokerd.cluster", "brokerd.admin", "brokerd.store", "brokerd.server",
-      "brokerd.persistence")
+      "brokerd.persistence", "brokerd.integrations")
 DJANGO_SIDE = ("django", "channels", "celery", "console", "core", "tenants", "metrics", "spark_reports")
 
 
@@ -75,6 +75,10 @@ RULES = [
     Rule("brokerd.rules", IO + ("brokerd.broker", "brokerd.registry", "brokerd.tenancy"),
          "the rule engine is pure (the console compiles rules with it too): the broker is handed in"),
     Rule("brokerd.metrics.counters", IO, "counters are pure (the console reads DROP_REASONS)"),
+    Rule("brokerd.integrations", ("brokerd.broker", "brokerd.registry", "brokerd.routing", "brokerd.session",
+                                  "brokerd.protocol", "brokerd.tenancy", "brokerd.rules", "brokerd.server"),
+         "the senders of rules' actions get rendered requests and the rule's counters; they reach nothing of the "
+         "broker (server.py wires them)"),
 ]
 
 # (importer, imported) -> why the import is made inside a function

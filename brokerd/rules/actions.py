@@ -11,12 +11,22 @@ counts as a failure of the rule (``last_error`` says why); nothing is
 published. The payload is the output row as JSON unless a payload template
 is given. Republished messages do not run rules again (no loops).
 
-``webhook`` and ``store`` are named in the configuration's vocabulary but
-not run by this version: ``validate`` refuses them, so no rule that would do
-nothing is ever stored.
+``webhook`` -- config ``{"url": TEMPLATE, "method": "POST", "headers":
+{NAME: TEMPLATE}, "body": TEMPLATE or null, "timeout": SECONDS, "retries":
+N}``. ``Webhook.message`` renders the request (a ``WebhookRequest``: method,
+URL, headers, body -- the output row as JSON unless a body template is
+given); sending it is the I/O layer's business (``brokerd.integrations.webhook``:
+a bounded buffer, the destination allowance, timeouts, retries). The URL's
+scheme (http or https) and host are literal -- a template may fill in the
+path and the query, never the destination.
+
+``store`` is named in the configuration's vocabulary but not run by this
+version: ``validate`` refuses it, so no rule that would do nothing is ever
+stored.
 """
 
 import json
+import re
 
 from ..protocol.packets import Publish
 from ..protocol.properties import USER_PROPERTY
@@ -24,7 +34,15 @@ from ..routing.topic import is_valid_name
 from .template import Template, TemplateError
 
 KINDS = ("republish", "webhook", "store")
-RUNNABLE = ("republish",)
+RUNNABLE = ("republish", "webhook")
+METHODS = ("POST", "PUT", "PATCH", "GET", "DELETE")
+MAX_URL = 8192
+MAX_TIMEOUT = 60.0
+MAX_RETRIES = 10
+# set by the sender: a rule may not set them (framing and the destination are the sender's)
+RESERVED_HEADERS = ("host", "content-length", "transfer-encoding", "connection", "te", "upgrade", "trailer")
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 MAX_TOPIC_BYTES = 65535
 _to_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str).encode   # made once
 
@@ -38,9 +56,11 @@ def validate(kind: str, config: dict) -> dict:
     if kind not in KINDS:
         raise ActionError(f"unknown action {kind!r}: one of {', '.join(KINDS)}")
     if kind not in RUNNABLE:
-        raise ActionError(f"the {kind} action is not available yet (this version runs republish only)")
+        raise ActionError(f"the {kind} action is not available yet (this version runs republish and webhook)")
     if not isinstance(config, dict):
         raise ActionError("an action's configuration is a JSON object")
+    if kind == "webhook":
+        return validate_webhook(config)
     unknown = set(config) - {"topic", "qos", "retain", "payload", "user_properties"}
     if unknown:
         raise ActionError(f"republish: unknown settings {', '.join(sorted(unknown))}")
@@ -104,7 +124,131 @@ class Republish:
         return Publish(topic, payload, self.qos, self.retain, properties=props)
 
 
+def split_url(url: str):
+    """``(scheme, host, port, target)`` of an http(s) URL whose scheme and host
+    are literal; ActionError otherwise."""
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in ("http", "https"):
+        raise ActionError(f"webhook: the URL must start with http:// or https://, not {url[:40]!r}")
+    authority, slash, path = rest.partition("/")
+    if "?" in authority:
+        authority, q, query = authority.partition("?")
+        path, slash = "?" + query, ""
+    if "${" in authority:
+        raise ActionError("webhook: the URL's host and port are literal (a template may fill in the path and query)")
+    if "@" in authority:
+        raise ActionError("webhook: the URL may not carry user:password@ (use a header)")
+    if authority.startswith("["):
+        host, _, port = authority[1:].partition("]")
+        port = port[1:] if port.startswith(":") else ("" if not port else None)
+    else:
+        host, _, port = authority.partition(":")
+    if not host or port is None or (port and not port.isdigit()) or (port and not 0 < int(port) < 65536):
+        raise ActionError(f"webhook: bad host or port in {url[:80]!r}")
+    if not re.fullmatch(r"[A-Za-z0-9.:_-]+", host):
+        raise ActionError(f"webhook: bad host {host[:80]!r}")
+    path = path.partition("#")[0]                # a fragment is not sent
+    target = (slash + path) if slash else (path or "/")
+    if not target.startswith(("/", "?")):
+        target = "/" + target
+    if target.startswith("?"):
+        target = "/" + target
+    return scheme, host.lower(), int(port) if port else (443 if scheme == "https" else 80), target
+
+
+def validate_webhook(config: dict) -> dict:
+    unknown = set(config) - {"url", "method", "headers", "body", "timeout", "retries"}
+    if unknown:
+        raise ActionError(f"webhook: unknown settings {', '.join(sorted(unknown))}")
+    url = config.get("url")
+    if not isinstance(url, str) or not url:
+        raise ActionError("webhook: a URL (template) is required")
+    if len(url) > MAX_URL or _BAD_VALUE.search(url) or " " in url:
+        raise ActionError("webhook: the URL may not hold spaces or control characters")
+    split_url(url)
+    method = config.get("method", "POST")
+    if not isinstance(method, str) or method.upper() not in METHODS:
+        raise ActionError(f"webhook: method is one of {', '.join(METHODS)}")
+    headers = config.get("headers") or {}
+    if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        raise ActionError("webhook: headers map names to template strings")
+    for name, value in headers.items():
+        if not _TOKEN.fullmatch(name):
+            raise ActionError(f"webhook: bad header name {name!r}")
+        if name.lower() in RESERVED_HEADERS:
+            raise ActionError(f"webhook: the {name} header is set by the sender")
+        if _BAD_VALUE.search(value):
+            raise ActionError(f"webhook: header {name}: control characters")
+    body = config.get("body")
+    if body is not None and not isinstance(body, str):
+        raise ActionError("webhook: body is a template string")
+    timeout = config.get("timeout", 5.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
+        raise ActionError(f"webhook: timeout is more than 0 and at most {MAX_TIMEOUT:g} seconds")
+    retries = config.get("retries", 3)
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
+        raise ActionError(f"webhook: retries is 0..{MAX_RETRIES}")
+    try:
+        for text in [url, body or "", *headers.values()]:
+            Template(text)
+    except TemplateError as exc:
+        raise ActionError(f"webhook: {exc}") from None
+    out = {"url": url, "method": method.upper(), "timeout": float(timeout), "retries": retries}
+    if headers:
+        out["headers"] = headers
+    if body is not None:
+        out["body"] = body
+    return out
+
+
+class WebhookRequest:
+    """A rendered request, handed to the sender (``size``: what it holds in the buffer)."""
+    __slots__ = ("method", "scheme", "host", "port", "target", "headers", "body", "timeout", "retries", "size")
+
+    def __init__(self, method, scheme, host, port, target, headers, body, timeout, retries):
+        self.method, self.scheme, self.host, self.port, self.target = method, scheme, host, port, target
+        self.headers, self.body, self.timeout, self.retries = headers, body, timeout, retries
+        self.size = len(body) + len(target) + sum(len(k) + len(v) for k, v in headers) + 64
+
+
+class Webhook:
+    __slots__ = ("url", "method", "headers", "body", "timeout", "retries")
+
+    def __init__(self, config: dict):
+        config = validate("webhook", config)
+        self.url = Template(config["url"])
+        self.method = config["method"]
+        self.headers = tuple((k, Template(v)) for k, v in (config.get("headers") or {}).items())
+        self.body = Template(config["body"]) if "body" in config else None
+        self.timeout = config["timeout"]
+        self.retries = config["retries"]
+
+    def message(self, row: dict, ctx, acl) -> WebhookRequest:
+        """The request to send, or ActionError why not."""
+        url = self.url.render(row, ctx)
+        if _BAD_VALUE.search(url) or " " in url or len(url) > MAX_URL:
+            raise ActionError(f"webhook URL {url[:80]!r} holds spaces or control characters")
+        scheme, host, port, target = split_url(url)
+        headers = []
+        for name, t in self.headers:
+            value = t.render(row, ctx)
+            if _BAD_VALUE.search(value):
+                raise ActionError(f"webhook header {name}: control characters in {value[:80]!r}")
+            headers.append((name, value))
+        if self.body is not None:
+            body = self.body.render(row, ctx).encode("utf-8")
+        else:
+            body = _to_json(row).encode("utf-8")
+            if not any(k.lower() == "content-type" for k, _ in headers):
+                headers.append(("Content-Type", "application/json"))
+        return WebhookRequest(self.method, scheme, host, port, target, tuple(headers), body, self.timeout,
+                              self.retries)
+
+
 def build(kind: str, config: dict):
     if kind == "republish":
         return Republish(config)
+    if kind == "webhook":
+        return Webhook(config)
     raise ActionError(f"the {kind} action is not available yet")

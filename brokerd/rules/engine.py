@@ -28,7 +28,7 @@ log = logging.getLogger("brokerd.rules")
 
 class RuleState:
     __slots__ = ("id", "sql", "kind", "config", "enabled", "rule", "action", "broken", "matched", "passed",
-                 "no_result", "failed", "last_error", "last_error_at")
+                 "no_result", "failed", "last_error", "last_error_at", "sent", "retried", "dropped")
 
     def __init__(self, spec: dict):
         self.id = int(spec["id"])
@@ -37,7 +37,7 @@ class RuleState:
         self.config = spec.get("config") or {}
         self.enabled = bool(spec.get("enabled", True))
         self.rule = self.action = self.broken = None
-        self.matched = self.passed = self.no_result = self.failed = 0
+        self.matched = self.passed = self.no_result = self.failed = self.sent = self.retried = self.dropped = 0
         self.last_error = self.last_error_at = None
         from .compiler import compile_rule  # sqlglot: loaded by the first rule a node gets (errors.py)
 
@@ -62,7 +62,8 @@ class RuleState:
         return {"id": self.id, "sql": self.sql, "action": self.kind, "config": self.config,
                 "enabled": self.enabled, "loaded": self.broken is None, "matched": self.matched,
                 "passed": self.passed, "no_result": self.no_result, "failed": self.failed,
-                "last_error": self.last_error, "last_error_at": self.last_error_at}
+                "last_error": self.last_error, "last_error_at": self.last_error_at,
+                **({"sent": self.sent, "retried": self.retried, "dropped": self.dropped} if self.kind == "webhook" else {})}
 
 
 TOPIC_CACHE = 4096        # topics whose matching rules a tenant's table remembers (cleared when full)
@@ -73,10 +74,11 @@ class TenantRules:
     matches is worked out once per topic (``_by_topic``), so rules on other
     topics cost a PUBLISH one dict lookup, not one filter match each."""
 
-    __slots__ = ("tenant", "on_topics", "on_events", "_by_topic")
+    __slots__ = ("tenant", "on_topics", "on_events", "_by_topic", "webhook")
 
-    def __init__(self, tenant: str, states: list):
+    def __init__(self, tenant: str, states: list, webhook=None):
         self.tenant = tenant
+        self.webhook = webhook
         live = [s for s in states if s.enabled and s.broken is None]
         self.on_topics = tuple(s for s in live if s.rule.topics)
         self.on_events = {e: tuple(s for s in live if e in s.rule.events) for e in EVENTS}
@@ -137,7 +139,13 @@ class TenantRules:
         except Exception as exc:      # a value the message cannot carry (a lone surrogate from json_decode...)
             s.fail(f"{type(exc).__name__}: {exc}", now + broker.wall_offset)
             return
-        broker.publish_internal(ns, out, now)
+        if s.kind == "webhook":
+            if self.webhook is None:
+                s.fail("this node sends no webhooks", now + broker.wall_offset)
+                return
+            self.webhook(self.tenant, out, s)     # queued: the sender counts sent / failed / dropped
+        else:
+            broker.publish_internal(ns, out, now)
         s.passed += 1
 
 
@@ -162,8 +170,11 @@ def _message_context(broker, msg, channel, now: float) -> Context:
 class RuleEngine:
     """Every tenant's rules on this node; ``active`` is ``Broker.rules``."""
 
-    def __init__(self, active: dict | None = None):
+    def __init__(self, active: dict | None = None, webhook=None):
+        """``webhook(tenant, WebhookRequest, RuleState)``: queues a request off the
+        publish path (``brokerd.integrations.webhook.WebhookSender.submit``)."""
         self.active: dict = active if active is not None else {}
+        self.webhook = webhook
         self.states: dict[str, dict[int, RuleState]] = {}
 
     def apply(self, tenant: str, specs: list | None) -> None:
@@ -183,7 +194,7 @@ class RuleEngine:
             self.states[tenant] = new
         else:
             self.states.pop(tenant, None)
-        table = TenantRules(tenant, list(new.values()))
+        table = TenantRules(tenant, list(new.values()), self.webhook)
         if table.on_topics or any(table.on_events.values()):
             self.active[tenant] = table
         else:

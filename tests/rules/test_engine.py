@@ -218,3 +218,33 @@ def test_a_republish_on_session_subscribed_reaches_the_new_subscription():
     dev.publish("alerts/welcome/w1", b"before")          # the topic's (empty) route is now cached
     dev.subscribe("alerts/welcome/#")
     assert [(p.topic, json.loads(p.payload)) for p in dev.publishes()] == [("alerts/welcome/w1", {"clientid": "w1"})]
+
+
+def test_a_webhook_rule_hands_its_rendered_request_to_the_sender_and_publishes_nothing():
+    queued = []
+    s = Scene({})
+    s.engine.webhook = lambda tenant, req, state: queued.append((tenant, req, state.id))
+    hook = {"id": 5, "sql": THRESHOLD, "action": "webhook", "enabled": True,
+            "config": {"url": "https://hooks.example.com/t/${clientid}?t=${t}", "method": "PUT",
+                       "headers": {"X-Device": "${clientid}"}}}
+    s.apply({"acme": [hook], "globex": [dict(hook, id=6)]})
+    watch = s.client("acme/watch", "w")
+    watch.subscribe("#", qos=1)
+    dev = s.client("acme/d1", "d1")
+    for temp in (10, 31):
+        dev.publish("sensors/d1/temp", json.dumps({"temp": temp}).encode(), qos=1)
+    assert [p.topic for p in watch.publishes()] == ["sensors/d1/temp", "sensors/d1/temp"]   # only the originals
+    [(tenant, req, rid)] = queued                              # acme's rule only: never globex's
+    assert (tenant, rid, req.method, req.scheme, req.host, req.port, req.target) == (
+        "acme", 5, "PUT", "https", "hooks.example.com", 443, "/t/d1?t=31")
+    assert req.headers == (("X-Device", "d1"), ("Content-Type", "application/json"))
+    assert json.loads(req.body) == {"t": 31, "clientid": "d1"}
+    assert s.counters("acme") == {5: (2, 1, 1, 0)}
+
+
+def test_without_a_sender_a_webhook_rule_counts_as_failed():
+    s = Scene({"acme": [{"id": 5, "sql": 'SELECT * FROM "sensors/#"', "action": "webhook", "enabled": True,
+                         "config": {"url": "http://hooks.example.com/"}}]})
+    s.client("acme/d1", "d1").publish("sensors/x", b"1", qos=1)
+    [view] = s.engine.view("acme")
+    assert (view["failed"], view["last_error"], view["sent"], view["dropped"]) == (1, "this node sends no webhooks", 0, 0)

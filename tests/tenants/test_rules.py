@@ -59,7 +59,15 @@ def test_a_malformed_statement_is_refused_with_its_position(tenant):
 
 
 @pytest.mark.parametrize("action, config, says", [
-    ("webhook", {"url": "http://127.0.0.1:1/"}, "the webhook action is not available yet"),
+    ("webhook", {"url": "ftp://example.com/"}, "must start with http:// or https://"),
+    ("webhook", {"url": "file:///etc/passwd"}, "must start with http:// or https://"),
+    ("webhook", {"url": "http://${host}/x"}, "host and port are literal"),
+    ("webhook", {"url": "http://user:pw@example.com/"}, "user:password@"),
+    ("webhook", {"url": "http://example.com/", "method": "TRACE"}, "method is one of"),
+    ("webhook", {"url": "http://example.com/", "headers": {"Host": "x"}}, "set by the sender"),
+    ("webhook", {"url": "http://example.com/", "headers": {"X-A": "a\r\nX-B: b"}}, "control characters"),
+    ("webhook", {"url": "http://example.com/", "timeout": 0}, "timeout is more than 0"),
+    ("webhook", {"url": "http://example.com/", "retries": 11}, "retries is 0..10"),
     ("store", {"dataset": "t"}, "the store action is not available yet"),
     ("republish", {"topic": "$SYS/x"}, "may not start with $"),
     ("republish", {"topic": "a/#"}, "wildcards"),
@@ -90,6 +98,21 @@ def test_the_command_line_contract(tenant):
         run("rules", "delete", "acme", rid)
 
 
+def test_a_webhook_rule_is_stored_with_its_request(tenant):
+    [rid] = run("rules", "add", "acme", "--sql", SQL, "--webhook", "https://hooks.example.com/t/${clientid}?v=1",
+                "--method", "put", "--header", "X-Device: ${clientid}", "--header", "Authorization: Bearer s3",
+                "--body", '{"temp": ${t}}', "--timeout", "2.5", "--retries", "2")
+    [doc] = policy_snapshot.load("acme")["rules"]
+    assert (doc["id"], doc["action"]) == (int(rid), "webhook")
+    assert doc["config"] == {"url": "https://hooks.example.com/t/${clientid}?v=1", "method": "PUT",
+                             "headers": {"X-Device": "${clientid}", "Authorization": "Bearer s3"},
+                             "body": '{"temp": ${t}}', "timeout": 2.5, "retries": 2}
+    assert run("rules", "list", "acme")[1].split()[:4] == [rid, "yes", "webhook",
+                                                           "https://hooks.example.com/t/${clientid}?v=1"]
+    with pytest.raises(CommandError, match="expected 'NAME: VALUE'"):
+        run("rules", "add", "acme", "--sql", SQL, "--webhook", "http://example.com/", "--header", "nocolon")
+
+
 def test_rules_test_prints_the_output_row_without_side_effects(tenant):
     before = policy_snapshot.load("acme")
     [line] = run("rules", "test", "acme", "--sql", SQL + " AND clientid = 'd7'", "--topic", "sensors/d1/temp",
@@ -111,8 +134,8 @@ def test_unknown_tenant_and_rule(tenant):
 def test_errors_are_one_line_with_a_non_zero_exit(env):  # noqa: F811
     done = manage(env, "rules", "add", "acme", "--sql", 'SELECT * FROM "t" WHERE', "--republish", "x")
     one_line_error(done, 1, "rule statement: line 1, column 19: ")
-    done = manage(env, "rules", "add", "acme", "--sql", SQL, "--webhook", "http://127.0.0.1:9/")
-    one_line_error(done, 1, "the webhook action is not available yet")
+    done = manage(env, "rules", "add", "acme", "--sql", SQL, "--webhook", "gopher://127.0.0.1:9/")
+    one_line_error(done, 1, "webhook: the URL must start with http:// or https://")
     done = manage(env, "rules", "add", "acme", "--sql", SQL, "--republish", "x", "--webhook", "http://h/")
     one_line_error(done, 2, "not allowed with argument")
     done = manage(env, "rules", "add", "acme", "--sql", SQL, "--republish", "alerts/x")

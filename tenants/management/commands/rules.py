@@ -3,6 +3,8 @@
 import argparse
 import time
 
+from django.core.management.base import CommandError
+
 from tenants import queries
 from tenants import rules as services
 from tenants.management.cli import SubcommandCommand, positive_int
@@ -23,12 +25,18 @@ class Command(SubcommandCommand):
         p.add_argument("--sql", required=True, help='e.g. SELECT payload.temp AS t FROM "sensors/+" WHERE t > 30')
         action = p.add_mutually_exclusive_group(required=True)
         action.add_argument("--republish", metavar="TOPIC_TEMPLATE", help="publish the output row to this topic")
-        action.add_argument("--webhook", metavar="URL", help="(not available yet)")
+        action.add_argument("--webhook", metavar="URL",
+                            help="send the output row to this URL (http/https; ${field} templates in path and query)")
         action.add_argument("--store", metavar="DATASET", help="(not available yet)")
         p.add_argument("--qos", type=qos, default=0, help="republish: QoS (default 0)")
         p.add_argument("--retain", action="store_true", help="republish: retained")
         p.add_argument("--payload", metavar="TEMPLATE", help="republish: payload template (default: the row as JSON)")
-        p.add_argument("--method", default="POST", help="webhook: HTTP method")
+        p.add_argument("--method", default="POST", help="webhook: HTTP method (default POST)")
+        p.add_argument("--header", action="append", default=[], metavar="'NAME: TEMPLATE'",
+                       help="webhook: a request header (repeatable)")
+        p.add_argument("--body", metavar="TEMPLATE", help="webhook: body template (default: the row as JSON)")
+        p.add_argument("--timeout", type=float, default=5.0, help="webhook: seconds per attempt (default 5)")
+        p.add_argument("--retries", type=int, default=3, help="webhook: attempts after the first (default 3)")
         p.add_argument("--disabled", action="store_true", help="store the rule disabled")
         sub.add_parser("list", help="list the tenant's rules").add_argument("tenant")
         for name, text in (("delete", "delete a rule"), ("enable", "enable a rule"), ("disable", "disable a rule")):
@@ -45,14 +53,25 @@ class Command(SubcommandCommand):
         p.add_argument("--username", default=None, help="default: TENANT/CLIENT_ID")
         p.add_argument("--qos", type=qos, default=0)
 
-    def do_add(self, tenant, sql, republish, webhook, store, qos, retain, payload, method, disabled, **_):
+    def do_add(self, tenant, sql, republish, webhook, store, qos, retain, payload, method, disabled, header=(),
+               body=None, timeout=5.0, retries=3, **_):
         t = queries.get_tenant(tenant)
         if republish is not None:
             kind, config = "republish", {"topic": republish, "qos": qos, "retain": retain}
             if payload is not None:
                 config["payload"] = payload
         elif webhook is not None:
-            kind, config = "webhook", {"url": webhook, "method": method}
+            kind, config = "webhook", {"url": webhook, "method": method, "timeout": timeout, "retries": retries}
+            headers = {}
+            for h in header:
+                name, sep, value = h.partition(":")
+                if not sep or not name.strip():
+                    raise CommandError(f"--header {h!r}: expected 'NAME: VALUE'")
+                headers[name.strip()] = value.strip()
+            if headers:
+                config["headers"] = headers
+            if body is not None:
+                config["body"] = body
         else:
             kind, config = "store", {"dataset": store}
         rule = services.add_rule(t, sql=sql, action=kind, config=config, enabled=not disabled)
@@ -61,7 +80,7 @@ class Command(SubcommandCommand):
     def do_list(self, tenant, **_):
         rows = []
         for r in services.rules(queries.get_tenant(tenant)):
-            target = r.config.get("topic") if r.action == "republish" else ""
+            target = {"republish": r.config.get("topic"), "webhook": r.config.get("url")}.get(r.action, "")
             rows.append((r.pk, "yes" if r.enabled else "no", r.action, target, " ".join(r.sql.split())))
         self.table(("ID", "ENABLED", "ACTION", "TARGET", "SQL"), rows)
 

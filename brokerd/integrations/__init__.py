@@ -1,0 +1,1 @@
+"""Where rules' actions leave the node (I/O): the HTTP webhook sender."""
