@@ -730,7 +730,10 @@ class _Server(TThreadedServer):
         with self.clients_lock:
             clients = list(self.clients)
         for c in clients:                      # like a gateway process dying: every connection drops
-            c.close()
+            try:
+                c.close()
+            except (AttributeError, OSError):  # its handler thread closed it at the same moment
+                pass                           # (thriftpy2's TSocket.close is not thread-safe)
 
 
 class HBaseDouble:
