@@ -115,6 +115,9 @@ def rule_add(request, slug):
 def rule_edit(request, slug, rule_id):
     rule, rw = get_processing_rule_for_user(request, slug, rule_id, write=True)
     tenant = rule.tenant
+    if rule.action != "republish":      # the form edits republish settings only: never turn a webhook into one
+        messages.error(request, f"Rule {rule.pk} is a {rule.action} rule: change it with manage.py rules.")
+        return redirect("rules", slug=slug)
     if request.method == "POST":
         form = RuleForm(request.POST)
         if _save(request, form, lambda f: rule_service.update_rule(

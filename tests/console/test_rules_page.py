@@ -173,6 +173,18 @@ def test_webhook_and_store_are_not_offered(as_alice, acme):
     assert "republish to" in page and 'name="action"' not in page and "webhook url" not in page
 
 
+def test_a_webhook_rule_is_listed_with_its_request_and_the_republish_form_never_changes_it(as_alice, acme):
+    hook = rule_service.add_rule(acme, sql=SQL, action="webhook",
+                                 config={"url": "https://hooks.example.com/t/${clientid}", "method": "PUT"})
+    page = text(as_alice.get(RULES))
+    assert "PUT https://hooks.example.com/t/${clientid}" in page and f"{RULES}{hook.pk}/edit/" not in page
+    r = as_alice.post(f"{RULES}{hook.pk}/edit/", form(topic="alerts/x"))
+    assert r.status_code == 302
+    hook.refresh_from_db()
+    assert hook.action == "webhook" and hook.config["url"] == "https://hooks.example.com/t/${clientid}"
+    assert not AuditEvent.objects.filter(action="rule.update").exists()
+
+
 def test_edit_changes_the_statement_and_audits(as_alice, rule):
     page = text(as_alice.get(f"{RULES}{rule.pk}/edit/"))
     assert f"Edit rule {rule.pk}" in page and SQL in page
