@@ -47,6 +47,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+from proctree import descendants as tree  # noqa: E402  (pid and every process under it)
 from run import DEFAULT_MQTTBENCH, MOSQUITTO_CONF, free_port, wait_port  # noqa: E402
 
 # name -> (connections, title)
@@ -61,19 +62,6 @@ _CLK = os.sysconf("SC_CLK_TCK")
 
 # ------------------------------------------------------------------ /proc
 
-def tree(pid: int) -> list[int]:
-    """``pid`` and every process under it."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as fh:
-                    todo.extend(int(c) for c in fh.read().split())
-        except OSError:
-            pass
-    return out
 
 
 def _status_kb(pid: int, field: str) -> int:

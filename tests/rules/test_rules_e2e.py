@@ -4,12 +4,12 @@ with paho-mqtt clients and the admin API."""
 
 import json
 import time
-import urllib.request
 
 import pytest
 
 from ..controlplane import ControlPlane
-from ..mqtt import V5, V311, PahoClient
+from ..mqtt import V5, V311
+from .nodes import client, loaded, rules_api, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -36,33 +36,12 @@ def add(plane, tenant, *args) -> int:
     return int(plane.manage("rules", "add", tenant, *args).stdout.strip())
 
 
-def client(node, secrets, who, cid, version=V5) -> PahoClient:
-    c = PahoClient(cid, version, username=who, password=secrets[who])
-    c.connect(node.port())
-    return c
 
 
-def rules_api(node, token, tenant) -> dict:
-    req = urllib.request.Request(f"{node.admin_url}/api/v1/tenants/{tenant}/rules",
-                                 headers={"Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        return json.loads(resp.read())
 
 
-def wait_for(pred, timeout=5.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
-def loaded(node, token, tenant, rule_id):
-    """The node has the rule (from the snapshot it polls every 0.5 s)."""
-    return wait_for(lambda: any(r["id"] == rule_id for r in rules_api(node, token, tenant)["items"]),
-                    what=f"rule {rule_id} on the node")
 
 
 def test_only_readings_above_the_threshold_are_republished_reshaped(scene):

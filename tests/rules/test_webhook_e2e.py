@@ -8,15 +8,14 @@ import queue
 import ssl
 import threading
 import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import trustme
 
 from ..controlplane import ControlPlane
-from ..mqtt import V5, PahoClient
 from ..procs import free_port
+from .nodes import client, loaded, rule_view, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -94,32 +93,12 @@ def add(plane, tenant, *args) -> int:
     return int(plane.manage("rules", "add", tenant, *args).stdout.strip())
 
 
-def client(node, secrets, who, cid) -> PahoClient:
-    c = PahoClient(cid, V5, username=who, password=secrets[who])
-    c.connect(node.port())
-    return c
 
 
-def rule_view(node, token, tenant, rule_id) -> dict | None:
-    req = urllib.request.Request(f"{node.admin_url}/api/v1/tenants/{tenant}/rules",
-                                 headers={"Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        items = json.loads(resp.read())["items"]
-    return next((r for r in items if r["id"] == rule_id), None)
 
 
-def wait_for(pred, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
-def loaded(node, token, tenant, rule_id):
-    return wait_for(lambda: rule_view(node, token, tenant, rule_id), what=f"rule {rule_id} on the node")
 
 
 def test_a_webhook_is_delivered_with_the_rendered_request(scene):
