@@ -199,7 +199,12 @@ class MqttConnection(asyncio.Protocol):
     # ------------------------------------------------------- channel's hooks
 
     def wake(self) -> None:
-        self.flusher.add(self)
+        # Flusher.add, written out (twice per QoS 1 message: the PUBACK out, the PUBLISH out)
+        flusher = self.flusher
+        pending = flusher.pending
+        if not pending:
+            flusher.call_soon(flusher.flush)
+        pending.append(self)
 
     def flush(self) -> None:
         ch = self.channel
