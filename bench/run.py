@@ -251,7 +251,7 @@ class Broker:
             full = self.full
             full.provision()
             self.env = full.env
-            self.gen_args = ["--username", "bench/d0", "--password", full.secret]
+            self.gen_args = ["--username", "bench/d0", f"--password={full.secret}"]   # a secret may begin with "-"
             return [self.python, "-m", "brokerd", "--log-level", "warning", "--listen",
                     f"mqtt://127.0.0.1:{self.port}", "--store", f"sqlite:///{self.tmp}/brokerd-{time.time_ns()}.db",
                     "--admin", f"127.0.0.1:{free_port()}", "--cluster", f"redis://127.0.0.1:{full.start_redis()}/0",
