@@ -251,7 +251,7 @@ class Broker:
             full = self.full
             full.provision()
             self.env = full.env
-            self.gen_args = ["--username", "bench/d0", "--password", full.secret]
+            self.gen_args = ["--username", "bench/d0", f"--password={full.secret}"]   # a secret may begin with "-"
             return [self.python, "-m", "brokerd", "--log-level", "warning", "--listen",
                     f"mqtt://127.0.0.1:{self.port}", "--store", f"sqlite:///{self.tmp}/brokerd-{time.time_ns()}.db",
                     "--admin", f"127.0.0.1:{free_port()}", "--cluster", f"redis://127.0.0.1:{full.start_redis()}/0",
@@ -289,10 +289,11 @@ class Broker:
         self.port = free_port()
         log_path = self.tmp / f"{self.name}.log"
         start = log_path.stat().st_size if log_path.exists() else 0
+        cmd = self.command()        # first: brokerd-full's command provisions the control plane and sets self.env
         env = self.env if self.env is not None else dict(
             os.environ, BROKERD_CLUSTER_SECRET=os.environ.get("BROKERD_CLUSTER_SECRET") or "b" * 32)
         with open(log_path, "a") as log:
-            self.proc = subprocess.Popen(["taskset", "-c", self.cpus, *self.command()], cwd=self.root, stdout=log,
+            self.proc = subprocess.Popen(["taskset", "-c", self.cpus, *cmd], cwd=self.root, stdout=log,
                                          stderr=log, start_new_session=True, env=env)
         wait_port(self.port)
         if self.workers:        # every worker listens (and can reach the others) once the supervisor says so

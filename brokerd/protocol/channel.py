@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 from functools import partial
 from math import ceil
+from struct import Struct
 
 from ..session.session import AWAIT_ACK, NO_IDS, Delivery
 from . import properties as P
@@ -71,6 +72,7 @@ NEW, CONNECTING, CONNECTED, CLOSED = 0, 1, 2, 3
 ABUSE_SECONDS = 10.0
 
 _PINGRESP = b"\xd0\x00"
+_puback_bytes = Struct(">HH").pack      # (0x4002, pid): a 3.x / 5.0 success PUBACK, one C call
 
 # the QoS 1/2 counters of a channel that has sent (or received) none: shared, a list on first use
 _ZEROS = (0, 0, 0)
@@ -235,16 +237,47 @@ class Channel:
                 return
             if state == CLOSED:
                 return
-        elif len(data) == 4 and data[0] == 0x40 and data[1] == 2 and self.limit_in is None and self._held is None:
-            # One PUBACK, alone in its read (a subscriber at a steady rate): acknowledged
-            # here, without a packet object -- unless the decoder holds part of a packet
-            # or an error, or the packet id is 0 (the decoder's error).
-            decoder = self.decoder
-            pid = (data[2] << 8) | data[3]
-            if pid and not decoder._buf and decoder.error is None:
-                self.last_rx = now
-                self._puback(pid, now)
-                return
+        elif self.limit_in is None and self._held is None and not self.decoder._buf:
+            n = len(data)
+            if n == 4 and data[0] == 0x40 and data[1] == 2:
+                # One PUBACK, alone in its read (a subscriber at a steady rate): acknowledged
+                # here, without a packet object -- unless the decoder holds an error, or the
+                # packet id is 0 (the decoder's error).
+                pid = (data[2] << 8) | data[3]
+                if pid and self.decoder.error is None:
+                    self.last_rx = now
+                    self._puback(pid, now)
+                    return
+            elif n > 6 and data[0] == 0x32:
+                # One QoS 1 PUBLISH (no DUP, no retain; 5.0: no properties), alone in its
+                # read (a publisher at a steady rate): decoded here, without the decoder's
+                # loop and list. Anything it would refuse, or not decode alike, goes to it.
+                b = data[1]
+                if b < 0x80:
+                    s, end = 2, 2 + b
+                elif 0 < data[2] < 0x80:            # 2 bytes of length, in their shortest form
+                    s, end = 3, 3 + ((b & 0x7F) | (data[2] << 7))
+                else:
+                    s, end = 3, 0
+                i = s + 2 + ((data[s] << 8) | data[s + 1])         # the packet id's offset
+                if end == n and i + 2 <= n:
+                    pid = (data[i] << 8) | data[i + 1]
+                    j = i + 2
+                    if self.version == MQTT5:
+                        j = i + 3 if j < n and not data[j] else n + 1
+                    decoder = self.decoder
+                    if pid and j <= n and n <= decoder.max_packet_size and decoder.error is None:
+                        try:
+                            topic = data[s + 2:i].decode("utf-8")
+                        except UnicodeDecodeError:
+                            topic = "\x00"
+                        if "\x00" not in topic:
+                            self.last_rx = now
+                            try:
+                                self._on_publish(Publish(topic, data[j:], 1, False, False, pid, None), now)
+                            except RemoteProtocolError as exc:
+                                self._peer_error(exc, now)
+                            return
         try:
             pkts = self.decoder.feed(data)
         except RemoteProtocolError as exc:
@@ -583,7 +616,7 @@ class Channel:
                 out = self.out
                 if not out:
                     self.hooks.wake()
-                out.append(bytes((0x40, 2, pid >> 8, pid & 0xFF)))
+                out.append(_puback_bytes(0x4002, pid))
                 return
             self._queue_ack(PUBACK, p.packet_id, code)
             return
@@ -683,7 +716,8 @@ class Channel:
         if d is not None:
             if d.entry:
                 self.broker.acked(session, d)
-            if session.queue:
+            queue = session.queue
+            if queue._q0 or queue._q12:       # not empty (MessageQueue.__bool__ without its call)
                 self._pump(now)
 
     def _on_pubrec(self, p, now):
@@ -797,10 +831,18 @@ class Channel:
             self._write_publish(msg, 0, retain, 0, False, sub_ids, now)
             return
         d = Delivery(msg, qos, retain, sub_ids, share)
-        if len(self.session.inflight) >= self.send_window:
+        session = self.session
+        inflight = session.inflight
+        if len(inflight) >= self.send_window:
             self._enqueue(d)
             return
-        self._send_inflight(d, now)
+        # _send_inflight, written out for a new delivery (not stored: no entry; not a DUP)
+        if msg.expiry_at is not None and now > msg.expiry_at:
+            self.broker.discarded(session, d, True)
+            return
+        pid = session.take_pid(d)
+        if self._write_publish(msg, qos, retain, pid, False, sub_ids, now):
+            inflight[pid] = d
 
     def _enqueue(self, d) -> None:
         self.blocked = True

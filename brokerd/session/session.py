@@ -230,8 +230,13 @@ class Session:
         pid = d.pid
         if pid:
             self.reserved.discard(pid)
+            return pid
+        pid = self.next_pid               # allocate_pid's common case, without its call
+        if pid not in self.inflight and (self.reserved is None or pid not in self.reserved):
+            self.next_pid = pid + 1 if pid < 65535 else 1
         else:
-            pid = d.pid = self.allocate_pid()
+            pid = self.allocate_pid()
+        d.pid = pid
         return pid
 
     def puback(self, pid: int) -> Delivery | None:

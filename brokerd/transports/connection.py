@@ -204,7 +204,12 @@ class MqttConnection(asyncio.Protocol):
     # ------------------------------------------------------- channel's hooks
 
     def wake(self) -> None:
-        self.flusher.add(self)
+        # Flusher.add, written out (twice per QoS 1 message: the PUBACK out, the PUBLISH out)
+        flusher = self.flusher
+        pending = flusher.pending
+        if not pending:
+            flusher.call_soon(flusher.flush)
+        pending.append(self)
 
     def peer_address(self) -> str:
         """The client's "host:port", built when asked (auth throttle, logs): not kept per connection."""
