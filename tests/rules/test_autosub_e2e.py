@@ -3,9 +3,11 @@ in a real console database, loaded by a real brokerd from its policy snapshot,
 observed with paho-mqtt clients (3.1.1 and 5) that never send a SUBSCRIBE."""
 
 import pytest
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 
 from ..controlplane import ControlPlane
-from ..mqtt import V5, V311
+from ..mqtt import V5, V311, PahoClient
 from .nodes import client, wait_for
 
 pytestmark = pytest.mark.slow
@@ -95,3 +97,28 @@ def test_a_filter_the_acl_denies_is_not_granted(scene):
         ops.disconnect()
     for aid in (denied, allowed):
         plane.manage("autosub", "delete", "acme", str(aid))
+
+
+def test_a_persistent_session_keeps_its_auto_subscription_while_offline(scene):
+    plane, node, secrets = scene
+    aid = add(plane, "--filter", "cmd/{device}/queued", "--qos", "1", "--device", "d1")
+    wait_for(lambda: gets(node, secrets, "acme/d1", "d1-qprobe", "cmd/d1/queued"), timeout=10,
+             what="the auto-subscription on the node")
+    for version in (V311, V5):
+        props = None
+        if version == V5:
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = 300
+        d1 = PahoClient(f"d1-keep-{version}", version, clean=False, username="acme/d1", password=secrets["acme/d1"])
+        d1.connect(node.port(), properties=props)
+        d1.disconnect()
+        ops = client(node, secrets, "acme/ops", f"ops-keep-{version}")
+        ops.publish("cmd/d1/queued", b"while-away", qos=1)
+        ops.disconnect()
+        d1 = PahoClient(f"d1-keep-{version}", version, clean=False, username="acme/d1", password=secrets["acme/d1"])
+        d1.connect(node.port(), properties=props)
+        got = d1.expect()
+        assert (got.topic, got.payload, got.qos) == ("cmd/d1/queued", b"while-away", 1)
+        d1.expect_none(0.3)                            # subscribed again on connect: still one subscription
+        d1.disconnect()
+    plane.manage("autosub", "delete", "acme", str(aid))
