@@ -28,6 +28,7 @@ Tenants are namespaces: no topic, wildcard, shared subscription or client id
 ever crosses from one tenant to another.
 """
 
+import logging
 from dataclasses import dataclass, field
 
 from .budget import MemoryBudget, PreauthBudget
@@ -35,13 +36,16 @@ from .metrics.accounting import Accounting, Stats
 from .protocol import reason as rc
 from .protocol.channel import ChannelLimits
 from .protocol.errors import RemoteProtocolError
-from .protocol.packets import Publish
+from .protocol.packets import Publish, SubscriptionRequest
 from .protocol.reason import STORE_UNAVAILABLE
 from .registry import ClientRegistry
 from .routing.router import Namespace, Router, SharedGroup, _merge
 from .routing.topic import InvalidTopic, is_valid_filter, matches, parse_shared
 from .session.session import Delivery, Session, Subscription
+from .tenancy.autosub import for_client
 from .tenancy.enforcement import Enforcement
+
+log = logging.getLogger("brokerd.autosub")
 
 DEFAULT_TENANT = "default"
 
@@ -115,6 +119,7 @@ class Broker:
         self._waits: list = []              # requests to other nodes a publish waits for
         self.wall_offset = 0.0              # wall clock = now + wall_offset (set by the server)
         self._strategy = self.config.shared_strategy
+        self.autosub: dict = {}             # tenant -> (tenancy.autosub.AutoSub, ...), tenants that have some
         self.rules: dict = {}               # tenant -> rules.engine.TenantRules, tenants with enabled rules only
 
     def use_store(self, persist) -> None:
@@ -659,6 +664,22 @@ class Broker:
                     retained.append((msg, min(msg.qos, req.qos), ids))
         ns.cache.clear()
         return codes, retained
+
+    def auto_subscribe(self, channel, entries, now: float) -> None:
+        """A tenant's auto-subscriptions for a client that just connected: each
+        one goes through ``subscribe`` as if the client had sent it (ACL, quota,
+        persistence, retained messages per its retain handling)."""
+        identity = channel.identity
+        device = identity.device if identity is not None else None
+        for entry, filt in for_client(entries, device, channel.session.client_id):
+            req = SubscriptionRequest(filt, entry.qos, entry.no_local, entry.rap, entry.rh)
+            codes, retained = self.subscribe(channel, [req], None, None, now)
+            if codes[0] >= 0x80:
+                log.info("tenant %s: auto-subscription %d of %r to %r refused (reason 0x%02x)",
+                         channel.ns.name, entry.id, channel.session.client_id, filt, codes[0])
+                continue
+            for msg, qos, sub_ids in retained:
+                channel.deliver(msg, qos, True, sub_ids, now)
 
     def unsubscribe(self, channel, filters, now: float) -> list:
         session = channel.session

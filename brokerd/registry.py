@@ -152,6 +152,9 @@ class ClientRegistry:
             b.persist.session_opened(session, ns.name, channel.will)
         self._count_in(channel, ns)
         channel.accept(session, present, now, assigned, connack_props)
+        autosub = b.autosub.get(ns.name)
+        if autosub is not None and session.channel is channel:
+            b.auto_subscribe(channel, autosub, now)
         rules = b.rules.get(ns.name)
         if rules is not None:
             rules.event("client_connected", b, ns, channel, now)

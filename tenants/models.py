@@ -315,3 +315,26 @@ class Rule(models.Model):
 
     def __str__(self):
         return f"rule {self.pk} ({self.action}{'' if self.enabled else ', disabled'})"
+
+
+class AutoSubscription(models.Model):
+    """A tenant's auto-subscribe rule: on every CONNECT of a device matching
+    ``device_pattern`` (a device-name glob; empty: every client) brokerd
+    subscribes the client to ``filter`` (``{device}``/``{client_id}``
+    placeholders as in the ACL) as if it had sent the SUBSCRIBE itself."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="auto_subscriptions")
+    device_pattern = models.CharField(max_length=128, blank=True, default="")
+    filter = models.CharField(max_length=1024)
+    qos = models.PositiveSmallIntegerField(default=0)
+    no_local = models.BooleanField(default=False)
+    retain_as_published = models.BooleanField(default=False)
+    retain_handling = models.PositiveSmallIntegerField(default=0)
+    position = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["tenant_id", "position", "id"]
+
+    def __str__(self):
+        return f"auto-subscription {self.pk} ({self.filter} qos {self.qos})"

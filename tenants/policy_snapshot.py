@@ -32,7 +32,9 @@ whole policy, never a difference.
      "quota": {QUOTA_FIELDS: int|null},     # ceiling and own limit, the smaller
      "sys": {"enabled": bool, "interval": int, "parts": [str]},
      "rules": [{"id": int, "sql": str, "action": "republish"|..., "config": {...},
-                "enabled": bool}]}             # by id; brokerd/rules/ (absent before issue 19)
+                "enabled": bool}],             # by id; brokerd/rules/ (absent before issue 19)
+     "autosub": [{"id": int, "pattern": str|None, "filter": str, "qos": 0-2, "no_local": bool,
+                  "rap": bool, "rh": 0-2}]}    # by position, id; applied on CONNECT (absent before issue 19)
 """
 
 import json
@@ -40,7 +42,17 @@ import json
 from django.db.models import F
 
 from . import limits
-from .models import AclRule, Credential, Device, OwnQuota, PolicyCounter, PolicySnapshot, Rule, Tenant
+from .models import (
+    AclRule,
+    AutoSubscription,
+    Credential,
+    Device,
+    OwnQuota,
+    PolicyCounter,
+    PolicySnapshot,
+    Rule,
+    Tenant,
+)
 from .validators import SYS_PARTS
 
 SCHEMA = 1
@@ -82,6 +94,12 @@ def processing_rule_json(r: Rule) -> dict:
     return {"id": r.pk, "sql": r.sql, "action": r.action, "config": r.config, "enabled": r.enabled}
 
 
+def autosub_json(a: AutoSubscription) -> dict:
+    """An auto-subscribe rule as the snapshot carries it (``brokerd.tenancy.autosub``)."""
+    return {"id": a.pk, "pattern": a.device_pattern or None, "filter": a.filter, "qos": a.qos,
+            "no_local": a.no_local, "rap": a.retain_as_published, "rh": a.retain_handling}
+
+
 def _quota(tenant: Tenant) -> dict:
     """The administrators' ceilings, lowered where the tenant lowered them."""
     own = OwnQuota.objects.filter(tenant=tenant).first()
@@ -109,6 +127,7 @@ def build(tenant: Tenant) -> dict:
             "parts": [p for p in SYS_PARTS if p in sys_.parts],
         },
         "rules": [processing_rule_json(r) for r in tenant.rules.order_by("id")],
+        "autosub": [autosub_json(a) for a in tenant.auto_subscriptions.order_by("position", "id")],
     }
 
 

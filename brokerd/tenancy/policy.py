@@ -17,6 +17,8 @@ import hashlib
 import hmac
 from dataclasses import dataclass, field
 
+from .autosub import compile_autosub
+
 QUOTA_FIELDS = ("max_connections", "connect_rate", "client_msgs_in", "client_bytes_in", "client_msgs_out",
                 "client_bytes_out", "tenant_msgs_in", "tenant_bytes_in", "tenant_msgs_out", "tenant_bytes_out",
                 "max_subscriptions", "max_queued", "max_retained", "max_payload", "max_session_expiry")
@@ -66,6 +68,7 @@ class TenantPolicy:
     sys_interval: float = 10.0
     sys_parts: tuple = SYS_PARTS
     rules: list = field(default_factory=list)     # [{"id", "sql", "action", "config", "enabled"}] (brokerd.rules)
+    autosub: tuple | None = None                  # auto-subscriptions (tenancy.autosub.AutoSub), None: none
 
     @property
     def active(self) -> bool:
@@ -93,6 +96,7 @@ class TenantPolicy:
         p.sys_interval = max(1.0, float(sys.get("interval", 10)))
         p.sys_parts = tuple(x for x in sys.get("parts", SYS_PARTS) if x in SYS_PARTS)
         p.rules = [r for r in data.get("rules") or () if isinstance(r, dict) and "id" in r and "sql" in r]
+        p.autosub = compile_autosub(data.get("autosub"))
         return p
 
 

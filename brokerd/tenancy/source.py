@@ -201,6 +201,11 @@ class PolicySource:
                 log.error("policy snapshot of tenant %r (version %d) ignored: %s", slug, version, exc)
                 self.control.version = max(self.control.version, version)
                 continue
+            autosub = new.autosub if new is not None else None
+            if autosub is None:
+                self.broker.autosub.pop(slug, None)
+            else:
+                self.broker.autosub[slug] = autosub
             if self.rules is not None:
                 try:
                     self.rules.apply(slug, new.rules if new is not None else None)

@@ -54,8 +54,9 @@ def test_new_tenant_document(tenant):
         "sys": {"enabled": True, "interval": 10,
                 "parts": ["clients", "messages", "bytes", "subscriptions", "retained", "load"]},
         "rules": [],
+        "autosub": [],
     }
-    assert list(doc) == ["schema", "tenant", "status", "default_acl", "devices", "acl", "quota", "sys", "rules"]
+    assert list(doc) == ["schema", "tenant", "status", "default_acl", "devices", "acl", "quota", "sys", "rules", "autosub"]
 
 
 def test_tenant_changes(tenant):
