@@ -3,29 +3,18 @@
 ``manage.py autosub`` and its contract. The broker side: tests/rules/test_autosub_e2e.py,
 tests/tenancy/test_autosub.py."""
 
-import io
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 
 from core.models import AuditEvent
-from tenants import autosub, policy_snapshot, services
+from tenants import autosub, policy_snapshot
 from tenants.errors import NotFound, ServiceError
 
 from .test_cli import env, manage, one_line_error  # noqa: F401  (env: the module's migrated database)
+from .test_commands import run
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def tenant(db):
-    return services.create_tenant("acme")
-
-
-def run(*args) -> list[str]:
-    out = io.StringIO()
-    call_command(*args, stdout=out, stderr=io.StringIO())
-    return out.getvalue().splitlines()
 
 
 def test_an_auto_subscription_is_stored_published_in_the_snapshot_and_audited(tenant):

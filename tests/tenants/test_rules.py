@@ -1,33 +1,22 @@
 """Rules in the console (issue 19): validated by brokerd's own compiler, carried
 in the policy snapshot, audited; ``manage.py rules`` and its contract."""
 
-import io
 import json
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 
 from core.models import AuditEvent
-from tenants import policy_snapshot, services
+from tenants import policy_snapshot
 from tenants import rules as rule_services
 from tenants.errors import NotFound, ServiceError
 
 from .test_cli import env, manage, one_line_error  # noqa: F401  (env: the module's migrated database)
+from .test_commands import run
 
 pytestmark = pytest.mark.django_db
 
 SQL = 'SELECT payload.temp AS t, clientid FROM "sensors/+/temp" WHERE payload.temp > 30'
-
-
-@pytest.fixture
-def tenant(db):
-    return services.create_tenant("acme")
-
-
-def run(*args) -> list[str]:
-    out = io.StringIO()
-    call_command(*args, stdout=out, stderr=io.StringIO())
-    return out.getvalue().splitlines()
 
 
 def test_a_rule_is_stored_published_in_the_snapshot_and_audited(tenant):
