@@ -38,6 +38,7 @@ schema it does not know. Stop every node sharing a file before upgrading them.
 
 import os
 import sqlite3
+import time
 from itertools import groupby
 from urllib.parse import parse_qs, urlsplit
 
@@ -163,7 +164,11 @@ class SQLiteStore(Store):
         if directory:
             os.makedirs(directory, exist_ok=True)
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
-        db.execute("PRAGMA journal_mode = WAL")
+        try:
+            _wal(db)
+        except BaseException:
+            db.close()
+            raise
         db.execute(f"PRAGMA synchronous = {self.synchronous}")
         db.execute("PRAGMA busy_timeout = 30000")
         try:
@@ -355,6 +360,24 @@ def _number(db, run: list) -> None:
     first = last - len(run) + 1
     for i, op in enumerate(run):
         op[3].seq = first + i
+
+
+def _wal(db, timeout: float = 30.0) -> None:
+    """Switch the file to WAL. Changing the journal mode does not wait on the
+    busy handler: when several nodes (a host's workers) open a new file at
+    once, all but one are told "database is locked" at once. Retried here for
+    as long as the connection's own busy timeout."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while True:
+        try:
+            db.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)
 
 
 def _check_version(db, path: str) -> str | None:
