@@ -452,7 +452,10 @@ async def serve(config: Config, worker: WorkerIdentity | None = None) -> None:
     _tune_gc()
     urls = " ".join(lst.url for lst in server.bound)
     admin = f" admin={server.admin.address}" if server.admin is not None else ""
-    print(f"brokerd ready node={config.node_id} version={__version__}{admin} listeners={urls}", flush=True)
+    # one write, newline included: print() writes the newline apart, and a log line on stderr (the same
+    # pipe, for whoever merges them) could land between the ports and it
+    sys.stdout.write(f"brokerd ready node={config.node_id} version={__version__}{admin} listeners={urls}\n")
+    sys.stdout.flush()
     log.info("listening on %s", urls)
     await stopping.wait()
     await server.stop()

@@ -146,7 +146,8 @@ class Supervisor:
             if m and w.proc is proc and not w.ready.done():
                 w.ready.set_result(m.group(3))
             elif not m:
-                print(text, flush=True)
+                sys.stdout.write(text + "\n")      # one write: see server.serve
+                sys.stdout.flush()
 
     async def _watch(self, base: Config, w: Worker, proc) -> None:
         code = await proc.wait()
@@ -224,8 +225,9 @@ class Supervisor:
             return 2
         self.urls = urls[0]
         admin = f" admin={base.admin}" if base.admin else ""
-        print(f"brokerd ready node={self.host} version={__version__} workers={self.n}{admin} listeners={self.urls}",
-              flush=True)
+        sys.stdout.write(f"brokerd ready node={self.host} version={__version__} workers={self.n}{admin} "
+                         f"listeners={self.urls}\n")          # one write: see server.serve
+        sys.stdout.flush()
         log.info("%d workers listening on %s (%s)", self.n, self.urls, ", ".join(w.node_id for w in self.workers))
         await self.done.wait()
         if self.signals > 1:
