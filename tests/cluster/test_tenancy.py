@@ -45,7 +45,7 @@ def test_connection_quota_counts_devices_on_every_node(redis_server, tmp_path, p
                 return True
             except ConnectionError:
                 return False
-        wait_until(joined, timeout=5, interval=0.5, message="the freed place was not seen by the other node")
+        wait_until(joined, timeout=15, interval=0.5, message="the freed place was not seen by the other node")
     finally:
         for d in devs:
             d.disconnect()
