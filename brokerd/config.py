@@ -210,6 +210,7 @@ class Config:
             if not host or not port.isdigit():
                 raise ConfigError("--server-reference must be HOST:PORT")
         self._validate_workers()
+        self._validate_usage_dir()
         try:
             Allowance(self.rules_webhook_allow)
         except ValueError as exc:
@@ -225,6 +226,21 @@ class Config:
             except ValueError as exc:
                 raise ConfigError(f"--control-plane: {exc}")
         return self
+
+    def _validate_usage_dir(self) -> None:
+        """brokerd writes the usage log with local file operations (a temporary name, then a
+        rename): a local path or ``file://``. An ``hdfs://`` or ``s3a://`` URI was taken for a
+        relative path and written under the working directory, counted as written."""
+        d = self.usage_dir
+        if not d or "://" not in d:
+            return
+        scheme, _, rest = d.partition("://")
+        if scheme == "file" and rest.startswith("/"):
+            self.usage_dir = rest
+            return
+        raise ConfigError(f"--usage-dir {d!r}: brokerd writes the usage log to a local directory (a path or "
+                          f"file:///PATH); an {scheme}:// URI is for the reports' USAGE_DIR -- see docs/operations.md, "
+                          f"'Usage log'")
 
     def _validate_workers(self) -> None:
         """N > 1 workers are N members of a cluster: they need its bus and a store they all share."""

@@ -5,6 +5,8 @@ file: 1 s here, a minute by default)."""
 
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import pytest
 
 from ..controlplane import ControlPlane
 from ..mqtt import V5, V311, PahoClient
-from ..procs import BrokerProcess
+from ..procs import ROOT, BrokerProcess
 
 FIELDS = ("msgs_in_q0", "msgs_in_q1", "msgs_in_q2", "bytes_in", "msgs_out", "bytes_out", "dropped_queue_full",
           "dropped_expired", "dropped_no_subscribers", "acl_denied", "quota_rejected", "auth_failures")
@@ -124,3 +126,25 @@ def test_no_usage_dir_no_files(tmp_path):
     finally:
         node.stop()
     assert not (tmp_path / "usage").exists()
+
+
+@pytest.mark.parametrize("uri", ["hdfs://namenode:8020/mqtthub/usage", "s3a://bucket/usage"])
+def test_a_usage_dir_brokerd_cannot_write_is_refused_at_start_up(tmp_path, uri):
+    """brokerd writes the usage log with local file operations: given an HDFS or S3 URI it
+    wrote ``./hdfs:/namenode:8020/...`` under its working directory and counted it as written."""
+    proc = subprocess.run([sys.executable, "-m", "brokerd", "--listen", "mqtt://127.0.0.1:0", "--allow-anonymous",
+                           "--usage-dir", uri], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert f"--usage-dir {uri!r}: brokerd writes the usage log to a local directory" in proc.stderr
+    assert list(tmp_path.iterdir()) == []             # nothing written where it started
+
+
+def test_a_file_uri_usage_dir_is_the_local_directory(tmp_path):
+    usage = tmp_path / "usage"
+    node = BrokerProcess("--usage-dir", f"file://{usage}", "--sys-interval", "0").start()
+    try:
+        PahoClient("file-uri").connect(node.port()).disconnect()
+    finally:
+        node.stop()
+    assert [c["client_id"] for c in rows(usage, "connections")] == ["file-uri"]
