@@ -19,7 +19,8 @@ A period is ``[start, end)`` in epoch seconds. What counts where:
   traffic belongs to the day it closed);
 - devices and peak concurrency: every connection that touches the period
   (opened or closed in it, or open across it). A device is the DEVICE of the
-  user name ``TENANT/DEVICE``, or the client id of an anonymous client.
+  user name ``TENANT/DEVICE``, or the client id of an anonymous client,
+  within its tenant: the platform counts ``(tenant, device)`` pairs.
   Connections still open when the report runs are not in the log yet, so
   they are not counted.
 
@@ -230,35 +231,65 @@ def traffic_totals(traffic: DataFrame, by: list[str] | None = None) -> DataFrame
         "dropped", sum((F.col(c) for c in DROPPED), F.lit(0)))
 
 
+MEDIAN_ACCURACY = 10_000       # percentile_approx: the value returned is within n / 10,000 ranks of the median
+
+
 def connection_totals(conns: DataFrame, period: Period, by: list[str] | None = None) -> DataFrame:
     """connects, disconnects, distinct devices and the median length of the
-    sessions closed in the period (exact median; null without any)."""
+    sessions closed in the period (null without any).
+
+    The median is approximate: a session length whose rank is within
+    ``n / MEDIAN_ACCURACY`` of the middle (n sessions; exact below 10,000 of
+    them but for the mean of the two middle values). The exact ``percentile``
+    holds every length of a group in one task's memory: at 50M rows the
+    platform report ran out of the default 1 GiB driver on it (21 s where this
+    takes 4 s)."""
     opened = _in("connected_at", period)
     closed = _in("disconnected_at", period)
     return conns.groupBy(*(by or [])).agg(
         F.coalesce(F.sum(F.when(opened, 1).otherwise(0)), F.lit(0)).cast("long").alias("connects"),
         F.coalesce(F.sum(F.when(closed, 1).otherwise(0)), F.lit(0)).cast("long").alias("disconnects"),
-        F.countDistinct("device").alias("devices"),
-        F.percentile(F.when(closed, F.col("duration")), F.lit(0.5)).alias("median_session"),
+        F.countDistinct("tenant", "device").alias("devices"),        # one name in two tenants: two devices
+        F.percentile_approx(F.when(closed, F.col("duration")), F.lit(0.5), F.lit(MEDIAN_ACCURACY)).alias(
+            "median_session"),
     )
+
+
+PEAK_BUCKET = 3600      # seconds: the running sum is taken per bucket, then across buckets
 
 
 def peak_concurrency(conns: DataFrame, period: Period, by: list[str] | None = None) -> DataFrame:
     """``peak_connections`` and ``peak_at`` (the first instant it was reached),
-    one row (per ``by`` group); no row without connections."""
+    one row (per ``by`` group); no row without connections.
+
+    In two steps, so that no step needs all of a group's instants in one task
+    (the platform's were one window partition: one task for the whole period):
+    per hour bucket, the running sum of the net changes and its highest level
+    (first instant reaching it); then, per group, each bucket's level is
+    offset by the net change of the buckets before it -- a running sum over at
+    most 24 rows a day. The level at an instant is the same sum either way."""
     by = by or []
     start = F.greatest(F.col("connected_at"), F.lit(float(period.start)))
     end = F.least(F.col("disconnected_at"), F.lit(float(period.end)))
     events = conns.select(*by, start.alias("t"), F.lit(1).alias("delta")).unionByName(
         conns.select(*by, end.alias("t"), F.lit(-1).alias("delta")))
     # net change per instant: disconnects before connects at one instant (see the module's docstring)
-    per_instant = events.groupBy(*by, "t").agg(F.sum("delta").alias("net"))
-    running = Window.partitionBy(*by).orderBy("t").rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    levels = per_instant.withColumn("level", F.sum("net").over(running))
-    best = Window.partitionBy(*by).orderBy(F.desc("level"), F.asc("t"))
-    return (levels.withColumn("rank", F.row_number().over(best)).filter(F.col("rank") == 1)
+    per_instant = events.groupBy(*by, "t").agg(F.sum("delta").alias("net")).withColumn(
+        "bucket", F.floor(F.col("t") / PEAK_BUCKET).cast("long"))
+    in_bucket = [*by, "bucket"]
+    running = Window.partitionBy(*in_bucket).orderBy("t").rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    levels = per_instant.withColumn("level_in", F.sum("net").over(running))
+    top_first = Window.partitionBy(*in_bucket).orderBy(F.desc("level_in"), F.asc("t"))
+    tops = (levels.withColumn("rank", F.row_number().over(top_first)).filter(F.col("rank") == 1)
+            .select(*in_bucket, F.col("level_in").alias("top"), F.col("t").alias("top_at")))
+    nets = per_instant.groupBy(*in_bucket).agg(F.sum("net").alias("bucket_net"))
+    before = Window.partitionBy(*by).orderBy("bucket").rowsBetween(Window.unboundedPreceding, -1)
+    buckets = tops.join(nets, in_bucket).withColumn(
+        "level", F.coalesce(F.sum("bucket_net").over(before), F.lit(0)) + F.col("top"))
+    best = Window.partitionBy(*by).orderBy(F.desc("level"), F.asc("top_at"))
+    return (buckets.withColumn("rank", F.row_number().over(best)).filter(F.col("rank") == 1)
             .select(*by, F.greatest(F.col("level"), F.lit(0)).cast("long").alias("peak_connections"),
-                    F.col("t").alias("peak_at")))
+                    F.col("top_at").alias("peak_at")))
 
 
 def daily(traffic: DataFrame, conns: DataFrame, period: Period) -> DataFrame:

@@ -57,12 +57,22 @@ def totals(conns, traffic, start, end, tenant=None):
         "auth_failures": sum(r["auth_failures"] for r in t),
         "connects": sum(1 for x in c if start <= x["connected_at"] < end),
         "disconnects": len(closed),
-        "devices": len({device(x) for x in c}),
+        "devices": len({(x["tenant"], device(x)) for x in c}),     # a device is TENANT/DEVICE
         "median_session": statistics.median([x["disconnected_at"] - x["connected_at"] for x in closed])
         if closed else None,
+        "session_lengths": [x["disconnected_at"] - x["connected_at"] for x in closed],
         "peak_connections": p,
         "peak_at": at,
     }
+
+
+def is_median(value, lengths, accuracy) -> bool:
+    """``value`` is one of ``lengths`` whose rank is within len / accuracy (+ 1 for the two
+    middles of an even count) of the middle: what an approximate median may return."""
+    ordered = sorted(lengths)
+    n = len(ordered)
+    slack = n / accuracy + 1
+    return any(v == value and abs(i - (n - 1) / 2) <= slack for i, v in enumerate(ordered))
 
 
 def daily(conns, traffic, start, end, tenant=None):
