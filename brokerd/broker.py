@@ -361,7 +361,7 @@ class Broker:
             self.acct.publish_over_quota(ns, msg.topic)
             return rc.PACKET_TOO_LARGE            # the channel disconnects with 0x95
         limit = quota.get("max_retained")
-        if (limit is not None and msg.retain and msg.payload and len(ns.retained) >= limit
+        if (limit is not None and msg.retain and msg.payload and ns.retained.tenant_count >= limit
                 and ns.retained.get(msg.topic) is None):
             self.acct.publish_over_quota(ns, msg.topic)
             return rc.QUOTA_EXCEEDED

@@ -155,4 +155,5 @@ class PublishForm(forms.Form):
 
 class RetainedFilterForm(forms.Form):
     prefix = forms.CharField(required=False, label="Topic prefix")
+    sys = forms.BooleanField(required=False, label="The broker's $SYS messages too")
     page = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)

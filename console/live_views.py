@@ -148,8 +148,10 @@ def retained(request, slug):
     form = RetainedFilterForm(request.GET or None)
     d = form.cleaned_data if form.is_valid() else {}
     live = Live(request)
-    answer = live.call("retained", slug, d.get("prefix") or "", page=d.get("page") or 1, per_page=PER_PAGE)
+    answer = live.call("retained", slug, d.get("prefix") or "", page=d.get("page") or 1, per_page=PER_PAGE,
+                       sys=bool(d.get("sys")))
     context = {"tenant": tenant, "slug": slug, "rw": rw, "form": form, "prefix": d.get("prefix") or "",
+               "sys": bool(d.get("sys")),
                "messages_list": answer["items"] if answer else None, "total": answer["total"] if answer else None,
                "pager": page_numbers(answer["page"], answer.get("pages", 1)) if answer else None,
                **live.context()}

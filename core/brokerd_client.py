@@ -286,9 +286,9 @@ class BrokerdClient:
     def client(self, tenant: str, client_id: str) -> dict:
         return self._call("GET", f"clients/{self._seg(tenant)}/{self._seg(client_id)}")
 
-    def retained(self, tenant: str, prefix: str = "", page: int = 1, per_page: int = 50) -> dict:
+    def retained(self, tenant: str, prefix: str = "", page: int = 1, per_page: int = 50, sys: bool = False) -> dict:
         return self._call("GET", "retained", {"tenant": tenant, "prefix": prefix, "page": page,
-                                              "per_page": per_page})
+                                              "per_page": per_page, "sys": int(sys)})
 
     def retained_message(self, tenant: str, topic: str) -> dict:
         return self._call("GET", "retained", {"tenant": tenant, "topic": topic})

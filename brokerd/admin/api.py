@@ -276,10 +276,14 @@ def _properties(body: dict) -> dict:
     return props
 
 
-def retained_list(broker, tenant: str, prefix: str) -> list[dict]:
+def retained_list(broker, tenant: str, prefix: str, sys: bool = False) -> list[dict]:
+    """The tenant's retained messages under ``prefix``; the broker's own ``$SYS/...``
+    (rewritten every interval, in every tenant) only with ``sys``."""
     out = []
     for topic, msg in broker.router.retained_items(tenant):
         if prefix and not topic.startswith(prefix):
+            continue
+        if not sys and topic.startswith("$SYS/"):
             continue
         out.append(retained_view(tenant, topic, msg, broker.wall_offset, with_payload=False))
     out.sort(key=lambda r: r["topic"])

@@ -316,8 +316,9 @@ class AdminApi:
                 raise ApiError(400, "'tenant' query parameter required")
             topic = req.query.get("topic")
             if m == "GET" and topic is None:
-                return json_response(200, api.paginate(api.retained_list(b, tenant, req.query.get("prefix", "")),
-                                                       req.query))
+                sys_too = req.query.get("sys", "0") in ("1", "true")
+                return json_response(200, api.paginate(
+                    api.retained_list(b, tenant, req.query.get("prefix", ""), sys_too), req.query))
             if m == "GET":
                 msg = b.router.retained_message(tenant, topic)
                 if msg is None:

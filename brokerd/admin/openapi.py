@@ -194,7 +194,8 @@ OPENAPI = {
         "/api/v1/retained": {
             "get": {"summary": "retained messages of a tenant (list by topic prefix, or one with 'topic')",
                     "parameters": [_q("tenant", "tenant slug", required=True), _q("prefix", "topic prefix"),
-                                   _q("topic", "one topic: its message with payload"), *_PAGE],
+                                   _q("topic", "one topic: its message with payload"),
+                                   _q("sys", "1: list the broker's own $SYS/... messages too (default 0)"), *_PAGE],
                     "responses": {"200": {"description": "a page of retained messages, or one"},
                                   "404": {"description": "no retained message", **_ERR}, **_AUTH}},
             "delete": {"summary": "clear a retained message",

@@ -14,14 +14,21 @@ class _Level:
 
 
 class RetainedStore:
-    __slots__ = ("_root", "_count")
+    __slots__ = ("_root", "_count", "_sys")
 
     def __init__(self):
         self._root = _Level()
         self._count = 0
+        self._sys = 0            # of them under $SYS/: the broker's own, rewritten every interval
 
     def __len__(self) -> int:
         return self._count
+
+    @property
+    def tenant_count(self) -> int:
+        """Retained messages the tenant's clients set: what its ``max_retained``
+        quota and its figures count (the broker's ``$SYS/...`` tree is not theirs)."""
+        return self._count - self._sys
 
     def get(self, topic: str):
         node = self._root
@@ -44,6 +51,8 @@ class RetainedStore:
             node = child
         if node.msg is None:
             self._count += 1
+            if topic.startswith("$SYS/"):
+                self._sys += 1
         node.msg = msg
 
     def delete(self, topic: str) -> bool:
@@ -59,6 +68,8 @@ class RetainedStore:
             return False
         node.msg = None
         self._count -= 1
+        if topic.startswith("$SYS/"):
+            self._sys -= 1
         for i in range(len(levels) - 1, -1, -1):
             child = path[i + 1]
             if child.msg is not None or child.children:

@@ -331,7 +331,7 @@ class TenantFigures:
         sessions = list(ns.sessions.values())
         self.sessions = len(sessions)
         self.subscriptions = sum(len(s.subscriptions) for s in sessions)
-        self.retained = len(ns.retained)
+        self.retained = ns.retained.tenant_count
         self.inflight = sum(len(s.inflight) for s in sessions)
         self.queued = sum(len(s.queue) for s in sessions)
         self.live = list(ns.channels)           # connected channels (their own running counts)

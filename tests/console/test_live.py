@@ -340,6 +340,30 @@ def test_retained_messages_are_per_tenant(as_bob, device, client_id):
     assert as_bob.get("/tenants/acme/retained/message/", {"topic": topic}).status_code == 404
 
 
+def test_the_brokers_sys_messages_are_listed_only_on_request_and_never_deletable(as_alice, plane, settings,
+                                                                                    secrets, client_id):
+    """The broker's own retained ``$SYS/...`` tree is in every tenant; it is not the
+    tenant's (no quota, rewritten every interval): hidden unless asked for, no Delete."""
+    sysnode = plane.broker("--admin", "127.0.0.1:0", "--node-id", "live-sys", "--sys-interval", "1")
+    dev = Client(client_id, username="acme/d0", password=secrets["acme/d0"])
+    try:
+        settings.BROKERD_ADMIN_URL = sysnode.admin_url
+        dev.connect(sysnode.port())            # the tenant is on the node: its $SYS tree too
+
+        def listed(**q):
+            return text(as_alice.get("/tenants/acme/retained/", q))
+
+        wait_until(lambda: "$SYS/broker/uptime" in listed(sys="on"), timeout=10)
+        page = listed(sys="on")
+        assert "Delete…" not in page and 'id="id_sys" value="on" checked' in page
+        default = listed()
+        assert "$SYS/broker" not in default and "No retained messages" in default
+        assert "are not listed (they do not count against the tenant" in default
+    finally:
+        dev.disconnect()
+        sysnode.stop()
+
+
 # ---------------------------------------------------------------- publish
 
 

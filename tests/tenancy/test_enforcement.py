@@ -6,7 +6,9 @@ import time
 
 import pytest
 
+from ..admin.conftest import Http
 from ..mqtt import V5, V311, PahoClient
+from ..procs import BrokerProcess
 
 RULES = [  # each device publishes and reads its own subtree; every device reads "broadcast/#"
     {"topic": "{device}/#", "action": "both", "allow": True},
@@ -254,6 +256,42 @@ def test_payload_subscription_and_retained_quotas(control_plane):
         big.client.publish("a", b"z" * 101, qos=0)
         reason, _ = big.expect_disconnect()
         assert reason.value == 0x95
+    finally:
+        node.stop()
+
+
+def test_the_brokers_sys_messages_are_not_the_tenants_retained_messages(control_plane):
+    """Every tenant carries the broker's retained ``$SYS/broker/...`` tree: a fresh tenant
+    showed 34 retained messages in use, and a ceiling of 1 refused its first device's
+    retained publish with 0x97."""
+    secrets = control_plane.provision([{"slug": "sysq", "default_acl": "allow", "devices": ["d"],
+                                        "quota": {"max_retained": 1}}])
+    token = control_plane.issue_token("sysq-reader", "read")
+    node = BrokerProcess("--sys-interval", "1", "--admin", "127.0.0.1:0", env=control_plane.env).start()
+    api = Http(node.admin_url)
+    try:
+        with client(secrets, "sysq/d").connect(node.port()) as c:
+            c.subscribe("$SYS/broker/uptime", 0)
+            c.expect_n(1, timeout=10)                      # the $SYS tree is there, retained
+
+            def retained_in_use():
+                _, _, body = api("GET", "/api/v1/metrics?local=1", token)
+                return body["tenants"].get("sysq", {}).get("retained")
+
+            wait_until(lambda: retained_in_use() == 0, what="the tenant's figures")
+            _, _, listing = api("GET", "/api/v1/retained?tenant=sysq", token)
+            assert listing["items"] == []
+            _, _, with_sys = api("GET", "/api/v1/retained?tenant=sysq&sys=1", token)
+            assert len(with_sys["items"]) >= 10 and all(i["topic"].startswith("$SYS/") for i in with_sys["items"])
+            got = {}
+            c.client.on_publish = lambda cl, u, mid, rc, p: got.setdefault(mid, rc.value)
+            first = c.client.publish("state/mode", b"eco", qos=1, retain=True).mid
+            second = c.client.publish("state/other", b"x", qos=1, retain=True).mid
+            wait_until(lambda: first in got and second in got, what="PUBACKs")
+            assert got[first] in (0, 0x10) and got[second] == 0x97      # the ceiling counts the device's own
+            wait_until(lambda: retained_in_use() == 1, what="one retained message in use")
+            _, _, listing = api("GET", "/api/v1/retained?tenant=sysq", token)
+            assert [i["topic"] for i in listing["items"]] == ["state/mode"]
     finally:
         node.stop()
 
