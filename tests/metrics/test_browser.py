@@ -173,6 +173,7 @@ def test_dashboard_says_when_brokerd_stops_answering(page, stack, devices):
         expect(page.locator("[data-status]")).to_have_text("brokerd unreachable", timeout=15_000)
         expect(page.locator("[data-alarms] .alarm-msg").first).to_contain_text("node web1 does not answer",
                                                                                 timeout=15_000)
+        expect(page.locator("[data-alarm-empty]")).to_be_hidden()      # not "No open alarm." above it
     finally:
         stack.broker.proc.send_signal(signal.SIGCONT)
     expect(page.locator("[data-status]")).to_have_text("live", timeout=15_000)
