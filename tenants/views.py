@@ -469,47 +469,75 @@ def _quota_rows(ceiling_form, own_form, tenant):
     return rows
 
 
+class _Invalid(Exception):
+    """Roll back what a combined save wrote: one of its forms has errors."""
+
+
 @login_required
 def quotas(request, slug):
     """Platform administrators set the ceilings; the tenant's administrators
     (and platform administrators) its own lower limits; everyone sees what
-    is in force."""
+    is in force.
+
+    The page is one form: a platform administrator's Save posts ``which=both``
+    and saves ceilings and own limits together, or neither (errors inline,
+    everything typed kept) -- two forms mixed in one table saved one and
+    dropped what was typed in the other. ``which=ceiling`` / ``own`` save one."""
     tenant, rw = get_tenant_for_user(request, slug)
     admin = is_platform_admin(request.user)
     ceiling, own = queries.quota(tenant), queries.own_quota(tenant)
     which = request.POST.get("which") if request.method == "POST" else None
-    if which == "ceiling" and not admin:
+    if which in ("ceiling", "both") and not admin:
         raise PermissionDenied("Only platform administrators set the ceilings")
     if which is not None and not rw:
         raise PermissionDenied("Viewers cannot change the limits")
-    ceiling_form = QuotaForm(request.POST if which == "ceiling" else None, prefix="ceiling",
+    posted = request.POST if which is not None else None
+    ceiling_form = QuotaForm(posted if which in ("ceiling", "both") else None, prefix="ceiling",
                              initial=ceiling.as_dict()) if admin else None
-    own_form = QuotaForm(request.POST if which == "own" else None, prefix="own", ceiling=ceiling,
+    own_form = QuotaForm(posted if which in ("own", "both") else None, prefix="own", ceiling=ceiling,
                          initial=own.as_dict()) if rw else None
-    form = ceiling_form if which == "ceiling" else own_form if which == "own" else None
-    if form is not None and form.is_valid():
-        values = {f: form.cleaned_data.get(f) for f in limits.QUOTA_FIELDS}
-        try:
-            if which == "ceiling":
-                before = audit_docs.quota_doc(ceiling)
-                after = audit_docs.quota_doc(services.update_quota(tenant, **values))
-            else:
-                before = audit_docs.quota_doc(own)
-                after = audit_docs.quota_doc(services.update_own_quota(tenant, **values))
-        except ServiceError as exc:
-            apply_service_error(form, exc)
-        else:
-            audit.record(request, "quota.update" if which == "ceiling" else "own_quota.update",
-                         "quota", tenant.slug, tenant=tenant, before=before, after=after)
-            messages.success(request, "Ceilings saved." if which == "ceiling" else "Your limits saved.")
-            if not request.htmx:
-                return redirect("quotas", slug=slug)
-            ceiling_form = QuotaForm(prefix="ceiling", initial=queries.quota(tenant).as_dict()) if admin else None
-            own_form = QuotaForm(prefix="own", ceiling=queries.quota(tenant),
-                                 initial=queries.own_quota(tenant).as_dict()) if rw else None
+    saved = which in ("ceiling", "own", "both") and _save_quotas(request, tenant, which, ceiling_form, own_form)
+    if saved:
+        messages.success(request, {"ceiling": "Ceilings saved.", "own": "Your limits saved."}.get(which, "Limits saved."))
+        if not request.htmx:
+            return redirect("quotas", slug=slug)
+        ceiling_form = QuotaForm(prefix="ceiling", initial=queries.quota(tenant).as_dict()) if admin else None
+        own_form = QuotaForm(prefix="own", ceiling=queries.quota(tenant),
+                             initial=queries.own_quota(tenant).as_dict()) if rw else None
+    elif which == "both" and ceiling_form.is_bound and own_form is not None:
+        own_form.is_valid()                  # its errors shown too, whatever the ceilings' were
     context = {"tenant": tenant, "rw": rw, "admin": admin, "ceiling_form": ceiling_form, "own_form": own_form,
                "rows": _quota_rows(ceiling_form, own_form, tenant)}
     return render_page(request, "tenants/quotas.html", "tenants/partials/quota_table.html", context)
+
+
+def _save_quotas(request, tenant, which, ceiling_form, own_form) -> bool:
+    """Validate and save the posted forms in one transaction; -> saved (else the forms carry the errors)."""
+    try:
+        with transaction.atomic():
+            if which in ("ceiling", "both"):
+                _save_quota(request, tenant, ceiling_form, "ceiling")
+            if which in ("own", "both"):
+                if which == "both":           # checked against the ceilings just saved
+                    own_form.ceiling = queries.quota(tenant)
+                _save_quota(request, tenant, own_form, "own")
+    except _Invalid:
+        return False
+    return True
+
+
+def _save_quota(request, tenant, form, kind: str) -> None:
+    if not form.is_valid():
+        raise _Invalid
+    values = {f: form.cleaned_data.get(f) for f in limits.QUOTA_FIELDS}
+    before = audit_docs.quota_doc(queries.quota(tenant) if kind == "ceiling" else queries.own_quota(tenant))
+    try:
+        row = services.update_quota(tenant, **values) if kind == "ceiling" else services.update_own_quota(tenant, **values)
+    except ServiceError as exc:
+        apply_service_error(form, exc)
+        raise _Invalid from None
+    audit.record(request, "quota.update" if kind == "ceiling" else "own_quota.update", "quota", tenant.slug,
+                 tenant=tenant, before=before, after=audit_docs.quota_doc(row))
 
 
 # ---------------------------------------------------------------- $SYS settings

@@ -218,3 +218,33 @@ def test_a_tenant_user_sees_only_their_tenant(page, stack, browser):
     expect(page.locator("body")).not_to_contain_text("South plc")
     # platform pages are refused
     assert page.goto(stack.url("/clients/")).status == 403
+
+
+def test_quotas_one_save_keeps_both_columns(page, stack):
+    """A platform administrator types a ceiling and an own limit and presses the one Save
+    button: both are saved (a second button used to save one column and drop the other);
+    an own limit above the ceiling is an inline error with everything typed kept."""
+    stack.provision([{"slug": "quotaco", "default_acl": "allow", "devices": []}])
+    log_in(page, stack, ADMIN_USER, ADMIN_PASSWORD)
+    page.set_viewport_size({"width": 1366, "height": 900})
+    page.goto(stack.url("/tenants/quotaco/quotas/"))
+    page.get_by_label("Ceiling: max connections").fill("100")
+    page.get_by_label("Own limit: max connections").fill("10")
+    expect(page.locator("#quota-table button[type=submit]")).to_have_count(1)
+    page.get_by_role("button", name="Save ceilings and own limits").click()
+    expect(page.get_by_text("Limits saved.")).to_be_visible()
+    expect(page.get_by_label("Ceiling: max connections")).to_have_value("100")
+    expect(page.get_by_label("Own limit: max connections")).to_have_value("10")
+    page.get_by_label("Own limit: max connections").fill("500")
+    page.get_by_label("Ceiling: max queued").fill("50")
+    page.get_by_role("button", name="Save ceilings and own limits").click()
+    expect(page.get_by_text("May not exceed the ceiling of 100")).to_be_visible()
+    expect(page.get_by_label("Own limit: max connections")).to_have_value("500")
+    expect(page.get_by_label("Ceiling: max queued")).to_have_value("50")
+    for w, h, size in ((390, 844, "phone"), (1366, 900, "laptop")):
+        page.set_viewport_size({"width": w, "height": h})
+        page.evaluate("window.scrollTo(0, 0)")
+        assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+        shot(page, f"quotas-error-{size}")
+    page.goto(stack.url("/tenants/quotaco/quotas/"))
+    expect(page.get_by_label("Ceiling: max queued")).to_have_value("")       # the failed save changed nothing

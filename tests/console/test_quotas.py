@@ -99,6 +99,38 @@ def test_bad_values_are_inline(as_alice, acme, value):
     assert own_quota(acme) == {}
 
 
+def both(**values):
+    """What the platform administrator's one Save posts: every field of both columns."""
+    return {"which": "both", **{k.replace("__", "-"): str(v) for k, v in values.items()}}
+
+
+def test_a_platform_administrators_page_saves_ceilings_and_own_limits_with_one_button(as_admin, acme):
+    """Two forms mixed in one table: an own limit typed before "Save ceilings" was dropped
+    while the page said "Ceilings saved"."""
+    page = as_admin.get(QUOTAS).content.decode()
+    assert page.count("<form id=\"quota-form\"") == 1 and 'name="which" value="both"' in page
+    assert page.count('type="submit" form="quota-form"') == 1
+    assert 'name="ceiling-max_connections"' in page and 'name="own-max_connections"' in page
+    assert 'form="ceiling-form"' not in page and 'form="own-form"' not in page
+    response = as_admin.post(QUOTAS, both(ceiling__max_connections=100, own__max_connections=10))
+    assert response.status_code == 302
+    assert Quota.objects.get(tenant=acme).max_connections == 100 and own_quota(acme) == {"max_connections": 10}
+    assert policy("acme")["quota"]["max_connections"] == 10
+    assert "Limits saved." in as_admin.get(QUOTAS).content.decode()
+    assert sorted(AuditEvent.objects.values_list("action", flat=True)) == ["own_quota.update", "quota.update"]
+
+
+def test_a_combined_save_with_an_error_saves_nothing_and_keeps_what_was_typed(as_admin, acme):
+    for headers in ({}, HTMX):
+        response = as_admin.post(QUOTAS, both(ceiling__max_connections=100, ceiling__max_queued=50,
+                                              own__max_connections=500), **headers)
+        page = response.content.decode()
+        assert response.status_code == 200 and "May not exceed the ceiling of 100" in page
+        assert 'value="500"' in page and 'value="100"' in page and 'value="50"' in page
+    assert Quota.objects.get(tenant=acme).max_connections is None      # the ceilings were not saved either
+    assert own_quota(acme) == {} and not AuditEvent.objects.exists()
+
+
 def test_tenant_admin_cannot_set_the_ceilings(as_alice, acme):
     page = as_alice.get(QUOTAS).content.decode()
     assert 'name="ceiling-' not in page and 'name="own-max_connections"' in page
