@@ -18,7 +18,7 @@ from django.utils import timezone
 from . import reports, schedules
 from .jobs import Period
 from .models import ReportRun, ReportSchedule
-from .spark import get_spark, usage_dir
+from .spark import get_spark, spark_running, usage_dir
 
 
 def _midnight(day: date) -> datetime:
@@ -60,6 +60,8 @@ def execute_run(run: ReportRun, attempt: int) -> ReportRun:
     def progress(step: int, total: int, text: str) -> None:
         _update(run.pk, progress=text, progress_step=step, progress_total=total)
 
+    if not spark_running():
+        _update(run.pk, progress="Starting Spark: the worker's first report waits for it (up to half a minute)")
     spark = get_spark()
     result = report.run(spark, usage_dir(), Period.between(run.period_start, run.period_end),
                         tenant=run.tenant.slug if run.tenant_id else None, top_n=settings.REPORTS_TOP_N,

@@ -45,6 +45,12 @@ def usage_dir() -> str:
     return setting("USAGE_DIR", str(Path(var) / "usage"))
 
 
+def spark_running() -> bool:
+    """Has this process a live SparkSession (the next report starts at once)?"""
+    s = _session
+    return s is not None and s._jsc is not None and not s._jsc.sc().isStopped()
+
+
 def get_spark():
     """This process's SparkSession, started on first use."""
     global _session

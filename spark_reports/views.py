@@ -101,7 +101,8 @@ def _status(request, run, rw):
         response = HttpResponse(status=204)
         response["HX-Refresh"] = "true"
         return response
-    return render(request, "spark_reports/partials/progress.html", {"run": run, "links": _links(run)})
+    # the header's badge too (out of band): it stayed "queued" while the card said "Running"
+    return render(request, "spark_reports/partials/progress.html", {"run": run, "links": _links(run), "oob": True})
 
 
 def _csv(request, run):

@@ -85,3 +85,29 @@ def test_console_shows_it(spark, logged, clients, acme, settings):
     assert run.status == "succeeded" and run.attempts == 1 and run.progress_step == 5
     html = clients["alice"].get(reverse("report", args=["acme", run.pk])).content.decode()
     assert ">26<" in html and "t/a" in html and "d2" in html
+
+
+def test_a_cold_worker_says_spark_is_starting(spark, logged, clients, acme, settings, monkeypatch):
+    """A cold first report sat at "Step 0 of 5" for ~30 s with no word of Spark starting. The
+    page, looked at while the session starts (this process's is already running: the start is
+    replayed by a stand-in for ``get_spark``), says so."""
+    from spark_reports import services
+
+    settings.USAGE_DIR = str(logged)
+    today = datetime.now(tz=UTC).date()
+    midnight = datetime(today.year, today.month, today.day, tzinfo=UTC)
+    run = ReportRun.objects.create(tenant=acme, period_start=midnight - timedelta(days=1),
+                                   period_end=midnight + timedelta(days=1))
+    seen = []
+
+    def starting():
+        seen.append(clients["alice"].get(reverse("report", args=["acme", run.pk])).content.decode())
+        return spark
+
+    monkeypatch.setattr(services, "spark_running", lambda: False)
+    monkeypatch.setattr(services, "get_spark", starting)
+    services.execute_run(run, attempt=1)
+    assert "Starting Spark: the worker&#x27;s first report waits for it (up to half a minute)" in seen[0]
+    assert ">running<" in seen[0]
+    run.refresh_from_db()
+    assert run.status == "succeeded"

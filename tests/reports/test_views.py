@@ -3,6 +3,8 @@ alice (admin of acme), victor (viewer of acme), bob (admin of globex, an
 outsider to acme), anonymous. No worker here: runs are made as a worker
 leaves them (``make_run``)."""
 
+import re
+
 import pytest
 from django.urls import reverse
 
@@ -96,6 +98,20 @@ def test_progress_polls_then_refreshes(clients, make_run, acme):
     run.save()
     done = clients["victor"].get(reverse("report_status", args=["acme", run.pk]), **HTMX)
     assert done["HX-Refresh"] == "true"
+
+
+def test_the_header_badge_follows_the_run_while_it_is_polled(clients, make_run, acme):
+    """The header's badge said "queued" while the polled card said "Running · Step 3 of 5"."""
+    run = make_run(acme, status="queued", progress="Waiting for a worker", progress_step=0)
+    page = clients["victor"].get(reverse("report", args=["acme", run.pk])).content.decode()
+    assert re.search(r'<span id="run-status"><span class="badge badge-gray">queued</span>\s*</span>', page)
+    assert 'hx-swap-oob' not in page                    # the first render has one badge, in the header
+    run.status, run.progress, run.progress_step = "running", "Daily series", 3
+    run.save()
+    status = clients["victor"].get(reverse("report_status", args=["acme", run.pk]), **HTMX).content.decode()
+    assert re.search(r'<span id="run-status" hx-swap-oob="true"><span class="badge badge-blue">running</span>\s*</span>',
+                     status)
+    assert "Step 3 of 5" in status
 
 
 def test_csv_download(clients, acme_run):
