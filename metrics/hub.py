@@ -48,6 +48,7 @@ LATENCY_WINDOW = 10          # latency quantiles over the last N polls
 QUOTA_REFRESH = 5.0          # seconds between reloads of the tenants' quotas
 TOP_TENANTS = 25             # tenants in the cluster view's table
 FORGET_AFTER = 600           # seconds a tenant's points are kept after its last socket closed
+KEEP_TENANTS = 200           # the busiest tenants' points are kept unwatched: their page opens on 5 minutes
 # a live chart point: [unix time, connections, msgs in/s, msgs out/s, bytes in/s, bytes out/s, drops/s]
 POINT_FIELDS = ("t", "connections", "msgs_in", "msgs_out", "bytes_in", "bytes_out", "drops")
 
@@ -89,6 +90,7 @@ class Hub:
         self.tenant_series: dict[str, collections.deque] = {}
         self.watchers: collections.Counter = collections.Counter()   # "" = cluster, else tenant slug
         self._unwatched: dict[str, float] = {}       # tenant -> when its last socket closed
+        self._kept: dict[str, float] = {}            # unwatched tenant -> when a point was last kept for it
         self.latest: dict | None = None                # the last cluster payload
         self.latest_tenant: dict[str, dict] = {}
         self.open_alarms: list[dict] = []
@@ -119,11 +121,18 @@ class Hub:
         """A tenant nobody watched for FORGET_AFTER seconds: drop its points
         (kept meanwhile, so a reloaded page keeps its chart)."""
         now = time.monotonic()
+        for slug, since in list(self._kept.items()):
+            if now - since > FORGET_AFTER or self.watchers.get(slug):
+                del self._kept[slug]
+                if not self.watchers.get(slug) and slug not in self._unwatched:
+                    self.tenant_series.pop(slug, None)
+                    self.latest_tenant.pop(slug, None)
         for slug, since in list(self._unwatched.items()):
             if now - since > FORGET_AFTER:
                 del self._unwatched[slug]
-                self.tenant_series.pop(slug, None)
-                self.latest_tenant.pop(slug, None)
+                if slug not in self._kept:
+                    self.tenant_series.pop(slug, None)
+                    self.latest_tenant.pop(slug, None)
 
     def hello(self, slug: str | None = None, node: str | None = None) -> dict:
         """The first message on a new socket: the recent chart points and the last update."""
@@ -302,6 +311,14 @@ class Hub:
             self.tenant_series.setdefault(slug, collections.deque(maxlen=SERIES_POINTS)).append(payload["point"])
             if layer is not None:
                 await layer.group_send(self.group(slug), {"type": "metrics.update", "payload": payload})
+        # the busiest tenants' points are kept with nobody watching, as the cluster's are: a tenant's
+        # page opens on the last minutes (it opened on an empty chart); the others fill from the page's start
+        kept_at = time.monotonic()
+        for slug, t in tenants[:KEEP_TENANTS]:
+            if not self.watchers.get(slug):
+                self.tenant_series.setdefault(slug, collections.deque(maxlen=SERIES_POINTS)).append(
+                    _point(at, t, t["rates"]))
+                self._kept[slug] = kept_at
 
     def _tenant_alarms(self, slug: str) -> list[dict]:
         return [a for a in self.open_alarms if a["tenant"] == slug]

@@ -1,6 +1,9 @@
 """The live metrics websockets, fed by the hub polling a real brokerd: who
 may open which socket, and what each one carries."""
 
+import collections
+import time
+
 import pytest
 
 from metrics.consumers import ANONYMOUS, FORBIDDEN
@@ -151,6 +154,30 @@ def test_the_hello_carries_recent_points(live, browsers):
     assert times == sorted(times)
 
 
+def test_a_tenant_page_opens_on_the_last_minutes_like_the_cluster_page(live, browsers, device):
+    """The tenant's "last 5 minutes" charts started empty (points were kept only for tenants
+    someone watched) while the cluster page filled the past minutes on load."""
+    device("acme/d0")
+
+    async def scenario():
+        cluster = socket("/ws/metrics/", browsers["root"])      # the hub polls; nobody watches acme
+        await cluster.connect()
+        for _ in range(4):
+            await receive_until(cluster, lambda m: ok_update(m) and m["totals"]["connections"] >= 1)
+        tenant = socket("/ws/metrics/tenants/acme/", browsers["alice"])
+        await tenant.connect()
+        hello = await tenant.receive_json_from(timeout=5)
+        await tenant.disconnect()
+        await cluster.disconnect()
+        return hello
+
+    hello = run(scenario)
+    assert hello["scope"] == "tenant" and len(hello["series"]) >= 3
+    assert all(p[1] >= 1 for p in hello["series"][-3:])          # acme's own connection count
+    times = [p[0] for p in hello["series"]]
+    assert times == sorted(times)
+
+
 def test_hub_forgets_a_tenant_nobody_watched_for_a_while(monkeypatch):
     from metrics import hub as hub_module
 
@@ -163,3 +190,16 @@ def test_hub_forgets_a_tenant_nobody_watched_for_a_while(monkeypatch):
     monkeypatch.setattr(hub_module, "FORGET_AFTER", -1)
     hub._forget_unwatched()
     assert "acme" not in hub.tenant_series
+
+
+def test_hub_forgets_a_busy_tenant_kept_unwatched_once_it_is_no_longer_fed(monkeypatch):
+    from metrics import hub as hub_module
+
+    hub = get_hub()
+    hub.tenant_series["busy"] = collections.deque([[1.0, 3, 0, 0, 0, 0, 0]])
+    hub._kept["busy"] = time.monotonic()
+    hub._forget_unwatched()
+    assert list(hub.tenant_series["busy"])
+    monkeypatch.setattr(hub_module, "FORGET_AFTER", -1)
+    hub._forget_unwatched()
+    assert "busy" not in hub.tenant_series and "busy" not in hub._kept
