@@ -279,7 +279,9 @@ LOGGING = {
                  "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger", "process": "pid"}},
         "text": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
     },
+    "filters": {"quiet_403": {"()": "core.logfilters.PermissionDeniedWithoutTraceback"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "stream": "ext://sys.stdout",
                              "formatter": LOG_FORMAT}},
+    "loggers": {"django.request": {"filters": ["quiet_403"]}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO").upper()},
 }

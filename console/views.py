@@ -9,6 +9,7 @@ from django.db import connection
 from django.db.models import Count
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.templatetags.static import static
 from django.urls import reverse
 from django.views.decorators.http import require_POST, require_safe
 
@@ -27,6 +28,12 @@ from tenants.errors import ServiceError
 from . import services as cs
 from .forms import DeleteTenantForm, LoginForm, TenantForm, TenantSearchForm, TokenForm
 from .models import ApiToken
+
+
+@require_safe
+def favicon(request):
+    """``/favicon.ico``: the console's icon (browsers ask for it where a page names none)."""
+    return redirect(static("console/favicon.svg"), permanent=True)
 
 
 def healthz(request):

@@ -198,3 +198,19 @@ def test_fragments_have_no_layout(clients):
     page = clients["admin"].get("/tenants/?q=acme", **HTMX)
     assert page.status_code == 200
     assert b"<html" not in page.content and b'id="tenant-table"' in page.content
+
+
+def test_a_403_is_logged_as_one_line_without_a_traceback(clients, acme, caplog):
+    """A refused request is an answer, not a fault: every 403 logged a full traceback."""
+    with caplog.at_level("WARNING", logger="django.request"):
+        assert clients["alice"].post("/tenants/acme/suspend/").status_code == 403
+    (record,) = [r for r in caplog.records if r.name == "django.request"]
+    assert record.getMessage() == "Forbidden (Permission denied): /tenants/acme/suspend/"
+    assert record.exc_info is None and "Traceback" not in caplog.text
+
+
+def test_the_console_names_its_icon(clients):
+    page = clients["alice"].get("/tenants/acme/").content.decode()
+    assert '<link rel="icon" href="/static/console/favicon.svg" type="image/svg+xml">' in page
+    response = clients["alice"].get("/favicon.ico")
+    assert response.status_code == 301 and response["Location"] == "/static/console/favicon.svg"
