@@ -1,6 +1,8 @@
 """What a report page, its printable version and its email show of a result:
 key figures, tables and charts, prepared once from ``ReportRun.result``."""
 
+from core.templatetags.core_tags import plural
+
 from . import charts, jobs
 
 
@@ -19,11 +21,11 @@ def report_context(run) -> dict:
         {"label": "Bytes", "bytes": (t.get("bytes_in") or 0) + (t.get("bytes_out") or 0),
          "sub_bytes": (t.get("bytes_in") or 0, t.get("bytes_out") or 0)},
         {"label": "Connections", "value": _num(t.get("connects")),
-         "sub": f"{_num(t.get('disconnects'))} disconnects · {_num(t.get('devices'))} devices"},
+         "sub": f"{plural(t.get('disconnects'), 'disconnect')} · {plural(t.get('devices'), 'device')}"},
         {"label": "Peak concurrent", "value": _num(t.get("peak_connections")),
          "sub": (f"at {t['peak_at'][:19].replace('T', ' ')} UTC" if t.get("peak_at") else "no connections")},
         {"label": "Median session", "seconds": t.get("median_session"),
-         "sub": f"of {_num(t.get('disconnects'))} closed"},
+         "sub": f"of {plural(t.get('disconnects'), 'session')} closed"},
         {"label": "Rejected", "value": _num(t.get("rejected")),
          "sub": f"{_num(t.get('dropped'))} dropped"},
     ]

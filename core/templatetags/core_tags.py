@@ -4,6 +4,7 @@ import datetime as dt
 
 from django import template
 from django.utils import timezone
+from django.utils.timesince import timesince
 
 register = template.Library()
 
@@ -28,6 +29,32 @@ def count(value):
         return f"{int(value):,}"
     except (TypeError, ValueError):
         return value
+
+
+def plural(n, noun: str, nouns: str | None = None) -> str:
+    """"1 device", "2 devices", "1,204 devices" (``nouns``: an irregular plural)."""
+    try:
+        k = int(n or 0)
+    except (TypeError, ValueError):
+        return f"{n} {nouns or noun + 's'}"
+    return f"{k:,} {noun if k == 1 else nouns or noun + 's'}"
+
+
+@register.filter(name="plural")
+def plural_filter(value, noun):
+    """``{{ n|plural:"device" }}`` -> "1 device" / "3 devices"; ``"child,children"`` for an irregular one."""
+    one, _, many = str(noun).partition(",")
+    return plural(value, one, many or None)
+
+
+@register.filter
+def ago(value):
+    """"just now" under a minute (timesince said "0 minutes ago"), else "5 minutes ago"."""
+    if value is None:
+        return "—"
+    if (timezone.now() - value).total_seconds() < 60:
+        return "just now"
+    return f"{timesince(value)} ago"
 
 
 @register.filter

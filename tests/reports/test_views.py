@@ -252,3 +252,29 @@ def test_platform_result_page(clients, make_run, acme):
     # a tenant's run is not reachable as a platform run
     tenant_run = make_run(acme)
     assert clients["root"].get(reverse("platform_report", args=[tenant_run.pk])).status_code == 404
+
+
+def test_one_device_is_one_device(clients, make_run, acme):
+    """The report read "1 devices" and "of 1 closed" (of what?)."""
+    from .conftest import sample_result
+
+    result = sample_result()
+    result["totals"].update(devices=1, disconnects=1, connects=1)
+    run = make_run(acme, result=result)
+    page = clients["victor"].get(reverse("report", args=["acme", run.pk])).content.decode()
+    assert "1 disconnect · 1 device<" in page and "of 1 session closed" in page
+    assert "1 devices" not in page
+
+
+def test_counts_and_times_read_as_words():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from core.templatetags.core_tags import ago, plural_filter
+
+    assert [plural_filter(n, "device") for n in (0, 1, 2, 1204)] == ["0 devices", "1 device", "2 devices",
+                                                                     "1,204 devices"]
+    assert plural_filter(1, "child,children") == "1 child" and plural_filter(3, "child,children") == "3 children"
+    assert ago(timezone.now() - timedelta(seconds=20)) == "just now"             # was "0 minutes ago"
+    assert ago(timezone.now() - timedelta(minutes=5, seconds=3)) == "5\xa0minutes ago"
