@@ -82,7 +82,7 @@ tenant_patterns = [
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     # browsers ask for /favicon.ico on pages that name no icon (a 404 on every such page)
-    path("favicon.ico", views.favicon),
+    path("favicon.ico", views.favicon, name="favicon"),
     path("login/", views.LoginView.as_view(), name="login"),
     path("logout/", views.LogoutView.as_view(), name="logout"),
     path("account/password/", views.PasswordChangeView.as_view(), name="password_change"),

@@ -107,6 +107,7 @@ LIVE_WRITE = {"ok": (200,), "writes": False}
 TABLE: dict[str, list[Try]] = {
     # ------------------------------------------------------------ sign-in, home
     "healthz": [get(PUBLIC)],
+    "favicon": [get(PUBLIC, ok=(301,))],
     "login": [get(PUBLIC, ok=(200, 302))],              # signed in: on to the home page
     "logout": [post(PUBLIC, writes=False)],             # Django 5: POST only; anonymous too goes to the login page
     "password_change": [get(AUTHENTICATED),
