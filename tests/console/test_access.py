@@ -6,6 +6,8 @@ A tenant the user has no membership of does not exist for them (404, never
 anonymous visitors are sent to the login page.
 """
 
+import re
+
 import pytest
 
 from tenants.models import Membership
@@ -214,3 +216,23 @@ def test_the_console_names_its_icon(clients):
     assert '<link rel="icon" href="/static/console/favicon.svg" type="image/svg+xml">' in page
     response = clients["alice"].get("/favicon.ico")
     assert response.status_code == 301 and response["Location"] == "/static/console/favicon.svg"
+
+
+def test_a_platform_administrator_switches_tenant_from_the_top_bar(clients, acme):
+    """"All tenants" in the top bar looked like a switch and was text: now it is one."""
+    page = clients["admin"].get("/overview/").content.decode()
+    bar = page.split('<header class="topbar">', 1)[1].split("</header>", 1)[0]
+    assert '<select data-navigate aria-label="Switch tenant">' in bar
+    assert '<option value="/overview/" selected>All tenants</option>' in bar
+    assert '<option value="/tenants/acme/">acme</option>' in bar and '<option value="/tenants/globex/">globex</option>' in bar
+    on_acme = clients["admin"].get("/tenants/acme/").content.decode()
+    assert '<option value="/tenants/acme/" selected>acme</option>' in on_acme
+
+
+def test_the_switch_offers_the_list_past_fifty_tenants(clients, acme):
+    from tenants.models import Tenant
+
+    Tenant.objects.bulk_create([Tenant(slug=f"t{i:03d}") for i in range(60)])
+    page = clients["admin"].get("/overview/").content.decode()
+    assert len(re.findall(r'<option value="/tenants/[^"]+/">', page)) == 50
+    assert '<option value="/tenants/">More tenants…</option>' in page
