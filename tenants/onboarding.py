@@ -133,7 +133,7 @@ def paho(url: str, username: str, secret: str | None, device: str) -> str:
     websocket = scheme in ("ws", "wss")
     lines = ["import paho.mqtt.client as mqtt  # pip install 'paho-mqtt>=2'"]
     if secret is None:
-        lines[0:0] = ["import os", ""]
+        lines[0:0] = ["import os"]
         password = f"os.environ[{PASSWORD_VARIABLE!r}]"
     else:
         password = repr(secret)
