@@ -15,6 +15,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from core.brokerd_client import admin_urls
+from tenants.onboarding import public_urls
 
 from .env import envbool, envfloat, envint, envlist, envsecret, envstr, generated_secret
 from .forwarded import parse_networks
@@ -145,6 +146,16 @@ except ValueError as exc:
 BROKERD_ADMIN_CONNECT_TIMEOUT = envfloat("BROKERD_ADMIN_CONNECT_TIMEOUT", 1.0)
 BROKERD_ADMIN_DISCOVERY_INTERVAL = envfloat("BROKERD_ADMIN_DISCOVERY_INTERVAL", 10.0)
 BROKERD_ADMIN_TOKEN = envsecret("BROKERD_ADMIN_TOKEN") or generated_secret(VAR_DIR / "admin_token")
+# Where devices reach the broker, as the "Connect this device" panel shows it
+# (tenants/onboarding.py): comma-separated mqtt://, mqtts://, ws://, wss://
+# URLs. Empty (the default): the URLs the live nodes advertise (GET
+# /api/v1/nodes, each node's listeners with --advertise-host); set it when
+# devices reach the nodes under other names or ports (containers, NAT, a load
+# balancer), and the page needs no answer from brokerd.
+try:
+    MQTT_PUBLIC_URLS = public_urls(envstr("MQTT_PUBLIC_URLS", ""))
+except ValueError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
 
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"

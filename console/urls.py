@@ -43,6 +43,7 @@ tenant_patterns = [
     path("acl/", tv.acl_rules, name="acl"),
     path("acl/new/", tv.acl_add, name="acl_add"),
     path("acl/check/", tv.acl_check, name="acl_check"),
+    path("acl/own-topics/", tv.acl_own_topics, name="acl_own_topics"),
     path("acl/<int:rule_id>/edit/", tv.acl_edit, name="acl_edit"),
     path("acl/<int:rule_id>/move/", tv.acl_move, name="acl_move"),
     path("acl/<int:rule_id>/delete/", tv.acl_delete, name="acl_delete"),

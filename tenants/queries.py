@@ -112,6 +112,12 @@ def acl_rules(tenant: Tenant):
     return AclRule.objects.filter(tenant=tenant).select_related("device").order_by("position", "id")
 
 
+def allows_nothing(tenant: Tenant) -> bool:
+    """No device of the tenant may publish or subscribe anything: the default
+    is deny and no rule allows (a new tenant's state)."""
+    return tenant.default_acl == Tenant.DefaultAcl.DENY and not tenant.acl_rules.filter(allow=True).exists()
+
+
 def get_acl_rule(tenant: Tenant, rule_id: int) -> AclRule:
     rule = acl_rules(tenant).filter(pk=rule_id).first()
     if rule is None:

@@ -550,6 +550,38 @@ def check_acl(tenant: Tenant, device_name: str, client_id: str, action: str, top
     return AclCheck(decision.allowed, rule, decision.filtered, tenant.devices.filter(name=device_name).exists())
 
 
+# ---------------------------------------------------------------- onboarding: a device's own topics
+
+# "allow both {device}/#" for every device: each may publish and subscribe under its own name
+OWN_TOPICS = {"who": AclRule.Who.ALL, "action": AclRule.Action.BOTH, "topic": "{device}/#", "allow": True}
+
+
+def own_topics_rule(tenant: Tenant) -> AclRule | None:
+    """The tenant's ``OWN_TOPICS`` rule (the first, should it have several), if it has one."""
+    return queries.acl_rules(tenant).filter(device=None, device_pattern="", **OWN_TOPICS).first()
+
+
+@transaction.atomic
+def allow_own_topics(tenant: Tenant) -> tuple[AclRule, bool]:
+    """The one-click rule of a new tenant: ``OWN_TOPICS`` added last, unless the
+    tenant has it already -> ``(rule, created)``. Idempotent: a second click,
+    also a concurrent one (the tenant's row is locked first where the database
+    locks rows; SQLite serialises the write transactions), adds nothing."""
+    Tenant.objects.select_for_update().filter(pk=tenant.pk).exists()
+    existing = own_topics_rule(tenant)
+    if existing is not None:
+        return existing, False
+    return add_acl_rule(tenant, **OWN_TOPICS), True
+
+
+def example_access(tenant: Tenant, device_name: str, topic: str, topic_filter: str) -> dict[str, AclCheck]:
+    """What the tenant's ACL decides for the connect panel's examples: device
+    ``device_name`` (its name as client id) publishing ``topic`` and
+    subscribing ``topic_filter`` -> ``{"publish": AclCheck, "subscribe": AclCheck}``."""
+    return {"publish": check_acl(tenant, device_name, device_name, "publish", topic),
+            "subscribe": check_acl(tenant, device_name, device_name, "subscribe", topic_filter)}
+
+
 # ---------------------------------------------------------------- quota, $SYS
 
 

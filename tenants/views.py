@@ -7,6 +7,7 @@ tenant's objects, 403 for a viewer who tries to write), validates a form,
 calls ``tenants.services`` and writes one audit row when it succeeded.
 """
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
@@ -31,7 +32,7 @@ from core.shortcuts import (
 )
 from core.views import audit_page
 
-from . import audit_docs, limits, memberships, queries, services, usage
+from . import audit_docs, limits, memberships, onboarding, queries, services, usage
 from .access import (
     get_credential_for_user,
     get_device_for_user,
@@ -58,10 +59,45 @@ LIVE_PAGE = 1000
 
 
 def _secret_response(request, context):
-    """The page that shows a new secret: rendered once, never stored or cached."""
+    """The page that shows a new secret: rendered once, never stored or cached.
+    Its "Connect this device" panel's examples hold the secret; nowhere else do they."""
+    live = Live(request)
+    context = {**context, **_connect_context(live, context["tenant"], context["device"], context["secret"]),
+               "rw": True, **live.context()}
     response = render(request, "tenants/credential_secret.html", context)
     response["Cache-Control"] = "no-store"
     return response
+
+
+def _broker_urls(live) -> tuple[list[str], str]:
+    """Where devices reach the broker -> ``(urls, source)``: ``MQTT_PUBLIC_URLS``
+    when set ("setting"), else what the live nodes advertise ("cluster"), else
+    nothing ("unreachable": no answer from brokerd's admin API)."""
+    configured = onboarding.public_urls(settings.MQTT_PUBLIC_URLS)
+    if configured:
+        return configured, "setting"
+    nodes = live.call("nodes")
+    if nodes is None:
+        return [], "unreachable"
+    return onboarding.advertised_urls(nodes), "cluster"
+
+
+def _connect_context(live, tenant, device, secret=None) -> dict:
+    """The "Connect this device" panel (``onboarding.connect_panel``) and the ACL
+    notice: what the tenant's rules decide for the panel's examples."""
+    urls, source = _broker_urls(live)
+    panel = onboarding.connect_panel(urls, f"{tenant.slug}/{device.name}", device.name, secret)
+    topic, topic_filter = onboarding.example_topics(device.name)
+    access = services.example_access(tenant, device.name, topic, topic_filter)
+    problem = None if source != "unreachable" else (live.unavailable or (live.error and live.error.message))
+    notice = {"kind": "device", "device": device.name, "topic": topic, "filter": topic_filter, "access": access,
+              "denied": not all(a.allowed for a in access.values()), "own_rule": services.own_topics_rule(tenant)}
+    return {"connect": {**panel, "source": source, "problem": problem}, "acl_notice": notice}
+
+
+def _tenant_notice(tenant) -> dict:
+    """The overview's ACL notice: shown while no device may do anything."""
+    return {"kind": "tenant", "denied": queries.allows_nothing(tenant), "own_rule": None}
 
 
 # ---------------------------------------------------------------- overview
@@ -87,6 +123,7 @@ def tenant_overview(request, slug):
         return render(request, "tenants/partials/usage.html", context)
     context["db"] = queries.tenant_numbers(tenant)
     context["system_topics"] = queries.system_topics(tenant)
+    context["acl_notice"] = _tenant_notice(tenant)
     return render(request, "tenants/overview.html", context)
 
 
@@ -155,7 +192,7 @@ def device_detail(request, slug, name):
         "tenant": tenant, "device": device, "rw": rw, "credentials": queries.credentials(device),
         "rules": [r for r in queries.acl_rules(tenant) if r.device_id == device.pk],
         "sessions": sessions["items"] if sessions is not None else None,
-        "username": f"{tenant.slug}/{device.name}", **live.context(),
+        "username": f"{tenant.slug}/{device.name}", **_connect_context(live, tenant, device), **live.context(),
     }
     return render(request, "tenants/device_detail.html", context)
 
@@ -427,6 +464,30 @@ def acl_delete(request, slug, rule_id):
             return redirect("acl", slug=slug)
         return _acl_editor(request, _acl_context(tenant, rw))
     return render(request, "tenants/acl_delete.html", {"tenant": tenant, "rw": rw, "rule": rule})
+
+
+@login_required
+@require_POST
+def acl_own_topics(request, slug):
+    """The one-click rule ``allow both {device}/#`` (``services.allow_own_topics``):
+    added last with its audit row, or, when the tenant has it already, nothing
+    added and nothing logged. htmx swaps the notice it came from; a plain POST
+    goes back to the page (``next``)."""
+    tenant, rw = get_tenant_for_user(request, slug, write=True)
+    rule, created = services.allow_own_topics(tenant)
+    if created:
+        audit.record(request, "acl.add", "acl_rule", rule.pk, tenant=tenant, after=audit_docs.rule_doc(rule))
+    if wants_fragment(request):
+        notice = {"kind": request.POST.get("kind", "tenant"), "done": rule, "created": created}
+        return render(request, "tenants/partials/acl_notice.html",
+                      {"tenant": tenant, "rw": rw, "acl_notice": notice, "next": request.POST.get("next", "")})
+    if created:
+        messages.success(request, f"Rule #{rule.position} added: every device may publish and subscribe "
+                                  f"under its own name ({rule.topic}).")
+    else:
+        messages.info(request, f"Rule #{rule.position} already lets every device publish and subscribe "
+                               f"under its own name ({rule.topic}).")
+    return redirect_back(request, reverse("acl", kwargs={"slug": slug}))
 
 
 @login_required

@@ -81,7 +81,11 @@ OPENAPI = {
                 "worker": {"type": "integer", "nullable": True, "description": "its slot among the host's "
                            "--workers N processes (null: one process)"}, "pid": {"type": "integer"},
                 "health": {"type": "string", "enum": ["ok", "fenced", "unreachable"]},
-                "uptime": {"type": "number"}, "listeners": {"type": "array", "items": {"type": "string"}},
+                "uptime": {"type": "number"}, "listeners": {"type": "array", "items": {"type": "string"},
+                                                             "description": "the MQTT listeners as bound"},
+                "mqtt": {"type": "array", "items": {"type": "string"}, "description": "the MQTT listeners' URLs "
+                         "as clients reach them (--advertise-host, else the bound host; a wildcard bind: the "
+                         "host name)"},
                 "admin": {"type": "string"}, "connected": {"type": "integer"}, "sessions": {"type": "integer"},
                 "subscriptions": {"type": "integer"}, "retained": {"type": "integer"},
                 "messages_received": {"type": "integer"}, "messages_sent": {"type": "integer"},

@@ -30,6 +30,8 @@ def test_any_node_answers_for_every_node(three, tokens):
         assert status == 200
         assert [n["id"] for n in body["items"]] == ["n1", "n2", "n3"]
         assert {n["health"] for n in body["items"]} == {"ok"}
+        # each node's MQTT listeners as clients reach them (the console's "Connect this device" panel)
+        assert [n["mqtt"] for n in body["items"]] == [[f"mqtt://127.0.0.1:{n.port('mqtt')}"] for n in nodes]
 
 
 def test_clients_of_all_nodes_listed_detailed_and_kicked_from_one(three, tokens):

@@ -142,6 +142,7 @@ TABLE: dict[str, list[Try]] = {
     "acl": [get(TENANT_READ)],
     "acl_add": [post(TENANT_WRITE, {"who": "all", "action": "both", "topic": "x/#", "allow": "allow"})],
     "acl_check": [get(TENANT_READ, query="device=d&action=publish&topic=a/b")],
+    "acl_own_topics": [post(TENANT_WRITE, {"next": "/"})],
     "acl_edit": [get(TENANT_WRITE, args=RULE),
                  post(TENANT_WRITE, {"who": "all", "action": "subscribe", "topic": "y/#", "allow": "deny"},
                       args=RULE)],

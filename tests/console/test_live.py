@@ -16,6 +16,7 @@ import pytest
 from django.urls import reverse
 
 from console import live_views
+from core.brokerd_client import BrokerdClient
 
 from ..controlplane import ControlPlane
 from ..integration import raw
@@ -443,6 +444,26 @@ def test_a_publisher_paced_by_the_queue_budget_says_so(as_alice, plane, secrets,
         for c in clients:
             c.close()
         b.stop()
+
+
+# ---------------------------------------------------------------- the "Connect this device" panel
+
+
+def test_the_connect_panel_shows_what_the_live_node_advertises(as_alice, node, settings):
+    """No MQTT_PUBLIC_URLS: the URLs the nodes advertise (GET /api/v1/nodes, each node's "mqtt");
+    with it, the setting's."""
+    settings.MQTT_PUBLIC_URLS = []
+    mqtt_url, ws_url = f"mqtt://127.0.0.1:{node.port('mqtt')}", f"ws://127.0.0.1:{node.port('ws')}/mqtt"
+    (listed,) = BrokerdClient(node.admin_url, TOKEN).nodes()
+    assert listed["mqtt"] == [mqtt_url, ws_url]
+    page = as_alice.get("/tenants/acme/devices/sensor-1/").content.decode()
+    assert f'<code class="broker-url" data-scheme="mqtt">{mqtt_url}</code>' in page
+    assert f'<code class="broker-url" data-scheme="ws">{ws_url}</code>' in page
+    assert f"mosquitto_pub -h 127.0.0.1 -p {node.port('mqtt')} -u acme/sensor-1" in page
+    assert "advertise" in page and "did not answer" not in page
+    settings.MQTT_PUBLIC_URLS = "mqtts://mqtt.acme.example:8883"
+    page = as_alice.get("/tenants/acme/devices/sensor-1/").content.decode()
+    assert "mqtts://mqtt.acme.example:8883" in page and mqtt_url not in page
 
 
 # ---------------------------------------------------------------- brokerd down

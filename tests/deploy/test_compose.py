@@ -19,6 +19,7 @@ import pytest
 
 from brokerd.config import ENV_PREFIX, Config, from_environ
 from brokerd.config import load as load_brokerd_config
+from tenants.onboarding import public_urls
 
 from .compose import (
     DOCKER,
@@ -185,6 +186,26 @@ def test_the_console_and_the_nodes_share_the_database_token_and_admin_api(compos
     cenv = environment(console)
     assert published(console) == {int(cenv["CONSOLE_PORT"]): 8443}
     assert mounts(console)[os.path.dirname(cenv["CONSOLE_TLS_CERT"])] == "./tls"
+
+
+def test_the_console_tells_devices_every_nodes_published_listeners(compose):
+    """The "Connect this device" panel's MQTT_PUBLIC_URLS: each node's listeners at PUBLIC_HOST on the
+    ports published for them (the nodes themselves advertise their names inside the network)."""
+    services = compose["services"]
+    env = read_env_file(DOCKER / ".env.example")
+    expected = set()
+    for name in BROKERD_NODES:
+        cfg = load_brokerd_config([], environ=environment(services[name]))
+        ports = published(services[name])
+        expected |= {f"{lst.scheme}://{env['PUBLIC_HOST']}:{ports[lst.port]}{lst.path}" for lst in cfg.listeners()}
+    urls = public_urls(environment(services["console"])["MQTT_PUBLIC_URLS"])
+    assert len(urls) == len(expected) == 12 and set(urls) == expected
+    # a URL no device could use stops the console at start-up, naming the setting
+    bad = {**environment(services["console"]), "MQTT_PUBLIC_URLS": "mqtt://0.0.0.0:1883"}
+    proc = subprocess.run([sys.executable, "manage.py", "check"], cwd=ROOT, capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"], **bad}, timeout=60)
+    assert proc.returncode != 0 and "MQTT_PUBLIC_URLS: 'mqtt://0.0.0.0:1883': no host a device can reach" \
+        in proc.stderr, proc.stderr[-500:]
 
 
 def _settings_of(env: dict) -> dict:
