@@ -100,7 +100,8 @@
   function axisValues(fmt) {
     return function (u, splits) {
       return splits.map(function (v) {
-        if (fmt === "bytesrate") return bytes(v);
+        // a fraction of a byte is no label ("0 B, 1 B, 1 B" on an empty chart)
+        if (fmt === "bytesrate") return v === Math.round(v) ? bytes(v) : "";
         if (fmt === "count") return v === Math.round(v) ? short(v) : "";
         return short(v);
       });
@@ -134,6 +135,17 @@
     return out;
   }
 
+  // the legend shows the latest values when the pointer is not over the chart (it read "—" until hovered)
+  function showLatest(u) {
+    if (u.cursor.idx !== null && u.cursor.idx !== undefined) return;
+    var xs = u.data[0];
+    for (var i = (xs ? xs.length : 0) - 1; i >= 0; i--) {
+      for (var s = 1; s < u.data.length; s++) {
+        if (u.data[s][i] !== null && u.data[s][i] !== undefined) { u.setLegend({ idx: i }, false); return; }
+      }
+    }
+  }
+
   function makeChart(el, kind, data, opts) {
     opts = opts || {};
     var defs = CHARTS[kind];
@@ -151,7 +163,7 @@
     var axisFont = "11px system-ui, -apple-system, 'Segoe UI', sans-serif";
     var u = new uPlot({
       width: width, height: opts.height || 170,
-      padding: [10, 12, 0, 0],
+      padding: [10, 28, 0, 0],           // room for half of the last x label
       cursor: { points: { size: 6 }, drag: { x: false, y: false } },
       legend: { show: true, live: true },
       scales: {
@@ -165,8 +177,10 @@
         { stroke: "#64748b", grid: { stroke: "#eef2f7", width: 1 }, ticks: { show: false }, size: 60, font: axisFont,
           space: 28, values: axisValues(defs[0][3]) }
       ],
-      series: series
+      series: series,
+      hooks: { setData: [showLatest], setCursor: [showLatest] }
     }, data, el);
+    showLatest(u);
     el._uplot = u;
     return u;
   }

@@ -120,6 +120,11 @@ def test_dashboard_numbers_move_while_devices_publish(page, stack, devices):
                 seen.append(value)
         assert len(seen) >= 4 and seen == sorted(seen), seen
         expect(page.locator('[data-bind="totals.connections"]').first).to_have_text("4")
+        # the charts' legends show the latest values without a pointer over them (they read "—")
+        page.mouse.move(0, 0)
+        legend = page.locator('[data-chart="connections"] .u-legend .u-series .u-value')
+        expect(legend.nth(1)).to_have_text("4")
+        expect(legend.nth(0)).not_to_have_text(re.compile(r"^(—|)$"))
         rate = page.locator('.stat-value[data-bind="rates.msgs_in"]')
         expect(rate).to_have_text(re.compile(r"^\d[\d.,k]*/s$"))
         assert rate.inner_text() != "0/s"
