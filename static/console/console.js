@@ -2,6 +2,17 @@
 (function () {
   "use strict";
 
+  // the navigation folds behind a Menu button on narrow screens (CSS shows the button there)
+  document.documentElement.classList.add("js");
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest("[data-nav-toggle]");
+    if (!button) return;
+    var sidebar = button.closest("[data-sidebar]");
+    var open = !sidebar.classList.contains("nav-open");
+    sidebar.classList.toggle("nav-open", open);
+    button.setAttribute("aria-expanded", open ? "true" : "false");
+  });
+
   // "Copy" buttons next to secrets: data-copy="#element-id"
   document.addEventListener("click", function (event) {
     var button = event.target.closest("[data-copy]");
