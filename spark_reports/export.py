@@ -4,6 +4,7 @@ or one table of it as a plain CSV."""
 
 import csv
 import io
+import zipfile
 
 # table -> (key column, value columns) in the order they are written
 TABLES = {
@@ -66,7 +67,35 @@ def table_csv(result: dict, table: str) -> str:
     return out.getvalue()
 
 
-def filename(run, table: str | None = None) -> str:
+def totals_csv(result: dict) -> str:
+    out = io.StringIO()
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(["metric", "value"])
+    w.writerow(["report", result.get("tenant") or "platform"])
+    w.writerow(["start", result["start"]])
+    w.writerow(["end", result["end"]])
+    totals = result.get("totals", {})
+    for metric in TOTALS:
+        if metric in totals:
+            w.writerow([metric, _cell(totals[metric])])
+    return out.getvalue()
+
+
+def report_zip(result: dict, base: str) -> bytes:
+    """For spreadsheets: one CSV per section (``totals.csv``, ``daily.csv``, ...), a column per metric."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr(f"{base}/totals.csv", totals_csv(result))
+        for table in tables_of(result):
+            z.writestr(f"{base}/{table}.csv", table_csv(result, table))
+    return out.getvalue()
+
+
+def basename(run) -> str:
     who = run.tenant.slug if run.tenant_id else "platform"
-    base = f"usage-{who}-{run.period_start:%Y-%m-%d}-to-{run.last_day:%Y-%m-%d}"
+    return f"usage-{who}-{run.period_start:%Y-%m-%d}-to-{run.last_day:%Y-%m-%d}"
+
+
+def filename(run, table: str | None = None) -> str:
+    base = basename(run)
     return f"{base}-{table}.csv" if table else f"{base}.csv"

@@ -313,11 +313,12 @@ def daily(traffic: DataFrame, conns: DataFrame, period: Period) -> DataFrame:
 
 
 def top_topics(traffic: DataFrame, n: int = 10) -> DataFrame:
-    """Topics by messages (in + out), then by name; tenant-wide rows (topic "") left out."""
+    """Topics by messages (in + out), then by name; tenant-wide rows (topic "") and topics
+    without a message (only refused publishes: ACL denied, over quota) left out."""
     df = traffic.filter(F.col("topic") != "").groupBy("topic").agg(
         *_sums(["msgs_in", "msgs_out", "bytes_in", "bytes_out"]))
     df = df.withColumn("messages", F.col("msgs_in") + F.col("msgs_out")).withColumn(
-        "bytes", F.col("bytes_in") + F.col("bytes_out"))
+        "bytes", F.col("bytes_in") + F.col("bytes_out")).filter(F.col("messages") > 0)
     return df.orderBy(F.desc("messages"), F.asc("topic")).limit(n)
 
 

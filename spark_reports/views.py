@@ -109,6 +109,11 @@ def _csv(request, run):
     if run.status != ReportRun.Status.SUCCEEDED:
         raise Http404("This report has no result")
     table = request.GET.get("table")
+    if request.GET.get("format") == "zip":
+        base = export.basename(run)
+        response = HttpResponse(export.report_zip(run.result, base), content_type="application/zip")
+        response["Content-Disposition"] = f'attachment; filename="{base}.zip"'
+        return response
     if table:
         if table not in export.tables_of(run.result):
             raise Http404("No such table")

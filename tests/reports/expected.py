@@ -95,7 +95,7 @@ def top_topics(traffic, start, end, tenant, n):
     for r in traffic_in(traffic, start, end, tenant):
         if r["topic"]:
             agg[r["topic"]] += msgs_in(r) + r["msgs_out"]
-    return sorted(agg.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+    return sorted(((t, m) for t, m in agg.items() if m), key=lambda kv: (-kv[1], kv[0]))[:n]
 
 
 def top_devices(conns, start, end, tenant, n):

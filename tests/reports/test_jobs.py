@@ -197,6 +197,16 @@ def test_one_device_name_in_two_tenants_is_two_devices_on_the_platform(spark):
     assert {r["tenant"]: r["devices"] for r in per_tenant} == {"acme": 1, "globex": 1}
 
 
+def test_a_topic_with_only_refused_publishes_is_not_a_top_topic(spark, tmp_path):
+    """Denied topics were listed under Top topics with 0 messages."""
+    ts = int(BASE) + 3600
+    gen.write_rows(tmp_path, "traffic", [gen.traffic_row(ts, "t", "secret/x", acl_denied=5),
+                                         gen.traffic_row(ts, "t", "plant/a", msgs_in_q0=2)])
+    traffic = jobs.traffic_in(jobs.read_traffic(spark, str(tmp_path), PERIOD), PERIOD)
+    assert [(r["topic"], r["messages"]) for r in jobs.top_topics(traffic, 10).collect()] == [("plant/a", 2)]
+    assert jobs.traffic_totals(traffic).collect()[0]["acl_denied"] == 5        # still counted, as a rejection
+
+
 def test_top_n_ties_by_name(spark, tmp_path):
     ts = int(BASE) + 3600
     rows = [gen.traffic_row(ts, "t", topic, msgs_in_q0=n) for topic, n in

@@ -254,6 +254,26 @@ def test_platform_result_page(clients, make_run, acme):
     assert clients["root"].get(reverse("platform_report", args=[tenant_run.pk])).status_code == 404
 
 
+def test_the_spreadsheet_export_is_one_csv_per_section(clients, acme_run):
+    import csv
+    import io
+    import zipfile
+
+    response = clients["victor"].get(reverse("report_csv", args=["acme", acme_run.pk]) + "?format=zip")
+    assert response.status_code == 200 and response["Content-Type"] == "application/zip"
+    assert 'filename="usage-acme-2026-03-02-to-2026-03-08.zip"' in response["Content-Disposition"]
+    z = zipfile.ZipFile(io.BytesIO(response.content))
+    base = "usage-acme-2026-03-02-to-2026-03-08/"
+    assert sorted(z.namelist()) == sorted(base + f for f in ("totals.csv", "daily.csv", "top_topics.csv",
+                                                             "top_devices.csv", "rejections.csv", "reasons.csv"))
+    daily = list(csv.DictReader(io.StringIO(z.read(base + "daily.csv").decode())))
+    assert len(daily) == 7 and daily[0]["date"] == "2026-03-02" and daily[0]["msgs_in"] == "200"
+    totals = dict(csv.reader(io.StringIO(z.read(base + "totals.csv").decode())))
+    assert totals["messages"] == "5250" and totals["devices"] == "17"
+    page = clients["victor"].get(reverse("report", args=["acme", acme_run.pk])).content.decode()
+    assert "?format=zip" in page
+
+
 def test_one_device_is_one_device(clients, make_run, acme):
     """The report read "1 devices" and "of 1 closed" (of what?)."""
     from .conftest import sample_result
