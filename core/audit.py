@@ -2,8 +2,8 @@
 by the view after the service succeeded.
 
 Changes the console makes through brokerd's admin API (kick, subscriptions,
-publish, retained deletes) are recorded by brokerd itself (source "api", actor
-"console:USER (via api-token:NAME)"), so the console writes no second row for
+publish, retained deletes) are recorded by brokerd itself (source "console", actor
+the user, as the console's own rows), so the console writes no second row for
 them. ``before``/``after`` are JSON documents of what users see: never
 secrets or their hashes (each app shapes its own, e.g. ``tenants.audit_docs``).
 """

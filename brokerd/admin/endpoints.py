@@ -10,7 +10,7 @@ revoked token gets 401, a read token that tries to write 403 -- decided from
 the request's headers, before its body is read (``http.py`` bounds the rest).
 
 ``X-On-Behalf-Of`` names the console user a request acts for, and the audit
-row names that user beside the token. Only the console's own kind of token
+row names that user (source "console", as the console's own rows). Only the console's own kind of token
 may send it: the bootstrap token (``BROKERD_ADMIN_TOKEN``), which the
 console shares with the nodes. A token made in the console's token table
 (Grafana, scripts) that sends it gets 403: any holder of such a token could
@@ -427,12 +427,13 @@ class AdminApi:
         return status, [("content-type", "application/json")], body
 
     async def _audit(self, token: Token, req: Request, action, object_type, object_id, tenant, before, after):
-        actor = f"api-token:{token.name}"           # always the token; the console user beside it
-        # the console's user, percent-encoded UTF-8 (any bytes a client sends decode to something)
+        actor, source = f"api-token:{token.name}", "api"
+        # the console's user, percent-encoded UTF-8 (any bytes a client sends decode to something): a
+        # person's action through the console is theirs, as the console's own rows name it, source console
         on_behalf = urllib.parse.unquote(req.headers.get("x-on-behalf-of") or "", errors="replace")
         if on_behalf and token.delegates:
-            actor = f"{on_behalf} (via {actor})"
-        event = {"at": time.time(), "actor": actor, "source": "api", "action": action, "object_type": object_type,
+            actor, source = on_behalf.removeprefix("console:"), "console"
+        event = {"at": time.time(), "actor": actor, "source": source, "action": action, "object_type": object_type,
                  "object_id": str(object_id), "tenant": tenant, "before": before, "after": after,
                  "remote_addr": req.peer}
         if self.audit is not None:
