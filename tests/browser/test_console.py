@@ -248,3 +248,25 @@ def test_quotas_one_save_keeps_both_columns(page, stack):
         shot(page, f"quotas-error-{size}")
     page.goto(stack.url("/tenants/quotaco/quotas/"))
     expect(page.get_by_label("Ceiling: max queued")).to_have_value("")       # the failed save changed nothing
+
+
+def test_the_client_list_and_a_clients_page_follow_the_devices(page, stack):
+    """The client list and a client's page showed the moment they were opened: a device that
+    connected (or subscribed) later was not there until a reload."""
+    secrets = stack.provision([{"slug": "refreshco", "default_acl": "allow", "devices": ["tracker"]}])
+    log_in(page, stack, ADMIN_USER, ADMIN_PASSWORD)
+    page.goto(stack.url("/tenants/refreshco/clients/"))
+    expect(page.locator("#client-table")).not_to_contain_text("tracker-1")
+    device = connect_device(stack, "tracker-1", "refreshco/tracker", secrets["refreshco/tracker"])
+    try:
+        expect(page.locator("#client-table")).to_contain_text("tracker-1", timeout=12_000)     # no reload
+        page.locator("#client-table").get_by_role("link", name="tracker-1").click()
+        expect(page.locator(".subtitle .badge")).to_have_text("connected")
+        device.subscribe("fleet/+/position", qos=1)
+        expect(page.locator("#session")).to_contain_text("fleet/+/position", timeout=12_000)
+        # what is being typed in the subscribe form is not swapped away
+        page.get_by_label("Topic filter").fill("alerts/#")
+        page.wait_for_timeout(6_000)
+        expect(page.get_by_label("Topic filter")).to_have_value("alerts/#")
+    finally:
+        device.disconnect()
