@@ -352,16 +352,16 @@ class Broker:
         except DelayedTopicError:
             self.acct.publish_denied(ns, msg.topic)
             return rc.DELAYED_TOPIC_INVALID
+        msg.topic = target
         acl = channel.acl
         if acl is not None and not acl.can_publish(target):
             self.acct.publish_denied(ns, target)
             return rc.NOT_AUTHORIZED
         quota = channel.quota
         if quota is not None:
-            limit = quota.get("max_payload")
-            if limit is not None and len(msg.payload) > limit:
-                self.acct.publish_over_quota(ns, target)
-                return rc.PACKET_TOO_LARGE
+            code = self._publish_quota(ns, msg, quota)        # its payload; a retained one, the retained cap
+            if code:
+                return code
         if delayed.full(ns.name, quota):
             delayed.refused += 1
             self.acct.publish_over_quota(ns, target)
@@ -372,7 +372,6 @@ class Broker:
         usage = self.usage
         if usage is not None:
             usage.published(ns.name, target, msg.qos, len(msg.payload))
-        msg.topic = target
         msg.origin = None
         ack = None
         if msg.qos:

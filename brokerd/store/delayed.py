@@ -29,6 +29,7 @@ node: same code, nothing survives the process.
 """
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -62,6 +63,7 @@ class DelayedRunner:
         self._idle = asyncio.Event()
         self._idle.set()
         self._tasks: list[asyncio.Task] = []
+        self._stopping = asyncio.Event()
         self._undeleted: list[DelayedMessage] = []      # published, delete not yet written
         self.written = 0
         self.published = 0
@@ -77,7 +79,13 @@ class DelayedRunner:
         if self.queue.pending:
             self._wake()
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float = 5.0) -> None:
+        """The round being released is finished first (published and deleted): a
+        message published and not deleted would be published again after the lease."""
+        self._stopping.set()
+        if self._tasks:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._tasks[1]), timeout)
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -140,7 +148,7 @@ class DelayedRunner:
 
     async def _release_loop(self) -> None:
         counted = -COUNT_EVERY
-        while True:
+        while not self._stopping.is_set():
             now = self.loop.time()
             try:
                 if now - counted >= COUNT_EVERY:
@@ -154,7 +162,8 @@ class DelayedRunner:
                 log.exception("delayed messages: releasing failed")
                 full = False
             if not full:
-                await asyncio.sleep(self.poll)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), self.poll)
 
     async def release_due(self) -> bool:
         """One round: delete what was published, claim what is due, publish it;
