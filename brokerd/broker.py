@@ -288,13 +288,18 @@ class Broker:
         follows). ``rel``: the packet id of a QoS 2 PUBLISH, to be kept until
         PUBREL."""
         ns = channel.ns
-        if msg.topic.startswith(DELAYED_PREFIX) and self.delayed is not None:
-            return self._publish_delayed(ns, msg, channel, now, rel)
-        session = msg.origin = channel.session
         acl = channel.acl
-        if acl is not None and (not acl.can_publish(msg.topic) or msg.topic.startswith("$SYS/")):
-            self.acct.publish_denied(ns, msg.topic)
+        topic = msg.topic
+        if topic[0] == "$":
+            if topic.startswith(DELAYED_PREFIX) and self.delayed is not None:
+                return self._publish_delayed(ns, msg, channel, now, rel)
+            if acl is not None and topic.startswith("$SYS/"):
+                self.acct.publish_denied(ns, topic)
+                return rc.NOT_AUTHORIZED
+        if acl is not None and not acl.can_publish(topic):
+            self.acct.publish_denied(ns, topic)
             return rc.NOT_AUTHORIZED
+        session = msg.origin = channel.session
         quota = channel.quota
         if quota is not None:
             code = self._publish_quota(ns, msg, quota)
