@@ -8,6 +8,7 @@ first half of the delay, "after" with a timeout of several times the delay.
 """
 
 import queue
+import signal
 import time
 
 import pytest
@@ -141,7 +142,8 @@ def test_over_the_cap_a_delayed_message_is_refused_with_quota_exceeded(tmp_path,
         b.stop()
 
 
-def test_a_delayed_message_survives_a_sigkill_and_is_published_once_after_the_restart(tmp_path, topic):
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_delayed_message_survives_a_sigkill_and_is_published_once_after_the_restart(tmp_path, topic, sig):
     store = f"sqlite:///{tmp_path}/s.db"
     b = BrokerProcess("--store", store, "--sys-interval", "0").start()
     try:
@@ -151,7 +153,7 @@ def test_a_delayed_message_survives_a_sigkill_and_is_published_once_after_the_re
         sub.disconnect()
         with PahoClient(f"pk-{time.monotonic_ns()}", V311).connect(b.port()) as pub:
             pub.publish(f"$delayed/2/{topic}/k", b"survivor", qos=1)      # PUBACK: it is in the store
-        b.kill()                                                           # SIGKILL, before it is due
+        b.stop(sig)                                                        # before it is due
         b = BrokerProcess("--store", store, "--sys-interval", "0").start()
         time.sleep(2.5)
         again = PahoClient(sub.client._client_id.decode(), V311, clean=False).connect(b.port())
