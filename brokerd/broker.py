@@ -32,6 +32,8 @@ import logging
 from dataclasses import dataclass, field
 
 from .budget import MemoryBudget, PreauthBudget
+from .delayed import PREFIX as DELAYED_PREFIX
+from .delayed import DelayedTopicError, parse_delayed
 from .metrics.accounting import Accounting, Stats
 from .protocol import reason as rc
 from .protocol.channel import ChannelLimits
@@ -121,11 +123,17 @@ class Broker:
         self._strategy = self.config.shared_strategy
         self.autosub: dict = {}             # tenant -> (tenancy.autosub.AutoSub, ...), tenants that have some
         self.rules: dict = {}               # tenant -> rules.engine.TenantRules, tenants with enabled rules only
+        self.delayed = None                 # delayed.DelayedQueue: $delayed/{seconds}/{topic} (use_delayed)
 
     def use_store(self, persist) -> None:
         """Mirror durable sessions through ``persist`` (a ``Persistence``)."""
         self.persist = persist
         self.journal = persist.journal
+
+    def use_delayed(self, queue) -> None:
+        """Take ``$delayed/...`` messages into ``queue`` (a ``delayed.DelayedQueue``);
+        without one they are plain topics."""
+        self.delayed = queue
 
     def attach_cluster(self, node) -> None:
         """The ClusterNode (or None when it leaves): it claims sessions
@@ -280,11 +288,18 @@ class Broker:
         follows). ``rel``: the packet id of a QoS 2 PUBLISH, to be kept until
         PUBREL."""
         ns = channel.ns
-        session = msg.origin = channel.session
         acl = channel.acl
-        if acl is not None and (not acl.can_publish(msg.topic) or msg.topic.startswith("$SYS/")):
-            self.acct.publish_denied(ns, msg.topic)
+        topic = msg.topic
+        if topic[0] == "$":
+            if topic.startswith(DELAYED_PREFIX) and self.delayed is not None:
+                return self._publish_delayed(ns, msg, channel, now, rel)
+            if acl is not None and topic.startswith("$SYS/"):
+                self.acct.publish_denied(ns, topic)
+                return rc.NOT_AUTHORIZED
+        if acl is not None and not acl.can_publish(topic):
+            self.acct.publish_denied(ns, topic)
             return rc.NOT_AUTHORIZED
+        session = msg.origin = channel.session
         quota = channel.quota
         if quota is not None:
             code = self._publish_quota(ns, msg, quota)
@@ -332,6 +347,55 @@ class Broker:
         if waits:
             self.cluster.wait_for(waits, ack)
         return None
+
+    def _publish_delayed(self, ns: Namespace, msg: Publish, channel, now: float, rel: int) -> int | None:
+        """``$delayed/{seconds}/{topic}`` (brokerd.delayed): checked as a publish to
+        ``topic``, handed to the delayed queue; the ack waits until it is stored."""
+        delayed = self.delayed
+        try:
+            seconds, target = parse_delayed(msg.topic)
+        except DelayedTopicError:
+            self.acct.publish_denied(ns, msg.topic)
+            return rc.DELAYED_TOPIC_INVALID
+        msg.topic = target
+        acl = channel.acl
+        if acl is not None and not acl.can_publish(target):
+            self.acct.publish_denied(ns, target)
+            return rc.NOT_AUTHORIZED
+        quota = channel.quota
+        if quota is not None:
+            code = self._publish_quota(ns, msg, quota)        # its payload; a retained one, the retained cap
+            if code:
+                return code
+        if delayed.full(ns.name, quota):
+            delayed.refused += 1
+            self.acct.publish_over_quota(ns, target)
+            return rc.DELAYED_QUOTA_EXCEEDED
+        if not delayed.healthy and msg.qos:
+            self.acct.store_refused()
+            return STORE_UNAVAILABLE
+        usage = self.usage
+        if usage is not None:
+            usage.published(ns.name, target, msg.qos, len(msg.payload))
+        msg.origin = None
+        ack = None
+        if msg.qos:
+            session = channel.session
+            durable_rel = rel and session.durable and self.persist is not None
+            ack = _AckWhenDurable(channel, msg.packet_id, msg.qos, rc.SUCCESS, 2 if durable_rel else 1)
+            if durable_rel:
+                self.persist.rel_added(session, ns.name, rel)
+                self.journal.after_commit(ack)
+        delayed.take(ns.name, now + self.wall_offset + seconds, msg, ack)
+        return None if ack is not None else rc.SUCCESS
+
+    def release_delayed(self, tenant: str, msg: Publish, now: float) -> int:
+        """A delayed message is due: published in its tenant as the broker's own; -> deliveries."""
+        ns = self.namespace(tenant)
+        delivered = self.publish_internal(ns, msg, now)
+        if not delivered:
+            self.acct.no_subscribers(ns, msg.topic)
+        return delivered
 
     def _no_subscribers(self, ns: Namespace, msg: Publish, channel, now: float) -> None:
         """A client's PUBLISH matched no subscription: counted for the node, the tenant and the usage log."""

@@ -133,6 +133,8 @@ class Config:
     rules_webhook_buffer: int = 16 * 1024 * 1024
     rules_webhook_tenant_buffer: int = 1024 * 1024
     rules_webhook_concurrency: int = 16
+    # delayed publish ($delayed/{seconds}/{topic}, brokerd.delayed): pending messages per tenant; 0 turns it off
+    max_delayed: int = 100_000
 
     def worker_count(self) -> int:
         """--workers as a number ("auto": the cores this process may run on)."""
@@ -220,6 +222,8 @@ class Config:
                               "--rules-webhook-buffer")
         if not 1 <= self.rules_webhook_concurrency <= 1024:
             raise ConfigError("--rules-webhook-concurrency must be 1..1024")
+        if self.max_delayed < 0:
+            raise ConfigError("--max-delayed must be 0 (delayed publish off) or more")
         if self.control_plane:
             try:
                 PolicyDatabase(self.control_plane)
@@ -442,6 +446,9 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="webhook requests waiting per tenant, in bytes; its oldest is dropped past it (1 MiB)")
     p.add_argument("--rules-webhook-concurrency", type=int, metavar="N",
                    help="webhook requests in flight on this node (16)")
+    p.add_argument("--max-delayed", type=int, metavar="N",
+                   help="$delayed/{seconds}/{topic} messages pending per tenant (100000; a tenant's quota may "
+                        "lower it); 0 turns delayed publish off")
     return p
 
 

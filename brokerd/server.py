@@ -28,6 +28,7 @@ from .cluster.bus import Bus
 from .cluster.node import ClusterError, ClusterNode
 from .cluster.peers import LinkSettings
 from .config import Config, ConfigError, Listener, load
+from .delayed import DelayedQueue
 from .integrations.webhook import Allowance, WebhookSender
 from .metrics import LatencySampler, LoopMonitor
 from .metrics.history_writer import History
@@ -37,6 +38,7 @@ from .protocol import reason as rc
 from .protocol.channel import ChannelLimits
 from .rules.engine import RuleEngine
 from .store import Journal, StoreError, open_store
+from .store.delayed import DelayedRunner
 from .store.writer import StoreWriter
 from .supervisor import supervise
 from .sys_topics import SysTopics
@@ -152,6 +154,8 @@ class Server:
         self.cluster: ClusterNode | None = None
         self.writer: StoreWriter | None = None
         self._purger: asyncio.Task | None = None
+        self.delayed: DelayedRunner | None = None
+        self._delayed_store = None           # the node's own memory store for them, without a durable store
 
     def _factory(self, listener: Listener):
         cls = WsMqttConnection if listener.websocket else MqttConnection
@@ -197,6 +201,19 @@ class Server:
         self.writer = StoreWriter(store, journal, self.broker, self.loop)
         self.writer.start()
         self._purger = self.loop.create_task(self._purge_loop(), name="store-purge")
+
+    async def open_delayed(self) -> None:
+        """Delayed publish (``$delayed/...``): in the session store, or in a memory
+        store of this node's own when there is none (--store memory://)."""
+        if not self.config.max_delayed:
+            return
+        store = self.store
+        if store is None:
+            store = self._delayed_store = open_store("memory://")
+            await store.open()
+        queue = DelayedQueue(self.config.max_delayed)
+        self.broker.use_delayed(queue)
+        self.delayed = DelayedRunner(store, queue, self.broker, self.loop, self.config.node_id)
 
     async def _purge_loop(self) -> None:
         while True:
@@ -257,6 +274,7 @@ class Server:
             await self.policy_source.load(POLICY_STARTUP_TIMEOUT)
             self.policy_source.start()
         await self.open_store()
+        await self.open_delayed()
         if self.config.control_plane:
             self.broker.reauthorize_all()
         for lst in self.config.listeners():
@@ -285,6 +303,8 @@ class Server:
                 flusher=self.flusher, budget=self.broker.budget, identity=self.identity())
             await self.cluster.start()
             self.broker.attach_cluster(self.cluster)
+        if self.delayed is not None:
+            self.delayed.start()            # due messages are published cluster-wide from here on
         self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
         self._own_ports()
         self.sys.tick(self.loop.time())
@@ -369,6 +389,12 @@ class Server:
                 await asyncio.wait_for(srv.wait_closed(), 1)
         if self.broker.usage is not None:
             await self.broker.usage.stop()              # the closed connections' rows go out too
+        if self.delayed is not None:
+            if not await self.delayed.drain(timeout):
+                log.error("delayed messages: %d not written at shutdown", len(self.broker.delayed.pending))
+            await self.delayed.stop()
+            if self._delayed_store is not None:
+                await self._delayed_store.close()
         if self.cluster is not None:
             if self.writer is not None:
                 await self.writer.drain(timeout)        # the others adopt what is stored

@@ -25,6 +25,7 @@ QUOTA_FIELDS = (
     "max_retained",  # retained messages of the tenant
     "max_payload",  # bytes
     "max_session_expiry",  # seconds
+    "max_delayed",  # $delayed/... messages of the tenant waiting to be published
 )
 
 MAX_LIMIT = 2**63 - 1  # what a BigInteger column holds

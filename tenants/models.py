@@ -200,6 +200,7 @@ class Quota(models.Model):
     max_retained = _limit_field("retained messages of the tenant")
     max_payload = _limit_field("payload bytes")
     max_session_expiry = _limit_field("session expiry seconds")
+    max_delayed = _limit_field("delayed messages ($delayed/...) of the tenant waiting to be published")
 
     def __str__(self):
         return f"quota of {self.tenant}"
@@ -237,6 +238,7 @@ class OwnQuota(models.Model):
     max_retained = _limit_field(Quota.max_retained.field.help_text)
     max_payload = _limit_field(Quota.max_payload.field.help_text)
     max_session_expiry = _limit_field(Quota.max_session_expiry.field.help_text)
+    max_delayed = _limit_field(Quota.max_delayed.field.help_text)
 
     def __str__(self):
         return f"own limits of {self.tenant}"

@@ -69,6 +69,8 @@ RULES = [
     Rule("brokerd.broker", IO, "the broker is pure: now comes from the caller"),
     Rule("brokerd.registry", IO, "the client registry is pure: timers are a heap served by tick(now)"),
     Rule("brokerd.budget", IO, "the budgets' policy is pure: the timer is given"),
+    Rule("brokerd.delayed", IO, "delayed publish's broker side is pure: the store and the clock are the runner's "
+         "(brokerd.store.delayed)"),
     Rule("brokerd.tenancy.enforcement", IO, "enforcement is pure"),
     Rule("brokerd.tenancy.acl", IO, "the ACL engine is pure (the console runs it too)"),
     Rule("brokerd.metrics.accounting", IO, "counting is pure"),

@@ -38,6 +38,7 @@ import h11
 
 from .. import metrics
 from ..metrics import prometheus
+from ..store import StoreError
 from . import api
 from .api import ApiError
 from .http import HttpLimits, HttpState, Request, json_response, request, server_factory
@@ -310,6 +311,10 @@ class AdminApi:
                 return json_response(200, {"tenant": tenant, "items": items})
             items += await self._gather(req, f"tenants/{urllib.parse.quote(tenant, safe='')}/rules")
             return json_response(200, {"tenant": tenant, "items": rule_totals(items)})
+        if len(parts) == 3 and parts[0] == "tenants" and parts[2] == "delayed":
+            if m != "GET":
+                raise ApiError(405, "not allowed here")
+            return json_response(200, await self._delayed(req, parts[1], local))
         if parts == ["retained"]:
             tenant = req.query.get("tenant")
             if not tenant:
@@ -336,6 +341,27 @@ class AdminApi:
                 await self._audit(token, req, "retained.delete", "retained", topic, tenant, before, None)
                 return json_response(200, {"deleted": topic})
         raise ApiError(404, "no such endpoint")
+
+    async def _delayed(self, req: Request, tenant: str, local: bool) -> dict:
+        """A tenant's pending delayed messages (``$delayed/...``) and its cap. In a shared
+        store the store's count is the cluster's; in a node's own memory store each
+        node counts its own, summed here."""
+        queue = self.broker.delayed
+        if queue is None:
+            return {"tenant": tenant, "enabled": False, "pending": 0, "limit": None, "items": []}
+        policy = self.broker.auth.policy(tenant)
+        limit = queue.limit(policy.quota if policy is not None else None)
+        runner = self.server.delayed
+        try:
+            pending = (await runner.store.delayed_counts()).get(tenant, 0) + sum(
+                1 for t, *_ in queue.pending if t == tenant)
+        except StoreError as exc:
+            raise ApiError(503, f"session store unavailable: {exc}")
+        items = [{"node": self.node, "pending": pending}]
+        if self.server.store is None and not local:
+            items += await self._gather(req, f"tenants/{urllib.parse.quote(tenant, safe='')}/delayed")
+            pending = sum(n.get("pending", 0) for n in items)
+        return {"tenant": tenant, "enabled": True, "pending": pending, "limit": limit, "items": items}
 
     # --------------------------------------------------------------- nodes
 

@@ -195,6 +195,14 @@ OPENAPI = {
                            _q("local", "1: this node's figures only")],
             "responses": {"200": {"description": "{tenant, items: [rule]} (a tenant without rules: no items)"},
                           **_AUTH}}},
+        "/api/v1/tenants/{tenant}/delayed": {"get": {
+            "summary": "a tenant's delayed messages ($delayed/{seconds}/{topic}) waiting to be published "
+                       "(pending, in the store: the cluster's when the nodes share one) and its cap (limit: "
+                       "the tenant's quota max_delayed or the node's --max-delayed, the smaller; null: none)",
+            "parameters": [_p("tenant", "tenant slug"),
+                           _q("local", "1: this node's own count only (nodes without a shared store)")],
+            "responses": {"200": {"description": "{tenant, enabled, pending, limit, items: [{node, pending}]}"},
+                          "503": {"description": "the store did not answer", **_ERR}, **_AUTH}}},
         "/api/v1/retained": {
             "get": {"summary": "retained messages of a tenant (list by topic prefix, or one with 'topic')",
                     "parameters": [_q("tenant", "tenant slug", required=True), _q("prefix", "topic prefix"),

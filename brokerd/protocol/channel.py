@@ -676,6 +676,13 @@ class Channel:
             if code == rc.PACKET_TOO_LARGE:
                 self.disconnect(code, "payload above the tenant's maximum", self.last_rx)
                 return
+            if code > 0xFF:
+                reason = rc.REFUSALS.get(code)
+                if self.version != MQTT5:
+                    self.disconnect(code & 0xFF, reason, self.last_rx)
+                    return
+                self._send_ack(kind, pid, code & 0xFF, reason)
+                return
             if code == STORE_UNAVAILABLE:
                 if self.version != MQTT5 or kind == PUBCOMP:
                     # no negative ack in 3.x (nor in PUBCOMP): the client must not

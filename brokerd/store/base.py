@@ -22,7 +22,7 @@ import concurrent.futures
 import functools
 import struct
 
-from .records import SessionRecord, StoredMessage
+from .records import DelayedMessage, SessionRecord, StoredMessage
 
 
 class StoreError(Exception):
@@ -114,6 +114,33 @@ class Store:
     async def put_meta(self, key: str, value: bytes) -> None:
         await self._run(self._put_meta, key, value)
 
+    # ---------------------------------------------------- delayed messages
+    # ``$delayed/{seconds}/{topic}`` (brokerd.delayed). Nodes sharing the store
+    # take due messages with ``delayed_claim``: a message is handed to one
+    # claimer at a time, for ``lease`` seconds; the claimer publishes it and
+    # deletes it (``delayed_done``). A claimer that dies before the delete
+    # leaves the message to whoever claims it after the lease.
+
+    async def delayed_add(self, items: list[DelayedMessage]) -> None:
+        """Store delayed messages (one transaction where the backend has them)."""
+        if items:
+            await self._run(self._delayed_add, items)
+
+    async def delayed_claim(self, now: float, owner: str, lease: float, limit: int) -> list[DelayedMessage]:
+        """Up to ``limit`` messages due at ``now`` (wall clock) that nobody holds
+        (or whose holder's lease ran out), earliest first, now held by ``owner``
+        until ``now + lease``: two claimers never get the same message in one lease."""
+        return await self._run(self._delayed_claim, now, owner, now + lease, limit)
+
+    async def delayed_done(self, items: list[DelayedMessage]) -> None:
+        """Published: delete them (as ``delayed_claim`` returned them)."""
+        if items:
+            await self._run(self._delayed_done, items)
+
+    async def delayed_counts(self) -> dict[str, int]:
+        """Pending delayed messages per tenant (tenants with none are left out)."""
+        return await self._read(self._delayed_counts)
+
     # ------------------------------------------------- backend (blocking)
 
     def _open(self) -> None:
@@ -141,6 +168,18 @@ class Store:
         pass
 
     def _get_meta(self, key):
+        raise NotImplementedError
+
+    def _delayed_add(self, items):
+        raise NotImplementedError
+
+    def _delayed_claim(self, now, owner, until, limit):
+        raise NotImplementedError
+
+    def _delayed_done(self, items):
+        raise NotImplementedError
+
+    def _delayed_counts(self):
         raise NotImplementedError
 
     def _put_meta(self, key, value):

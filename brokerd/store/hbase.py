@@ -18,6 +18,11 @@ Tables (``NAME_`` prefix, created when missing):
               (``crc32 % 64``) and the reversed client id spread sessions --
               ``sensor-0001``, ``sensor-0002`` -- over regions.
 ``retained``  row ``tenant\\0topic``; family ``m``.
+``delayed``   row ``due(ms, 8 bytes) . id``: messages of ``$delayed/...``, in due
+              order, so the due ones are one bounded scan from the start of
+              the table; ``m:c`` is its claim (``lease end|owner``), taken
+              with ``checkAndPut`` against the value read, so of two nodes
+              claiming one message only one succeeds.
 
 Query options: ``table_prefix`` (default ``brokerd``), ``timeout`` (ms,
 default 10000), ``transport`` (``buffered`` | ``framed``), ``protocol``
@@ -37,6 +42,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from .base import DATA_ERRORS, Store
 from .records import (
+    DelayedMessage,
     QueueEntry,
     SessionRecord,
     StoredMessage,
@@ -56,6 +62,7 @@ FAMILIES = {
     "queue": {"m": {"max_versions": 1}},
     "retained": {"m": {"max_versions": 1}},
     "meta": {"m": {"max_versions": 1}},
+    "delayed": {"m": {"max_versions": 1}},
 }
 SCAN_BATCH = 1000
 DELETE_GUARD = 0.002          # seconds between deleting a row and writing it again
@@ -432,6 +439,58 @@ class HBaseStore(Store):
                             b.delete(key)
                             n += 1
         return n
+
+    # ---------------------------------------------------------- delayed
+
+    def _delayed_add(self, items):
+        with self.pool.connection() as conn, conn.table("delayed").batch() as b:
+            for m in items:
+                cols = {b"m:t": m.tenant.encode(), b"m:n": m.msg.topic.encode(), b"m:p": m.msg.payload,
+                        b"m:f": bytes((m.msg.qos | (4 if m.msg.retain else 0),))}
+                props = pack_props(m.msg.properties)
+                if props:
+                    cols[b"m:x"] = props
+                b.put(_delayed_key(m.due, m.id), cols)
+
+    def _delayed_claim(self, now, owner, until, limit):
+        from Hbase_thrift import Mutation  # the IDL module happybase loads
+
+        claim = f"{until!r}|{owner}".encode()
+        out = []
+        with self.pool.connection() as conn:
+            table = conn.table("delayed")
+            stop = (int(now * 1000) + 1).to_bytes(8, "big")
+            rows = list(table.scan(row_stop=stop, limit=limit + 64, batch_size=min(SCAN_BATCH, limit + 64)))
+            for key, d in rows:
+                if len(out) >= limit:
+                    break
+                held = d.get(b"m:c")
+                if b"m:t" not in d or held and float(held.split(b"|", 1)[0]) > now:
+                    continue
+                if conn.client.checkAndPut(table.name, key, b"m:c", held, Mutation(column=b"m:c", value=claim), {}):
+                    f = d[b"m:f"][0]
+                    msg = StoredMessage(d[b"m:n"].decode(), d.get(b"m:p", b""), f & 3, bool(f & 4),
+                                        unpack_props(d.get(b"m:x")))
+                    out.append(DelayedMessage(key[8:].decode(), d[b"m:t"].decode(),
+                                              int.from_bytes(key[:8], "big") / 1000, msg))
+        return out
+
+    def _delayed_done(self, items):
+        with self.pool.connection() as conn, conn.table("delayed").batch() as b:
+            for m in items:
+                b.delete(_delayed_key(m.due, m.id))
+
+    def _delayed_counts(self):
+        counts: dict[str, int] = {}
+        with self.pool.connection() as conn:
+            for _, d in conn.table("delayed").scan(columns=[b"m:t"], batch_size=SCAN_BATCH):
+                t = d[b"m:t"].decode()
+                counts[t] = counts.get(t, 0) + 1
+        return counts
+
+
+def _delayed_key(due: float, id_: str) -> bytes:
+    return round(due * 1000).to_bytes(8, "big") + id_.encode()
 
 
 def _put_or_remove(row: _Row, col: bytes, value: bytes | None) -> None:

@@ -19,6 +19,7 @@ class MemoryStore(Store):
         if not hasattr(self, "sessions"):
             self.sessions: dict[tuple, SessionRecord] = {}
             self.retained: dict[tuple, object] = {}
+            self.delayed: dict[str, list] = {}      # id -> [DelayedMessage, holder's lease end or None]
 
     def _apply(self, ops):
         for op in ops:
@@ -64,6 +65,27 @@ class MemoryStore(Store):
                 rec.awaiting_rel.discard(op[3])
             else:
                 raise ValueError(f"unknown journal operation {kind!r}")
+
+    def _delayed_add(self, items):
+        for m in items:
+            self.delayed[m.id] = [copy.deepcopy(m), None]
+
+    def _delayed_claim(self, now, owner, until, limit):
+        due = sorted((e for e in self.delayed.values() if e[0].due <= now and (e[1] is None or e[1] <= now)),
+                     key=lambda e: e[0].due)[:limit]
+        for e in due:
+            e[1] = until
+        return [copy.deepcopy(e[0]) for e in due]
+
+    def _delayed_done(self, items):
+        for m in items:
+            self.delayed.pop(m.id, None)
+
+    def _delayed_counts(self):
+        counts: dict[str, int] = {}
+        for m, _ in self.delayed.values():
+            counts[m.tenant] = counts.get(m.tenant, 0) + 1
+        return counts
 
     def _get_meta(self, key):
         return getattr(self, "meta", {}).get(key)

@@ -64,6 +64,18 @@ class SessionRecord:
     last_seq: int = 0                        # the queue's sequence counter
 
 
+@dataclass(slots=True)
+class DelayedMessage:
+    """A message published to ``$delayed/{seconds}/{topic}``: to be published to
+    ``msg.topic`` in ``tenant`` at ``due`` (wall clock). ``id`` is unique in the
+    store (random, made by the node that took the message)."""
+
+    id: str
+    tenant: str
+    due: float
+    msg: StoredMessage
+
+
 # ---------------------------------------------------------------- bytes
 
 def pack_props(props: dict | None) -> bytes | None:

@@ -44,6 +44,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from .base import DATA_ERRORS, Store, StoreError
 from .records import (
+    DelayedMessage,
     QueueEntry,
     SessionRecord,
     StoredMessage,
@@ -95,6 +96,11 @@ CREATE TABLE IF NOT EXISTS retained (
     tenant TEXT NOT NULL, topic TEXT NOT NULL, payload BLOB NOT NULL, qos INTEGER NOT NULL,
     props BLOB, expiry_at REAL,
     PRIMARY KEY (tenant, topic));
+CREATE TABLE IF NOT EXISTS delayed (
+    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, due REAL NOT NULL, topic TEXT NOT NULL, payload BLOB NOT NULL,
+    qos INTEGER NOT NULL, retain INTEGER NOT NULL, props BLOB, owner TEXT, lease REAL) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS delayed_due ON delayed (due);
+CREATE INDEX IF NOT EXISTS delayed_tenant ON delayed (tenant);
 """
 
 _SQL = {
@@ -291,6 +297,42 @@ class SQLiteStore(Store):
 
     def _ping(self):
         self.db.execute("SELECT 1").fetchone()
+
+    # delayed messages: the due index bounds a claim to the rows due (``LIMIT``); a claim is one
+    # write transaction, so nodes sharing the file never hold the same row in one lease
+
+    def _delayed_add(self, items):
+        self._tx(lambda db: db.executemany(
+            "INSERT OR REPLACE INTO delayed VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
+            [(m.id, m.tenant, m.due, m.msg.topic, m.msg.payload, m.msg.qos, int(m.msg.retain),
+              pack_props(m.msg.properties)) for m in items]))
+
+    def _delayed_claim(self, now, owner, until, limit):
+        def claim(db):
+            rows = db.execute("SELECT id, tenant, due, topic, payload, qos, retain, props FROM delayed "
+                              "WHERE due <= ? AND (lease IS NULL OR lease <= ?) ORDER BY due LIMIT ?",
+                              (now, now, limit)).fetchall()
+            db.executemany("UPDATE delayed SET owner = ?, lease = ? WHERE id = ?", [(owner, until, r[0]) for r in rows])
+            return [DelayedMessage(i, t, due, StoredMessage(topic, payload, qos, bool(retain), unpack_props(props)))
+                    for i, t, due, topic, payload, qos, retain, props in rows]
+        return self._tx(claim)
+
+    def _delayed_done(self, items):
+        self._tx(lambda db: db.executemany("DELETE FROM delayed WHERE id = ?", [(m.id,) for m in items]))
+
+    def _delayed_counts(self):
+        return dict(self.db.execute("SELECT tenant, count(*) FROM delayed GROUP BY tenant").fetchall())
+
+    def _tx(self, fn):
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            out = fn(db)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return out
 
     def _get_meta(self, key):
         row = self.db.execute("SELECT value FROM blobs WHERE key = ?", (key,)).fetchone()

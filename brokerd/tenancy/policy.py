@@ -21,7 +21,8 @@ from .autosub import compile_autosub
 
 QUOTA_FIELDS = ("max_connections", "connect_rate", "client_msgs_in", "client_bytes_in", "client_msgs_out",
                 "client_bytes_out", "tenant_msgs_in", "tenant_bytes_in", "tenant_msgs_out", "tenant_bytes_out",
-                "max_subscriptions", "max_queued", "max_retained", "max_payload", "max_session_expiry")
+                "max_subscriptions", "max_queued", "max_retained", "max_payload", "max_session_expiry",
+                "max_delayed")
 SYS_PARTS = ("clients", "messages", "bytes", "subscriptions", "retained", "load")
 
 

@@ -55,6 +55,7 @@ ENDPOINTS: dict[tuple[str, str], Api] = {
     ("POST", "/api/v1/publish"): Api(WRITE, body={"tenant": "{tenant}", "topic": "x/{client_id}", "payload": "hi"},
                                      changes="delivered"),
     ("GET", "/api/v1/tenants/{tenant}/rules"): Api(READ),
+    ("GET", "/api/v1/tenants/{tenant}/delayed"): Api(READ),
     ("GET", "/api/v1/retained"): Api(READ, query="tenant={tenant}&topic=r/{client_id}"),
     ("DELETE", "/api/v1/retained"): Api(WRITE, query="tenant={tenant}&topic=r/{client_id}", changes="retained"),
 }

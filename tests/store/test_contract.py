@@ -924,3 +924,81 @@ def test_named_values_round_trip(store):
     run(store.store.put_meta("routes", b"replaced"))
     assert run(store.store.get_meta("routes")) == b"replaced"
     assert run(store.store.get_meta("other")) == b"x"
+
+
+# ------------------------------------------------------------------ delayed messages ($delayed/...)
+
+def delayed(i, due, tenant=T1, msg=None):
+    from brokerd.store.records import DelayedMessage
+    return DelayedMessage(f"d{i:04d}", tenant, due, msg or message(f"later/{i}", f"p{i}".encode()))
+
+
+def test_delayed_messages_round_trip_in_due_order_and_only_when_due(store):
+    st = store.store
+    rich = message("a/ü/😀", random.Random(3).randbytes(5000), 2, True, {
+        P.USER_PROPERTY: [("k", "v"), ("k", "v2")], P.CONTENT_TYPE: "text/plain", P.MESSAGE_EXPIRY_INTERVAL: 60})
+    items = [delayed(1, NOW + 30), delayed(2, NOW + 10, msg=rich), delayed(3, NOW + 20, tenant=T2)]
+    run(st.delayed_add(items))
+    assert run(st.delayed_counts()) == {T1: 2, T2: 1}
+    assert run(st.delayed_claim(NOW + 5, "n1", 30, 100)) == []          # nothing due yet
+    got = run(st.delayed_claim(NOW + 25, "n1", 30, 100))
+    assert [(m.id, m.tenant, m.due, m.msg) for m in got] == [("d0002", T1, NOW + 10, rich),
+                                                             ("d0003", T2, NOW + 20, items[2].msg)]
+    # claimed messages stay (counted) until done
+    assert run(st.delayed_counts()) == {T1: 2, T2: 1}
+    run(st.delayed_done(got))
+    assert run(st.delayed_counts()) == {T1: 1}
+    assert [m.id for m in run(st.delayed_claim(NOW + 60, "n1", 30, 100))] == ["d0001"]
+
+
+def test_a_delayed_claim_is_bounded_and_a_claimed_message_is_not_given_again_before_its_lease_ends(store):
+    st = store.store
+    run(st.delayed_add([delayed(i, NOW + i) for i in range(25)]))
+    first = run(st.delayed_claim(NOW + 100, "n1", 30, 10))
+    assert [m.id for m in first] == [f"d{i:04d}" for i in range(10)]          # the earliest, at most 10
+    second = run(st.delayed_claim(NOW + 100, "n2", 30, 100))
+    assert [m.id for m in second] == [f"d{i:04d}" for i in range(10, 25)]     # not the held ones
+    assert run(st.delayed_claim(NOW + 120, "n3", 30, 100)) == []               # leases run to NOW + 130
+    run(st.delayed_done(second))
+    # the first holder died without deleting: after its lease another node gets them
+    again = run(st.delayed_claim(NOW + 131, "n3", 30, 100))
+    assert [m.id for m in again] == [f"d{i:04d}" for i in range(10)]
+    run(st.delayed_done(again))
+    assert run(st.delayed_counts()) == {}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "hbase"])
+def test_delayed_messages_survive_close_and_reopen(url):
+    a = SyncStore(url)
+    run(a.store.delayed_add([delayed(1, NOW + 1), delayed(2, NOW + 2, tenant=T2)]))
+    a.close()
+    b = SyncStore(url)
+    try:
+        assert run(b.store.delayed_counts()) == {T1: 1, T2: 1}
+        assert [m.id for m in run(b.store.delayed_claim(NOW + 5, "n", 30, 10))] == ["d0001", "d0002"]
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "hbase"])
+def test_two_nodes_claiming_at_once_never_get_the_same_delayed_message(url):
+    """Two stores on one database -- two brokerd nodes -- claiming the same due messages concurrently."""
+    a, b = SyncStore(url), SyncStore(url)
+    try:
+        run(a.store.delayed_add([delayed(i, NOW + i / 10) for i in range(60)]))
+        got = {a: [], b: []}
+
+        def claim(node, name):
+            for _ in range(20):
+                got[node] += run(node.store.delayed_claim(NOW + 100, name, 30, 7))
+
+        threads = [threading.Thread(target=claim, args=(node, name)) for node, name in ((a, "na"), (b, "nb"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        ids = [m.id for m in got[a] + got[b]]
+        assert sorted(ids) == [f"d{i:04d}" for i in range(60)]           # each exactly once
+    finally:
+        a.close()
+        b.close()
