@@ -63,7 +63,7 @@ from .packets import (
 )
 from .ports import ChannelBroker, TransportHooks
 from .properties import NEVER
-from .reason import STORE_UNAVAILABLE
+from .reason import AFTER_COMMIT, STORE_UNAVAILABLE
 
 # channel states
 NEW, CONNECTING, CONNECTED, CLOSED = 0, 1, 2, 3
@@ -618,6 +618,14 @@ class Channel:
                     self.hooks.wake()
                 out.append(_puback_bytes(0x4002, pid))
                 return
+            elif code & AFTER_COMMIT:
+                # waits for the store's next commit (acks_committed), in line with the others
+                self.inbound_pending += 1
+                acks = self._acks
+                if acks is None:
+                    acks = self._acks = deque()
+                acks.append([PUBACK, p.packet_id, None, code ^ AFTER_COMMIT])
+                return
             self._queue_ack(PUBACK, p.packet_id, code)
             return
         # QoS 2, method B: route on PUBLISH, remember the id until PUBREL
@@ -645,8 +653,25 @@ class Channel:
             self.inbound_pending -= 1
         self._ack_ready(PUBACK if qos == 1 else PUBREC, packet_id, code)
 
+    def acks_committed(self, n: int, ok: bool) -> None:
+        """The store committed the batch the oldest ``n`` acks of PUBLISHes the
+        broker answered with ``AFTER_COMMIT`` waited for (``ok``: durable)."""
+        if self.state != CONNECTED:
+            return
+        acks = self._acks
+        for entry in acks:
+            if entry[2] is None and entry[3] is not None:
+                entry[2] = entry[3] if ok else STORE_UNAVAILABLE
+                self.inbound_pending -= 1
+                n -= 1
+                if not n:
+                    break
+        self._acks_out(acks)
+
     # Acks to the client leave in the order of the packets they answer
     # ([MQTT-4.6.0-2..4]); one that waits for the store holds back the rest.
+    # An entry: [kind, packet id, reason code (None: not known yet), the code
+    # once the store's commit comes (AFTER_COMMIT), else None].
 
     def _queue_ack(self, kind: int, pid: int, code: int | None) -> None:
         acks = self._acks
@@ -655,19 +680,30 @@ class Channel:
             return
         if acks is None:
             acks = self._acks = deque()
-        acks.append([kind, pid, code])
+        acks.append([kind, pid, code, None])
 
     def _ack_ready(self, kind: int, pid: int, code: int) -> None:
         acks = self._acks
         if not acks:
             return
         for entry in acks:
-            if entry[2] is None and entry[0] == kind and entry[1] == pid:
+            if entry[2] is None and entry[3] is None and entry[0] == kind and entry[1] == pid:
                 entry[2] = code
                 break
+        self._acks_out(acks)
+
+    def _acks_out(self, acks) -> None:
+        """Send the acks at the head of ``acks`` that are known."""
+        v3 = self.version != MQTT5
         while acks and acks[0][2] is not None and self.state == CONNECTED:
-            k, p, c = acks.popleft()
-            self._final_ack(k, p, c)
+            k, p, c, _ = acks.popleft()
+            if v3 and k == PUBACK and c < 0x80:
+                out = self.out
+                if not out:
+                    self.hooks.wake()
+                out.append(_puback_bytes(0x4002, p))
+            else:
+                self._final_ack(k, p, c)
 
     def _final_ack(self, kind: int, pid: int, code: int) -> None:
         if code >= 0x80:
