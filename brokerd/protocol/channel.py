@@ -157,7 +157,8 @@ class Channel:
         "broker", "limits", "hooks", "_peer", "listener", "decoder", "out", "state", "version",
         "client_id", "username", "session", "ns", "will", "keepalive", "created_at", "last_rx",
         "connected_at", "in_aliases", "out_aliases", "client_max_packet",
-        "send_window", "congested", "blocked", "pending", "max_pending", "inbound_pending", "_acks", "_held", "close_reason",
+        "send_window", "congested", "blocked", "pending", "max_pending", "inbound_pending", "_acks", "_held", "_stored",
+        "close_reason",
         "msgs_in", "msgs_out", "bytes_in", "bytes_out", "qos_in", "qos_out", "tenant", "identity",
         "acl", "quota", "limit_in", "limit_out", "throttled_since", "shaping",
         "_rate_held", "_rare",
@@ -205,6 +206,7 @@ class Channel:
         self.inbound_pending = 0        # QoS 1 PUBLISHes received whose PUBACK the broker still owes
         self._acks = None               # acks to the client waiting for the store, in arrival order
         self._held = None               # packets received while the broker decides on the CONNECT
+        self._stored = None             # stored deliveries sent straight after their commit (queue_delivery)
         self.close_reason: tuple[int, str] | None = None
         self.msgs_in = 0
         self.msgs_out = 0
@@ -753,7 +755,7 @@ class Channel:
             if d.entry:
                 self.broker.acked(session, d)
             queue = session.queue
-            if queue._q0 or queue._q12:       # not empty (MessageQueue.__bool__ without its call)
+            if queue._q0 or queue._q12 or self._stored:   # (MessageQueue.__bool__ without its call)
                 self._pump(now)
 
     def _on_pubrec(self, p, now):
@@ -887,9 +889,27 @@ class Channel:
             self.broker.queue_dropped(self.session, dropped)
 
     def queue_delivery(self, d) -> None:
-        """A stored delivery: it waits in the queue until its write is durable
-        (``resume_output`` after the commit)."""
+        """A stored delivery: it waits until its write is durable (``resume_output``
+        after the commit). While nothing waits in the session's queue and the
+        window has room for it, it waits in ``_stored`` -- sent from there, before
+        anything queued after it, without going through the queue -- else in the queue."""
+        session = self.session
+        queue = session.queue
+        stored = self._stored
+        if stored is None:
+            stored = self._stored = []
+        if not (queue._q0 or queue._q12) and len(session.inflight) + len(stored) < self.send_window:
+            stored.append(d)
+            self.blocked = True                 # whatever comes next queues behind it
+            return
         self._enqueue(d)
+
+    def _stored_back(self) -> None:
+        """The connection is closing: what ``_stored`` holds goes back to the head of the queue."""
+        stored = self._stored
+        if stored:
+            self._stored = None
+            self.session.queue.put_front(stored)
 
     def resume_output(self, now: float) -> None:
         """Send what waited: for a commit, or for the outbound rate limit."""
@@ -925,6 +945,24 @@ class Channel:
         window = self.send_window
         limit = self.max_pending
         committed = self.broker.committed_generation()
+        stored = self._stored
+        if stored:
+            # stored deliveries older than anything queued, in the order of their batches
+            sent = 0
+            for d in stored:
+                if d.gen > committed:
+                    self.broker.gate(self)            # its write is not durable yet
+                    break
+                if self.congested or self.pending > limit or self.shaping or len(inflight) >= window:
+                    break
+                self._send_inflight(d, now)
+                sent += 1
+            if sent == len(stored):
+                stored.clear()
+            else:
+                del stored[:sent]
+                self.blocked = True
+                return
         while queue and not self.congested and self.pending <= limit and not self.shaping:
             if committed is not None and queue.peek().gen > committed:
                 self.broker.gate(self)            # its write is not durable yet
@@ -1118,6 +1156,7 @@ class Channel:
         self.state = CLOSED
         self.hooks.close()
         if self.session is not None:
+            self._stored_back()
             self.broker.channel_closed(self, now, will)
 
     def connection_lost(self, now: float) -> None:
@@ -1133,12 +1172,15 @@ class Channel:
         if self.close_reason is None:
             self.close_reason = (rc.UNSPECIFIED_ERROR, "connection lost")
         if self.session is not None:
+            self._stored_back()
             self.broker.channel_closed(self, now, True)
         elif was_connecting and self.version:
             self.broker.connect_aborted(self)
 
     def detach(self):
         """Unbind from the session without telling the broker (session takeover)."""
+        if self.session is not None:
+            self._stored_back()
         session, self.session = self.session, None
         if session is not None and session.channel is self:
             session.channel = None
