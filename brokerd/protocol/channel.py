@@ -963,7 +963,7 @@ class Channel:
                 del stored[:sent]
                 self.blocked = True
                 return
-        while queue and not self.congested and self.pending <= limit and not self.shaping:
+        while (queue._q0 or queue._q12) and not self.congested and self.pending <= limit and not self.shaping:
             if committed is not None and queue.peek().gen > committed:
                 self.broker.gate(self)            # its write is not durable yet
                 break
@@ -982,7 +982,7 @@ class Channel:
                 self._write_publish(msg, 0, d.retain, 0, False, d.sub_ids, now)
             else:
                 self._send_inflight(d, now)
-        self.blocked = self.congested or self.shaping or bool(queue)
+        self.blocked = self.congested or self.shaping or bool(queue._q0 or queue._q12)
 
     def flushed(self, now: float) -> None:
         """The transport wrote ``out``: carry on with anything that waited."""
