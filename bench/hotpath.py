@@ -18,7 +18,14 @@ Scenarios, shaped like ``bench/run.py``'s:
   read back (b20k: a steady rate, where nothing batches), ``--batch`` reads
   per loop iteration;
 - ``q0``: pairs at QoS 0, ``--per-read`` PUBLISHes in each read (a2);
-- ``fan``: one publisher, ``--clients`` subscribers of one topic (c1).
+- ``fan``: one publisher, ``--clients`` subscribers of one topic (c1);
+- ``p1``: pairs at QoS 1 with persistent sessions (clean session 0: p1 of
+  ``bench/run.py``), ``--batch`` publishers per journal batch; ``--store``
+  says what a commit does: ``none`` (memory://: no journal at all),
+  ``journal`` (the durable path of the event-loop thread alone: the batch is
+  taken and committed by hand, nothing written), ``sqlite`` (also
+  ``SQLiteStore._apply`` on a temporary file, in this thread: the store
+  thread's work counted with it).
 
 ``--acl`` gives every client the ACL of a tenant with 20 rules (the bench
 tenant of ``bench/run.py``'s brokerd-full); ``--usage DIR`` attaches the
@@ -59,8 +66,8 @@ def _packet(b0: int, body: bytes) -> bytes:
             return bytes((b0,)) + rl + body
 
 
-def connect(cid: str) -> bytes:
-    return _packet(0x10, _s(b"MQTT") + bytes((4, 2)) + struct.pack(">H", 60) + _s(cid.encode()))
+def connect(cid: str, clean: bool = True) -> bytes:
+    return _packet(0x10, _s(b"MQTT") + bytes((4, 2 if clean else 0)) + struct.pack(">H", 60) + _s(cid.encode()))
 
 
 def subscribe(topic: str, qos: int) -> bytes:
@@ -147,10 +154,11 @@ def make_broker(args) -> tuple[Broker, FakeServer]:
     return broker, server
 
 
-def client(server: FakeServer, cid: str, sub: str | None = None, qos: int = 0, acl=None) -> MqttConnection:
+def client(server: FakeServer, cid: str, sub: str | None = None, qos: int = 0, acl=None,
+           clean: bool = True) -> MqttConnection:
     conn = MqttConnection(server, Listener())
     conn.connection_made(FakeTransport())
-    conn.data_received(connect(cid))
+    conn.data_received(connect(cid, clean))
     if acl:
         from brokerd.tenancy.acl import ClientAcl
 
@@ -228,7 +236,84 @@ def scenario_fan(args, server):
     return run
 
 
-SCENARIOS = {"q1": scenario_q1, "q0": scenario_q0, "fan": scenario_fan}
+class HandCommit:
+    """What ``StoreWriter._run`` does for one batch, synchronously: take the
+    journal's batch, write it (``store``, or nothing), mark it durable, let
+    the broker send what waited, run the batch's callbacks."""
+
+    def __init__(self, broker: Broker, store=None):
+        self.broker = broker
+        self.journal = broker.journal
+        self.store = store
+
+    def __call__(self, now: float) -> None:
+        journal = self.journal
+        if not journal:
+            return
+        gen, ops, waiters = journal.take()
+        if self.store is not None and ops:
+            self.store._apply(ops)
+        journal.committed = gen
+        self.broker.commit_done(gen, now)
+        for fn in waiters:
+            fn(True)
+
+
+def use_store(args, broker: Broker):
+    """-> the commit function of ``--store`` (None: memory://, no journal)."""
+    if args.store == "none":
+        return None
+    from brokerd.persistence import Persistence
+    from brokerd.store import Journal
+
+    broker.use_store(Persistence(Journal()))
+    store = None
+    if args.store == "sqlite":
+        from brokerd.store.sqlite import SQLiteStore
+
+        tmp = tempfile.mkdtemp(prefix="hotpath-")
+        store = SQLiteStore(f"sqlite:///{tmp}/p1.sqlite3")
+        store._open()
+    return HandCommit(broker, store)
+
+
+def scenario_p1(args, server):
+    n = args.clients
+    broker = server.broker
+    commit = use_store(args, broker)
+    clean = commit is None
+    pubs = [client(server, f"p{i}", acl=args.acl, clean=clean) for i in range(n)]
+    subs = [client(server, f"s{i}", f"bench/pairs/{i}", 1, acl=args.acl, clean=clean) for i in range(n)]
+    payload = bytes(args.payload)
+    frames = [publish(f"bench/pairs/{i}", payload, 1, 1) for i in range(n)]
+    sent = [0] * n
+    loop = server.loop
+    batch = args.batch
+    if commit is not None:
+        commit(loop.now)
+        loop.run_ready()
+
+    def run(messages):
+        k = 0
+        while k < messages:
+            lo = k % n
+            group = range(lo, min(lo + batch, n))
+            for i in group:
+                pubs[i].data_received(frames[i])
+            loop.run_ready()
+            if commit is not None:
+                commit(loop.now)        # the appends (and the acks of the batch before): PUBACKs, deliveries
+                loop.run_ready()
+            for i in group:
+                sent[i] = sent[i] % 65535 + 1
+                subs[i].data_received(ACKS[sent[i]])
+            loop.run_ready()
+            k += len(group)
+        return k
+    return run
+
+
+SCENARIOS = {"q1": scenario_q1, "q0": scenario_q0, "fan": scenario_fan, "p1": scenario_p1}
 
 
 def callgrind(args, argv: list[str]) -> int:
@@ -257,6 +342,8 @@ def main(argv=None) -> int:
     ap.add_argument("--payload", type=int, default=1024)
     ap.add_argument("--batch", type=int, default=20, help="socket reads per loop iteration")
     ap.add_argument("--per-read", type=int, default=4, help="q0: PUBLISHes in one read")
+    ap.add_argument("--store", choices=("none", "journal", "sqlite"), default="journal",
+                    help="p1: what a commit does (none: memory://, no journal)")
     ap.add_argument("--acl", action="store_true", help="every client has the 20-rule ACL of brokerd-full's tenant")
     ap.add_argument("--usage", metavar="DIR", help="attach the usage log (nothing is written)")
     ap.add_argument("--callgrind", action="store_true",

@@ -30,6 +30,7 @@ ever crosses from one tenant to another.
 
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 
 from .budget import MemoryBudget, PreauthBudget
 from .delayed import PREFIX as DELAYED_PREFIX
@@ -39,7 +40,7 @@ from .protocol import reason as rc
 from .protocol.channel import ChannelLimits
 from .protocol.errors import RemoteProtocolError
 from .protocol.packets import Publish, SubscriptionRequest
-from .protocol.reason import STORE_UNAVAILABLE
+from .protocol.reason import AFTER_COMMIT, STORE_UNAVAILABLE
 from .registry import ClientRegistry
 from .routing.router import Namespace, Router, SharedGroup, _merge
 from .routing.topic import InvalidTopic, is_valid_filter, matches, parse_shared
@@ -116,6 +117,8 @@ class Broker:
         self.persist = None                 # Persistence when a durable store is configured
         self.journal = None                 # its Journal
         self._gated: set = set()            # channels with stored deliveries waiting for a commit
+        self._acks_gen = 0                  # the journal batch _acks_waiting is for
+        self._acks_waiting: dict = {}       # channel -> its QoS 1 acks waiting for that batch alone
         self.cluster = None                 # the ClusterNode, when the node is part of a cluster (attach_cluster)
         self.usage = None                   # brokerd.metrics.usage.UsageLog with --usage-dir (attach_usage)
         self._waits: list = []              # requests to other nodes a publish waits for
@@ -341,6 +344,17 @@ class Broker:
         stored = len(journal.ops) > before
         if not stored and not waits:
             return code
+        if not waits and not rel:
+            # the common case: the ack waits for this batch's commit and nothing else.
+            # Counted per channel; one callback per batch tells each channel how many
+            # of its acks may go (instead of an _AckWhenDurable per PUBLISH)
+            waiting = self._acks_waiting
+            if self._acks_gen != journal.generation:
+                waiting = self._acks_waiting = {}
+                self._acks_gen = journal.generation
+                journal.after_commit(partial(_acks_committed, waiting))
+            waiting[channel] = waiting.get(channel, 0) + 1
+            return code | AFTER_COMMIT
         ack = _AckWhenDurable(channel, msg.packet_id, msg.qos, code, int(stored) + len(waits))
         if stored:
             journal.after_commit(ack)
@@ -887,6 +901,12 @@ class Broker:
                 "subscriptions": self.subscription_count(), "retained": self.retained_count(),
                 "msgs_received": t["msgs_received"], "msgs_sent": t["msgs_sent"],
                 "bytes_received": t["bytes_received"], "bytes_sent": t["bytes_sent"]}
+
+
+def _acks_committed(waiting: dict, ok: bool) -> None:
+    """A batch is durable (or failed): the acks that waited for it alone may go."""
+    for channel, n in waiting.items():
+        channel.acks_committed(n, ok)
 
 
 class _AckWhenDurable:

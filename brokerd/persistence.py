@@ -74,20 +74,35 @@ class Persistence:
         reserved for it. The store gives the row its sequence number when it
         commits (``d.entry.seq``), so rows from several nodes stay ordered."""
         journal = self.journal
-        d.pid = session.allocate_pid()
-        if session.reserved is None:
-            session.reserved = set()
-        session.reserved.add(d.pid)
+        reserved = session.reserved
+        if reserved is None:
+            reserved = session.reserved = set()
+        pid = session.next_pid               # allocate_pid's common case, without its call
+        if pid not in session.inflight and pid not in reserved:
+            session.next_pid = pid + 1 if pid < 65535 else 1
+        else:
+            pid = session.allocate_pid()
+        d.pid = pid
+        reserved.add(pid)
         d.gen = journal.generation
         share = (d.share.name, d.share.filter) if d.share is not None else None
-        d.entry = QueueEntry(0, stored, d.qos, d.retain, d.sub_ids, share, d.pid, d.state)
-        journal.add(("q", tenant, session.client_id, d.entry))
+        d.entry = entry = QueueEntry(0, stored, d.qos, d.retain, d.sub_ids, share, pid, d.state)
+        ops = journal.ops
+        if not ops:
+            journal.add(("q", tenant, session.client_id, entry))     # (wakes the writer)
+        else:
+            ops.append(("q", tenant, session.client_id, entry))
 
     def done(self, session, tenant: str, d: Delivery) -> None:
         """Acknowledged, expired or dropped: remove it from the stored queue."""
         if session.reserved is not None:
             session.reserved.discard(d.pid)
-        self.journal.add(("q_del", tenant, session.client_id, d.entry))
+        journal = self.journal
+        ops = journal.ops
+        if not ops:
+            journal.add(("q_del", tenant, session.client_id, d.entry))     # (wakes the writer)
+        else:
+            ops.append(("q_del", tenant, session.client_id, d.entry))
 
     def released(self, session, tenant: str, d: Delivery) -> None:
         """QoS 2: PUBREC received, PUBREL owed."""

@@ -63,7 +63,7 @@ from .packets import (
 )
 from .ports import ChannelBroker, TransportHooks
 from .properties import NEVER
-from .reason import STORE_UNAVAILABLE
+from .reason import AFTER_COMMIT, STORE_UNAVAILABLE
 
 # channel states
 NEW, CONNECTING, CONNECTED, CLOSED = 0, 1, 2, 3
@@ -157,7 +157,8 @@ class Channel:
         "broker", "limits", "hooks", "_peer", "listener", "decoder", "out", "state", "version",
         "client_id", "username", "session", "ns", "will", "keepalive", "created_at", "last_rx",
         "connected_at", "in_aliases", "out_aliases", "client_max_packet",
-        "send_window", "congested", "blocked", "pending", "max_pending", "inbound_pending", "_acks", "_held", "close_reason",
+        "send_window", "congested", "blocked", "pending", "max_pending", "inbound_pending", "_acks", "_held", "_stored",
+        "close_reason",
         "msgs_in", "msgs_out", "bytes_in", "bytes_out", "qos_in", "qos_out", "tenant", "identity",
         "acl", "quota", "limit_in", "limit_out", "throttled_since", "shaping",
         "_rate_held", "_rare",
@@ -205,6 +206,7 @@ class Channel:
         self.inbound_pending = 0        # QoS 1 PUBLISHes received whose PUBACK the broker still owes
         self._acks = None               # acks to the client waiting for the store, in arrival order
         self._held = None               # packets received while the broker decides on the CONNECT
+        self._stored = None             # stored deliveries sent straight after their commit (queue_delivery)
         self.close_reason: tuple[int, str] | None = None
         self.msgs_in = 0
         self.msgs_out = 0
@@ -618,6 +620,14 @@ class Channel:
                     self.hooks.wake()
                 out.append(_puback_bytes(0x4002, pid))
                 return
+            elif code & AFTER_COMMIT:
+                # waits for the store's next commit (acks_committed), in line with the others
+                self.inbound_pending += 1
+                acks = self._acks
+                if acks is None:
+                    acks = self._acks = deque()
+                acks.append([PUBACK, p.packet_id, None, code ^ AFTER_COMMIT])
+                return
             self._queue_ack(PUBACK, p.packet_id, code)
             return
         # QoS 2, method B: route on PUBLISH, remember the id until PUBREL
@@ -645,8 +655,25 @@ class Channel:
             self.inbound_pending -= 1
         self._ack_ready(PUBACK if qos == 1 else PUBREC, packet_id, code)
 
+    def acks_committed(self, n: int, ok: bool) -> None:
+        """The store committed the batch the oldest ``n`` acks of PUBLISHes the
+        broker answered with ``AFTER_COMMIT`` waited for (``ok``: durable)."""
+        if self.state != CONNECTED:
+            return
+        acks = self._acks
+        for entry in acks:
+            if entry[2] is None and entry[3] is not None:
+                entry[2] = entry[3] if ok else STORE_UNAVAILABLE
+                self.inbound_pending -= 1
+                n -= 1
+                if not n:
+                    break
+        self._acks_out(acks)
+
     # Acks to the client leave in the order of the packets they answer
     # ([MQTT-4.6.0-2..4]); one that waits for the store holds back the rest.
+    # An entry: [kind, packet id, reason code (None: not known yet), the code
+    # once the store's commit comes (AFTER_COMMIT), else None].
 
     def _queue_ack(self, kind: int, pid: int, code: int | None) -> None:
         acks = self._acks
@@ -655,19 +682,30 @@ class Channel:
             return
         if acks is None:
             acks = self._acks = deque()
-        acks.append([kind, pid, code])
+        acks.append([kind, pid, code, None])
 
     def _ack_ready(self, kind: int, pid: int, code: int) -> None:
         acks = self._acks
         if not acks:
             return
         for entry in acks:
-            if entry[2] is None and entry[0] == kind and entry[1] == pid:
+            if entry[2] is None and entry[3] is None and entry[0] == kind and entry[1] == pid:
                 entry[2] = code
                 break
+        self._acks_out(acks)
+
+    def _acks_out(self, acks) -> None:
+        """Send the acks at the head of ``acks`` that are known."""
+        v3 = self.version != MQTT5
         while acks and acks[0][2] is not None and self.state == CONNECTED:
-            k, p, c = acks.popleft()
-            self._final_ack(k, p, c)
+            k, p, c, _ = acks.popleft()
+            if v3 and k == PUBACK and c < 0x80:
+                out = self.out
+                if not out:
+                    self.hooks.wake()
+                out.append(_puback_bytes(0x4002, p))
+            else:
+                self._final_ack(k, p, c)
 
     def _final_ack(self, kind: int, pid: int, code: int) -> None:
         if code >= 0x80:
@@ -724,7 +762,7 @@ class Channel:
             if d.entry:
                 self.broker.acked(session, d)
             queue = session.queue
-            if queue._q0 or queue._q12:       # not empty (MessageQueue.__bool__ without its call)
+            if queue._q0 or queue._q12 or self._stored:   # (MessageQueue.__bool__ without its call)
                 self._pump(now)
 
     def _on_pubrec(self, p, now):
@@ -858,9 +896,27 @@ class Channel:
             self.broker.queue_dropped(self.session, dropped)
 
     def queue_delivery(self, d) -> None:
-        """A stored delivery: it waits in the queue until its write is durable
-        (``resume_output`` after the commit)."""
+        """A stored delivery: it waits until its write is durable (``resume_output``
+        after the commit). While nothing waits in the session's queue and the
+        window has room for it, it waits in ``_stored`` -- sent from there, before
+        anything queued after it, without going through the queue -- else in the queue."""
+        session = self.session
+        queue = session.queue
+        stored = self._stored
+        if stored is None:
+            stored = self._stored = []
+        if not (queue._q0 or queue._q12) and len(session.inflight) + len(stored) < self.send_window:
+            stored.append(d)
+            self.blocked = True                 # whatever comes next queues behind it
+            return
         self._enqueue(d)
+
+    def _stored_back(self) -> None:
+        """The connection is closing: what ``_stored`` holds goes back to the head of the queue."""
+        stored = self._stored
+        if stored:
+            self._stored = None
+            self.session.queue.put_front(stored)
 
     def resume_output(self, now: float) -> None:
         """Send what waited: for a commit, or for the outbound rate limit."""
@@ -896,7 +952,25 @@ class Channel:
         window = self.send_window
         limit = self.max_pending
         committed = self.broker.committed_generation()
-        while queue and not self.congested and self.pending <= limit and not self.shaping:
+        stored = self._stored
+        if stored:
+            # stored deliveries older than anything queued, in the order of their batches
+            sent = 0
+            for d in stored:
+                if d.gen > committed:
+                    self.broker.gate(self)            # its write is not durable yet
+                    break
+                if self.congested or self.pending > limit or self.shaping or len(inflight) >= window:
+                    break
+                self._send_inflight(d, now)
+                sent += 1
+            if sent == len(stored):
+                stored.clear()
+            else:
+                del stored[:sent]
+                self.blocked = True
+                return
+        while (queue._q0 or queue._q12) and not self.congested and self.pending <= limit and not self.shaping:
             if committed is not None and queue.peek().gen > committed:
                 self.broker.gate(self)            # its write is not durable yet
                 break
@@ -915,7 +989,7 @@ class Channel:
                 self._write_publish(msg, 0, d.retain, 0, False, d.sub_ids, now)
             else:
                 self._send_inflight(d, now)
-        self.blocked = self.congested or self.shaping or bool(queue)
+        self.blocked = self.congested or self.shaping or bool(queue._q0 or queue._q12)
 
     def flushed(self, now: float) -> None:
         """The transport wrote ``out``: carry on with anything that waited."""
@@ -1089,6 +1163,7 @@ class Channel:
         self.state = CLOSED
         self.hooks.close()
         if self.session is not None:
+            self._stored_back()
             self.broker.channel_closed(self, now, will)
 
     def connection_lost(self, now: float) -> None:
@@ -1104,12 +1179,15 @@ class Channel:
         if self.close_reason is None:
             self.close_reason = (rc.UNSPECIFIED_ERROR, "connection lost")
         if self.session is not None:
+            self._stored_back()
             self.broker.channel_closed(self, now, True)
         elif was_connecting and self.version:
             self.broker.connect_aborted(self)
 
     def detach(self):
         """Unbind from the session without telling the broker (session takeover)."""
+        if self.session is not None:
+            self._stored_back()
         session, self.session = self.session, None
         if session is not None and session.channel is self:
             session.channel = None

@@ -63,7 +63,9 @@ class ChannelBroker(Protocol):
     # ------------------------------------------------------------- messages in
     def publish(self, msg, channel, now: float, rel: int = 0) -> int | None:
         """Route a client's PUBLISH; -> the ack's reason code, or None when the
-        ack waits (``channel.publish_done`` follows). ``rel``: a QoS 2 id kept until PUBREL."""
+        ack waits (``channel.publish_done`` follows), or -- QoS 1 only -- the code
+        plus ``reason.AFTER_COMMIT`` when the ack waits for the store's next commit
+        alone (``channel.acks_committed`` follows). ``rel``: a QoS 2 id kept until PUBREL."""
 
     def rel_done(self, session, pid: int, fn) -> bool:
         """A QoS 2 id was released; True when PUBCOMP must wait for ``fn(ok)`` (the store)."""

@@ -18,6 +18,9 @@ IMPLEMENTATION_SPECIFIC_ERROR = 0x83
 # the ack of a message the session store could not make durable (v5 with a reason string;
 # 3.x clients, which have no negative ack, are disconnected instead)
 STORE_UNAVAILABLE = IMPLEMENTATION_SPECIFIC_ERROR
+# not a reason code: added by the broker to the code of a QoS 1 PUBLISH's ack that waits for
+# the store's next commit alone (``Channel.acks_committed`` follows, one call per batch)
+AFTER_COMMIT = 0x100
 UNSUPPORTED_PROTOCOL_VERSION = 0x84
 CLIENT_IDENTIFIER_NOT_VALID = 0x85
 BAD_USERNAME_OR_PASSWORD = 0x86

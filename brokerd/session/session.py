@@ -122,6 +122,26 @@ class MessageQueue:
         self._account(size, 1)
         return dropped
 
+    def put_front(self, ds: list) -> None:
+        """Put the QoS 1/2 deliveries ``ds`` (oldest first) before everything
+        queued: stored deliveries a connection held to send after their commit
+        when it closed. Not bounded by ``max_len``: they were taken in already
+        (and are at most a window's worth)."""
+        q0, q12 = self._q0, self._q12
+        first = self._seq + 1
+        if q0:
+            first = q0[0][0]
+        if q12:
+            first = min(first, q12[0][0])
+        if q12 is _NONE:
+            q12 = self._q12 = deque()
+        size = 0
+        for d in reversed(ds):
+            first -= 1
+            q12.appendleft((first, d))
+            size += len(d.msg.payload)
+        self._account(size, len(ds))
+
     def attach_budget(self, budget: "MemoryBudget | None") -> None:
         """Charge (or, with None, stop charging) this queue to a node budget.
 
