@@ -55,9 +55,11 @@ WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED = 0xA2
 
 # Refusals of a PUBLISH the client must hear of (codes above 0xFF, never on the wire): v5 gets the low
 # byte in its PUBACK/PUBREC with the reason string of REFUSALS; a 3.x client, which has no negative
-# ack, is disconnected -- a positive ack would make it take the message for delivered.
-DELAYED_TOPIC_INVALID = 0x100 | TOPIC_NAME_INVALID
-DELAYED_QUOTA_EXCEEDED = 0x100 | QUOTA_EXCEEDED
+# ack, is disconnected -- a positive ack would make it take the message for delivered. Their own bit
+# (0x200): AFTER_COMMIT (0x100) marks an ack that waits for a commit, not a refusal.
+REFUSAL = 0x200
+DELAYED_TOPIC_INVALID = REFUSAL | TOPIC_NAME_INVALID
+DELAYED_QUOTA_EXCEEDED = REFUSAL | QUOTA_EXCEEDED
 REFUSALS = {
     DELAYED_TOPIC_INVALID: "$delayed topic: $delayed/{seconds 0..4294967}/{topic not starting with $}",
     DELAYED_QUOTA_EXCEEDED: "the tenant's delayed messages quota is used up",

@@ -124,3 +124,11 @@ def test_without_a_delayed_queue_the_topic_is_a_plain_one(net):
     sub.subscribe("$delayed/#", qos=1)
     assert pub.publish("$delayed/5/t/a", b"x", qos=1).reason_code == 0
     assert [p.topic for p in sub.publishes()] == ["$delayed/5/t/a"]
+
+
+def test_a_refusal_is_never_taken_for_an_ack_waiting_for_a_commit():
+    """Both were marked with 0x100 when delayed publish met the batched durable acks: a cap
+    refusal then waited for a commit that never acknowledged it (the client got no PUBACK)."""
+    from brokerd.protocol import reason as rc
+
+    assert all(not code & rc.AFTER_COMMIT and code > 0xFF for code in rc.REFUSALS)
