@@ -104,8 +104,9 @@ class Bus:
         self.redis = aioredis.Redis(connection_pool=pool)
         self._try_claim = self.redis.register_script(_TRY_CLAIM)
         self._try_claims = self.redis.register_script(_TRY_CLAIMS)
-        self._claims: list[tuple[str, str, asyncio.Future]] = []     # queued this iteration, sent by _send_claims
-        self._claim_calls: set[asyncio.Task] = set()
+        self._claims: list[tuple[str, str, asyncio.Future]] = []     # queued, sent by _send_claims
+        self._claiming = False              # a claim call is scheduled or on its way (see try_claim)
+        self._claim_call: asyncio.Task | None = None
         self._unlock = self.redis.register_script(_UNLOCK)
         self._hdel_if = self.redis.register_script(_HDEL_IF)
 
@@ -187,23 +188,36 @@ class Bus:
         """In one round trip: the client id is now this node's if it was free or
         already here (-> None); else the node holding it, or "!" when locked.
 
-        The claims made in one event-loop iteration (a burst of CONNECTs) go
-        to Redis together, in one script call (``_TRY_CLAIMS``): each is the
-        same atomic check-and-set as alone, in the order they were made; each
+        Claims go to Redis together, as group commit does: the first one
+        schedules a call (``loop.call_soon``: the claims made in the same
+        event-loop iteration go with it); those made while a call is on its
+        way go in the next, as soon as it is back. A call is one script
+        (``_TRY_CLAIMS``, at most ``CLAIMS_PER_CALL``): each claim is the same
+        atomic check-and-set as alone, in the order they were made; each
         caller gets its own answer, or the call's error."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        if not self._claims:
-            loop.call_soon(self._send_claims)
         self._claims.append((tenant, client_id, fut))
+        if not self._claiming:
+            self._claiming = True
+            loop.call_soon(self._send_claims)
         return await fut
 
     def _send_claims(self) -> None:
-        batch, self._claims = self._claims, []
-        for i in range(0, len(batch), CLAIMS_PER_CALL):
-            task = asyncio.ensure_future(self._claim_batch(batch[i:i + CLAIMS_PER_CALL]))
-            self._claim_calls.add(task)
-            task.add_done_callback(self._claim_calls.discard)
+        batch = self._claims[:CLAIMS_PER_CALL]
+        del self._claims[:CLAIMS_PER_CALL]
+        if not batch:
+            self._claiming = False
+            return
+        task = asyncio.ensure_future(self._claim_batch(batch))
+        self._claim_call = task
+        task.add_done_callback(self._claims_sent)
+
+    def _claims_sent(self, task: asyncio.Task) -> None:
+        self._claim_call = None
+        if not task.cancelled():
+            task.exception()        # retrieved: every waiter got it
+        self._send_claims()         # what was claimed meanwhile (or no call in flight any more)
 
     async def _claim_batch(self, batch: list[tuple[str, str, asyncio.Future]]) -> None:
         try:
