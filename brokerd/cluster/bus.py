@@ -204,8 +204,11 @@ class Bus:
         return await fut
 
     def _send_claims(self) -> None:
-        batch = self._claims[:CLAIMS_PER_CALL]
-        del self._claims[:CLAIMS_PER_CALL]
+        batch: list = []
+        while self._claims and not batch:
+            # a claim whose CONNECT gave up meanwhile (its task cancelled) is not made
+            batch = [c for c in self._claims[:CLAIMS_PER_CALL] if not c[2].done()]
+            del self._claims[:CLAIMS_PER_CALL]
         if not batch:
             self._claiming = False
             return
