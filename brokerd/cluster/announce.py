@@ -6,7 +6,7 @@ groups; every node keeps the whole table (``routes.ClusterRoutes``, filled
 by ``eventlog.EventLog``). A subscription marks its filter dirty; a round
 publishes the changed counts in one batch, after the other events queued
 meanwhile (a retained message, an adoption's "gone": they follow the routes
-they concern). What could not be published is announced again; what is
+they concern), packed into a few entries of the log ("multi" events). What could not be published is announced again; what is
 announced is recorded, so that a round publishes only what changed.
 
 While a stored session moves (``handoff``), its filters' counts are frozen
@@ -22,6 +22,7 @@ from .ports import ClusterBroker, EventBus, FenceState
 log = logging.getLogger("brokerd.cluster")
 
 GATHER = 0.01           # seconds a round waits to gather a burst of subscriptions
+PER_ENTRY = 256         # events of a round packed into one entry of the log (a "multi" event)
 RETRY = 0.5             # seconds after a failed round before the next
 
 
@@ -91,7 +92,7 @@ class Announcer:
             try:
                 if self.fence.fenced:
                     raise ConnectionError("fenced")
-                await self.bus.publish_events(events)
+                await self.bus.publish_events(packed(self.id, events))
             except Exception as exc:
                 # not announced: forget that it was, so that the retry (or the rejoin) announces it
                 for key, before, now in changes:
@@ -174,3 +175,13 @@ class Announcer:
                 subs, durable = counts.get(f, (0, 0))
                 events.append({"t": "route", "n": peer, "tn": tenant, "f": f, "s": subs + 1, "d": durable + 1})
             return await self.bus.publish_events([{"t": "multi", "n": self.id, "e": events}])
+
+
+def packed(node: str, events: list[dict]) -> list[dict]:
+    """A round's events, ``PER_ENTRY`` to an entry of the log: a "multi"
+    event, which every node applies whole and in order, as it applies a
+    handoff's switch (one Redis entry to write, read and parse instead of one
+    each -- a burst of CONNECTs announces a route each)."""
+    if len(events) == 1:
+        return events
+    return [{"t": "multi", "n": node, "e": events[i:i + PER_ENTRY]} for i in range(0, len(events), PER_ENTRY)]

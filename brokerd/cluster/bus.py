@@ -18,6 +18,7 @@ Keys, all under a prefix (``brokerd`` by default, ``?prefix=NAME`` in the URL):
 ``compact``, ``orphans`` leases: which node writes the route snapshot, adopts orphaned sessions
 """
 
+import asyncio
 import json
 import time
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
@@ -38,6 +39,28 @@ if owner and owner ~= ARGV[2] then return owner end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return ''
 """
+# the claims of one event-loop iteration in one call: KEYS are (clients:{tenant}, lock:{tenant}:{cid}) pairs,
+# ARGV the node then the client ids; each claim is _TRY_CLAIM's, in order -> '!', the owner or '' per claim
+_TRY_CLAIMS = """
+local node = ARGV[1]
+local out = {}
+for i = 1, #KEYS, 2 do
+  local cid = ARGV[(i + 1) / 2 + 1]
+  if redis.call('EXISTS', KEYS[i + 1]) == 1 then
+    out[#out + 1] = '!'
+  else
+    local owner = redis.call('HGET', KEYS[i], cid)
+    if owner and owner ~= node then
+      out[#out + 1] = owner
+    else
+      redis.call('HSET', KEYS[i], cid, node)
+      out[#out + 1] = ''
+    end
+  end
+end
+return out
+"""
+CLAIMS_PER_CALL = 500       # a burst of CONNECTs larger than this goes in several calls (a script blocks Redis)
 _HDEL_IF = """
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
 return 0
@@ -80,6 +103,10 @@ class Bus:
                                                         retry=retry, retry_on_error=[RedisConnectionError])
         self.redis = aioredis.Redis(connection_pool=pool)
         self._try_claim = self.redis.register_script(_TRY_CLAIM)
+        self._try_claims = self.redis.register_script(_TRY_CLAIMS)
+        self._claims: list[tuple[str, str, asyncio.Future]] = []     # queued, sent by _send_claims
+        self._claiming = False              # a claim call is scheduled or on its way (see try_claim)
+        self._claim_call: asyncio.Task | None = None
         self._unlock = self.redis.register_script(_UNLOCK)
         self._hdel_if = self.redis.register_script(_HDEL_IF)
 
@@ -159,11 +186,69 @@ class Bus:
 
     async def try_claim(self, tenant: str, client_id: str) -> str | None:
         """In one round trip: the client id is now this node's if it was free or
-        already here (-> None); else the node holding it, or "!" when locked."""
-        res = await self._try_claim(keys=[self.k("clients", tenant), self.k("lock", tenant, client_id)],
-                                    args=[client_id, self.node])
-        res = res.decode() if isinstance(res, bytes) else res
-        return res or None
+        already here (-> None); else the node holding it, or "!" when locked.
+
+        Claims go to Redis together, as group commit does: the first one
+        schedules a call (``loop.call_soon``: the claims made in the same
+        event-loop iteration go with it); those made while a call is on its
+        way go in the next, as soon as it is back. A call is one script
+        (``_TRY_CLAIMS``, at most ``CLAIMS_PER_CALL``): each claim is the same
+        atomic check-and-set as alone, in the order they were made; each
+        caller gets its own answer, or the call's error."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._claims.append((tenant, client_id, fut))
+        if not self._claiming:
+            self._claiming = True
+            loop.call_soon(self._send_claims)
+        return await fut
+
+    def _send_claims(self) -> None:
+        batch: list = []
+        while self._claims and not batch:
+            # a claim whose CONNECT gave up meanwhile (its task cancelled) is not made
+            batch = [c for c in self._claims[:CLAIMS_PER_CALL] if not c[2].done()]
+            del self._claims[:CLAIMS_PER_CALL]
+        if not batch:
+            self._claiming = False
+            return
+        task = asyncio.ensure_future(self._claim_batch(batch))
+        self._claim_call = task
+        task.add_done_callback(self._claims_sent)
+
+    def _claims_sent(self, task: asyncio.Task) -> None:
+        self._claim_call = None
+        if not task.cancelled():
+            task.exception()        # retrieved: every waiter got it
+        self._send_claims()         # what was claimed meanwhile (or no call in flight any more)
+
+    async def _claim_batch(self, batch: list[tuple[str, str, asyncio.Future]]) -> None:
+        try:
+            if len(batch) == 1:
+                tenant, client_id, _ = batch[0]
+                answers = [await self._try_claim(keys=[self.k("clients", tenant), self.k("lock", tenant, client_id)],
+                                                 args=[client_id, self.node])]
+            else:
+                keys = []
+                for tenant, client_id, _ in batch:
+                    keys += (self.k("clients", tenant), self.k("lock", tenant, client_id))
+                answers = await self._try_claims(keys=keys, args=[self.node, *(cid for _, cid, _ in batch)])
+            if len(answers) != len(batch):
+                raise RuntimeError(f"{len(answers)} answers to {len(batch)} client-id claims")
+        except BaseException as exc:
+            for _, _, fut in batch:
+                if not fut.done():
+                    if isinstance(exc, asyncio.CancelledError):
+                        fut.cancel()
+                    else:
+                        fut.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, _, fut), res in zip(batch, answers, strict=True):
+            if not fut.done():
+                res = res.decode() if isinstance(res, bytes) else res
+                fut.set_result(res or None)
 
     async def mark_owned(self, tenant: str, client_id: str) -> None:
         await self.redis.sadd(self.k("owned", self.node), key_of(tenant, client_id))

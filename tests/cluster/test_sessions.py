@@ -4,9 +4,10 @@ session and what it was owed); a node that leaves with SIGTERM sends its v5
 clients to another node (0x9C + Server Reference) where their sessions wait."""
 
 import signal
+import threading
 
 from ..durability.test_crash import drain, received_in_order
-from ..integration.helpers import Client, connect
+from ..integration.helpers import Client, connect, wait_until
 from ..integration.raw import (
     CONNACK,
     DISCONNECT,
@@ -59,6 +60,89 @@ def test_takeover_across_nodes_moves_queued_and_inflight_messages(cluster, tag):
     pub.publish(topic, b"after", qos=1)
     assert second.expect().payload == b"after"
     first.expect_none(0.3)
+
+
+def at_once(port_and_clients: list[tuple[int, Client]], properties=None) -> list[tuple]:
+    """Every client sends its CONNECT at the same moment (a thread each, a
+    barrier); -> their CONNACKs' (flags, reason code, properties), in order."""
+    barrier = threading.Barrier(len(port_and_clients))
+    errors = []
+
+    def go(port, c):
+        try:
+            barrier.wait(10)
+            c.connect(port, properties=properties, wait=False)
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go, args=pc) for pc in port_and_clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    assert not errors, errors
+    return [c.connack_result(timeout=15) for _, c in port_and_clients]
+
+
+def test_a_burst_of_connects_keeps_one_session_per_client_id(cluster, tag):
+    """CONNECTs sent at once on two nodes -- their client-id claims go to
+    Redis together: persistent sessions taken over from the other node, new
+    client ids, and client ids connecting on both nodes at the same moment.
+    Every client id ends with one connection holding its session, and what
+    was acknowledged to a publisher before the burst reaches it."""
+    n1, n2 = cluster.start(2)
+    n = 12
+    session = props(PacketTypes.CONNECT, SessionExpiryInterval=EXPIRY)
+    pub = connect(n2.port(), f"{tag}-pub", V5)
+    olds = []
+    for i in range(n):
+        c = persistent(n1.port(), f"{tag}-m{i}", manual_ack=True)
+        c.subscribe(f"{tag}/m{i}", qos=1)
+        settle(pub, f"{tag}/m{i}", c)
+        olds.append(c)
+    for i, c in enumerate(olds):
+        code, _ = pub.publish_result(pub.publish(f"{tag}/m{i}", b"before", qos=1, wait=False))
+        assert code.value == 0
+        assert c.expect().payload == b"before"          # in flight, never acknowledged by the client
+
+    takers = [(n2.port(), Client(f"{tag}-m{i}", V5, clean=False)) for i in range(n)]
+    fresh = [((n1, n2)[i % 2].port(), Client(f"{tag}-f{i}", V5, clean=False)) for i in range(n)]
+    # twins start clean: a persistent twin can end up connected on both nodes (not the batching: the first
+    # CONNECT's store read after its claim is a window a takeover from the other node finds no session in)
+    twins = [(node.port(), Client(f"{tag}-d{i}", V5, clean=True)) for i in range(n) for node in (n1, n2)]
+    acks = at_once(takers + fresh + twins, properties=session)
+
+    for i, ((flags, code, _), (_, c)) in enumerate(zip(acks[:n], takers, strict=True)):
+        assert code.value == 0, f"{tag}-m{i}: CONNACK {code}"
+        assert flags.session_present, f"{tag}-m{i}: its session did not follow it"
+        code, _ = olds[i].expect_disconnect()
+        assert code.value == 0x8E, f"{tag}-m{i}: old connection got {code}"
+        msg = c.expect(timeout=10)
+        assert (msg.payload, msg.dup) == (b"before", True), f"{tag}-m{i}: got {msg.payload!r}"
+    assert [code.value for _, code, _ in acks[n:2 * n]] == [0] * n
+    for i in range(n):
+        pair = [c for _, c in twins[2 * i:2 * i + 2]]
+        codes = [code.value for _, code, _ in acks[2 * n + 2 * i:2 * n + 2 * i + 2]]
+
+        def holding(pair=pair, codes=codes) -> int:       # accepted and not taken over (0x8E) since
+            return sum(code == 0 and c.disconnects.empty() for c, code in zip(pair, codes, strict=True))
+
+        wait_until(lambda: holding() == 1, timeout=10,
+                   message=f"{tag}-d{i}: not exactly one connection holds the client id",
+                   explain=lambda pair=pair, codes=codes: f"CONNACKs {codes}, disconnects "
+                                                          f"{[list(c.disconnects.queue) for c in pair]}")
+        assert [code for code in codes if code != 0] in ([], [0x89]), codes     # or refused: Server busy (being taken over)
+    pair_ends = [list(c.disconnects.queue) for _, c in twins]
+    assert all(d[0][0].value == 0x8E for d in pair_ends if d), pair_ends
+    # the subscriptions moved with the sessions: new messages reach the new connections only
+    for i, (_, c) in enumerate(takers):
+        settle(pub, f"{tag}/m{i}", c)
+        assert pub.publish_result(pub.publish(f"{tag}/m{i}", b"after", qos=1, wait=False))[0].value == 0
+        assert c.expect().payload == b"after"
+    for c in olds:
+        c.expect_none(0.1)
+    for _, c in takers + fresh + twins:
+        c.disconnect()
 
 
 def test_takeover_back_and_forth_with_311_client(cluster, tag):
