@@ -49,6 +49,9 @@ class Takeover:
         self.fence = fence
         self.clock = clock
         self.spawn = spawn                # spawn(coroutine): run it as a task
+        # CONNECTs whose claim is in progress here, and those another node took the id from meanwhile
+        self.claiming: dict[tuple[str, str], ClaimingChannel] = {}
+        self.lost: set[tuple[str, str]] = set()
 
     # ========================================================== new owner
 
@@ -62,6 +65,9 @@ class Takeover:
             channel.refuse(rc.SERVER_UNAVAILABLE, "this node is out of the cluster")
             return
         token = None
+        key = (tenant, cid)
+        self.claiming[key] = channel
+        self.lost.discard(key)
         try:
             # the common case in one round trip: the client id was free, or already here
             owner = await self.bus.try_claim(tenant, cid)
@@ -82,6 +88,11 @@ class Takeover:
                 # free in the registry but perhaps stored: Redis may have lost its registry (restarted
                 # empty) before anyone adopted the session -- the store, not the registry, is the truth
                 await self.sessions.load(tenant, cid)
+            if key in self.lost:
+                # another node claimed the id while this one read the session from the store (on_takeover
+                # found nothing to release then, and refused this CONNECT): what was read is theirs
+                self._let_go(tenant, cid)
+                return
             if channel.state != CONNECTING:         # the client went away meanwhile
                 return
             cont(self.clock())
@@ -95,6 +106,9 @@ class Takeover:
             if channel.state == CONNECTING:
                 channel.refuse(rc.SERVER_UNAVAILABLE, "cluster unavailable")
         finally:
+            if self.claiming.get(key) is channel:
+                del self.claiming[key]
+                self.lost.discard(key)
             self.handoff.done_expecting(tenant, cid)
             self.handoff.flush_arriving(tenant, cid)
             if token is not None:
@@ -110,6 +124,12 @@ class Takeover:
             log.warning("node %s did not release %s/%s in time", node, tenant, cid)
             return False
         return answer is not LOST and answer
+
+    def _let_go(self, tenant: str, cid: str) -> None:
+        """Forget a session copy this node loaded for a claim it lost (its store rows are the new owner's)."""
+        if self.broker.release(tenant, cid, self.clock()):
+            for filt in self.announcer.announced_filters(tenant):
+                self.announcer.route_dirty(tenant, filt)
 
     def client_gone(self, tenant: str, cid: str, ended: bool, had_will: bool) -> None:
         """A connection closed here; ``ended``: its session is over too."""
@@ -139,6 +159,13 @@ class Takeover:
                         link.peer)
             link.send(frames.released(req, 2))
             return
+        claiming = self.claiming.get((tenant, cid))
+        if claiming is not None:
+            # a CONNECT of the id is being claimed here too (its claim found the id free, the other's found
+            # it here): the other node holds the lock, so this one gives way -- before it opens a second copy
+            self.lost.add((tenant, cid))
+            if claiming.state == CONNECTING:
+                claiming.refuse(rc.SERVER_BUSY, "the client id is being taken over by another node")
         holder = None
         if not self.fence.fenced and link.peer:
             filters = self.broker.handoff_filters(tenant, cid)

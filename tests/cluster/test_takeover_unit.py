@@ -1,0 +1,147 @@
+"""The client-id claim against a takeover from another node, with the
+collaborators as small fakes so the race's window is held open on purpose.
+
+A CONNECT here whose claim found the id free reads the session from the store
+before opening it; a CONNECT of the same id on another node, whose claim found
+the id here, asks this node to release it meanwhile. The release found nothing
+to let go of, the other node opened the session -- and then this one opened a
+second copy: one client id connected on two nodes (found by
+tests/cluster/test_sessions.py::test_a_burst_of_connects_keeps_one_session_per_client_id
+with persistent twins, about one run in five)."""
+
+import asyncio
+
+from brokerd.cluster.takeover import CONNECTING, Takeover
+from brokerd.protocol import reason as rc
+
+
+class Channel:
+    def __init__(self):
+        self.state = CONNECTING
+        self.session = None
+        self.refused = None
+
+    def refuse(self, code, reason):
+        self.refused = (code, reason)
+        self.state = 4                    # closed
+
+
+class Broker:
+    def __init__(self):
+        self.sessions: set = set()
+        self.released: list = []
+
+    def holds(self, tenant, cid):
+        return (tenant, cid) in self.sessions
+
+    def handoff_filters(self, tenant, cid):
+        return None
+
+    def release(self, tenant, cid, now):
+        self.released.append((tenant, cid))
+        found = (tenant, cid) in self.sessions
+        self.sessions.discard((tenant, cid))
+        return found
+
+
+class Sessions:
+    """``load`` waits for ``gate``: the store read in its thread."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.gate = asyncio.Event()
+
+    async def load(self, tenant, cid, wills=True):
+        await self.gate.wait()
+        self.broker.sessions.add((tenant, cid))
+        return True
+
+
+class Bus:
+    async def try_claim(self, tenant, cid):
+        return None                       # free: this node is its owner now
+
+    async def lock_holder(self, tenant, cid):
+        return "b"                        # the other node holds the id's lock: its takeover is genuine
+
+    async def mark_owned(self, tenant, cid):
+        pass
+
+    async def set_will(self, tenant, cid, will):
+        pass
+
+
+class Handoff:
+    def done_expecting(self, tenant, cid):
+        pass
+
+    def flush_arriving(self, tenant, cid):
+        pass
+
+
+class Announcer:
+    def __init__(self):
+        self.dirty: list = []
+
+    def announced_filters(self, tenant):
+        return ["fleet/#"]
+
+    def route_dirty(self, tenant, filt):
+        self.dirty.append((tenant, filt))
+
+
+class Link:
+    peer = "b"
+
+    def __init__(self):
+        self.sent: list = []
+
+    def send(self, frame):
+        self.sent.append(frame)
+
+
+class Fence:
+    fenced = False
+
+
+def takeover(broker, sessions, announcer):
+    return Takeover("a", Bus(), broker, sessions, Handoff(), announcer, None, None, lambda: {}, None, Fence(),
+                    lambda: 0.0, asyncio.ensure_future)
+
+
+def test_a_takeover_during_the_claims_store_read_wins_and_no_second_copy_opens_here():
+    async def scenario():
+        broker, announcer = Broker(), Announcer()
+        sessions = Sessions(broker)
+        t = takeover(broker, sessions, announcer)
+        channel, opened = Channel(), []
+        claim = asyncio.ensure_future(t.run_claim(channel, "acme", "dev", False, None, opened.append))
+        await asyncio.sleep(0)                          # the claim now reads the session from the store
+        link = Link()
+        await t.on_takeover(link, 7, "acme", "dev")     # node b takes the id meanwhile
+        assert channel.refused == (rc.SERVER_BUSY, "the client id is being taken over by another node")
+        assert len(link.sent) == 1                      # RELEASED: nothing here yet, b loads it from the store
+        sessions.gate.set()                             # the store read ends
+        await claim
+        return broker, announcer, opened, t
+
+    broker, announcer, opened, t = asyncio.run(scenario())
+    assert opened == []                                 # the session was not opened here
+    assert broker.sessions == set()                     # and the copy it read was let go of
+    assert ("acme", "fleet/#") in announcer.dirty       # its routes withdrawn
+    assert t.claiming == {} and t.lost == set()
+
+
+def test_a_claim_nobody_contests_opens_the_session():
+    async def scenario():
+        broker, announcer = Broker(), Announcer()
+        sessions = Sessions(broker)
+        sessions.gate.set()
+        t = takeover(broker, sessions, announcer)
+        channel, opened = Channel(), []
+        await t.run_claim(channel, "acme", "dev", False, None, opened.append)
+        return broker, opened, channel, t
+
+    broker, opened, channel, t = asyncio.run(scenario())
+    assert opened == [0.0] and channel.refused is None and broker.sessions == {("acme", "dev")}
+    assert t.claiming == {} and t.lost == set()
