@@ -153,32 +153,41 @@ def check_usage_dir(spark, root: str) -> None:
         raise UsageLogError(f"usage log unreadable: {root}: {message}") from None
 
 
-def _dataset(spark, root: str, name: str, schema) -> DataFrame | None:
-    fs, path = _hadoop_path_status(spark, f"{root.rstrip('/')}/{name}")
-    if not fs.exists(path):
-        return None
-    return (spark.read.schema(schema)
-            .option("pathGlobFilter", "*.jsonl")           # never a temporary file
-            .option("mode", "DROPMALFORMED")
-            .json(path.toString()))
+def _read(spark, root: str, lake: str | None, name: str, schema, first: str, last: str | None) -> DataFrame:
+    """Dates ``first``..``last`` (None: open) of a dataset: the lake's
+    committed runs and the landed files not compacted yet (spark_reports.lake),
+    read as one DataFrame; the ``date`` filter stays on it, so the plan shows
+    it as a partition filter of both scans."""
+    from . import lake as lakes  # lake imports this module's schemas
+
+    lake = lake or lakes.default_lake(root)
+    snap = lakes.snapshot(spark, root, lake, name, first, last)
+    parts = []
+    if snap.runs:
+        parts.append(spark.read.schema(schema).option("basePath", f"{lake.rstrip('/')}/{name}")
+                     .parquet(*snap.runs).select(*schema.names))
+    if snap.landed:
+        parts.append(spark.read.schema(schema).option("basePath", f"{root.rstrip('/')}/{name}")
+                     .option("mode", "DROPMALFORMED").json(snap.landed))
+    if not parts:
+        return spark.createDataFrame([], schema)
+    df = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+    bound = F.col("date") >= first if last is None else F.col("date").between(first, last)
+    return df.filter(bound)
 
 
-def read_connections(spark, root: str, period: Period) -> DataFrame:
+def read_connections(spark, root: str, period: Period, lake: str | None = None) -> DataFrame:
     """Connection rows that may touch ``period``: closed on or after its first day
     (a connection open across the period is in a later partition)."""
-    df = _dataset(spark, root, "connections", CONNECTIONS_SCHEMA)
-    if df is None:
-        return spark.createDataFrame([], CONNECTIONS_SCHEMA)
-    return df.filter(F.col("date") >= period.date_of(period.first_day)).filter(
+    df = _read(spark, root, lake, "connections", CONNECTIONS_SCHEMA, period.date_of(period.first_day), None)
+    return df.filter(
         F.col("tenant").isNotNull() & F.col("connected_at").isNotNull() & F.col("disconnected_at").isNotNull())
 
 
-def read_traffic(spark, root: str, period: Period) -> DataFrame:
-    df = _dataset(spark, root, "traffic", TRAFFIC_SCHEMA)
-    if df is None:
-        return spark.createDataFrame([], TRAFFIC_SCHEMA)
-    return df.filter(F.col("date").between(period.date_of(period.first_day), period.date_of(period.last_day))).filter(
-        F.col("tenant").isNotNull() & F.col("ts").isNotNull())
+def read_traffic(spark, root: str, period: Period, lake: str | None = None) -> DataFrame:
+    df = _read(spark, root, lake, "traffic", TRAFFIC_SCHEMA, period.date_of(period.first_day),
+               period.date_of(period.last_day))
+    return df.filter(F.col("tenant").isNotNull() & F.col("ts").isNotNull())
 
 
 # ---------------------------------------------------------------- selections
