@@ -333,7 +333,7 @@ def _write_staged(spark, landing, dataset, staged_root, units, row_group_bytes) 
     df = (spark.read.schema(schema).option("basePath", f"{landing.rstrip('/')}/{dataset}")
           .option("mode", "DROPMALFORMED").json(paths))
     df = df.filter(F.col("tenant").isNotNull())
-    (df.repartition("date").sortWithinPartitions("tenant", time_col)
+    (df.repartition("date").sortWithinPartitions("date", "tenant", time_col)      # date first: the writer keeps it
      .write.mode("overwrite").partitionBy("date").option("parquet.block.size", row_group_bytes)
      .option("compression", "snappy").parquet(staged_root))
     counts = spark.read.schema(schema).parquet(staged_root).groupBy("date").count().collect()
