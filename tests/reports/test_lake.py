@@ -3,6 +3,7 @@ Parquet exactly once, whatever point a run dies at; reports over lake +
 landing giving the figures of the landing alone and of tests/reports/expected.py;
 reads bounded by the period; a tenant's read skipping the other tenants' row groups."""
 
+import io
 import json
 import os
 import random
@@ -15,8 +16,9 @@ from datetime import date
 from pathlib import Path
 
 import pytest
+from django.core.management import CommandError, call_command
 
-from spark_reports import jobs, lake, reports
+from spark_reports import jobs, lake, reports, tasks
 from spark_reports import usagegen as gen
 from spark_reports.jobs import CONNECTIONS_SCHEMA, TRAFFIC_SCHEMA, Period
 
@@ -258,3 +260,35 @@ def test_a_tenant_filter_skips_the_other_tenants_row_groups(spark, tmp_path):
     assert out <= scanned < len(traffic) / 4, (scanned, len(traffic))
     everything, _ = _scanned_rows(spark, jobs.read_traffic(spark, str(tmp_path), PERIOD))
     assert everything == len(traffic)
+
+
+# ---------------------------------------------------------------- Celery, beat, manage.py
+
+
+def test_beat_schedules_the_compaction(db, settings):
+    from django_celery_beat.models import PeriodicTask
+
+    settings.LAKE_COMPACT_INTERVAL = 240
+    tasks.ensure_periodic_task()
+    task = PeriodicTask.objects.get(name=tasks.COMPACT_TASK_NAME)
+    assert (task.task, task.enabled, task.interval.every) == ("spark_reports.tasks.compact_usage", True, 240)
+    settings.LAKE_COMPACT_INTERVAL = 0                         # 0: not by beat
+    tasks.ensure_periodic_task()
+    assert not PeriodicTask.objects.get(name=tasks.COMPACT_TASK_NAME).enabled
+    assert PeriodicTask.objects.get(name=tasks.DISPATCH_TASK_NAME).enabled
+
+
+def test_manage_py_compact_usage_and_the_task(spark, small, settings):
+    root, conns, traffic = small
+    settings.USAGE_DIR, settings.USAGE_LAKE = str(root), ""
+    settings.LAKE_SETTLE, settings.LAKE_KEEP_LANDED = 0, 0
+    out = io.StringIO()
+    call_command("compact_usage", stdout=out)
+    assert json.loads(out.getvalue())["rows"] == len(conns) + len(traffic)
+    assert _landed(root) == []
+    _assert_exactly_once(spark, root, conns, traffic, lake_only=True)
+    assert tasks.compact_usage() == "0 files, 0 rows"
+    with lake.Lease(lake.HadoopFS(spark), str(root / "lake")):
+        assert tasks.compact_usage() == "busy"
+        with pytest.raises(CommandError, match="already running"):
+            call_command("compact_usage", stdout=io.StringIO())
