@@ -46,7 +46,7 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from pyspark.sql import functions as F
 
@@ -62,6 +62,7 @@ STAGING = "_staging"
 SETTLE = 120                  # seconds after a minute's end before its files are compacted
 KEEP_LANDED = 900             # seconds a committed landed file stays for reports that listed it
 ROW_GROUP_BYTES = 1 << 20     # Parquet row groups: small enough that a tenant filter skips most
+MERGE_DAYS = 7                # closed dates looked at for merging their runs into one
 LEASE_STALE = 3600            # seconds after which a lease (a run that died elsewhere) is taken over
 
 _STAMP = re.compile(r"-(\d{12})(?:-\d+)?\.jsonl$")
@@ -175,21 +176,24 @@ def date_dirs(fs: HadoopFS, root: str, first: str | None = None, last: str | Non
 class DateState:
     """One lake date partition as committed: its run directories and the landed files they consumed."""
 
-    runs: list[str] = field(default_factory=list)           # URIs of run=... directories
+    runs: list[str] = field(default_factory=list)           # URIs of the run=... directories readers read
     consumed: dict[tuple, float] = field(default_factory=dict)   # landed key -> commit time
+    manifests: dict[str, dict] = field(default_factory=dict)     # run URI -> its manifest
+    replaced: dict[str, float] = field(default_factory=dict)     # run URI merged into another -> that commit's time
 
 
 def committed(fs: HadoopFS, lake: str, dataset: str, day: str) -> DateState:
     state = DateState()
     base = f"{lake.rstrip('/')}/{dataset}/date={day}"
-    manifests = {}
     for st in fs.list(base):
         if st.isDirectory() and _name(st).startswith("run="):
             uri = f"{base}/{_name(st)}"
-            manifests[uri] = json.loads(fs.read_text(f"{uri}/{MANIFEST}"))
-    replaced = {r for m in manifests.values() for r in m.get("replaces", [])}
-    for uri, m in sorted(manifests.items()):
-        if m["run"] not in replaced:
+            state.manifests[uri] = json.loads(fs.read_text(f"{uri}/{MANIFEST}"))
+    replaced_at = {r: m["committed_at"] for m in state.manifests.values() for r in m.get("replaces", [])}
+    for uri, m in sorted(state.manifests.items()):
+        if m["run"] in replaced_at:
+            state.replaced[uri] = replaced_at[m["run"]]
+        else:
             state.runs.append(uri)
         for f in m["landed"]:
             state.consumed[_key(f["name"], f["size"], f["mtime"])] = m["committed_at"]
@@ -287,6 +291,8 @@ class CompactionResult:
     rows: int = 0                   # rows committed
     dates: list[str] = field(default_factory=list)   # "dataset/date" units committed
     deleted: int = 0                # landed files deleted (committed by this run or earlier ones)
+    merged: list[str] = field(default_factory=list)   # "dataset/date" whose runs were merged into one
+    dropped_runs: int = 0           # run directories deleted after a merge
     discarded: list[str] = field(default_factory=list)   # uncommitted runs thrown away
     seconds: float = 0.0
 
@@ -332,7 +338,11 @@ def _write_staged(spark, landing, dataset, staged_root, units, row_group_bytes) 
     paths = [st.getPath().toString() for files in units.values() for st in files]
     df = (spark.read.schema(schema).option("basePath", f"{landing.rstrip('/')}/{dataset}")
           .option("mode", "DROPMALFORMED").json(paths))
-    df = df.filter(F.col("tenant").isNotNull())
+    return _write_parquet(spark, df.filter(F.col("tenant").isNotNull()), schema, time_col, staged_root,
+                          row_group_bytes)
+
+
+def _write_parquet(spark, df, schema, time_col, staged_root, row_group_bytes) -> dict[str, int]:
     (df.repartition("date").sortWithinPartitions("date", "tenant", time_col)      # date first: the writer keeps it
      .write.mode("overwrite").partitionBy("date").option("parquet.block.size", row_group_bytes)
      .option("compression", "snappy").parquet(staged_root))
@@ -340,12 +350,20 @@ def _write_staged(spark, landing, dataset, staged_root, units, row_group_bytes) 
     return {r["date"]: r["count"] for r in counts}
 
 
-def _commit(fs, lake, dataset, run, staged_root, day, files, rows, now) -> None:
+def _commit(fs, lake, dataset, run, staged_root, day, files, rows, now, merged: DateState | None = None) -> None:
+    """Commit one date of a run: its manifest into the staged directory, then
+    the directory renamed into the lake. A merge's manifest names every landed
+    file and run the merged runs did (so they stay consumed and hidden)."""
     staged = f"{staged_root}/date={day}"
     fs.mkdirs(staged)            # a date whose files held no valid row still commits (consumes them)
+    landed = [{"name": _name(st), "size": st.getLen(), "mtime": st.getModificationTime()} for st in files]
+    replaces = []
+    if merged is not None:
+        landed = [f for m in merged.manifests.values() for f in m["landed"]]
+        replaces = sorted({m["run"] for m in merged.manifests.values()} |
+                          {r for m in merged.manifests.values() for r in m.get("replaces", [])})
     manifest = {"format": 1, "run": run, "dataset": dataset, "date": day, "committed_at": now, "rows": rows,
-                "landed": [{"name": _name(st), "size": st.getLen(), "mtime": st.getModificationTime()}
-                           for st in files], "replaces": []}
+                "landed": landed, "replaces": replaces}
     fs.create(f"{staged}/{MANIFEST}", json.dumps(manifest))
     _checkpoint("manifest written")
     parent = f"{lake.rstrip('/')}/{dataset}/date={day}"
@@ -355,8 +373,41 @@ def _commit(fs, lake, dataset, run, staged_root, day, files, rows, now) -> None:
     _checkpoint("committed")
 
 
+def _merge(spark, fs, lake, dataset, result, now, keep, merge_days, row_group_bytes) -> list[str]:
+    """Closed dates (before today, the last ``merge_days``) holding several
+    runs (one per compaction: ~288 a day at 5 min) rewritten as one run, rows
+    sorted by tenant again; committed like a compaction, with ``replaces``
+    naming the runs it supersedes (readers skip them). -> the superseded run
+    directories whose merge is ``keep`` seconds old (deleted by the caller)."""
+    today = datetime.fromtimestamp(now, UTC).date()
+    first = (today - timedelta(days=merge_days)).isoformat()
+    last = (today - timedelta(days=1)).isoformat()
+    root = f"{lake.rstrip('/')}/{dataset}"
+    units, old = {}, []
+    for day in date_dirs(fs, root, first, last):
+        state = committed(fs, lake, dataset, day)
+        old += [uri for uri, at in state.replaced.items() if at + keep <= now]
+        if len(state.runs) > 1:
+            units[day] = state
+    if not units:
+        return old
+    schema, time_col = DATASETS[dataset]
+    run = f"{result.run}-merge"
+    staged_root = f"{lake.rstrip('/')}/{STAGING}/{result.run}/{dataset}-merge"
+    df = spark.read.schema(schema).option("basePath", root).parquet(
+        *[uri for state in units.values() for uri in state.runs]).select(*schema.names)
+    rows = _write_parquet(spark, df, schema, time_col, staged_root, row_group_bytes)
+    for day, state in sorted(units.items()):
+        _commit(fs, lake, dataset, run, staged_root, day, [], rows.get(day, 0), now, merged=state)
+        result.merged.append(f"{dataset}/{day}")
+        _checkpoint("merge committed")
+        if keep <= 0:
+            old += state.runs + list(state.replaced)
+    return old
+
+
 def compact(spark, landing: str, lake: str | None = None, *, now: float | None = None, settle: float = SETTLE,
-            keep_landed: float = KEEP_LANDED, row_group_bytes: int = ROW_GROUP_BYTES,
+            keep_landed: float = KEEP_LANDED, row_group_bytes: int = ROW_GROUP_BYTES, merge_days: int = MERGE_DAYS,
             datasets: Iterable[str] = tuple(DATASETS)) -> CompactionResult:
     """One compaction run (see the module's docstring); CompactionBusy if another holds the lease."""
     t0 = time.monotonic()
@@ -383,14 +434,20 @@ def compact(spark, landing: str, lake: str | None = None, *, now: float | None =
                 result.dates.append(f"{dataset}/{day}")
                 if keep_landed <= 0:
                     deletable += [st.getPath().toString() for st in files]
+        old_runs = []
+        for dataset in datasets:
+            old_runs += _merge(spark, fs, lake, dataset, result, now, keep_landed, merge_days, row_group_bytes)
         for uri in deletable:
             fs.delete(uri)
             result.deleted += 1
             _checkpoint("deleting")
+        for uri in old_runs:
+            fs.delete(uri, True)
+            result.dropped_runs += 1
         fs.delete(f"{lake.rstrip('/')}/{STAGING}/{result.run}", True)
     result.seconds = time.monotonic() - t0
-    log.info("compaction %s: %s files, %s rows into %s; %s landed files deleted", result.run, result.files,
-             result.rows, result.dates, result.deleted)
+    log.info("compaction %s: %s files, %s rows into %s; %s landed files deleted; merged %s, %s runs dropped",
+             result.run, result.files, result.rows, result.dates, result.deleted, result.merged, result.dropped_runs)
     return result
 
 

@@ -292,3 +292,36 @@ def test_manage_py_compact_usage_and_the_task(spark, small, settings):
         assert tasks.compact_usage() == "busy"
         with pytest.raises(CommandError, match="already running"):
             call_command("compact_usage", stdout=io.StringIO())
+
+
+def test_closed_days_runs_are_merged_into_one_exactly_once(spark, small, monkeypatch):
+    """A compaction every few minutes leaves a run per compaction in a date;
+    once the date is closed they are merged into one run sorted by tenant --
+    also when the merge fails after its first date's commit and runs again."""
+    root, conns, traffic = small
+    for hours in (6, 12, 18):                                  # three runs, each taking what has closed
+        lake.compact(spark, str(root), now=PERIOD.start + hours * 3600, settle=0, keep_landed=0)
+    day1 = PERIOD.date_of(PERIOD.first_day)
+    assert len(lake.committed(lake.HadoopFS(spark), str(root / "lake"), "traffic", day1).runs) == 3
+    seen = []
+
+    def fail(name):
+        seen.append(name)
+        if name == "merge committed" and seen.count(name) == 1:    # day 1's traffic merged, its connections not
+            raise Boom(name)
+
+    monkeypatch.setattr(lake, "_checkpoint", fail)
+    later = PERIOD.start + 5 * 86400
+    with pytest.raises(Boom):
+        lake.compact(spark, str(root), now=later, settle=0, keep_landed=0)
+    _assert_exactly_once(spark, root, conns, traffic)
+    monkeypatch.setattr(lake, "_checkpoint", lambda name: None)
+    r = lake.compact(spark, str(root), now=later, settle=0, keep_landed=0)
+    assert r.merged == ["connections/" + day1] and r.dropped_runs == 8     # 4 runs of each dataset on day 1
+    _assert_exactly_once(spark, root, conns, traffic, lake_only=True)
+    fs = lake.HadoopFS(spark)
+    for dataset in ("traffic", "connections"):
+        for day in lake.date_dirs(fs, str(root / "lake" / dataset)):
+            state = lake.committed(fs, str(root / "lake"), dataset, day)
+            assert len(state.runs) == 1 and not state.replaced, (dataset, day)
+    assert _landed(root) == []
