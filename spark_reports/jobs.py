@@ -153,7 +153,8 @@ def check_usage_dir(spark, root: str) -> None:
         raise UsageLogError(f"usage log unreadable: {root}: {message}") from None
 
 
-def _read(spark, root: str, lake: str | None, name: str, schema, first: str, last: str | None) -> DataFrame:
+def _read(spark, root: str, lake: str | None, name: str, schema, first: str, last: str | None,
+          opened_before: float | None = None) -> DataFrame:
     """Dates ``first``..``last`` (None: open) of a dataset: the lake's
     committed runs and the landed files not compacted yet (spark_reports.lake),
     read as one DataFrame; the ``date`` filter stays on it, so the plan shows
@@ -161,7 +162,7 @@ def _read(spark, root: str, lake: str | None, name: str, schema, first: str, las
     from . import lake as lakes  # lake imports this module's schemas
 
     lake = lake or lakes.default_lake(root)
-    snap = lakes.snapshot(spark, root, lake, name, first, last)
+    snap = lakes.snapshot(spark, root, lake, name, first, last, opened_before)
     parts = []
     if snap.runs:
         parts.append(spark.read.schema(schema).option("basePath", f"{lake.rstrip('/')}/{name}")
@@ -178,8 +179,12 @@ def _read(spark, root: str, lake: str | None, name: str, schema, first: str, las
 
 def read_connections(spark, root: str, period: Period, lake: str | None = None) -> DataFrame:
     """Connection rows that may touch ``period``: closed on or after its first day
-    (a connection open across the period is in a later partition)."""
-    df = _read(spark, root, lake, "connections", CONNECTIONS_SCHEMA, period.date_of(period.first_day), None)
+    (a connection open across the period is in a later partition). Later
+    partitions of the lake are read only where a connection opened before the
+    period's end (each run's manifest says when its earliest one opened); the
+    landed files not compacted yet (the last minutes) are read whatever their date."""
+    df = _read(spark, root, lake, "connections", CONNECTIONS_SCHEMA, period.date_of(period.first_day), None,
+               opened_before=period.end)
     return df.filter(
         F.col("tenant").isNotNull() & F.col("connected_at").isNotNull() & F.col("disconnected_at").isNotNull())
 

@@ -212,11 +212,15 @@ class Snapshot:
     landed: list[str]
 
 
-def snapshot(spark, landing: str, lake: str, dataset: str, first: str, last: str | None) -> Snapshot:
+def snapshot(spark, landing: str, lake: str, dataset: str, first: str, last: str | None,
+             opened_before: float | None = None) -> Snapshot:
     """Dates ``first``..``last`` (``last`` None: no upper bound) of a dataset:
     the committed runs, then the landed files that no committed manifest names.
     Manifests are listed before the landing directory: a run committing in
-    between consumed files that are still there and not in this view's runs."""
+    between consumed files that are still there and not in this view's runs.
+    ``opened_before`` (connections): runs whose every connection opened at or
+    after it are left out -- a period's later partitions cost a manifest each,
+    not a scan."""
     fs = HadoopFS(spark)
     runs, landed = [], []
     lake_days = date_dirs(fs, f"{lake.rstrip('/')}/{dataset}", first, last)
@@ -226,8 +230,14 @@ def snapshot(spark, landing: str, lake: str, dataset: str, first: str, last: str
         landed += [st.getPath().toString() for st in landed_files(fs, landing, dataset, day)
                    if _landed_key(st) not in consumed]
     for d in lake_days:
-        runs += states[d].runs
+        runs += [uri for uri in states[d].runs if not _opened_after(states[d].manifests[uri], opened_before)]
     return Snapshot(runs, landed)
+
+
+def _opened_after(manifest: dict, instant: float | None) -> bool:
+    if instant is None or "opened_from" not in manifest:
+        return False
+    return manifest["opened_from"] is None or manifest["opened_from"] >= instant
 
 
 # ---------------------------------------------------------------- the lease
@@ -346,11 +356,17 @@ def _write_parquet(spark, df, schema, time_col, staged_root, row_group_bytes) ->
     (df.repartition("date").sortWithinPartitions("date", "tenant", time_col)      # date first: the writer keeps it
      .write.mode("overwrite").partitionBy("date").option("parquet.block.size", row_group_bytes)
      .option("compression", "snappy").parquet(staged_root))
-    counts = spark.read.schema(schema).parquet(staged_root).groupBy("date").count().collect()
-    return {r["date"]: r["count"] for r in counts}
+    """-> per date: {"rows": n} and, for connections, ``opened_from``: the
+    earliest ``connected_at`` (a reader of a period ending before it skips the run)."""
+    written = spark.read.schema(schema).parquet(staged_root)
+    aggs = [F.count(F.lit(1)).alias("rows")]
+    if "connected_at" in schema.names:
+        aggs.append(F.min("connected_at").alias("opened_from"))
+    return {r["date"]: {k: v for k, v in r.asDict().items() if k != "date"}
+            for r in written.groupBy("date").agg(*aggs).collect()}
 
 
-def _commit(fs, lake, dataset, run, staged_root, day, files, rows, now, merged: DateState | None = None) -> None:
+def _commit(fs, lake, dataset, run, staged_root, day, files, stats, now, merged: DateState | None = None) -> None:
     """Commit one date of a run: its manifest into the staged directory, then
     the directory renamed into the lake. A merge's manifest names every landed
     file and run the merged runs did (so they stay consumed and hidden)."""
@@ -362,7 +378,9 @@ def _commit(fs, lake, dataset, run, staged_root, day, files, rows, now, merged: 
         landed = [f for m in merged.manifests.values() for f in m["landed"]]
         replaces = sorted({m["run"] for m in merged.manifests.values()} |
                           {r for m in merged.manifests.values() for r in m.get("replaces", [])})
-    manifest = {"format": 1, "run": run, "dataset": dataset, "date": day, "committed_at": now, "rows": rows,
+    if dataset == "connections":
+        stats = {"rows": 0, "opened_from": None, **stats}
+    manifest = {"format": 1, "run": run, "dataset": dataset, "date": day, "committed_at": now, "rows": 0, **stats,
                 "landed": landed, "replaces": replaces}
     fs.create(f"{staged}/{MANIFEST}", json.dumps(manifest))
     _checkpoint("manifest written")
@@ -398,7 +416,7 @@ def _merge(spark, fs, lake, dataset, result, now, keep, merge_days, row_group_by
         *[uri for state in units.values() for uri in state.runs]).select(*schema.names)
     rows = _write_parquet(spark, df, schema, time_col, staged_root, row_group_bytes)
     for day, state in sorted(units.items()):
-        _commit(fs, lake, dataset, run, staged_root, day, [], rows.get(day, 0), now, merged=state)
+        _commit(fs, lake, dataset, run, staged_root, day, [], rows.get(day, {}), now, merged=state)
         result.merged.append(f"{dataset}/{day}")
         _checkpoint("merge committed")
         if keep <= 0:
@@ -428,9 +446,9 @@ def compact(spark, landing: str, lake: str | None = None, *, now: float | None =
             rows = _write_staged(spark, landing, dataset, staged_root, units, row_group_bytes)
             _checkpoint("written")
             for day, files in sorted(units.items()):
-                _commit(fs, lake, dataset, result.run, staged_root, day, files, rows.get(day, 0), now)
+                _commit(fs, lake, dataset, result.run, staged_root, day, files, rows.get(day, {}), now)
                 result.files += len(files)
-                result.rows += rows.get(day, 0)
+                result.rows += rows.get(day, {}).get("rows", 0)
                 result.dates.append(f"{dataset}/{day}")
                 if keep_landed <= 0:
                     deletable += [st.getPath().toString() for st in files]

@@ -203,8 +203,8 @@ def _plan(df) -> str:
 
 def test_a_one_day_report_reads_only_its_days(spark, tmp_path):
     """Twelve days of history, the first ten compacted: a report of day 6
-    lists and reads traffic of day 6 only, connections from day 6 on, and the
-    plan prunes by date in both scans."""
+    reads traffic of day 6 only, and of the connections day 6's run and the
+    files still landed (days 11 and 12), none before; the plan prunes by date."""
     first = PERIOD.start - 5 * 86400
     conns, traffic = [], []
     for d in range(12):
@@ -219,9 +219,12 @@ def test_a_one_day_report_reads_only_its_days(spark, tmp_path):
     want_day = day.date_of(day.first_day)
     snap = lake.snapshot(spark, str(tmp_path), str(tmp_path / "lake"), "traffic", want_day, want_day)
     assert len(snap.runs) == 1 and not snap.landed and f"date={want_day}/" in snap.runs[0]
-    csnap = lake.snapshot(spark, str(tmp_path), str(tmp_path / "lake"), "connections", want_day, None)
+    csnap = lake.snapshot(spark, str(tmp_path), str(tmp_path / "lake"), "connections", want_day, None, day.end)
     days = sorted({p.split("date=")[1][:10] for p in csnap.runs + csnap.landed})
-    assert days[0] == want_day and len(days) == 7              # day 6 and the later ones, none before
+    # day 6, then the two days still landed; the lake's days 7-9 hold only connections opened after the period
+    assert days == [want_day, day.date_of(day.first_day + 5), day.date_of(day.first_day + 6)]
+    unbounded = lake.snapshot(spark, str(tmp_path), str(tmp_path / "lake"), "connections", want_day, None)
+    assert len(unbounded.runs) == 5                            # days 6-10: without the manifests' bound
     t = jobs.read_traffic(spark, str(tmp_path), day)
     assert "PartitionFilters: [isnotnull(date#" in _plan(t) and want_day in _plan(t)
     assert t.count() == 6
