@@ -113,6 +113,7 @@ def main() -> int:
     ap.add_argument("--keep", metavar="DIR", help="write the log here and keep it (default: a temporary directory)")
     ap.add_argument("--reuse", action="store_true", help="with --keep: the log (or lake) already there")
     ap.add_argument("--write-only", action="store_true", help="with --keep: write the log and stop")
+    ap.add_argument("--no-compact", action="store_true", help="the reports over the landed files alone (before)")
     args = ap.parse_args()
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="usage-scale-"))
     me = [sys.executable, str(Path(__file__).resolve()), "--child"]
@@ -123,7 +124,8 @@ def main() -> int:
         print(f"landing: {n:,} files, {size / 2**20:.1f} MiB", flush=True)
         if args.write_only:
             return 0
-        subprocess.run([*me, "compact", str(root)], check=True)
+        if not args.no_compact:
+            subprocess.run([*me, "compact", str(root)], check=True)
         n, size = files_and_bytes(root, "lake/*/date=*/run=*/*.parquet")
         print(f"lake: {n:,} Parquet files, {size / 2**20:.1f} MiB", flush=True)
         for code in ("tenant", "platform"):
