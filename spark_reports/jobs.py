@@ -167,9 +167,10 @@ def _read(spark, root: str, lake: str | None, name: str, schema, first: str, las
     if snap.runs:
         parts.append(spark.read.schema(schema).option("basePath", f"{lake.rstrip('/')}/{name}")
                      .parquet(*snap.runs).select(*schema.names))
-    if snap.landed:
+    if snap.landed or snap.landed_dirs:
         parts.append(spark.read.schema(schema).option("basePath", f"{root.rstrip('/')}/{name}")
-                     .option("mode", "DROPMALFORMED").json(snap.landed))
+                     .option("pathGlobFilter", "*.jsonl")          # never a temporary file
+                     .option("mode", "DROPMALFORMED").json(snap.landed_dirs + snap.landed))
     if not parts:
         return spark.createDataFrame([], schema)
     df = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])

@@ -206,10 +206,12 @@ def landed_files(fs: HadoopFS, landing: str, dataset: str, day: str) -> list:
 
 @dataclass
 class Snapshot:
-    """What a reader reads of a dataset: committed lake runs and the landed files not yet in one."""
+    """What a reader reads of a dataset: committed lake runs and the landed files not yet in one
+    -- whole landing date directories where no committed manifest names any of their files."""
 
     runs: list[str]
     landed: list[str]
+    landed_dirs: list[str] = field(default_factory=list)
 
 
 def snapshot(spark, landing: str, lake: str, dataset: str, first: str, last: str | None,
@@ -222,16 +224,21 @@ def snapshot(spark, landing: str, lake: str, dataset: str, first: str, last: str
     after it are left out -- a period's later partitions cost a manifest each,
     not a scan."""
     fs = HadoopFS(spark)
-    runs, landed = [], []
+    snap = Snapshot([], [])
     lake_days = date_dirs(fs, f"{lake.rstrip('/')}/{dataset}", first, last)
     states = {d: committed(fs, lake, dataset, d) for d in lake_days}
     for day in date_dirs(fs, f"{landing.rstrip('/')}/{dataset}", first, last):
         consumed = states[day].consumed if day in states else {}
-        landed += [st.getPath().toString() for st in landed_files(fs, landing, dataset, day)
-                   if _landed_key(st) not in consumed]
+        if not consumed:
+            # nothing of it compacted (or its compacted files all gone): Spark lists it
+            # itself, much faster than a path per file (59,388 files: 292 s vs 49 s a report)
+            snap.landed_dirs.append(f"{landing.rstrip('/')}/{dataset}/date={day}")
+            continue
+        snap.landed += [st.getPath().toString() for st in landed_files(fs, landing, dataset, day)
+                        if _landed_key(st) not in consumed]
     for d in lake_days:
-        runs += [uri for uri in states[d].runs if not _opened_after(states[d].manifests[uri], opened_before)]
-    return Snapshot(runs, landed)
+        snap.runs += [uri for uri in states[d].runs if not _opened_after(states[d].manifests[uri], opened_before)]
+    return snap
 
 
 def _opened_after(manifest: dict, instant: float | None) -> bool:

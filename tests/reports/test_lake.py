@@ -218,9 +218,9 @@ def test_a_one_day_report_reads_only_its_days(spark, tmp_path):
     day = Period(first + 5 * 86400, first + 6 * 86400)
     want_day = day.date_of(day.first_day)
     snap = lake.snapshot(spark, str(tmp_path), str(tmp_path / "lake"), "traffic", want_day, want_day)
-    assert len(snap.runs) == 1 and not snap.landed and f"date={want_day}/" in snap.runs[0]
+    assert len(snap.runs) == 1 and not snap.landed and not snap.landed_dirs and f"date={want_day}/" in snap.runs[0]
     csnap = lake.snapshot(spark, str(tmp_path), str(tmp_path / "lake"), "connections", want_day, None, day.end)
-    days = sorted({p.split("date=")[1][:10] for p in csnap.runs + csnap.landed})
+    days = sorted({p.split("date=")[1][:10] for p in csnap.runs + csnap.landed + csnap.landed_dirs})
     # day 6, then the two days still landed; the lake's days 7-9 hold only connections opened after the period
     assert days == [want_day, day.date_of(day.first_day + 5), day.date_of(day.first_day + 6)]
     unbounded = lake.snapshot(spark, str(tmp_path), str(tmp_path / "lake"), "connections", want_day, None)
