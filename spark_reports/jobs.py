@@ -1,7 +1,7 @@
 """The usage reports as PySpark jobs: plain functions, DataFrame -> DataFrame.
 
 Input: the usage log brokerd writes (README, *Usage reports*), two JSON Lines
-datasets partitioned by UTC date, read with the explicit schemas below:
+datasets partitioned by UTC date, read with the explicit schemas of spark_reports.schemas:
 
 - ``connections/date=YYYY-MM-DD/<node>-<YYYYMMDDHHMM>.jsonl``: one row per
   closed connection (``date`` = the UTC date of ``disconnected_at``);
@@ -43,41 +43,11 @@ from datetime import UTC, date, datetime, timedelta
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
+
+from . import lake as lakes
+from .schemas import CONNECTIONS_SCHEMA, TRAFFIC_COUNTERS, TRAFFIC_SCHEMA
 
 DAY = 86400
-
-CONNECTIONS_SCHEMA = T.StructType([
-    T.StructField("tenant", T.StringType()),
-    T.StructField("client_id", T.StringType()),
-    T.StructField("username", T.StringType()),
-    T.StructField("node", T.StringType()),
-    T.StructField("protocol", T.StringType()),
-    T.StructField("ip", T.StringType()),
-    T.StructField("connected_at", T.DoubleType()),
-    T.StructField("disconnected_at", T.DoubleType()),
-    T.StructField("msgs_in", T.LongType()),
-    T.StructField("msgs_out", T.LongType()),
-    T.StructField("bytes_in", T.LongType()),
-    T.StructField("bytes_out", T.LongType()),
-    T.StructField("reason", T.StringType()),
-    T.StructField("date", T.StringType()),      # the partition directory
-])
-
-TRAFFIC_COUNTERS = [
-    "msgs_in_q0", "msgs_in_q1", "msgs_in_q2", "bytes_in", "msgs_out", "bytes_out",
-    "dropped_queue_full", "dropped_expired", "dropped_no_subscribers",
-    "acl_denied", "quota_rejected", "auth_failures",
-]
-
-TRAFFIC_SCHEMA = T.StructType([
-    T.StructField("ts", T.LongType()),
-    T.StructField("node", T.StringType()),
-    T.StructField("tenant", T.StringType()),
-    T.StructField("topic", T.StringType()),
-    *[T.StructField(name, T.LongType()) for name in TRAFFIC_COUNTERS],
-    T.StructField("date", T.StringType()),
-])
 
 # (traffic column, label) in the order reports show them
 REJECTION_KINDS = [
@@ -159,8 +129,6 @@ def _read(spark, root: str, lake: str | None, name: str, schema, first: str, las
     committed runs and the landed files not compacted yet (spark_reports.lake),
     read as one DataFrame; the ``date`` filter stays on it, so the plan shows
     it as a partition filter of both scans."""
-    from . import lake as lakes  # lake imports this module's schemas
-
     lake = lake or lakes.default_lake(root)
     snap = lakes.snapshot(spark, root, lake, name, first, last, opened_before)
     parts = []

@@ -50,7 +50,8 @@ from datetime import UTC, datetime, timedelta
 
 from pyspark.sql import functions as F
 
-from .jobs import CONNECTIONS_SCHEMA, TRAFFIC_SCHEMA
+from .schemas import CONNECTIONS_SCHEMA, TRAFFIC_SCHEMA
+from .spark import get_spark, lake_dir, usage_dir
 
 log = logging.getLogger(__name__)
 
@@ -487,8 +488,6 @@ def compact(spark, landing: str, lake: str | None = None, *, now: float | None =
 def main(argv=None) -> int:
     """``python -m spark_reports.lake [LANDING [LAKE]] [--settle S] [--keep-landed S]``"""
     import argparse
-
-    from .spark import get_spark, lake_dir, usage_dir
 
     p = argparse.ArgumentParser(description="Compact the landed usage log into the Parquet lake (one run).")
     p.add_argument("landing", nargs="?")

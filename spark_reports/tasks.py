@@ -34,8 +34,9 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from . import delivery, services
+from . import delivery, lake, services
 from .models import ReportRun
+from .spark import get_spark, lake_dir, usage_dir
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +124,6 @@ def dispatch_due_schedules() -> int:
 
 def run_compaction() -> dict:
     """One compaction run now, in this process (the task and ``manage.py compact_usage``)."""
-    from . import lake
-    from .spark import get_spark, lake_dir, usage_dir
-
     r = lake.compact(get_spark(), usage_dir(), lake_dir(), settle=settings.LAKE_SETTLE,
                      keep_landed=settings.LAKE_KEEP_LANDED, row_group_bytes=settings.LAKE_ROW_GROUP_BYTES)
     return r.__dict__
@@ -133,11 +131,9 @@ def run_compaction() -> dict:
 
 @shared_task
 def compact_usage() -> str:
-    from .lake import CompactionBusy
-
     try:
         r = run_compaction()
-    except CompactionBusy as exc:
+    except lake.CompactionBusy as exc:
         log.info("compaction skipped: %s", exc)
         return "busy"
     return f"{r['files']} files, {r['rows']} rows"
