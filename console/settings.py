@@ -231,6 +231,15 @@ REPORTS_TOP_N = envint("REPORTS_TOP_N", 10)
 REPORTS_MAX_RETRIES = envint("REPORTS_MAX_RETRIES", 3)
 REPORTS_RETRY_BACKOFF = envint("REPORTS_RETRY_BACKOFF", 30)  # seconds before the first retry, doubled each time
 REPORTS_DISPATCH_INTERVAL = envint("REPORTS_DISPATCH_INTERVAL", 60)
+# The usage lake (spark_reports/lake.py): landed files compacted into Parquet
+# under USAGE_LAKE (a path or Hadoop URI) every LAKE_COMPACT_INTERVAL seconds
+# (0: never by beat), minutes LAKE_SETTLE s after they closed; a compacted
+# landed file is deleted LAKE_KEEP_LANDED s after its commit.
+USAGE_LAKE = envstr("USAGE_LAKE", "")          # "": USAGE_DIR/lake
+LAKE_COMPACT_INTERVAL = envint("LAKE_COMPACT_INTERVAL", 300)
+LAKE_SETTLE = envint("LAKE_SETTLE", 120)
+LAKE_KEEP_LANDED = envint("LAKE_KEEP_LANDED", 900)
+LAKE_ROW_GROUP_BYTES = envint("LAKE_ROW_GROUP_BYTES", 1 << 20)
 CELERY_BROKER_URL = envstr("CELERY_BROKER_URL", REDIS_URL or "filesystem://")
 CELERY_BROKER_DIR = Path(envstr("CELERY_BROKER_DIR", str(VAR_DIR / "celery")))
 if CELERY_BROKER_URL.startswith("filesystem:"):

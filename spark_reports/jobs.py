@@ -1,7 +1,7 @@
 """The usage reports as PySpark jobs: plain functions, DataFrame -> DataFrame.
 
 Input: the usage log brokerd writes (README, *Usage reports*), two JSON Lines
-datasets partitioned by UTC date, read with the explicit schemas below:
+datasets partitioned by UTC date, read with the explicit schemas of spark_reports.schemas:
 
 - ``connections/date=YYYY-MM-DD/<node>-<YYYYMMDDHHMM>.jsonl``: one row per
   closed connection (``date`` = the UTC date of ``disconnected_at``);
@@ -43,41 +43,11 @@ from datetime import UTC, date, datetime, timedelta
 
 from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
+
+from . import lake as lakes
+from .schemas import CONNECTIONS_SCHEMA, TRAFFIC_COUNTERS, TRAFFIC_SCHEMA
 
 DAY = 86400
-
-CONNECTIONS_SCHEMA = T.StructType([
-    T.StructField("tenant", T.StringType()),
-    T.StructField("client_id", T.StringType()),
-    T.StructField("username", T.StringType()),
-    T.StructField("node", T.StringType()),
-    T.StructField("protocol", T.StringType()),
-    T.StructField("ip", T.StringType()),
-    T.StructField("connected_at", T.DoubleType()),
-    T.StructField("disconnected_at", T.DoubleType()),
-    T.StructField("msgs_in", T.LongType()),
-    T.StructField("msgs_out", T.LongType()),
-    T.StructField("bytes_in", T.LongType()),
-    T.StructField("bytes_out", T.LongType()),
-    T.StructField("reason", T.StringType()),
-    T.StructField("date", T.StringType()),      # the partition directory
-])
-
-TRAFFIC_COUNTERS = [
-    "msgs_in_q0", "msgs_in_q1", "msgs_in_q2", "bytes_in", "msgs_out", "bytes_out",
-    "dropped_queue_full", "dropped_expired", "dropped_no_subscribers",
-    "acl_denied", "quota_rejected", "auth_failures",
-]
-
-TRAFFIC_SCHEMA = T.StructType([
-    T.StructField("ts", T.LongType()),
-    T.StructField("node", T.StringType()),
-    T.StructField("tenant", T.StringType()),
-    T.StructField("topic", T.StringType()),
-    *[T.StructField(name, T.LongType()) for name in TRAFFIC_COUNTERS],
-    T.StructField("date", T.StringType()),
-])
 
 # (traffic column, label) in the order reports show them
 REJECTION_KINDS = [
@@ -153,32 +123,45 @@ def check_usage_dir(spark, root: str) -> None:
         raise UsageLogError(f"usage log unreadable: {root}: {message}") from None
 
 
-def _dataset(spark, root: str, name: str, schema) -> DataFrame | None:
-    fs, path = _hadoop_path_status(spark, f"{root.rstrip('/')}/{name}")
-    if not fs.exists(path):
-        return None
-    return (spark.read.schema(schema)
-            .option("pathGlobFilter", "*.jsonl")           # never a temporary file
-            .option("mode", "DROPMALFORMED")
-            .json(path.toString()))
+def _read(spark, root: str, lake: str | None, name: str, schema, first: str, last: str | None,
+          opened_before: float | None = None) -> DataFrame:
+    """Dates ``first``..``last`` (None: open) of a dataset: the lake's
+    committed runs and the landed files not compacted yet (spark_reports.lake),
+    read as one DataFrame; the ``date`` filter stays on it, so the plan shows
+    it as a partition filter of both scans."""
+    lake = lake or lakes.default_lake(root)
+    snap = lakes.snapshot(spark, root, lake, name, first, last, opened_before)
+    parts = []
+    if snap.runs:
+        parts.append(spark.read.schema(schema).option("basePath", f"{lake.rstrip('/')}/{name}")
+                     .parquet(*snap.runs).select(*schema.names))
+    if snap.landed or snap.landed_dirs:
+        parts.append(spark.read.schema(schema).option("basePath", f"{root.rstrip('/')}/{name}")
+                     .option("pathGlobFilter", "*.jsonl")          # never a temporary file
+                     .option("mode", "DROPMALFORMED").json(snap.landed_dirs + snap.landed))
+    if not parts:
+        return spark.createDataFrame([], schema)
+    df = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+    bound = F.col("date") >= first if last is None else F.col("date").between(first, last)
+    return df.filter(bound)
 
 
-def read_connections(spark, root: str, period: Period) -> DataFrame:
+def read_connections(spark, root: str, period: Period, lake: str | None = None) -> DataFrame:
     """Connection rows that may touch ``period``: closed on or after its first day
-    (a connection open across the period is in a later partition)."""
-    df = _dataset(spark, root, "connections", CONNECTIONS_SCHEMA)
-    if df is None:
-        return spark.createDataFrame([], CONNECTIONS_SCHEMA)
-    return df.filter(F.col("date") >= period.date_of(period.first_day)).filter(
+    (a connection open across the period is in a later partition). Later
+    partitions of the lake are read only where a connection opened before the
+    period's end (each run's manifest says when its earliest one opened); the
+    landed files not compacted yet (the last minutes) are read whatever their date."""
+    df = _read(spark, root, lake, "connections", CONNECTIONS_SCHEMA, period.date_of(period.first_day), None,
+               opened_before=period.end)
+    return df.filter(
         F.col("tenant").isNotNull() & F.col("connected_at").isNotNull() & F.col("disconnected_at").isNotNull())
 
 
-def read_traffic(spark, root: str, period: Period) -> DataFrame:
-    df = _dataset(spark, root, "traffic", TRAFFIC_SCHEMA)
-    if df is None:
-        return spark.createDataFrame([], TRAFFIC_SCHEMA)
-    return df.filter(F.col("date").between(period.date_of(period.first_day), period.date_of(period.last_day))).filter(
-        F.col("tenant").isNotNull() & F.col("ts").isNotNull())
+def read_traffic(spark, root: str, period: Period, lake: str | None = None) -> DataFrame:
+    df = _read(spark, root, lake, "traffic", TRAFFIC_SCHEMA, period.date_of(period.first_day),
+               period.date_of(period.last_day))
+    return df.filter(F.col("tenant").isNotNull() & F.col("ts").isNotNull())
 
 
 # ---------------------------------------------------------------- selections

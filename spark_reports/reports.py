@@ -44,7 +44,9 @@ class Report:
         raise NotImplementedError
 
     def run(self, spark, root: str, period: Period, tenant: str | None = None, top_n: int = TOP_N,
-            progress: Progress = _noop) -> dict:
+            progress: Progress = _noop, lake: str | None = None) -> dict:
+        """``root`` is the landing zone (USAGE_DIR), ``lake`` the compacted
+        lake (USAGE_LAKE; None: ``root/lake``): the report reads both."""
         raise NotImplementedError
 
 
@@ -82,13 +84,13 @@ class TenantUsageReport(Report):
 
         return is_platform_admin(user) or (tenant is not None and membership_of(user, tenant) is not None)
 
-    def run(self, spark, root, period, tenant=None, top_n=TOP_N, progress=_noop) -> dict:
+    def run(self, spark, root, period, tenant=None, top_n=TOP_N, progress=_noop, lake=None) -> dict:
         assert tenant, "a tenant report needs a tenant"
         n = len(self.steps)
         progress(1, n, self.steps[0])
         jobs.check_usage_dir(spark, root)
-        conns = _cached(jobs.touching(jobs.for_tenant(jobs.read_connections(spark, root, period), tenant), period))
-        traffic = _cached(jobs.traffic_in(jobs.for_tenant(jobs.read_traffic(spark, root, period), tenant), period))
+        conns = _cached(jobs.touching(jobs.for_tenant(jobs.read_connections(spark, root, period, lake), tenant), period))
+        traffic = _cached(jobs.traffic_in(jobs.for_tenant(jobs.read_traffic(spark, root, period, lake), tenant), period))
         try:
             out = _header(self.code, period, tenant, top_n)
             out["rows"] = {"connections": conns.count(), "traffic": traffic.count()}
@@ -119,12 +121,12 @@ class PlatformReport(Report):
 
         return is_platform_admin(user)
 
-    def run(self, spark, root, period, tenant=None, top_n=TOP_N, progress=_noop) -> dict:
+    def run(self, spark, root, period, tenant=None, top_n=TOP_N, progress=_noop, lake=None) -> dict:
         n = len(self.steps)
         progress(1, n, self.steps[0])
         jobs.check_usage_dir(spark, root)
-        conns = _cached(jobs.touching(jobs.read_connections(spark, root, period), period))
-        traffic = _cached(jobs.traffic_in(jobs.read_traffic(spark, root, period), period))
+        conns = _cached(jobs.touching(jobs.read_connections(spark, root, period, lake), period))
+        traffic = _cached(jobs.traffic_in(jobs.read_traffic(spark, root, period, lake), period))
         try:
             out = _header(self.code, period, None, top_n)
             out["rows"] = {"connections": conns.count(), "traffic": traffic.count()}

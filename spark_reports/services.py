@@ -18,7 +18,7 @@ from django.utils import timezone
 from . import reports, schedules
 from .jobs import Period
 from .models import ReportRun, ReportSchedule
-from .spark import get_spark, spark_running, usage_dir
+from .spark import get_spark, lake_dir, spark_running, usage_dir
 
 
 def _midnight(day: date) -> datetime:
@@ -65,7 +65,7 @@ def execute_run(run: ReportRun, attempt: int) -> ReportRun:
     spark = get_spark()
     result = report.run(spark, usage_dir(), Period.between(run.period_start, run.period_end),
                         tenant=run.tenant.slug if run.tenant_id else None, top_n=settings.REPORTS_TOP_N,
-                        progress=progress)
+                        progress=progress, lake=lake_dir())
     _update(run.pk, status=ReportRun.Status.SUCCEEDED, result=result, error="", finished_at=timezone.now(),
             progress="Done", progress_step=len(report.steps))
     run.refresh_from_db()

@@ -10,7 +10,9 @@ environment, so bench/ and plain scripts work without Django):
   Spark's 200 default would spend its time on empty tasks;
 - ``SPARK_DRIVER_MEMORY``: the driver JVM's heap (``1g``);
 - ``USAGE_DIR``: the usage log brokerd writes (``VAR_DIR/usage``); any URI a
-  Hadoop filesystem reads (``hdfs://...``, ``s3a://...``) in production.
+  Hadoop filesystem reads (``hdfs://...``, ``s3a://...``) in production;
+- ``USAGE_LAKE``: the Parquet lake compaction writes (``USAGE_DIR/lake``), a
+  path or a Hadoop URI (spark_reports.lake).
 
 ``SPARK_LOCAL_IP`` defaults to 127.0.0.1 so a local session never looks
 for a routable interface; the web UI is off.
@@ -43,6 +45,11 @@ def usage_dir() -> str:
     """The usage log's root: a local path or a Hadoop filesystem URI."""
     var = setting("VAR_DIR", str(Path(__file__).resolve().parent.parent / "var"))
     return setting("USAGE_DIR", str(Path(var) / "usage"))
+
+
+def lake_dir() -> str:
+    """The usage lake's root (spark_reports.lake): a local path or a Hadoop filesystem URI."""
+    return setting("USAGE_LAKE", f"{usage_dir().rstrip('/')}/lake")
 
 
 def spark_running() -> bool:

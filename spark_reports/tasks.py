@@ -18,6 +18,10 @@ The tasks, thin wrappers over ``services`` and ``delivery``:
 - ``dispatch_due_schedules()``: run by beat every REPORTS_DISPATCH_INTERVAL
   seconds from the database schedule (django-celery-beat); starts the
   ReportSchedules that are due.
+- ``compact_usage()``: run by beat every LAKE_COMPACT_INTERVAL seconds (0: not
+  scheduled); one compaction run of the landed usage log into the lake
+  (``spark_reports.lake``) on the worker's SparkSession; a run already going
+  (the lake's lease) makes it a no-op.
 
 This module imports ``services`` and ``delivery``, never the other way round.
 """
@@ -30,12 +34,14 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from . import delivery, services
+from . import delivery, lake, services
 from .models import ReportRun
+from .spark import get_spark, lake_dir, usage_dir
 
 log = logging.getLogger(__name__)
 
 DISPATCH_TASK_NAME = "spark_reports: start due report schedules"
+COMPACT_TASK_NAME = "spark_reports: compact the usage log into the lake"
 
 
 def _enqueue(run: ReportRun) -> None:
@@ -116,16 +122,40 @@ def dispatch_due_schedules() -> int:
     return len(dispatch_due())
 
 
-def ensure_periodic_task() -> None:
-    """The one database-scheduled task beat runs (kept in step with the setting)."""
+def run_compaction() -> dict:
+    """One compaction run now, in this process (the task and ``manage.py compact_usage``)."""
+    r = lake.compact(get_spark(), usage_dir(), lake_dir(), settle=settings.LAKE_SETTLE,
+                     keep_landed=settings.LAKE_KEEP_LANDED, row_group_bytes=settings.LAKE_ROW_GROUP_BYTES)
+    return r.__dict__
+
+
+@shared_task
+def compact_usage() -> str:
+    try:
+        r = run_compaction()
+    except lake.CompactionBusy as exc:
+        log.info("compaction skipped: %s", exc)
+        return "busy"
+    return f"{r['files']} files, {r['rows']} rows"
+
+
+def _periodic(name: str, task: str, every: int) -> None:
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-    interval, _ = IntervalSchedule.objects.get_or_create(every=settings.REPORTS_DISPATCH_INTERVAL,
-                                                         period=IntervalSchedule.SECONDS)
+    if every <= 0:
+        PeriodicTask.objects.filter(name=name).update(enabled=False)
+        return
+    interval, _ = IntervalSchedule.objects.get_or_create(every=every, period=IntervalSchedule.SECONDS)
     PeriodicTask.objects.update_or_create(
-        name=DISPATCH_TASK_NAME,
-        defaults={"task": "spark_reports.tasks.dispatch_due_schedules", "interval": interval, "enabled": True,
-                  "crontab": None, "solar": None, "clocked": None, "one_off": False})
+        name=name, defaults={"task": task, "interval": interval, "enabled": True, "crontab": None, "solar": None,
+                             "clocked": None, "one_off": False})
+
+
+def ensure_periodic_task() -> None:
+    """The database-scheduled tasks beat runs (kept in step with the settings):
+    the schedules' dispatch and the lake's compaction."""
+    _periodic(DISPATCH_TASK_NAME, "spark_reports.tasks.dispatch_due_schedules", settings.REPORTS_DISPATCH_INTERVAL)
+    _periodic(COMPACT_TASK_NAME, "spark_reports.tasks.compact_usage", settings.LAKE_COMPACT_INTERVAL)
 
 
 @beat_init.connect

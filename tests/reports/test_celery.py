@@ -87,7 +87,7 @@ def plane(tmp_path_factory):
     gen.write_rows(usage, "traffic", traffic)
     plane.usage, plane.conns, plane.traffic = usage, conns, traffic
     plane.env.update(USAGE_DIR=str(usage), REPORTS_RETRY_BACKOFF="1", REPORTS_DISPATCH_INTERVAL="1",
-                     METRICS_HUB="false", SPARK_SHUFFLE_PARTITIONS="2")
+                     METRICS_HUB="false", SPARK_SHUFFLE_PARTITIONS="2", LAKE_COMPACT_INTERVAL="3")
     plane.env.pop("EMAIL_URL", None)
     plane.env.pop("EMAIL_HOST", None)
     plane.env.pop("REDIS_URL", None)
@@ -239,6 +239,29 @@ def test_schedule_due_now_is_emailed(worker, beat, people, plane):
     # the schedules page shows the last run
     page = client.get(reverse("report_schedules", args=["acme"])).content.decode()
     assert reverse("report", args=["acme", run.pk]) in page
+
+
+def test_beat_compacts_the_log_and_reports_read_lake_and_landing(worker, beat, people, plane):
+    """Beat runs the compaction every LAKE_COMPACT_INTERVAL (3) s on the worker;
+    a report run afterwards reads the lake and what is still landed: the same figures."""
+    from spark_reports.models import ReportRun
+
+    acme, client = people
+    lake = plane.usage / "lake"
+    wait_for(lambda: list(lake.glob("traffic/date=*/run=*")) and list(lake.glob("connections/date=*/run=*")), 150,
+             lambda: beat.log() + "\n----\n" + worker.log())
+    first, last = TODAY - timedelta(days=DAYS), TODAY
+    response = client.post(reverse("reports", args=["acme"]),
+                           {"preset": "custom", "first": first.isoformat(), "last": last.isoformat()})
+    run_id = int(response["Location"].rstrip("/").rsplit("/", 1)[1])
+    wait_for(lambda: _run_finished(run_id), 150, worker.log)
+    run = ReportRun.objects.get(pk=run_id)
+    assert run.status == "succeeded", (run.error, worker.log())
+    period = Period.days(first, last)
+    want = X.totals(plane.conns, plane.traffic, period.start, period.end, "acme")
+    got = run.result["totals"]
+    for key in ("messages", "bytes_in", "rejected", "connects", "disconnects", "devices", "peak_connections"):
+        assert got[key] == want[key], key
 
 
 def test_failing_job_is_retried_then_failed(worker, people, plane):

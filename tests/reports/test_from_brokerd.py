@@ -70,6 +70,26 @@ def test_tenant_report_from_brokerds_log(spark, logged):
     assert [(r["node"], r["peak_connections"]) for r in platform["nodes"]] == [("p1", 3)]
 
 
+def test_brokerds_log_compacted_gives_the_same_report(spark, logged, tmp_path):
+    """brokerd's files compacted into the lake (a copy: the other tests read the
+    landed log): the report over the lake is the report over the landing."""
+    import shutil
+
+    from spark_reports import lake
+
+    copy = tmp_path / "usage"
+    shutil.copytree(logged, copy)
+    r = lake.compact(spark, str(copy), now=time.time() + 60, settle=0, keep_landed=0)   # the last minute closed
+    assert r.files >= 2 and not list(copy.glob("*/date=*/*.jsonl"))
+    today = datetime.now(tz=UTC).date()
+    period = Period.days(today - timedelta(days=1), today)
+    for code, tenant in (("tenant", "acme"), ("platform", None)):
+        a = reports.get(code).run(spark, str(logged), period, tenant)
+        b = reports.get(code).run(spark, str(copy), period, tenant)
+        a.pop("generated_at"), b.pop("generated_at")
+        assert a == b, code
+
+
 def test_console_shows_it(spark, logged, clients, acme, settings):
     """The run a worker would make (services.execute_run, here in-process) and its page."""
     from spark_reports import services
