@@ -69,6 +69,28 @@ def write_traffic(root: Path, rng: random.Random, rows: int, period: Period, nod
     return written
 
 
+def write_fleet_log(root: Path, rows: int, period: Period, nodes: list[str], tenants, weights) -> tuple[int, int, int]:
+    """``rows`` usage-log rows of a fleet in brokerd's landing layout (10 % connections, 300 devices a
+    tenant, traffic over 500 topics); -> (connection rows, their files, traffic rows)."""
+    rng = random.Random(1)
+    n_conn = rows // 10
+    conns = []
+    for i in range(n_conn):
+        tenant = rng.choices(tenants, weights)[0]
+        dev = f"dev{rng.randrange(300):03d}"
+        closed = round(rng.uniform(period.start, period.end - 1), 3)
+        length = round(min(rng.expovariate(1 / 3600), 3 * 86400), 3)
+        m_in, m_out = rng.randrange(0, 2000), rng.randrange(0, 2000)
+        conns.append(usagegen.connection_row(
+            tenant, f"{dev}-{i % 7}", closed - length, closed, username=f"{tenant}/{dev}",
+            node=rng.choice(nodes), msgs_in=m_in, msgs_out=m_out, bytes_in=m_in * 64, bytes_out=m_out * 64,
+            reason=rng.choice(usagegen.REASONS)))
+    conn_files = usagegen.write_rows(root, "connections", conns)
+    del conns
+    traffic = write_traffic(root, rng, rows - n_conn, period, nodes, tenants, weights, 500)
+    return n_conn, conn_files, traffic
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000, help="usage-log rows in all (10%% connections)")
@@ -87,22 +109,7 @@ def main() -> int:
         if not args.reuse:
             shutil.rmtree(root, ignore_errors=True)
             t0 = time.perf_counter()
-            rng = random.Random(1)
-            n_conn = args.rows // 10
-            conns = []
-            for i in range(n_conn):
-                tenant = rng.choices(tenants, weights)[0]
-                dev = f"dev{rng.randrange(300):03d}"
-                closed = round(rng.uniform(period.start, period.end - 1), 3)
-                length = round(min(rng.expovariate(1 / 3600), 3 * 86400), 3)
-                m_in, m_out = rng.randrange(0, 2000), rng.randrange(0, 2000)
-                conns.append(usagegen.connection_row(
-                    tenant, f"{dev}-{i % 7}", closed - length, closed, username=f"{tenant}/{dev}",
-                    node=rng.choice(nodes), msgs_in=m_in, msgs_out=m_out, bytes_in=m_in * 64, bytes_out=m_out * 64,
-                    reason=rng.choice(usagegen.REASONS)))
-            conn_files = usagegen.write_rows(root, "connections", conns)
-            del conns
-            traffic = write_traffic(root, rng, args.rows - n_conn, period, nodes, tenants, weights, 500)
+            n_conn, conn_files, traffic = write_fleet_log(root, args.rows, period, nodes, tenants, weights)
             files = sum(1 for _ in root.rglob("*.jsonl"))
             size = sum(p.stat().st_size for p in root.rglob("*.jsonl"))
             print(f"wrote {n_conn:,} connection rows ({conn_files:,} files) and {traffic:,} traffic rows: "

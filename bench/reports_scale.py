@@ -19,7 +19,6 @@ Not part of the test suite: the time is measured, never asserted.
 
 import argparse
 import os
-import random
 import shutil
 import subprocess
 import sys
@@ -32,9 +31,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from reports_1m import tenants_weighted, write_traffic  # noqa: E402
+from reports_1m import tenants_weighted, write_fleet_log  # noqa: E402
 
-from spark_reports import usagegen  # noqa: E402
 from spark_reports.jobs import Period  # noqa: E402
 
 NODES = ["node1", "node2", "node3"]
@@ -50,22 +48,7 @@ def write(root: Path, rows: int, days: int, tenants: int) -> None:
     t0 = time.perf_counter()
     period = period_of(days)
     names, weights = tenants_weighted(tenants)
-    rng = random.Random(1)
-    n_conn = rows // 10
-    conns = []
-    for i in range(n_conn):
-        tenant = rng.choices(names, weights)[0]
-        dev = f"dev{rng.randrange(300):03d}"
-        closed = round(rng.uniform(period.start, period.end - 1), 3)
-        length = round(min(rng.expovariate(1 / 3600), 3 * 86400), 3)
-        m_in, m_out = rng.randrange(0, 2000), rng.randrange(0, 2000)
-        conns.append(usagegen.connection_row(
-            tenant, f"{dev}-{i % 7}", closed - length, closed, username=f"{tenant}/{dev}", node=rng.choice(NODES),
-            msgs_in=m_in, msgs_out=m_out, bytes_in=m_in * 64, bytes_out=m_out * 64,
-            reason=rng.choice(usagegen.REASONS)))
-    usagegen.write_rows(root, "connections", conns)
-    del conns
-    write_traffic(root, rng, rows - n_conn, period, NODES, names, weights, 500)
+    write_fleet_log(root, rows, period, NODES, names, weights)
     print(f"write: {time.perf_counter() - t0:.1f} s", flush=True)
 
 
