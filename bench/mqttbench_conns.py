@@ -18,26 +18,18 @@ how long the phase took across all of them.
 """
 
 import asyncio
-import importlib.util
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-DEFAULT = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "mqttbench.py"
-
-
-def load(path: Path):
-    spec = importlib.util.spec_from_file_location("mqttbench", path)
-    mqttbench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mqttbench)
-    return mqttbench
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mqttbench_load
 
 
 def main() -> int:
     argv = sys.argv[1:]
-    path = Path(os.environ.get("MQTTBENCH", DEFAULT))
+    path = mqttbench_load.default_path()
     topic_fmt = "bench/conns/{}/cmd"
     start_at = 0.0
     qos = 1
@@ -51,7 +43,7 @@ def main() -> int:
             qos = int(val)
         else:
             start_at = float(val)
-    mqttbench = load(path)
+    mqttbench = mqttbench_load.load(path)
     open_client = mqttbench.Bench.open_client
     open_many = mqttbench.Bench.open_many
 

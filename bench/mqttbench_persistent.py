@@ -9,22 +9,15 @@ The shared generator is imported, not changed: only its CONNECT builder is
 wrapped.
 """
 
-import importlib.util
-import os
 import sys
 from pathlib import Path
 
-DEFAULT = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "mqttbench.py"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mqttbench_load
 
 
 def main() -> int:
-    argv = sys.argv[1:]
-    path = Path(os.environ.get("MQTTBENCH", DEFAULT))
-    if argv[:1] == ["--mqttbench"]:
-        path, argv = Path(argv[1]), argv[2:]
-    spec = importlib.util.spec_from_file_location("mqttbench", path)
-    mqttbench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mqttbench)
+    mqttbench, argv = mqttbench_load.from_argv(sys.argv[1:])
     connect = mqttbench.pkt_connect
 
     def persistent_connect(client_id, keepalive, clean, username, password, v5):

@@ -8,21 +8,18 @@ changed (only its connect is wrapped).
     python bench/mqttbench_split.py --mqttbench PATH --sub-port 1884 pairs --port 1883 ...
 """
 
-import importlib.util
-import os
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mqttbench_load
 import proctree
-
-DEFAULT = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "mqttbench.py"
 
 
 def main() -> int:
     argv = sys.argv[1:]
-    path = Path(os.environ.get("MQTTBENCH", DEFAULT))
+    path = mqttbench_load.default_path()
     sub_port = None
     while argv[:1] in (["--mqttbench"], ["--sub-port"]):
         if argv[0] == "--mqttbench":
@@ -30,9 +27,7 @@ def main() -> int:
         else:
             sub_port = int(argv[1])
         argv = argv[2:]
-    spec = importlib.util.spec_from_file_location("mqttbench", path)
-    mqttbench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mqttbench)
+    mqttbench = mqttbench_load.load(path)
     open_client = mqttbench.Bench.open_client
     pub_port = {}
 
