@@ -509,6 +509,15 @@ def _run_script(stores: list, script: list, cuts: list) -> dict:
     return {cid: [(e.msg.topic, e.state) for e in v["queue"]] for (t, cid), v in stores[0].sessions().items()}
 
 
+def _one_at_a_time(script: list) -> dict:
+    """The queues the reference store (memory) leaves, applying ``script`` one operation at a time."""
+    reference = SyncStore("memory://")
+    try:
+        return _run_script([reference], script, list(range(1, len(script))))
+    finally:
+        reference.close()
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_any_batching_gives_the_result_of_one_operation_at_a_time(url, tmp_path, seed):
     """Random scripts of appends, acknowledgements, state changes, session ends and
@@ -516,11 +525,7 @@ def test_any_batching_gives_the_result_of_one_operation_at_a_time(url, tmp_path,
     gives applying them one at a time."""
     rnd = random.Random(seed)
     script = _random_script(rnd, 400)
-    reference = SyncStore("memory://")
-    try:
-        want = _run_script([reference], script, list(range(1, len(script))))
-    finally:
-        reference.close()
+    want = _one_at_a_time(script)
     cuts = sorted(rnd.sample(range(1, len(script)), 25))
     s = SyncStore(url)
     try:
@@ -535,11 +540,7 @@ def test_any_batching_gives_the_result_of_one_operation_at_a_time(url, tmp_path,
 def test_any_batching_over_two_nodes_gives_the_result_of_one_at_a_time(url, seed):
     rnd = random.Random(100 + seed)
     script = _random_script(rnd, 400)
-    reference = SyncStore("memory://")
-    try:
-        want = _run_script([reference], script, list(range(1, len(script))))
-    finally:
-        reference.close()
+    want = _one_at_a_time(script)
     cuts = sorted(rnd.sample(range(1, len(script)), 40))
     a, b = SyncStore(url), SyncStore(url)
     try:
