@@ -3,6 +3,7 @@ may open which socket, and what each one carries."""
 
 import collections
 import time
+from functools import partial
 
 import pytest
 
@@ -134,21 +135,23 @@ def test_brokerd_down_streams_unreachable_and_keeps_trying(settings, browsers):
     assert get_hub().failures >= 2
 
 
+async def hello_after_updates(watcher, until, path, browser) -> dict:
+    """The hello of a socket on ``path`` opened after a cluster socket (``watcher``'s) saw 4 updates ``until``."""
+    first = socket("/ws/metrics/", watcher)
+    await first.connect()
+    for _ in range(4):
+        await receive_until(first, until)
+    late = socket(path, browser)
+    await late.connect()
+    hello = await late.receive_json_from(timeout=5)
+    await late.disconnect()
+    await first.disconnect()
+    return hello
+
+
 def test_the_hello_carries_recent_points(live, browsers):
     """A socket opened later gets the last minutes of chart points at once."""
-    async def scenario():
-        first = socket("/ws/metrics/", browsers["root"])
-        await first.connect()
-        for _ in range(4):
-            await receive_until(first, ok_update)
-        late = socket("/ws/metrics/", browsers["root"])
-        await late.connect()
-        hello = await late.receive_json_from(timeout=5)
-        await first.disconnect()
-        await late.disconnect()
-        return hello
-
-    hello = run(scenario)
+    hello = run(partial(hello_after_updates, browsers["root"], ok_update, "/ws/metrics/", browsers["root"]))
     assert len(hello["series"]) >= 4 and hello["latest"]["state"] == "ok"
     times = [p[0] for p in hello["series"]]
     assert times == sorted(times)
@@ -159,19 +162,9 @@ def test_a_tenant_page_opens_on_the_last_minutes_like_the_cluster_page(live, bro
     someone watched) while the cluster page filled the past minutes on load."""
     device("acme/d0")
 
-    async def scenario():
-        cluster = socket("/ws/metrics/", browsers["root"])      # the hub polls; nobody watches acme
-        await cluster.connect()
-        for _ in range(4):
-            await receive_until(cluster, lambda m: ok_update(m) and m["totals"]["connections"] >= 1)
-        tenant = socket("/ws/metrics/tenants/acme/", browsers["alice"])
-        await tenant.connect()
-        hello = await tenant.receive_json_from(timeout=5)
-        await tenant.disconnect()
-        await cluster.disconnect()
-        return hello
-
-    hello = run(scenario)
+    # the cluster's socket makes the hub poll; nobody watches acme
+    hello = run(partial(hello_after_updates, browsers["root"], lambda m: ok_update(m) and m["totals"]["connections"] >= 1,
+                        "/ws/metrics/tenants/acme/", browsers["alice"]))
     assert hello["scope"] == "tenant" and len(hello["series"]) >= 3
     assert all(p[1] >= 1 for p in hello["series"][-3:])          # acme's own connection count
     times = [p[0] for p in hello["series"]]
