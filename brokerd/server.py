@@ -16,6 +16,7 @@ import signal
 import socket
 import ssl
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -468,8 +469,9 @@ async def serve(config: Config, worker: WorkerIdentity | None = None) -> None:
         signals += 1
         if signals > 1:
             log.warning("second %s: exiting now", signame)
-            sys.exit(1)
+            _exit_now(1)
         log.info("%s: shutting down", signame)
+        _exit_if_stuck(SHUTDOWN_LIMIT)
         stopping.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -486,6 +488,29 @@ async def serve(config: Config, worker: WorkerIdentity | None = None) -> None:
     await stopping.wait()
     await server.stop()
     log.info("stopped")
+
+
+# Every step of a graceful stop has its own timeout (connections, store drains: ~5 s each); a stop still
+# running after this long is stuck (a task that ignores its cancellation, a library's thread) and the
+# process exits rather than stay behind as an orphan holding its ports and its session store.
+SHUTDOWN_LIMIT = 60.0
+
+
+def _exit_now(code: int) -> None:
+    """Leave at once: no asyncio teardown, which waits for every task to finish its cancellation."""
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _exit_if_stuck(limit: float) -> None:
+    def stuck():
+        log.error("shutdown still running after %.0f s: exiting", limit)
+        _exit_now(1)
+
+    timer = threading.Timer(limit, stuck)
+    timer.daemon = True
+    timer.start()
 
 
 def main(argv=None) -> int:

@@ -93,3 +93,58 @@ def test_no_connections_accepted_while_stopping(client_id):
     keep.stop_loop()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+class StuckOnStop(BrokerProcess):
+    """brokerd whose graceful stop never ends: a task that ignores its cancellation, as a library's
+    might. The process must still go (it stayed behind as an orphan holding its ports)."""
+
+    SCRIPT = """
+import asyncio, sys
+import brokerd.server as server
+server.SHUTDOWN_LIMIT = float(sys.argv.pop(1))
+graceful = server.Server.stop
+
+async def stop(self, timeout=5.0):
+    await graceful(self, timeout)
+    while True:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass
+
+server.Server.stop = stop
+sys.exit(server.main(sys.argv[1:]))
+"""
+
+    def __init__(self, limit: float):
+        super().__init__()
+        self.limit = limit
+
+    def command(self) -> list[str]:
+        return [super().command()[0], "-c", self.SCRIPT, str(self.limit)] + super().command()[3:]
+
+
+def test_a_stop_that_hangs_ends_the_process_after_its_limit():
+    b = StuckOnStop(limit=1.0).start()
+    try:
+        port = b.port()
+        assert b.stop(timeout=20) == 1
+        assert any("shutdown still running after 1 s: exiting" in line for line in b.output)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))         # its port is free again
+    finally:
+        b.kill()
+
+
+def test_a_second_signal_ends_a_hanging_stop_at_once():
+    b = StuckOnStop(limit=600.0).start()
+    try:
+        b.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while not any("shutting down" in line for line in b.output) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert b.stop(timeout=20) == 1
+        assert any("second SIGTERM: exiting now" in line for line in b.output)
+    finally:
+        b.kill()
