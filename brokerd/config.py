@@ -105,6 +105,7 @@ class Config:
     sys_interval: float = 10.0
     history_interval: float = 60.0
     usage_dir: str | None = None
+    usage_checkpoint: float = 5.0
     write_buffer_high: int = 64 * 1024
     queue_budget: int = 64 * 1024 * 1024
     store: str = "memory://"
@@ -213,6 +214,8 @@ class Config:
                 raise ConfigError("--server-reference must be HOST:PORT")
         self._validate_workers()
         self._validate_usage_dir()
+        if self.usage_checkpoint < 0:
+            raise ConfigError(f"--usage-checkpoint {self.usage_checkpoint}: seconds, 0 or more")
         try:
             Allowance(self.rules_webhook_allow)
         except ValueError as exc:
@@ -433,6 +436,9 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--usage-dir", metavar="PATH",
                    help="write the usage log (connections, per-minute traffic per tenant and topic; JSON Lines) "
                         "under PATH for the Spark reports (default: off)")
+    p.add_argument("--usage-checkpoint", type=float, metavar="SECONDS",
+                   help="rewrite the current minute's usage file with what it has counted so far every SECONDS, "
+                        "so a crash loses at most that much of the usage log (default 5; 0: once a minute)")
     p.add_argument("--history-interval", type=float, metavar="SECONDS",
                    help="metrics history rows into the control plane's metrics_sample table every SECONDS "
                         "(default 60: per minute, as the console's charts expect; 0 disables)")

@@ -312,7 +312,8 @@ class Server:
         self.loop_monitor.start()
         if self.config.usage_dir:
             self.broker.attach_usage(UsageLog(self.config.usage_dir, self.config.node_id, self.broker.wall_offset,
-                                              float(os.environ.get("BROKERD_USAGE_INTERVAL", "60"))))
+                                              float(os.environ.get("BROKERD_USAGE_INTERVAL", "60")),
+                                              self.config.usage_checkpoint))
             self.broker.usage.start()
         if self.policy_source is not None and self.config.history_interval > 0:
             self.history = History(self, self.policy_source.db, self.config.history_interval)

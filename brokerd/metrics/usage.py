@@ -14,20 +14,29 @@
 In memory the minute's traffic is a dict per tenant of small lists per topic
 (two dict lookups and a few integer additions per PUBLISH); once a minute
 (on the wall clock) the rows go to a thread that writes each file under a
-temporary name and renames it, so a reader never sees half a file. A tenant
+temporary name and renames it, so a reader never sees half a file. Between
+those, every ``--usage-checkpoint`` seconds (5) a copy of what the minute has
+counted so far replaces the minute's files the same way (each file holds the
+whole minute so far, never a part to be added to another), so a SIGKILL loses
+at most the seconds since the last checkpoint; the reports' compaction takes a
+minute's files two minutes after it ended, when the last write has happened. A tenant
 with more than MAX_TOPICS distinct topics in a minute, or more than
 MAX_TOPIC_BYTES of them (or the node past MAX_NODE_TOPIC_BYTES), has the
 rest counted under "(other)": a topic may be 64 KiB, and 10,000 of those
 would hold 640 MB until the minute is written (issue 16). Connections
 still open when the node stops are written on the way out (reason "server
-shutdown"); a crash loses the current minute.
+shutdown"); a crash loses the seconds since the last checkpoint, and the
+rows of the connections still open then (their messages are in the traffic
+rows; their connect and its duration are not written).
 """
 
 import asyncio
+import contextlib
 import datetime
 import json
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -48,11 +57,16 @@ PROTOCOLS = {3: "3.1", 4: "3.1.1", 5: "5.0"}
 
 
 class UsageLog:
-    def __init__(self, directory: str, node: str, wall_offset: float, interval: float = 60.0):
+    def __init__(self, directory: str, node: str, wall_offset: float, interval: float = 60.0,
+                 checkpoint: float = 0.0):
         self.dir = Path(directory)
         self.node = node
         self.wall_offset = wall_offset           # loop time + wall_offset = epoch seconds
         self.interval = interval
+        self.checkpoint = checkpoint if 0 < checkpoint < interval else 0.0
+        self._names: dict[tuple, Path] = {}      # (dataset, date) -> this minute's file, chosen at its first write
+        self._superseded: list[Path] = []        # a failed minute's checkpoints, its rows now in a later minute's
+        self._writing = threading.Lock()
         self.traffic: dict[str, dict[str, list]] = {}
         self.topic_bytes: dict[str, int] = {}    # per tenant, this minute's rows (topic_cost + ROW_COST)
         self.node_topic_bytes = 0
@@ -124,26 +138,59 @@ class UsageLog:
         return int(wall // self.interval * self.interval)
 
     def _take(self, ts: int) -> tuple:
+        """The minute's rows, and a fresh minute: new files from here on."""
         traffic, self.traffic = self.traffic, {}
         self.topic_bytes = {}
         self.node_topic_bytes = 0
         connections, self.connections = self.connections, []
-        return ts, traffic, connections
+        names, self._names = self._names, {}
+        return ts, traffic, connections, names
+
+    def _copy(self, ts: int) -> tuple:
+        """What the minute has counted so far, for a checkpoint (the loop goes on adding to the original)."""
+        traffic = {tenant: {topic: list(row) for topic, row in rows.items()} for tenant, rows in self.traffic.items()}
+        return ts, traffic, list(self.connections), self._names
 
     async def _run(self) -> None:
         while True:
             now = time.time()
             end = (now // self.interval + 1) * self.interval
-            await asyncio.sleep(end - now)
-            batch = self._take(int(end - self.interval))
+            step = end
+            if self.checkpoint:
+                step = min(end, (now // self.checkpoint + 1) * self.checkpoint)
+            await asyncio.sleep(step - now)
+            ts = int(end - self.interval)
+            if step < end:
+                batch = self._copy(ts)
+                try:
+                    await asyncio.to_thread(self.write, *batch)
+                except Exception as exc:
+                    log.debug("usage checkpoint not written (%s)", exc)
+                continue
+            batch = self._take(ts)
             try:
                 await asyncio.to_thread(self.write, *batch)
             except Exception as exc:
                 # kept for the next round rather than lost
                 log.warning("usage log not written (%s); trying again next minute", exc)
-                self._merge(*batch)
+                kept = await asyncio.to_thread(self._drop, batch[3])
+                self._merge(*batch[:3], kept)
 
-    def _merge(self, ts, traffic, connections) -> None:
+    @staticmethod
+    def _drop(names: dict) -> list[Path]:
+        """A minute that could not be written whole: its checkpoints go (its rows go into the next
+        minute's files instead; kept, they would be counted twice); those that cannot be removed now
+        are removed once the next minute's files are written."""
+        kept = []
+        for path in names.values():
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                kept.append(path)
+        return kept
+
+    def _merge(self, ts, traffic, connections, kept: list) -> None:
+        self._superseded.extend(kept)
         self.connections[:0] = connections
         for tenant, rows in traffic.items():
             for topic, row in rows.items():
@@ -151,7 +198,23 @@ class UsageLog:
                 for i, v in enumerate(row):
                     mine[i] += v
 
-    def write(self, ts: int, traffic: dict, connections: list) -> None:
+    def write(self, ts: int, traffic: dict, connections: list, names: dict | None = None) -> None:
+        """Write (or replace) the minute's files; ``names`` keeps the files the minute's earlier
+        checkpoints chose, so each write replaces the last one instead of adding to it."""
+        names = {} if names is None else names
+        with self._writing:         # a checkpoint still being written when the node stops goes first
+            superseded, self._superseded = self._superseded, []
+            try:
+                self._write(ts, traffic, connections, names)
+            except BaseException:
+                self._superseded[:0] = superseded
+                raise
+            for path in superseded:
+                if path not in names.values():
+                    with contextlib.suppress(FileNotFoundError):
+                        path.unlink()
+
+    def _write(self, ts: int, traffic: dict, connections: list, names: dict) -> None:
         stamp = datetime.datetime.fromtimestamp(ts, datetime.UTC)
         if traffic:
             lines = []
@@ -160,30 +223,36 @@ class UsageLog:
                     if any(row):
                         lines.append(json.dumps({"ts": ts, "node": self.node, "tenant": tenant, "topic": topic,
                                                  **dict(zip(FIELDS, row, strict=True))}, separators=(",", ":")))
-            self._file("traffic", stamp, lines)
+            self._file("traffic", stamp, lines, names)
         if connections:
             by_day: dict[str, list] = {}
             for c in connections:
                 day = datetime.datetime.fromtimestamp(c["disconnected_at"], datetime.UTC).strftime("%Y-%m-%d")
                 by_day.setdefault(day, []).append(json.dumps(c, separators=(",", ":")))
             for day, lines in by_day.items():
-                self._file("connections", stamp, lines, day)
+                self._file("connections", stamp, lines, names, day)
 
-    def _file(self, dataset: str, stamp: datetime.datetime, lines: list[str], day: str | None = None) -> None:
+    def _file(self, dataset: str, stamp: datetime.datetime, lines: list[str], names: dict,
+              day: str | None = None) -> None:
         if not lines:
             return
-        folder = self.dir / dataset / f"date={day or stamp.strftime('%Y-%m-%d')}"
-        folder.mkdir(parents=True, exist_ok=True)
-        name = f"{self.node}-{stamp.strftime('%Y%m%d%H%M')}"
-        path = folder / f"{name}.jsonl"
-        n = 1
-        while path.exists():                      # a second batch for the same minute (shutdown, retry)
-            n += 1
-            path = folder / f"{name}-{n}.jsonl"
-        tmp = folder / f".{path.name}.tmp"
+        day = day or stamp.strftime('%Y-%m-%d')
+        path = names.get((dataset, day))
+        if path is None:
+            folder = self.dir / dataset / f"date={day}"
+            folder.mkdir(parents=True, exist_ok=True)
+            name = f"{self.node}-{stamp.strftime('%Y%m%d%H%M')}"
+            path = folder / f"{name}.jsonl"
+            n = 1
+            while path.exists():                  # another batch for the same minute (a restart, a retry)
+                n += 1
+                path = folder / f"{name}-{n}.jsonl"
+            names[(dataset, day)] = path
+        tmp = path.parent / f".{path.name}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        replacing = path.exists()                 # a checkpoint of the same minute: not one more file
         os.replace(tmp, path)
-        self.files_written += 1
+        self.files_written += not replacing

@@ -148,3 +148,69 @@ def test_a_file_uri_usage_dir_is_the_local_directory(tmp_path):
     finally:
         node.stop()
     assert [c["client_id"] for c in rows(usage, "connections")] == ["file-uri"]
+
+
+def _published(directory: Path) -> int:
+    return sum(r["msgs_in_q1"] for r in rows(directory, "traffic") if r["topic"] == "cp/t")
+
+
+def test_a_sigkill_loses_only_the_seconds_since_the_last_checkpoint(tmp_path):
+    """Minutes of a minute (the default): every second the current minute's files are rewritten with
+    the minute so far, each replacing the last, so after a SIGKILL the log holds everything counted up
+    to a second before it, once; a node restarted in the same minute adds its own file, not over it."""
+    usage = tmp_path / "usage"
+    args = ("--sys-interval", "0", "--usage-dir", str(usage), "--node-id", "k1", "--usage-checkpoint", "1")
+    node = BrokerProcess(*args).start()
+    try:
+        pub = PahoClient("cp-pub", version=V311).connect(node.port())
+        for i in range(5):
+            pub.publish("cp/t", b"%d" % i, qos=1)
+        assert wait_for(lambda: _published(usage) == 5), rows(usage, "traffic")
+        for i in range(7):
+            pub.publish("cp/t", b"%d" % i, qos=1)
+        pub.disconnect()
+        assert wait_for(lambda: _published(usage) == 12 and any(
+            c["client_id"] == "cp-pub" for c in rows(usage, "connections"))), rows(usage, "traffic")
+    finally:
+        node.kill()
+    assert _published(usage) == 12                  # the checkpoints replaced each other: not 5 + 12
+    (c,) = [c for c in rows(usage, "connections") if c["client_id"] == "cp-pub"]
+    assert c["msgs_in"] == 12
+    again = BrokerProcess(*args).start()
+    try:
+        pub = PahoClient("cp-pub2", version=V311).connect(again.port())
+        for i in range(3):
+            pub.publish("cp/t", b"%d" % i, qos=1)
+        pub.disconnect()
+        assert wait_for(lambda: _published(usage) == 15), rows(usage, "traffic")
+    finally:
+        again.stop()
+    assert _published(usage) == 15
+    assert not [p for p in usage.rglob(".*")], "temporary file left"
+
+
+def test_a_negative_checkpoint_is_refused(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "brokerd", "--usage-dir", str(tmp_path), "--usage-checkpoint", "-1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "--usage-checkpoint" in proc.stderr
+
+
+def test_a_minute_that_cannot_be_written_leaves_no_checkpoint_to_count_twice(tmp_path):
+    """The minute's last write fails (a full disk, say): its rows go into the next minute's files and
+    its checkpoint file goes, or the reports would count the checkpointed part twice."""
+    from brokerd.metrics.usage import UsageLog
+
+    log = UsageLog(str(tmp_path), "n1", 0.0, interval=60.0, checkpoint=5.0)
+    minute = 1_780_000_020 // 60 * 60
+    for _ in range(4):
+        log.published("acme", "t", 1, 10)
+    log.write(*log._copy(minute))                           # a checkpoint: 4 so far
+    assert sum(r["msgs_in_q1"] for r in rows(tmp_path, "traffic")) == 4
+    log.published("acme", "t", 1, 10)
+    batch = log._take(minute)                               # the minute's end; its write fails
+    log._merge(*batch[:3], log._drop(batch[3]))
+    assert rows(tmp_path, "traffic") == []
+    log.published("acme", "t", 1, 10)
+    log.write(*log._take(minute + 60))                      # the next minute holds all six
+    (r,) = rows(tmp_path, "traffic")
+    assert r["msgs_in_q1"] == 6 and r["ts"] == minute + 60
