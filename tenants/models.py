@@ -154,7 +154,13 @@ class AclRule(models.Model):
 
     def __str__(self):
         verb = "allow" if self.allow else "deny"
-        return f"#{self.position} {verb} {self.action} {self.topic}"
+        return f"{self.name} (position {self.position}): {verb} {self.action} {self.topic}"
+
+    @property
+    def name(self) -> str:
+        """What the console, the audit log and ``manage.py acl`` call the rule: its
+        id, which stays when rules move (its position says when it is evaluated)."""
+        return f"ACL rule {self.pk}"
 
     def clean(self):
         """``who`` decides which of ``device`` and ``device_pattern`` is set."""
