@@ -56,6 +56,11 @@ class Tenant(models.Model):
     def __str__(self):
         return self.slug
 
+    @property
+    def is_anonymous(self) -> bool:
+        """The tenant brokerd puts clients without a user name in (ANONYMOUS_TENANT)."""
+        return bool(settings.ANONYMOUS_TENANT) and self.slug == settings.ANONYMOUS_TENANT
+
 
 class Membership(models.Model):
     """A console user's role in one tenant. Platform administrators are staff
