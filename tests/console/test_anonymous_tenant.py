@@ -18,6 +18,7 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from core.brokerd_client import BrokerdClient
+from core.models import AuditEvent
 from metrics import core as metrics_core
 from metrics.hub import Hub
 from tenants import services
@@ -49,8 +50,11 @@ def test_bootstrap_makes_it_a_tenant_that_changes_nothing_for_its_clients(anonym
     snapshot = policy("default")                     # what brokerd reads: allow, no rule, no quota
     assert snapshot["default_acl"] == "allow" and snapshot["acl"] == []
     assert not any(snapshot["quota"].values())
+    event = AuditEvent.objects.get(action="tenant.create")
+    assert (event.actor, event.tenant) == ("manage.py console_bootstrap", "default")
     bootstrap()      # every make run: still one
     assert Tenant.objects.filter(slug="default").count() == 1
+    assert AuditEvent.objects.filter(action="tenant.create").count() == 1
 
 
 def test_a_default_tenant_made_by_hand_is_kept_as_it_is(db, settings, tmp_path):

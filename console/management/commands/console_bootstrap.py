@@ -21,6 +21,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
 
+from core import audit
+from tenants.audit_docs import tenant_doc
 from tenants.services import ensure_anonymous_tenant
 
 
@@ -46,6 +48,8 @@ class Command(BaseCommand):
                 self.stdout.write(f"created the platform administrator {username!r}")
         anonymous, created = ensure_anonymous_tenant(settings.ANONYMOUS_TENANT)
         if created:
+            audit.record(None, "tenant.create", "tenant", anonymous.slug, tenant=anonymous,
+                         after=tenant_doc(anonymous), actor="manage.py console_bootstrap")
             self.stdout.write(f"created the tenant {anonymous.slug!r} of anonymous clients (default ACL allow)")
         initial = path.read_text().strip() if path.exists() else None
         if initial and admin.check_password(initial):
