@@ -410,3 +410,18 @@ def test_a_scheduled_reports_page_says_where_its_email_went(clients, acme, setti
     ReportSchedule.objects.filter(pk=s.pk).update(last_run=run, last_run_at=timezone.now())
     schedules_page = clients["alice"].get(reverse("report_schedules", args=["acme"])).content.decode()
     assert f"written to {tmp_path / 'mail'}" in schedules_page
+
+
+def test_a_quiet_periods_page_says_so_instead_of_empty_charts(clients, make_run, acme):
+    from .conftest import sample_result
+
+    quiet = sample_result("tenant", "acme")
+    quiet["daily"] = [{**d, "msgs_in": 0, "msgs_out": 0, "connects": 0, "disconnects": 0} for d in quiet["daily"]]
+    run = make_run(acme, result=quiet)
+    page = clients["alice"].get(reverse("report", args=["acme", run.pk])).content.decode()
+    assert "No message was sent or received in this period." in page
+    assert "No device connected or disconnected in this period." in page
+    assert '<svg class="chart"' not in page
+    busy = make_run(acme)
+    page = clients["alice"].get(reverse("report", args=["acme", busy.pk])).content.decode()
+    assert page.count('<svg class="chart"') == 2 and "No message was sent" not in page
