@@ -34,20 +34,22 @@ def daily_figure(labels: list[str], series: list[tuple[str, list[float]]], title
     for k, (name, values) in enumerate(series):
         ax.bar(positions, values, bottom=bottom, width=0.72, label=name, color=PALETTE[k % len(PALETTE)])
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.set_title(title, fontsize=10, loc="left")
-    ax.set_xlabel(X_LABEL, fontsize=8)
-    ax.set_ylabel(Y_LABEL, fontsize=8)
+    fig.suptitle(title, fontsize=11, x=0.01, ha="left")
+    ax.set_xlabel(X_LABEL, fontsize=9)
+    ax.set_ylabel(Y_LABEL, fontsize=9)
     every = max(1, round(len(labels) / 10))
-    ax.set_xticks(list(positions)[::every], labels[::every], fontsize=7)
+    ax.set_xticks(list(positions)[::every], labels[::every], fontsize=8)
     ax.yaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
     ax.yaxis.set_major_formatter(FuncFormatter(_thousands))
-    ax.tick_params(axis="y", labelsize=7)
+    ax.tick_params(axis="y", labelsize=8)
     ax.set_ylim(bottom=0)
     ax.grid(axis="y", color="#e2e8f0", linewidth=0.6)
     ax.set_axisbelow(True)
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
-    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    # between the title and the bars: the plot keeps the whole width (the email may be a phone wide)
+    ax.legend(fontsize=8, frameon=False, loc="lower left", bbox_to_anchor=(0.0, 1.0), ncols=len(series),
+              borderaxespad=0.2, handlelength=1.2)
     return fig
 
 

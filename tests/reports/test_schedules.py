@@ -133,7 +133,7 @@ def test_the_emailed_chart_is_drawn_by_matplotlib_with_title_axes_and_units(acme
     fig = mailchart.daily_figure(labels, series, "Messages per day, 2026-03-02 to 2026-03-08")
     (ax,) = fig.axes
     fig.canvas.draw()
-    assert ax.get_title(loc="left") == "Messages per day, 2026-03-02 to 2026-03-08"
+    assert fig.get_suptitle() == "Messages per day, 2026-03-02 to 2026-03-08"
     assert (ax.get_xlabel(), ax.get_ylabel()) == ("Day (UTC)", "Messages")
     assert [t.get_text() for t in ax.get_xticklabels()] == labels == [f"03-0{d}" for d in range(2, 9)]
     assert "1,200" in [t.get_text() for t in ax.get_yticklabels()]      # the busiest day: 800 in + 400 out
