@@ -362,6 +362,8 @@ def test_send_now_runs_the_schedule_at_once_and_emails_it(spark, clients, acme, 
     assert f'"run": {run.pk}' in event.after
     page = clients["alice"].get(response["Location"]).content.decode()
     assert "by alice (Send now of a daily schedule)" in page
+    day = f"{yesterday:%Y-%m-%d}"
+    assert f"Usage of Acme Corp, {day}" in page and f"{day} – {day}" not in page      # one day, one date
 
 
 def test_send_now_without_a_recipient_left_sends_nothing(clients, acme):
