@@ -61,3 +61,27 @@ def generated_secret(path: Path) -> str:
         with os.fdopen(fd, "w") as fh:
             fh.write(value)
         return value
+
+
+def console_public_url(value: str, production: bool, allowed_hosts: list[str], host: str, port: str) -> str:
+    """The console's address as people reach it, ending in "/": ``value`` when
+    set (http:// or https://, else ImproperlyConfigured), else in production
+    https:// and the first concrete name of ALLOWED_HOSTS, else the address
+    daphne listens on (CONSOLE_HOST, CONSOLE_PORT)."""
+    from urllib.parse import urlsplit
+
+    from django.core.exceptions import ImproperlyConfigured
+
+    if value:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ImproperlyConfigured(f"CONSOLE_PUBLIC_URL={value!r}: expected http(s)://HOST[:PORT][/PATH]")
+        return value if value.endswith("/") else value + "/"
+    names = [h for h in allowed_hosts if h and h != "*" and not h.startswith(".")]
+    if production and names:
+        return f"https://{names[0]}/"
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}/"

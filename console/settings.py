@@ -17,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from core.brokerd_client import admin_urls
 from tenants.onboarding import public_urls
 
-from .env import envbool, envfloat, envint, envlist, envsecret, envstr, generated_secret
+from .env import console_public_url, envbool, envfloat, envint, envlist, envsecret, envstr, generated_secret
 from .forwarded import parse_networks
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -283,6 +283,16 @@ elif envstr("EMAIL_HOST"):
     EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", True)
 else:
     EMAIL_BACKEND = envstr("EMAIL_BACKEND", "django.core.mail.backends.filebased.EmailBackend")
+# Where people reach the console: the links in emails (a scheduled report's
+# "Open the report"). Default: the address `make run` serves on (CONSOLE_HOST,
+# CONSOLE_PORT); in production https:// and the first of ALLOWED_HOSTS.
+CONSOLE_PUBLIC_URL = console_public_url(envstr("CONSOLE_PUBLIC_URL", ""), PRODUCTION, ALLOWED_HOSTS,
+                                        envstr("CONSOLE_HOST", "127.0.0.1"), envstr("CONSOLE_PORT", "8000"))
+# The tenant brokerd puts clients without a user name in (brokerd
+# --allow-anonymous --anonymous-tenant): a real tenant in the console, made by
+# `manage.py console_bootstrap` (make run) and marked "anonymous clients".
+# Empty (production's default, where brokerd refuses anonymous clients): none.
+ANONYMOUS_TENANT = envstr("ANONYMOUS_TENANT", "" if PRODUCTION else "default")
 
 # Logs go to stdout; LOG_FORMAT=json (production's default) writes one JSON
 # object a line (time, level, logger, message, and any extra fields) for a log

@@ -220,6 +220,11 @@ def tenant_resume(request, slug):
 @platform_admin_required
 def tenant_delete(request, slug):
     tenant, _ = get_tenant_for_user(request, slug, write=True)
+    if tenant.is_anonymous:
+        # brokerd would go on admitting anonymous clients into a tenant the console no longer shows
+        messages.error(request, f"{tenant.slug} is the tenant of anonymous clients (ANONYMOUS_TENANT): it stays. "
+                                "Suspend it to refuse anonymous clients.")
+        return redirect("tenant", slug=tenant.slug)
     counts = tq.tenant_contents(tenant)
     form = DeleteTenantForm(posted(request), slug=tenant.slug)
     if request.method == "POST" and form.is_valid():

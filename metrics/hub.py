@@ -298,7 +298,8 @@ class Hub:
             "nodes_total": c["nodes"], "nodes_ok": c["nodes_ok"], "nodes": nodes,
             "tenants": [{"slug": slug, "connections": t["connections"], "msgs_in": t["msgs_in"],
                          "msgs_out": t["msgs_out"], "rates": _short_rates(t["rates"]),
-                         "max_connections": (self.quotas.get(slug) or {}).get("max_connections")}
+                         "max_connections": (self.quotas.get(slug) or {}).get("max_connections"),
+                         "anonymous": bool(settings.ANONYMOUS_TENANT) and slug == settings.ANONYMOUS_TENANT}
                         for slug, t in tenants[:TOP_TENANTS]],
             "tenants_total": len(tenants), "alarms": self.open_alarms,
         }

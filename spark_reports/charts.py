@@ -1,8 +1,8 @@
-"""Charts without a charting library: stacked bars as inline SVG (pages and
-the printable version) and as a small PNG (email clients drop SVG)."""
+"""The pages' charts: stacked or grouped bars as inline SVG (pages and the
+printable version), drawn here without a charting library, and the series
+they show. The emailed chart (a PNG: mail clients drop SVG) is drawn by
+matplotlib in ``mailchart``."""
 
-import struct
-import zlib
 from html import escape
 
 from django.utils.safestring import SafeString, mark_safe
@@ -79,50 +79,6 @@ def bar_chart(labels: list[str], series: list[tuple[str, list[float]]], *, width
         lx += 24 + 7 * len(name)
     parts.append("</svg>")
     return mark_safe("".join(parts))
-
-
-def stacked_max(series: list[list[float]]) -> float:
-    """The top of the scale ``png_bar_chart`` draws ``series`` against."""
-    n = max((len(s) for s in series), default=0)
-    return _nice_max(max((sum(s[i] for s in series if i < len(s)) for i in range(n)), default=0))
-
-
-def _hex(color: str) -> tuple[int, int, int]:
-    return int(color[1:3], 16), int(color[3:5], 16), int(color[5:7], 16)
-
-
-def png_bar_chart(series: list[list[float]], *, width: int = 600, height: int = 180) -> bytes:
-    """Stacked bars as a PNG (colours as in ``bar_chart``; no text: the email
-    names the series and the scale beside it)."""
-    n = max(1, max((len(s) for s in series), default=0))
-    totals = [sum(s[i] for s in series if i < len(s)) for i in range(n)]
-    ymax = _nice_max(max(totals, default=0))
-    bg, grid = (255, 255, 255), (226, 232, 240)
-    pixels = [[bg] * width for _ in range(height)]
-    for frac in (0, 0.5, 1):
-        y = min(height - 1, int((height - 1) * (1 - frac)))
-        pixels[y] = [grid] * width
-    slot = width / n
-    bar = max(1, int(slot * 0.72))
-    for i in range(n):
-        x0 = int(slot * i + (slot - bar) / 2)
-        base = height - 1
-        for k, s in enumerate(series):
-            value = s[i] if i < len(s) else 0
-            h = int(round((height - 1) * value / ymax))
-            color = _hex(PALETTE[k % len(PALETTE)])
-            for y in range(max(0, base - h), base):
-                row = pixels[y]
-                for x in range(x0, min(width, x0 + bar)):
-                    row[x] = color
-            base -= h
-    raw = b"".join(b"\x00" + bytes(c for px in row for c in px) for row in pixels)
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
 
 
 def daily_series(result: dict) -> tuple[list[str], list[tuple[str, list[float]]]]:

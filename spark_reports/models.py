@@ -66,6 +66,12 @@ class ReportRun(models.Model):
         return (self.period_end - timezone.timedelta(days=1)).date()
 
     @property
+    def period_label(self) -> str:
+        """"2026-03-02 – 2026-03-08", or one date for a one-day period."""
+        first, last = self.period_start.date(), self.last_day
+        return f"{first:%Y-%m-%d}" if first == last else f"{first:%Y-%m-%d} – {last:%Y-%m-%d}"
+
+    @property
     def duration(self) -> float | None:
         if self.started_at and self.finished_at:
             return (self.finished_at - self.started_at).total_seconds()

@@ -146,6 +146,18 @@ def claim_schedule(schedule: ReportSchedule, now: datetime) -> ReportRun | None:
     return run
 
 
+def send_now_run(schedule: ReportSchedule, user, now: datetime | None = None) -> ReportRun:
+    """The run of "Send now": the period the schedule's run at ``now`` would
+    report (yesterday, last week, last month), a normal scheduled run (emailed
+    when done) requested by ``user``; the schedule's next run is unchanged.
+    ``tasks.send_now`` queues it once its transaction commits."""
+    now = now or timezone.now()
+    first, last = schedules.period_for(schedule.frequency, now)
+    run = create_run(ReportRun.Kind.TENANT, first, last, tenant=schedule.tenant, user=user, schedule=schedule)
+    ReportSchedule.objects.filter(pk=schedule.pk).update(last_run=run, last_run_at=now)
+    return run
+
+
 def recipients(schedule: ReportSchedule) -> list[str]:
     """The schedule's recipients that are still contacts of the tenant."""
     contacts = {e.lower() for e in schedule.tenant.contact_emails}

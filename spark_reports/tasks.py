@@ -5,7 +5,8 @@ What puts a run on the queue, once the transaction that records it commits
 
 - ``request_run(...)``: a new run (the "Run report" button);
 - ``retry_run(run)``: a failed run again (the retry button);
-- ``dispatch_due(now)``: a run for every schedule due, each claimed once.
+- ``dispatch_due(now)``: a run for every schedule due, each claimed once;
+- ``send_now(schedule, user)``: a schedule's run at once (its "Send now").
 
 The tasks, thin wrappers over ``services`` and ``delivery``:
 
@@ -61,6 +62,15 @@ def retry_run(run: ReportRun) -> ReportRun:
     """Queue a failed run again (the retry button)."""
     with transaction.atomic():
         services.requeue_run(run)
+        _enqueue(run)
+    return run
+
+
+def send_now(schedule, user) -> ReportRun:
+    """A schedule's report now, over the period its run now would cover,
+    emailed to its recipients when done (``run_report`` queues the email)."""
+    with transaction.atomic():
+        run = services.send_now_run(schedule, user)
         _enqueue(run)
     return run
 

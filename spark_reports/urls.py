@@ -14,6 +14,7 @@ tenant_patterns = [
     path("<int:run_id>/retry/", views.tenant_report_retry, name="report_retry"),
     path("schedules/", views.schedule_list, name="report_schedules"),
     path("schedules/<int:schedule_id>/edit/", views.schedule_edit, name="report_schedule_edit"),
+    path("schedules/<int:schedule_id>/send/", views.schedule_send, name="report_schedule_send"),
     path("schedules/<int:schedule_id>/toggle/", views.schedule_toggle, name="report_schedule_toggle"),
     path("schedules/<int:schedule_id>/delete/", views.schedule_delete, name="report_schedule_delete"),
 ]

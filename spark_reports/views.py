@@ -13,14 +13,15 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_POST, require_safe
 
 from core import audit
-from core.roles import platform_admin_required
+from core.roles import is_platform_admin, platform_admin_required
 from core.shortcuts import paginate, posted
 from tenants.access import get_tenant_for_user
 
-from . import export, schedules, services, tasks
+from . import delivery, export, schedules, services, tasks
 from .forms import RunReportForm, ScheduleForm
 from .models import ReportRun, ReportSchedule
 from .views_common import report_context
@@ -88,8 +89,14 @@ def _tenant_run(request, slug, run_id, write=False):
     return run, rw
 
 
+def _mail(request) -> dict:
+    """Where email goes, as this user may be told (the SMTP host: platform administrators)."""
+    return delivery.mail_destination(show_host=is_platform_admin(request.user))
+
+
 def _run_page(request, run, rw):
-    context = {"run": run, "rw": rw, "tenant": run.tenant, "links": _links(run), "platform": not run.tenant_id}
+    context = {"run": run, "rw": rw, "tenant": run.tenant, "links": _links(run), "platform": not run.tenant_id,
+               "mail": _mail(request) if run.schedule_id else None}
     if run.status == ReportRun.Status.SUCCEEDED:
         context.update(report_context(run))
     return render(request, "spark_reports/run.html", context)
@@ -185,6 +192,7 @@ def _schedule_rows(tenant):
     for s in rows:
         s.next_period = schedules.period_for(s.frequency, s.next_run_at) if s.enabled and s.next_run_at else None
         s.live_recipients = services.recipients(s)
+        s.send_now_period = schedules.period_for(s.frequency, timezone.now())
     return rows
 
 
@@ -199,7 +207,8 @@ def schedule_list(request, slug):
         messages.success(request, f"{schedule.get_frequency_display()} report scheduled.")
         return redirect("report_schedules", slug=tenant.slug)
     return render(request, "spark_reports/schedules.html",
-                  {"tenant": tenant, "rw": rw, "form": form, "schedules": _schedule_rows(tenant)})
+                  {"tenant": tenant, "rw": rw, "form": form, "schedules": _schedule_rows(tenant),
+                   "mail": _mail(request)})
 
 
 def _tenant_schedule(request, slug, schedule_id, write=False):
@@ -225,6 +234,24 @@ def schedule_edit(request, slug, schedule_id):
         return redirect("report_schedules", slug=slug)
     return render(request, "spark_reports/schedule_form.html",
                   {"tenant": schedule.tenant, "rw": rw, "form": form, "schedule": schedule})
+
+
+@require_POST
+@login_required
+def schedule_send(request, slug, schedule_id):
+    """"Send now": the schedule's report at once, a normal run emailed when done."""
+    schedule, _ = _tenant_schedule(request, slug, schedule_id, write=True)
+    to = services.recipients(schedule)
+    if not to:
+        messages.error(request, "Not sent: none of the schedule's recipients is still a contact of the tenant.")
+        return redirect("report_schedules", slug=slug)
+    run = tasks.send_now(schedule, request.user)
+    audit.record(request, "report_schedule.send", "report_schedule", schedule.pk, tenant=schedule.tenant,
+                 after={**_schedule_doc(schedule), "run": run.pk, "start": run.period_start.date().isoformat(),
+                        "last_day": run.last_day.isoformat()})
+    # the run's page says where the email goes
+    messages.success(request, f"Report queued: it will be emailed to {', '.join(to)} when done.")
+    return redirect("report", slug=slug, run_id=run.pk)
 
 
 @require_POST

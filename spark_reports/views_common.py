@@ -32,14 +32,19 @@ def report_context(run) -> dict:
     if r.get("kind") == "platform":
         figures.insert(0, {"label": "Tenants", "value": _num(t.get("tenants")), "sub": "with usage"})
     rejection_labels = dict(jobs.REJECTION_KINDS)
+    # a quiet period gets a sentence, not an empty chart box (as in the email)
+    quiet = not any(v for _, values in series for v in values)
+    still = not any(v for _, values in churn for v in values)
     return {
         "r": r,
         "generated": (r.get("generated_at") or "")[:19].replace("T", " "),
         "t": t,
         "figures": figures,
-        "traffic_chart": charts.bar_chart(labels, series, title="Messages per day") if labels else "",
+        "traffic_chart": charts.bar_chart(labels, series, title="Messages per day") if labels and not quiet else "",
         "churn_chart": charts.bar_chart(churn_labels, churn, title="Connects and disconnects per day",
-                                        stacked=False) if churn_labels else "",
+                                        stacked=False) if churn_labels and not still else "",
+        "traffic_empty": "No message was sent or received in this period." if labels else "No days.",
+        "churn_empty": "No device connected or disconnected in this period." if churn_labels else "No days.",
         "rejection_rows": [{**row, "label": row.get("label") or rejection_labels.get(row["kind"], row["kind"])}
                            for row in r.get("rejections", [])],
     }

@@ -56,6 +56,11 @@ class Tenant(models.Model):
     def __str__(self):
         return self.slug
 
+    @property
+    def is_anonymous(self) -> bool:
+        """The tenant brokerd puts clients without a user name in (ANONYMOUS_TENANT)."""
+        return bool(settings.ANONYMOUS_TENANT) and self.slug == settings.ANONYMOUS_TENANT
+
 
 class Membership(models.Model):
     """A console user's role in one tenant. Platform administrators are staff
@@ -154,7 +159,13 @@ class AclRule(models.Model):
 
     def __str__(self):
         verb = "allow" if self.allow else "deny"
-        return f"#{self.position} {verb} {self.action} {self.topic}"
+        return f"{self.name} (position {self.position}): {verb} {self.action} {self.topic}"
+
+    @property
+    def name(self) -> str:
+        """What the console, the audit log and ``manage.py acl`` call the rule: its
+        id, which stays when rules move (its position says when it is evaluated)."""
+        return f"ACL rule {self.pk}"
 
     def clean(self):
         """``who`` decides which of ``device`` and ``device_pattern`` is set."""

@@ -3,6 +3,7 @@
 ``get_*`` raise ``NotFound`` (a ``ServiceError``) with a user-facing message.
 """
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Q
 
@@ -37,6 +38,9 @@ def platform_numbers() -> dict:
         "credentials": Credential.objects.count(),
         "acl_rules": AclRule.objects.count(),
         "users": Membership.objects.values("user").distinct().count(),
+        # counted among the tenants above, and named: the tenant of anonymous clients
+        "anonymous_tenant": Tenant.objects.filter(slug=settings.ANONYMOUS_TENANT).values_list("slug", flat=True)
+        .first() if settings.ANONYMOUS_TENANT else None,
     }
 
 

@@ -108,6 +108,28 @@ def create_tenant(slug: str, *, name: str = "", contact_emails=(), default_acl: 
     return tenant
 
 
+ANONYMOUS_NAME = "Anonymous clients"
+
+
+def ensure_anonymous_tenant(slug: str) -> tuple[Tenant | None, bool]:
+    """The tenant of clients without a user name (brokerd ``--allow-anonymous
+    --anonymous-tenant SLUG``) as a real tenant: -> (tenant, created); (None,
+    False) when ``slug`` is empty. Made with default ACL *allow* and no quota,
+    the open policy brokerd applies to that tenant while it has no row, so
+    nothing changes for its clients; from then on its ACL rules, quotas and
+    $SYS settings are the console's (suspending it refuses anonymous clients).
+    A tenant of that slug made by hand is kept as it is."""
+    if not slug:
+        return None, False
+    tenant = Tenant.objects.filter(slug=slug).first()
+    if tenant is not None:
+        return tenant, False
+    try:
+        return create_tenant(slug, name=ANONYMOUS_NAME, default_acl=Tenant.DefaultAcl.ALLOW), True
+    except Conflict:          # made by another process at the same moment
+        return Tenant.objects.get(slug=slug), False
+
+
 @transaction.atomic
 def update_tenant(tenant: Tenant, *, name=UNSET, contact_emails=UNSET, default_acl=UNSET) -> Tenant:
     """Change a tenant's name, contacts or default ACL (the slug never changes)."""

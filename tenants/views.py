@@ -396,7 +396,7 @@ def acl_add(request, slug):
             apply_service_error(form, exc, ACL_ALIASES)
         else:
             audit.record(request, "acl.add", "acl_rule", rule.pk, tenant=tenant, after=audit_docs.rule_doc(rule))
-            messages.success(request, f"Rule #{rule.position} added.")
+            messages.success(request, f"{rule.name} added at position {rule.position}.")
             if not request.htmx:
                 return redirect("acl", slug=slug)
             form = None
@@ -418,7 +418,7 @@ def acl_edit(request, slug, rule_id):
             else:
                 audit.record(request, "acl.update", "acl_rule", rule.pk, tenant=tenant, before=before,
                              after=audit_docs.rule_doc(rule))
-                messages.success(request, f"Rule #{rule.position} saved.")
+                messages.success(request, f"{rule.name} saved.")
                 if not request.htmx:
                     return redirect("acl", slug=slug)
                 return _acl_editor(request, _acl_context(tenant, rw))
@@ -459,7 +459,7 @@ def acl_delete(request, slug, rule_id):
         before = audit_docs.rule_doc(rule)
         services.delete_acl_rule(rule)
         audit.record(request, "acl.delete", "acl_rule", before["id"], tenant=tenant, before=before)
-        messages.success(request, f"Rule #{before['position']} deleted.")
+        messages.success(request, f"ACL rule {before['id']} deleted.")
         if not request.htmx:
             return redirect("acl", slug=slug)
         return _acl_editor(request, _acl_context(tenant, rw))
@@ -482,10 +482,10 @@ def acl_own_topics(request, slug):
         return render(request, "tenants/partials/acl_notice.html",
                       {"tenant": tenant, "rw": rw, "acl_notice": notice, "next": request.POST.get("next", "")})
     if created:
-        messages.success(request, f"Rule #{rule.position} added: every device may publish and subscribe "
+        messages.success(request, f"{rule.name} added at position {rule.position}: every device may publish and subscribe "
                                   f"under its own name ({rule.topic}).")
     else:
-        messages.info(request, f"Rule #{rule.position} already lets every device publish and subscribe "
+        messages.info(request, f"{rule.name} (position {rule.position}) already lets every device publish and subscribe "
                                f"under its own name ({rule.topic}).")
     return redirect_back(request, reverse("acl", kwargs={"slug": slug}))
 

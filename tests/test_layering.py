@@ -92,6 +92,9 @@ LAZY = {
     ("brokerd.store", "brokerd.store.hbase"): "a store backend (and its library) is imported only when it is used",
     ("brokerd.rules.engine", "brokerd.rules.compiler"):
         "the rule compiler imports sqlglot (~17 MB): loaded only on a node whose tenants have rules",
+    ("spark_reports.delivery", "spark_reports.mailchart"):
+        "the emailed chart imports matplotlib (~1 s, ~60 MiB): loaded by the worker that sends, not by every "
+        "console process (the pages import delivery to say where email goes)",
 }
 
 

@@ -108,3 +108,14 @@ def get(mapping, key):
 @register.filter
 def label(name):
     return str(name).replace("_", " ")
+
+
+# what the pages call the things the audit log names by type (the ACL page says "ACL rule 7" too)
+OBJECT_KINDS = {"acl_rule": "ACL rule", "api_token": "API token", "report_schedule": "report schedule",
+                "system_topics": "$SYS settings"}
+
+
+@register.filter
+def object_kind(object_type):
+    """An audit row's object type as the pages name such objects."""
+    return OBJECT_KINDS.get(str(object_type), str(object_type).replace("_", " "))

@@ -415,7 +415,8 @@
         var pct = Math.min(100, 100 * t.connections / quota);
         bar = '<div class="progress' + (pct >= 90 ? " high" : "") + '" title="' + Math.round(pct) + '% of ' + quota + '"><span style="width:' + pct + '%"></span></div>';
       }
-      return '<tr><td><a class="strong" href="' + esc(base.replace("__slug__", encodeURIComponent(t.slug))) + '">' + esc(t.slug) + "</a></td>" +
+      var anonymous = t.anonymous ? ' <span class="badge badge-blue" title="Clients that connect without a user name land in this tenant">anonymous clients</span>' : "";
+      return '<tr><td><a class="strong" href="' + esc(base.replace("__slug__", encodeURIComponent(t.slug))) + '">' + esc(t.slug) + "</a>" + anonymous + "</td>" +
         '<td class="num">' + format("count", t.connections) + (quota ? ' <span class="muted">/ ' + format("count", quota) + "</span>" : "") + "</td>" +
         "<td>" + bar + "</td>" +
         '<td class="num">' + format("rate", t.rates.msgs_in) + "</td>" +

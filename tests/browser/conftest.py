@@ -37,6 +37,7 @@ class Stack:
     """The running system: ``url(path)``, ``manage(...)``, ``broker`` and the admin login."""
 
     broker_flags: tuple[str, ...] = ()          # more brokerd flags (a subclass's)
+    anonymous = False                           # brokerd --allow-anonymous (as make run)
 
     def __init__(self, var: Path):
         self.var = var
@@ -68,7 +69,7 @@ class Stack:
         self.manage("console_bootstrap")
         self.broker = BrokerProcess("--sys-interval", "0", "--node-id", "web1", *self.broker_flags,
                                     "--control-plane", self.env["DATABASE_URL"], "--admin", "127.0.0.1:0",
-                                    anonymous=False, env=self.env).start()
+                                    anonymous=self.anonymous, env=self.env).start()
         self.env["BROKERD_ADMIN_URL"] = self.broker.admin_url
         with open(self.log_path, "w") as log:       # the child keeps its own copy of the descriptor
             self.console = subprocess.Popen(

@@ -270,3 +270,34 @@ def test_the_client_list_and_a_clients_page_follow_the_devices(page, stack):
         expect(page.get_by_label("Topic filter")).to_have_value("alerts/#")
     finally:
         device.disconnect()
+
+
+SCHEDULED = r"""
+from tenants import services
+from tenants.models import Tenant
+from spark_reports import services as reports
+from spark_reports.models import ReportSchedule
+t = services.create_tenant("mailco", name="Mail Co", contact_emails=["ops@mail.test"])
+reports.schedule_saved(ReportSchedule.objects.create(tenant=t, frequency="daily", hour=6, recipients=["ops@mail.test"]))
+"""
+
+
+def test_send_now_from_the_schedules_page(page, stack):
+    """The Schedules page says where development email goes (the files under
+    var/mail); Send now queues the schedule's report at once and its page says
+    it will be emailed, and where to."""
+    stack.manage("shell", "-c", SCHEDULED)
+    log_in(page, stack, ADMIN_USER, ADMIN_PASSWORD)
+    page.goto(stack.url("/tenants/mailco/reports/schedules/"))
+    mail_dir = str(stack.var / "mail")
+    expect(page.locator("#mail-destination")).to_contain_text(f"Each email is written as a file to {mail_dir}")
+    shot(page, "schedules-send-now")
+    page.get_by_role("button", name="Send now").click()
+    expect(page).to_have_url(re.compile(r"/tenants/mailco/reports/\d+/$"))
+    expect(page.get_by_text("Report queued: it will be emailed to ops@mail.test when done.")).to_be_visible()
+    expect(page.locator("#mail-destination")).to_contain_text("When it is done the report is emailed")
+    expect(page.locator("#mail-destination")).to_contain_text(mail_dir)
+    expect(page.locator(".subtitle")).to_contain_text("(Send now of a daily schedule)")
+    shot(page, "schedules-send-now-run")
+    page.goto(stack.url("/audit/"))
+    expect(page.locator("#audit-table")).to_contain_text("report_schedule.send")

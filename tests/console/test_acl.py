@@ -37,12 +37,14 @@ def check(client, device, action, topic, client_id="", **extra):
 
 
 def verdict(page) -> tuple[str, str | None]:
-    """("Allowed"|"Denied", "#N" of the deciding rule or None for the default)."""
+    """("Allowed"|"Denied", "#N", the position of the deciding rule, or None for the default)."""
     allowed = re.search(r'<div class="verdict">[^A-Z]*(Allowed|Denied)</div>', page).group(1)
-    rule = re.search(r"Decided by rule <strong>(#\d+)</strong>", page)
+    rule = re.search(r"Decided by <strong>ACL rule (\d+)</strong> \(position (\d+)\)", page)
     if rule is None:
         assert "No rule matched: the tenant's default" in page
-    return allowed, rule and rule.group(1)
+        return allowed, None
+    assert AclRule.objects.get(pk=int(rule.group(1))).position == int(rule.group(2))
+    return allowed, f"#{rule.group(2)}"
 
 
 def add(client, headers=None, **data):
@@ -60,7 +62,8 @@ def test_add_goes_last_by_default(as_alice, acme):
     assert rules(acme)[-1] == (3, True, "subscribe", "alerts/#")
     assert snapshot_topics("acme") == ["sensors/{device}/#", "secret/#", "alerts/#"]
     page = as_alice.get(ACL).content.decode()
-    assert "Rule #3 added." in page and "alerts/#" in page
+    new = acme.acl_rules.get(position=3)
+    assert f"ACL rule {new.pk} added at position 3." in page and "alerts/#" in page
     event = AuditEvent.objects.get(action="acl.add")
     assert (event.actor, event.tenant, event.before) == ("alice", "acme", None)
     assert json.loads(event.after)["topic"] == "alerts/#" and json.loads(event.after)["position"] == 3
@@ -115,7 +118,8 @@ def test_add_with_htmx_swaps_the_editor(as_alice, acme):
     page = response.content.decode()
     assert page.startswith('<div id="acl-editor">') and "<html" not in page
     assert "alerts/#" in page and "Add a rule" in page              # a fresh form for the next rule
-    assert 'hx-swap-oob="true"' in page and "Rule #3 added." in page
+    added = acme.acl_rules.get(topic="alerts/#")
+    assert 'hx-swap-oob="true"' in page and f"ACL rule {added.pk} added at position 3." in page
 
 
 def test_rules_page_and_its_htmx_fragment(as_alice, acme):
@@ -138,7 +142,7 @@ def test_edit(as_alice, acme):
     rule = acme.acl_rules.get(position=2)
     url = f"{ACL}{rule.pk}/edit/"
     page = as_alice.get(url).content.decode()
-    assert "Edit rule #2" in page and 'value="secret/#"' in page
+    assert f"Edit ACL rule {rule.pk} (position 2)" in page and 'value="secret/#"' in page
     response = as_alice.post(url, {"who": "pattern", "pattern": "gate*", "action": "subscribe",
                                    "topic": "secret/{device}/#", "allow": "allow"})
     assert response.status_code == 302 and response["Location"] == ACL
@@ -148,14 +152,14 @@ def test_edit(as_alice, acme):
     assert policy("acme")["acl"][1]["topic"] == "secret/{device}/#"
     event = AuditEvent.objects.get(action="acl.update")
     assert (json.loads(event.before)["topic"], json.loads(event.after)["topic"]) == ("secret/#", "secret/{device}/#")
-    assert "Rule #2 saved." in as_alice.get(ACL).content.decode()
+    assert f"ACL rule {rule.pk} saved." in as_alice.get(ACL).content.decode()
 
 
 def test_edit_with_htmx(as_alice, acme):
     rule = acme.acl_rules.get(position=2)
     url = f"{ACL}{rule.pk}/edit/"
     fragment = as_alice.get(url, **HTMX).content.decode()
-    assert fragment.startswith('<div id="acl-editor">') and "<html" not in fragment and "Edit rule #2" in fragment
+    assert fragment.startswith('<div id="acl-editor">') and "<html" not in fragment and f"Edit ACL rule {rule.pk}" in fragment
     response = as_alice.post(url, {"who": "all", "action": "both", "topic": "hidden/#", "allow": "deny"}, **HTMX)
     fragment = response.content.decode()
     assert response.status_code == 200 and "<html" not in fragment
@@ -169,7 +173,7 @@ def test_edit_with_a_bad_topic_is_inline(as_alice, acme):
                                                        "allow": "deny"})
     assert response.status_code == 200
     page = response.content.decode()
-    assert "invalid topic filter" in page and "Edit rule #2" in page
+    assert "invalid topic filter" in page and f"Edit ACL rule {rule.pk} (position 2)" in page
     rule.refresh_from_db()
     assert rule.topic == "secret/#" and not AuditEvent.objects.exists()
 
@@ -230,13 +234,13 @@ def test_move_only_by_post(as_alice, acme):
 def test_delete_asks_first(as_alice, acme):
     first = acme.acl_rules.get(position=1)
     page = as_alice.get(f"{ACL}{first.pk}/delete/").content.decode()
-    assert "Delete rule #1?" in page and "sensors/{device}/#" in page
+    assert f"Delete ACL rule {first.pk} (position 1)?" in page and "sensors/{device}/#" in page
     assert acme.acl_rules.count() == 2
     response = as_alice.post(f"{ACL}{first.pk}/delete/")
     assert response.status_code == 302 and response["Location"] == ACL
     assert rules(acme) == [(1, False, "both", "secret/#")]            # renumbered
     assert snapshot_topics("acme") == ["secret/#"]
-    assert "Rule #1 deleted." in as_alice.get(ACL).content.decode()
+    assert f"ACL rule {first.pk} deleted." in as_alice.get(ACL).content.decode()
     event = AuditEvent.objects.get(action="acl.delete")
     assert json.loads(event.before)["topic"] == "sensors/{device}/#" and event.after is None
 
@@ -334,3 +338,23 @@ def test_rule_topics_are_escaped(as_alice, acme):
                  as_alice.get("/tenants/acme/audit/").content.decode()):
         assert "<script>alert(1)" not in page
     assert "x/&lt;script&gt;alert(1)&lt;/script&gt;" in as_alice.get(ACL).content.decode()
+
+
+def test_the_acl_page_and_the_audit_log_give_a_rule_one_name(as_alice, as_admin, acme):
+    """A rule is "ACL rule <id>" on the ACL page, in its messages, in the checker
+    and in both audit logs, whatever its position (shown beside it) becomes."""
+    add(as_alice, topic="alerts/#", action="subscribe")
+    rule = acme.acl_rules.get(topic="alerts/#")
+    as_alice.post(f"{ACL}{rule.pk}/move/", {"direction": "up"})
+    rule.refresh_from_db()
+    assert rule.position == 2
+    page = as_alice.get(ACL).content.decode()
+    row = re.search(rf'<td class="num strong">2</td>\s*<td class="nowrap">ACL rule {rule.pk}</td>', page)
+    assert row, "the rule's row names it by its id beside its position"
+    assert "Rule #" not in page
+    for client, url in ((as_alice, "/tenants/acme/audit/"), (as_admin, "/audit/")):
+        log = client.get(url).content.decode()
+        assert log.count(f'ACL rule <span class="mono">{rule.pk}</span>') == 2, url      # added, moved
+        assert "acl_rule" not in log.replace('value="acl_rule"', "")
+    page = check(as_alice, "sensor-1", "subscribe", "alerts/x")
+    assert f"Decided by <strong>ACL rule {rule.pk}</strong> (position 2)" in page

@@ -194,6 +194,7 @@ TABLE: dict[str, list[Try]] = {
     "report_schedule_edit": [get(TENANT_WRITE, args=SCHEDULE),
                              post(TENANT_WRITE, {"frequency": "monthly", "hour": "3", "recipients": "{contact}"},
                                   args=SCHEDULE)],
+    "report_schedule_send": [post(TENANT_WRITE, args=SCHEDULE)],
     "report_schedule_toggle": [post(TENANT_WRITE, args=SCHEDULE)],
     "report_schedule_delete": [get(TENANT_WRITE, args=SCHEDULE), post(TENANT_WRITE, args=SCHEDULE)],
     # ------------------------------------------------------------ platform pages

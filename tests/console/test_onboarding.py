@@ -165,13 +165,14 @@ def test_one_click_adds_the_rule_once_with_its_audit_row(as_alice, fresh):
     assert (event.actor, event.tenant, event.object_type, event.object_id) == ("alice", "fresh", "acl_rule",
                                                                                 str(rule.pk))
     page = as_alice.get(response["Location"]).content.decode()
-    assert "Rule #1 added: every device may publish and subscribe under its own name ({device}/#)." in page
+    assert f"ACL rule {rule.pk} added at position 1: every device may publish and subscribe under its own name " \
+        "({device}/#)." in page
     assert BUTTON not in page and "refuses this device" not in page
     assert "Devices of fresh can neither" not in as_alice.get("/tenants/fresh/").content.decode()
 
     # a second click (a stale page, a double click) adds nothing and logs nothing
     response = as_alice.post("/tenants/fresh/acl/own-topics/", **HTMX)
-    assert "Rule #1 is there already" in response.content.decode()
+    assert f"ACL rule {rule.pk} (position 1) is there already" in response.content.decode()
     assert fresh.acl_rules.count() == 1 and AuditEvent.objects.filter(action="acl.add").count() == 1
 
 
@@ -179,7 +180,8 @@ def test_one_click_by_htmx_answers_with_the_notice_in_place(as_admin, fresh):
     response = as_admin.post("/tenants/fresh/acl/own-topics/", {"kind": "device", "next": "/x"}, **HTMX)
     page = response.content.decode()
     assert response.status_code == 200 and page.lstrip().startswith("<div class=\"callout callout-success acl-notice\"")
-    assert "Rule #1 added:" in page and "<code>allow both {device}/#</code>" in page
+    rule = fresh.acl_rules.get()
+    assert f"ACL rule {rule.pk} added at position 1:" in page and "<code>allow both {device}/#</code>" in page
     assert AuditEvent.objects.get(action="acl.add").actor == "root"
 
 
@@ -189,11 +191,12 @@ def test_one_click_goes_back_only_to_this_site(as_alice, fresh):
 
 
 def test_a_rule_that_decides_first_is_named_not_a_second_button(as_alice, fresh):
-    services.allow_own_topics(fresh)
-    services.add_acl_rule(fresh, topic="valve-3/#", action="both", allow=False, position=1)
+    own, _ = services.allow_own_topics(fresh)
+    deny = services.add_acl_rule(fresh, topic="valve-3/#", action="both", allow=False, position=1)
     page = as_alice.get("/tenants/fresh/devices/valve-3/").content.decode()
-    assert "<strong>denied</strong> by rule #1 (<code>valve-3/#</code>)" in page
-    assert "Rule #2 (<code>allow both {device}/#</code>) comes after the rule that decides" in page
+    assert f"<strong>denied</strong> by ACL rule {deny.pk} (position 1, <code>valve-3/#</code>)" in page
+    assert f"ACL rule {own.pk} (position 2, <code>allow both {{device}}/#</code>) comes after the rule that decides" \
+        in page
     assert BUTTON not in page
 
 

@@ -1,6 +1,7 @@
 """Schedules: when they run and what they report (pure functions), starting
 the due ones exactly once, and the email a scheduled report sends."""
 
+import io
 from datetime import UTC, date, datetime, timedelta
 from email import message_from_bytes, policy
 
@@ -82,8 +83,14 @@ def _scheduled_run(tenant, recipients):
                                     period_end=at(2026, 3, 9), result=sample_result("tenant", tenant.slug))
 
 
+def _parts(msg) -> dict:
+    parsed = message_from_bytes(msg.message().as_bytes(), policy=policy.default)
+    return {p.get_filename(): p for p in parsed.iter_attachments()}
+
+
 def test_email(acme, settings):
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.CONSOLE_PUBLIC_URL = "https://console.example.test/"
     run = _scheduled_run(acme, ["ops@acme.test", "gone@acme.test"])       # gone@ is no contact any more
     assert delivery.send_report(run) == ["ops@acme.test"]
     (msg,) = mail.outbox
@@ -99,6 +106,58 @@ def test_email(acme, settings):
     assert png["Content-ID"] == "<daily-chart>" and png.get_content()[:8] == b"\x89PNG\r\n\x1a\n"
     run.refresh_from_db()
     assert run.emailed_at is not None and run.emailed_to == ["ops@acme.test"]
+    # a link back to the report, absolute, in both bodies
+    link = f"https://console.example.test/tenants/acme/reports/{run.pk}/"
+    assert f'href="{link}"' in html and "Open the report in the console" in html
+    assert f"In the console: {link}" in msg.body
+
+
+def test_the_emailed_chart_is_drawn_by_matplotlib_with_title_axes_and_units(acme, settings):
+    """The chart a reader sees: a PNG from matplotlib (its Software tag), the
+    period in its title, "Day (UTC)" under the x axis, "Messages" beside the y
+    axis with thousands separators, a legend for in and out."""
+    from PIL import Image
+
+    from spark_reports import charts, mailchart
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    run = _scheduled_run(acme, ["ops@acme.test"])
+    delivery.send_report(run)
+    png = _parts(mail.outbox[0])["daily.png"].get_content()
+    image = Image.open(io.BytesIO(png))
+    assert image.info["Software"].startswith("Matplotlib")
+    assert image.info["Title"] == "Messages per day, 2026-03-02 to 2026-03-08"
+    assert image.size == (1184, 520)                    # 592 px wide in the email, at twice the density
+
+    labels, series = charts.daily_series(run.result)
+    fig = mailchart.daily_figure(labels, series, "Messages per day, 2026-03-02 to 2026-03-08")
+    (ax,) = fig.axes
+    fig.canvas.draw()
+    assert fig.get_suptitle() == "Messages per day, 2026-03-02 to 2026-03-08"
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("Day (UTC)", "Messages")
+    assert [t.get_text() for t in ax.get_xticklabels()] == labels == [f"03-0{d}" for d in range(2, 9)]
+    assert "1,200" in [t.get_text() for t in ax.get_yticklabels()]      # the busiest day: 800 in + 400 out
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["messages in", "messages out"]
+
+
+def test_a_period_without_traffic_gets_a_sentence_not_an_empty_chart(acme, settings):
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    run = _scheduled_run(acme, ["ops@acme.test"])
+    quiet = sample_result("tenant", "acme")
+    quiet["daily"] = [{**d, "msgs_in": 0, "msgs_out": 0, "connects": 0, "disconnects": 0} for d in quiet["daily"]]
+    quiet["totals"].update(messages=0, msgs_in=0, msgs_out=0, connects=0, disconnects=0, devices=0)
+    quiet["top_topics"] = []
+    ReportRun.objects.filter(pk=run.pk).update(result=quiet)
+    run.refresh_from_db()
+    delivery.send_report(run)
+    (msg,) = mail.outbox
+    sentence = ("No traffic from 2026-03-02 to 2026-03-08 (UTC): no message was sent or received and no device "
+                "connected, so there is no chart.")
+    html = msg.alternatives[0].content
+    assert sentence in html and sentence in msg.body
+    assert "cid:" not in html and "<img" not in html
+    assert "daily.png" not in _parts(msg)
+    assert "usage-acme-2026-03-02-to-2026-03-08.csv" in _parts(msg)
 
 
 def test_email_without_recipients_is_not_retried(acme, settings):
@@ -140,3 +199,20 @@ def test_schedule_saved_next_run(acme):
     services.schedule_saved(s, now=at(2026, 3, 4, 10))
     assert s.next_run_at is None
     assert timedelta(0) < at(2026, 4, 1, 3) - at(2026, 3, 4, 10)
+
+
+def test_the_links_in_emails_start_at_console_public_url():
+    """CONSOLE_PUBLIC_URL when set (checked), else production's first host over
+    HTTPS, else where `make run` serves the console."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from console.env import console_public_url
+
+    assert console_public_url("https://hub.example.com/console", True, ["x"], "0.0.0.0", "8000") == \
+        "https://hub.example.com/console/"
+    assert console_public_url("", True, [".example.com", "hub.example.com"], "0.0.0.0", "8000") == \
+        "https://hub.example.com/"
+    assert console_public_url("", False, ["localhost"], "127.0.0.1", "8001") == "http://127.0.0.1:8001/"
+    assert console_public_url("", False, ["*"], "0.0.0.0", "8000") == "http://127.0.0.1:8000/"
+    with pytest.raises(ImproperlyConfigured, match="CONSOLE_PUBLIC_URL"):
+        console_public_url("hub.example.com", False, [], "127.0.0.1", "8000")

@@ -298,3 +298,132 @@ def test_counts_and_times_read_as_words():
     assert plural_filter(1, "child,children") == "1 child" and plural_filter(3, "child,children") == "3 children"
     assert ago(timezone.now() - timedelta(seconds=20)) == "just now"             # was "0 minutes ago"
     assert ago(timezone.now() - timedelta(minutes=5, seconds=3)) == "5\xa0minutes ago"
+
+
+# ---------------------------------------------------------------- send now, where email goes
+
+
+@pytest.fixture
+def eager_celery():
+    """The tasks run in this process as ``delay`` is called (the worker's code, no worker process)."""
+    from console.celery import app
+
+    saved = {k: app.conf[k] for k in ("task_always_eager", "task_eager_propagates")}
+    app.conf.update(task_always_eager=True, task_eager_propagates=True)
+    yield
+    app.conf.update(saved)
+
+
+@pytest.mark.slow
+def test_send_now_runs_the_schedule_at_once_and_emails_it(spark, clients, acme, globex, tmp_path, settings,
+                                                          eager_celery, django_capture_on_commit_callbacks):
+    """"Send now" on a daily schedule: a real run over yesterday (Spark, through
+    the Celery task as the worker runs it), emailed to the schedule's recipients
+    with a link back, audited; the schedule's next run stays where it was."""
+    from datetime import UTC, datetime, timedelta
+
+    from django.core import mail
+
+    from core.models import AuditEvent
+    from spark_reports import usagegen as gen
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    settings.CONSOLE_PUBLIC_URL = "http://console.test:8000/"
+    settings.USAGE_DIR = str(tmp_path / "usage")
+    yesterday = (datetime.now(tz=UTC) - timedelta(days=1)).replace(hour=12, minute=0, second=0, microsecond=0)
+    gen.write_rows(tmp_path / "usage", "traffic", [
+        gen.traffic_row(yesterday.timestamp(), "acme", "plant/boiler", msgs_in_q1=40, bytes_in=4000, msgs_out=2),
+        gen.traffic_row(yesterday.timestamp(), "globex", "other", msgs_in_q0=999)])
+    s = _schedule(acme, frequency="daily", recipients=["ops@acme.test"])
+    next_run = s.next_run_at
+
+    # who may: as editing the schedule (viewers 403, another tenant's members 404)
+    assert clients["victor"].post(reverse("report_schedule_send", args=["acme", s.pk])).status_code == 403
+    assert clients["bob"].post(reverse("report_schedule_send", args=["acme", s.pk])).status_code == 404
+    assert not ReportRun.objects.exists()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = clients["alice"].post(reverse("report_schedule_send", args=["acme", s.pk]))
+    run = ReportRun.objects.get()
+    assert response.status_code == 302 and response["Location"] == reverse("report", args=["acme", run.pk])
+    assert (run.status, run.schedule, run.requested_by.username) == ("succeeded", s, "alice"), run.error
+    assert run.period_start.date() == run.last_day == yesterday.date()
+    assert run.result["totals"]["messages"] == 42
+    (msg,) = mail.outbox
+    assert msg.to == ["ops@acme.test"]
+    assert f"In the console: http://console.test:8000/tenants/acme/reports/{run.pk}/" in msg.body
+    assert "Messages:         42 (40 in, 2 out)" in msg.body
+    run.refresh_from_db()
+    assert run.emailed_to == ["ops@acme.test"] and run.emailed_at is not None
+    s.refresh_from_db()
+    assert s.next_run_at == next_run and s.last_run == run
+    event = AuditEvent.objects.get(action="report_schedule.send")
+    assert (event.actor, event.tenant, event.object_id) == ("alice", "acme", str(s.pk))
+    assert f'"run": {run.pk}' in event.after
+    page = clients["alice"].get(response["Location"]).content.decode()
+    assert "by alice (Send now of a daily schedule)" in page
+    day = f"{yesterday:%Y-%m-%d}"
+    assert f"Usage of Acme Corp, {day}" in page and f"{day} – {day}" not in page      # one day, one date
+
+
+def test_send_now_without_a_recipient_left_sends_nothing(clients, acme):
+    s = _schedule(acme, recipients=["gone@acme.test"])
+    response = clients["alice"].post(reverse("report_schedule_send", args=["acme", s.pk]), follow=True)
+    assert "none of the schedule&#x27;s recipients is still a contact" in response.content.decode()
+    assert not ReportRun.objects.exists()
+
+
+def test_the_schedules_page_says_where_email_goes(clients, acme, settings, tmp_path, make_run):
+    _schedule(acme)
+    settings.EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
+    settings.EMAIL_FILE_PATH = str(tmp_path / "mail")
+    page = clients["alice"].get(reverse("report_schedules", args=["acme"])).content.decode()
+    assert "Development email: nothing is sent." in page
+    assert f"Each email is written as a file to {tmp_path / 'mail'} on the server" in page
+    assert "Send now" in page
+    assert "Send now" not in clients["victor"].get(reverse("report_schedules", args=["acme"])).content.decode()
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"
+    page = clients["alice"].get(reverse("report_schedules", args=["acme"])).content.decode()
+    assert "printed to the Celery worker&#x27;s output" in page
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "smtp.mail.test", 587
+    assert "through the SMTP server smtp.mail.test:587" in \
+        clients["root"].get(reverse("report_schedules", args=["acme"])).content.decode()
+    page = clients["alice"].get(reverse("report_schedules", args=["acme"])).content.decode()
+    assert "Reports are emailed to the recipients." in page and "smtp.mail.test" not in page   # a tenant's member
+
+
+def test_a_scheduled_reports_page_says_where_its_email_went(clients, acme, settings, tmp_path, make_run):
+    from django.utils import timezone
+
+    s = _schedule(acme)
+    settings.EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
+    settings.EMAIL_FILE_PATH = str(tmp_path / "mail")
+    run = make_run(acme, schedule=s, emailed_at=timezone.now(), emailed_to=["ops@acme.test"])
+    page = clients["alice"].get(reverse("report", args=["acme", run.pk])).content.decode()
+    assert "The email to ops@acme.test was made at" in page and str(tmp_path / "mail") in page
+    assert "Emailed to" not in page
+    queued = make_run(acme, status="queued", schedule=s)
+    page = clients["alice"].get(reverse("report", args=["acme", queued.pk])).content.decode()
+    assert "When it is done the report is emailed to the schedule's recipients." in page
+    assert str(tmp_path / "mail") in page
+    ReportSchedule.objects.filter(pk=s.pk).update(last_run=run, last_run_at=timezone.now())
+    schedules_page = clients["alice"].get(reverse("report_schedules", args=["acme"])).content.decode()
+    assert f"written to {tmp_path / 'mail'}" in schedules_page
+
+
+def test_a_quiet_periods_page_says_so_instead_of_empty_charts(clients, make_run, acme):
+    from .conftest import sample_result
+
+    quiet = sample_result("tenant", "acme")
+    quiet["daily"] = [{**d, "msgs_in": 0, "msgs_out": 0, "connects": 0, "disconnects": 0} for d in quiet["daily"]]
+    run = make_run(acme, result=quiet)
+    page = clients["alice"].get(reverse("report", args=["acme", run.pk])).content.decode()
+    assert "No message was sent or received in this period." in page
+    assert "No device connected or disconnected in this period." in page
+    assert '<svg class="chart"' not in page
+    busy = make_run(acme)
+    page = clients["alice"].get(reverse("report", args=["acme", busy.pk])).content.decode()
+    assert page.count('<svg class="chart"') == 2 and "No message was sent" not in page
