@@ -15,6 +15,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from core.brokerd_client import admin_urls
+from spark_reports.spark import spark_conf
 from tenants.onboarding import public_urls
 
 from .env import console_public_url, envbool, envfloat, envint, envlist, envsecret, envstr, generated_secret
@@ -227,6 +228,11 @@ USAGE_DIR = envstr("USAGE_DIR", str(VAR_DIR / "usage"))
 SPARK_MASTER = envstr("SPARK_MASTER", "local[*]")
 SPARK_SHUFFLE_PARTITIONS = envint("SPARK_SHUFFLE_PARTITIONS", 4)
 SPARK_DRIVER_MEMORY = envstr("SPARK_DRIVER_MEMORY", "1g")
+SPARK_CONF = envstr("SPARK_CONF", "")      # more Spark properties: spark.NAME=VALUE;spark.NAME=VALUE
+try:
+    spark_conf(SPARK_CONF)
+except ValueError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
 REPORTS_TOP_N = envint("REPORTS_TOP_N", 10)
 REPORTS_MAX_RETRIES = envint("REPORTS_MAX_RETRIES", 3)
 REPORTS_RETRY_BACKOFF = envint("REPORTS_RETRY_BACKOFF", 30)  # seconds before the first retry, doubled each time

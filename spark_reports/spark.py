@@ -9,6 +9,8 @@ environment, so bench/ and plain scripts work without Django):
 - ``SPARK_SHUFFLE_PARTITIONS``: 4 -- reports aggregate a few thousand groups,
   Spark's 200 default would spend its time on empty tasks;
 - ``SPARK_DRIVER_MEMORY``: the driver JVM's heap (``1g``);
+- ``SPARK_CONF``: more Spark properties, ``key=value`` separated by ``;``
+  (``spark.executor.memory=4g;spark.eventLog.enabled=true``), applied last;
 - ``USAGE_DIR``: the usage log brokerd writes (``VAR_DIR/usage``); any URI a
   Hadoop filesystem reads (``hdfs://...``, ``s3a://...``) in production;
 - ``USAGE_LAKE``: the Parquet lake compaction writes (``USAGE_DIR/lake``), a
@@ -52,6 +54,19 @@ def lake_dir() -> str:
     return setting("USAGE_LAKE", f"{usage_dir().rstrip('/')}/lake")
 
 
+def spark_conf(text: str) -> list[tuple[str, str]]:
+    """``SPARK_CONF``'s properties: ``key=value;key=value`` (a value may hold spaces and ``=``)."""
+    out = []
+    for item in text.split(";"):
+        key, sep, value = item.strip().partition("=")
+        if not item.strip():
+            continue
+        if not sep or not key.strip().startswith("spark."):
+            raise ValueError(f"SPARK_CONF: {item.strip()!r} is not spark.NAME=VALUE")
+        out.append((key.strip(), value.strip()))
+    return out
+
+
 def spark_running() -> bool:
     """Has this process a live SparkSession (the next report starts at once)?"""
     s = _session
@@ -80,6 +95,8 @@ def get_spark():
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.driver.memory", setting("SPARK_DRIVER_MEMORY", "1g"))
         )
+        for key, value in spark_conf(setting("SPARK_CONF", "")):
+            builder = builder.config(key, value)
         if master.startswith("local"):
             builder = builder.config("spark.driver.host", os.environ["SPARK_LOCAL_IP"]).config(
                 "spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])

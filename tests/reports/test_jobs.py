@@ -2,8 +2,12 @@
 against figures computed here with plain Python (tests/reports/expected.py)."""
 
 import json
+import os
 import random
+import subprocess
+import sys
 from datetime import date
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +16,8 @@ from spark_reports import usagegen as gen
 from spark_reports.jobs import Period
 
 from . import expected as X
+
+REPO = Path(__file__).resolve().parents[2]
 
 PERIOD = Period.days(date(2026, 3, 2), date(2026, 3, 8))   # a Monday to a Sunday
 TENANTS = ["acme", "globex", "default"]
@@ -267,3 +273,20 @@ def test_temporary_and_malformed_files_are_skipped(spark, tmp_path):
     (day / "node9-202603020001.jsonl").write_text(f"not json\n{row}\n")  # the bad line is dropped
     traffic = jobs.traffic_in(jobs.read_traffic(spark, str(tmp_path), PERIOD), PERIOD)
     assert jobs.traffic_totals(traffic).collect()[0]["msgs_in"] == 7
+
+
+def test_spark_conf_is_parsed_and_a_malformed_one_stops_the_console():
+    from spark_reports.spark import spark_conf
+
+    assert spark_conf("spark.executor.memory=4g; spark.driver.extraJavaOptions=-Da=b -Dc=d;") == [
+        ("spark.executor.memory", "4g"), ("spark.driver.extraJavaOptions", "-Da=b -Dc=d")]
+    assert spark_conf("") == []
+    env = dict(os.environ, SPARK_CONF="executor.memory=4g", DJANGO_SETTINGS_MODULE="console.settings")
+    proc = subprocess.run([sys.executable, "-c", "import django; django.setup()"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "SPARK_CONF: 'executor.memory=4g' is not spark.NAME=VALUE" in proc.stderr
+
+
+def test_spark_conf_reaches_the_session(spark):
+    # tests/conftest.py runs the suite's Spark interpreted (SPARK_CONF): the property is on the session
+    assert spark.conf.get("spark.sql.codegen.wholeStage") == "false"
