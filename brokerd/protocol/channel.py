@@ -830,7 +830,16 @@ class Channel:
 
     def _on_unsubscribe(self, p, now):
         codes = self.broker.unsubscribe(self, p.topics, now)
-        self._send(encode(Unsuback(p.packet_id, codes if self.version == MQTT5 else []), self.version))
+        if self.broker.durable_pending(self.session):
+            # as a SUBACK: once stored, or a crash after the UNSUBACK would bring the subscription back
+            self.broker.after_commit(partial(self._unsuback, p.packet_id, codes))
+            return
+        self._unsuback(p.packet_id, codes, True)
+
+    def _unsuback(self, pid: int, codes: list, ok: bool) -> None:
+        if self.state != CONNECTED:
+            return
+        self._send(encode(Unsuback(pid, codes if self.version == MQTT5 else []), self.version))
 
     def _on_pingreq(self, p, now):
         self._send(_PINGRESP)
