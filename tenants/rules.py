@@ -10,8 +10,9 @@ snapshot (the nodes have it within about a second) and one audit row.
 A webhook's URL must be http:// or https:// with a literal host (checked
 here); whether the node may reach that host is the node's own decision
 (``--rules-webhook-allow``, checked on the resolved address when it sends).
-The store action is refused for now: the nodes do not run it yet, and a
-stored rule that does nothing would mislead.
+A store rule names a dataset (a short identifier); its rows land in the
+tenant's own telemetry (``brokerd.integrations.telemetry``), which the
+Spark telemetry report reads for that tenant only.
 """
 
 import json
