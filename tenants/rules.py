@@ -90,14 +90,16 @@ def add_rule(tenant: Tenant, *, sql: str, action: str, config: dict, enabled: bo
 
 
 @transaction.atomic
-def update_rule(rule: Rule, *, sql: str, config: dict, request=None, actor=None) -> Rule:
-    """A new statement and/or action settings for ``rule`` (its action kind and
-    enabled flag stay; the nodes recompile it and start its counters afresh)."""
+def update_rule(rule: Rule, *, sql: str, config: dict, action: str | None = None, request=None,
+                actor=None) -> Rule:
+    """A new statement and/or action for ``rule`` (``action`` None: its kind
+    stays; the enabled flag stays; the nodes recompile it and start its counters afresh)."""
     check_sql(sql)
-    config = check_action(rule.action, config)
+    action = action or rule.action
+    config = check_action(action, config)
     before = rule_doc(rule)
-    rule.sql, rule.config = sql, config
-    rule.save(update_fields=["sql", "config", "updated_at"])
+    rule.sql, rule.action, rule.config = sql, action, config
+    rule.save(update_fields=["sql", "action", "config", "updated_at"])
     policy_snapshot.publish(rule.tenant)
     _audit("rule.update", rule.pk, rule.tenant, before, rule_doc(rule), request, actor)
     return rule
