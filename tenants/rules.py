@@ -63,8 +63,10 @@ def check_action(action: str, config: dict) -> dict:
 
 
 def _audit(action: str, rule_id, tenant: Tenant, before, after, request=None, actor=None) -> None:
+    """``actor`` "api-token:NAME" (``console.api``) is recorded with source "api"."""
+    source = "api" if actor and actor.startswith("api-token:") else "console"
     audit.record(request, action, "rule", rule_id, tenant=tenant, before=before, after=after,
-                 actor=actor if actor is not None or request is not None else "manage.py")
+                 actor=actor if actor is not None or request is not None else "manage.py", source=source)
 
 
 def rules(tenant: Tenant):
