@@ -10,7 +10,10 @@ tenant holding the most bytes), counted in the rule's ``dropped`` and
 ``failed`` and logged as a warning (at most once per 10 s per node), as the
 webhook sender does.
 
-Every ``--rules-store-interval`` seconds the queued rows go to a thread that
+Every ``--rules-store-interval`` seconds -- or at once when the node's queue
+holds a quarter of its bound or a tenant's half of its own, so that a busy
+tenant's rows are written rather than dropped while the disk keeps up -- the
+queued rows go to a thread that
 writes them in the usage log's landing zone (``--usage-dir``), beside the
 usage datasets and in their layout, so the lake's compaction
 (``spark_reports.lake``) moves them into Parquet exactly once with them::
@@ -60,6 +63,7 @@ class TelemetryWriter:
         self.dropped = self.stored = self.files_written = 0
         self._last_alarm = -ALARM_EVERY
         self._task: asyncio.Task | None = None
+        self._due: asyncio.Event | None = None    # set by submit when the queue should not wait for the interval
 
     # ---------------------------------------------------------------- the hot side: no I/O, no await
 
@@ -80,6 +84,9 @@ class TelemetryWriter:
         q.append(Job(tenant, rec, state))
         self.queued[tenant] += size
         self.total += size
+        due = self._due
+        if due is not None and (self.queued[tenant] * 2 >= self.tenant_bytes or self.total * 4 >= self.node_bytes):
+            due.set()
 
     def _pop(self, tenant: str) -> Job:
         q = self.queues[tenant]
@@ -115,11 +122,16 @@ class TelemetryWriter:
     # ---------------------------------------------------------------- writing
 
     def start(self) -> None:
+        self._due = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="telemetry-writer")
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.interval)
+            try:
+                await asyncio.wait_for(self._due.wait(), self.interval)
+            except TimeoutError:
+                pass
+            self._due.clear()
             await self.flush()
 
     async def flush(self) -> None:

@@ -75,3 +75,26 @@ def test_rows_land_as_json_lines_per_date_and_a_failed_write_is_tried_again(tmp_
     assert row == {"tenant": "acme", "dataset": "temps", "rule": 7, "ts": 1_764_115_200.25, "client_id": "dev-1",
                    "topic": "sensors/k/temp", "node": "n1", "data": row["data"]}
     assert json.loads(row["data"])["t"] == 31.5
+
+
+def test_a_filling_queue_is_written_before_the_interval(tmp_path):
+    """Half a tenant's bound queued: written at once, not after --rules-store-interval (60 s here),
+    so a busy tenant's rows reach the disk instead of being dropped."""
+    async def scene():
+        w = TelemetryWriter(str(tmp_path / "usage"), "n1", node_bytes=1_000_000, tenant_bytes=4000, interval=60)
+        s = State(1)
+        w.start()
+        try:
+            w.submit("acme", record(1), s)
+            await asyncio.sleep(0.2)
+            assert s.stored == 0                       # a quarter of the tenant's bound: waits for the interval
+            w.submit("acme", record(2), s)             # half of it: written now
+            for _ in range(100):
+                if s.stored == 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert (s.stored, s.dropped) == (2, 0)
+        finally:
+            await w.stop()
+
+    asyncio.run(scene())
