@@ -30,7 +30,7 @@ from pyspark.sql import types as T
 
 from . import jobs
 from .jobs import Period
-from .reports import Report, _header, _iso, _noop
+from .report_base import Report, _header, _iso, _noop
 
 SERIES_HOURLY_DAYS = 31
 SERIES_MAX_ROWS = 5000

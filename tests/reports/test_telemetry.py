@@ -131,3 +131,42 @@ def test_manage_py_prints_the_report(spark, landed, acme, settings, capsys):
     day = datetime.now(tz=UTC).date().isoformat()
     call_command("telemetry_report", "acme", "--dataset", "temps", "--from", day)
     _check_acme(json.loads(capsys.readouterr().out))
+
+
+def test_the_console_runs_the_telemetry_report_and_shows_it(spark, landed, clients, acme, settings,
+                                                           django_capture_on_commit_callbacks, monkeypatch):
+    """"Run report" with Telemetry queues a telemetry run; the worker's run (services.execute_run, here
+    in-process) reads brokerd's rows; the page, its CSV and the printable version show acme's figures.
+    A viewer reads it; another tenant's member gets a 404."""
+    from django.urls import reverse
+
+    from spark_reports import services
+    from spark_reports.models import ReportRun
+
+    usage, _ = landed
+    settings.USAGE_DIR = str(usage)
+    settings.USAGE_LAKE = str(usage / "lake")
+    sent = []
+    monkeypatch.setattr("spark_reports.tasks.run_report.delay", lambda run_id: sent.append(run_id))
+    with django_capture_on_commit_callbacks(execute=True):
+        r = clients["alice"].post(reverse("reports", args=["acme"]), {"kind": "telemetry", "preset": "today"})
+    run = ReportRun.objects.get()
+    assert r.status_code == 302 and sent == [run.pk] and (run.kind, run.tenant_id) == ("telemetry", acme.pk)
+    services.execute_run(run, attempt=1)
+    run.refresh_from_db()
+    assert run.status == "succeeded", run.error
+    _check_acme(run.result)
+    page = clients["victor"].get(reverse("report", args=["acme", run.pk])).content.decode()
+    assert "Telemetry of Acme Corp" in page and 'id="table-fields"' in page
+    fields = page[page.index('id="table-fields"'):]
+    assert ">temp<" in fields and ">18.25<" in fields and ">30.0<" in fields and "23.688" in fields   # avg 23.6875
+    assert "900" not in page                                                    # never globex's readings
+    csv = clients["victor"].get(reverse("report_csv", args=["acme", run.pk]) + "?table=fields").content.decode()
+    assert csv.splitlines()[0] == "dataset,field,rows,numeric,min,avg,max"
+    assert "temps,temp,4,4,18.25,23.688,30" in csv
+    tidy = clients["victor"].get(reverse("report_csv", args=["acme", run.pk])).content.decode()
+    assert "fields,temps/temp,max,30" in tidy
+    assert "Telemetry report" in clients["victor"].get(reverse("report_print", args=["acme", run.pk])).content.decode()
+    listing = clients["alice"].get(reverse("reports", args=["acme"])).content.decode()
+    assert "telemetry report #" in listing and "1 dataset" in listing
+    assert clients["bob"].get(reverse("report", args=["acme", run.pk])).status_code == 404
