@@ -14,7 +14,13 @@ database, identical but for their rules:
   delivering twice);
 - ``1 rule, republish with payload`` -- the same with ``payload`` selected
   too: the 1 KiB payload goes into the JSON row (JSON-encoding 1 KiB is most
-  of its extra cost).
+  of its extra cost);
+- ``1 rule, store`` -- ``SELECT clientid, topic, timestamp`` stored to the
+  tenant's telemetry dataset ``bench`` (queued on the publish path, written
+  every 5 s under ``--usage-dir`` by a thread).
+
+Every broker runs with ``--usage-dir`` (a temporary directory: the store
+action writes there, and every case pays the usage log's counting alike).
 
 One brokerd per run (CPU 0, the generator on CPU 1, ``taskset``), the three
 alternating each round; prints the medians of messages received per second
@@ -49,7 +55,10 @@ for slug, sqls in plan.items():
     services.add_acl_rule(tenant, topic="bench/#", action="both", allow=True)
     services.add_acl_rule(tenant, topic="out/#", action="both", allow=True)
     for sql in sqls:
-        rules.add_rule(tenant, sql=sql, action="republish", config={"topic": "out/${clientid}"})
+        if sql.startswith("STORE "):
+            rules.add_rule(tenant, sql=sql[6:], action="store", config={"dataset": "bench"})
+        else:
+            rules.add_rule(tenant, sql=sql, action="republish", config={"topic": "out/${clientid}"})
     device, credential, secret = services.provision_device(tenant, "d0")
     out[slug] = secret
 print("SECRETS " + json.dumps(out))
@@ -60,6 +69,7 @@ CASES = {
     "10 rules, none match": ("ten", [f'SELECT * FROM "other/{i}/#"' for i in range(10)]),
     "1 rule, republish": ("one", ['SELECT clientid, topic, timestamp FROM "bench/#"']),
     "1 rule, republish with payload": ("onep", ['SELECT payload, topic, clientid FROM "bench/#"']),
+    "1 rule, store": ("store", ['STORE SELECT clientid, topic, timestamp FROM "bench/#"']),
 }
 
 
@@ -78,7 +88,7 @@ def main() -> int:
         secrets = json.loads([ln for ln in out.splitlines() if ln.startswith("SECRETS ")][-1][8:])
         for _ in range(args.runs):
             for label, (slug, _sqls) in CASES.items():
-                proc, port = start_broker(env, [])
+                proc, port = start_broker(env, ["--usage-dir", f"{tmp}/usage"])
                 try:
                     res = run_pairs(port, proc.pid, args.mqttbench, f"{slug}/d0", secrets[slug])
                 finally:

@@ -46,6 +46,7 @@ from .routing.router import Namespace, Router, SharedGroup, _merge
 from .routing.topic import InvalidTopic, is_valid_filter, matches, parse_shared
 from .session.session import Delivery, Session, Subscription
 from .tenancy.autosub import for_client
+from .tenancy.control import Identity
 from .tenancy.enforcement import Enforcement
 
 log = logging.getLogger("brokerd.autosub")
@@ -64,6 +65,18 @@ class BrokerConfig:
     shared_strategy: str = "round_robin"      # or "random"
     queue_budget: int = 64 * 1024 * 1024        # bytes queued node-wide before publishers are paused
     limits: ChannelLimits = field(default_factory=ChannelLimits)
+
+
+class _Publisher:
+    """The client that published a delayed message, as the rules see it at its release
+    (the client may be gone: its id, user name and ACL are what a rule reads of it)."""
+
+    __slots__ = ("client_id", "username", "peer", "acl")
+
+    def __init__(self, publisher: tuple, acl):
+        self.client_id, self.username, _ = publisher
+        self.peer = None
+        self.acl = acl
 
 
 class AnonymousAuth:
@@ -400,15 +413,27 @@ class Broker:
             if durable_rel:
                 self.persist.rel_added(session, ns.name, rel)
                 self.journal.after_commit(ack)
-        delayed.take(ns.name, now + self.wall_offset + seconds, msg, ack)
+        ident = channel.identity
+        publisher = (channel.client_id, channel.username, getattr(ident, "device", None))
+        delayed.take(ns.name, now + self.wall_offset + seconds, msg, ack, publisher)
         return None if ack is not None else rc.SUCCESS
 
-    def release_delayed(self, tenant: str, msg: Publish, now: float) -> int:
-        """A delayed message is due: published in its tenant as the broker's own; -> deliveries."""
+    def release_delayed(self, tenant: str, msg: Publish, now: float, publisher: tuple | None = None) -> int:
+        """A delayed message is due: published in its tenant as the broker's own; -> deliveries.
+        The tenant's rules run on it as on its publisher's publish (``publisher``:
+        ``(client_id, username, device)``; its ACL as it is now decides a republish);
+        a message stored without its publisher (by an older node) runs none."""
         ns = self.namespace(tenant)
+        rules = self.rules.get(tenant) if publisher is not None else None
+        origin = None
+        if rules is not None:
+            origin = _Publisher(publisher, self.auth.client_acl(Identity(tenant, publisher[2]), publisher[0]))
+            rules.message(self, ns, msg, origin, now)
         delivered = self.publish_internal(ns, msg, now)
         if not delivered:
             self.acct.no_subscribers(ns, msg.topic)
+            if origin is not None:
+                rules.event("message_dropped", self, ns, origin, now, msg=msg, reason="no_subscribers")
         return delivered
 
     def _no_subscribers(self, ns: Namespace, msg: Publish, channel, now: float) -> None:

@@ -134,6 +134,10 @@ class Config:
     rules_webhook_buffer: int = 16 * 1024 * 1024
     rules_webhook_tenant_buffer: int = 1024 * 1024
     rules_webhook_concurrency: int = 16
+    # rules' store action (brokerd.integrations.telemetry): rows waiting to be landed under --usage-dir
+    rules_store_buffer: int = 64 * 1024 * 1024
+    rules_store_tenant_buffer: int = 8 * 1024 * 1024
+    rules_store_interval: float = 5.0
     # delayed publish ($delayed/{seconds}/{topic}, brokerd.delayed): pending messages per tenant; 0 turns it off
     max_delayed: int = 100_000
 
@@ -225,6 +229,11 @@ class Config:
                               "--rules-webhook-buffer")
         if not 1 <= self.rules_webhook_concurrency <= 1024:
             raise ConfigError("--rules-webhook-concurrency must be 1..1024")
+        if self.rules_store_tenant_buffer < 1024 or self.rules_store_buffer < self.rules_store_tenant_buffer:
+            raise ConfigError("--rules-store-tenant-buffer must be at least 1024 bytes and at most "
+                              "--rules-store-buffer")
+        if not 0.05 <= self.rules_store_interval <= 60:
+            raise ConfigError("--rules-store-interval must be 0.05..60 seconds")
         if self.max_delayed < 0:
             raise ConfigError("--max-delayed must be 0 (delayed publish off) or more")
         if self.control_plane:
@@ -452,6 +461,14 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="webhook requests waiting per tenant, in bytes; its oldest is dropped past it (1 MiB)")
     p.add_argument("--rules-webhook-concurrency", type=int, metavar="N",
                    help="webhook requests in flight on this node (16)")
+    p.add_argument("--rules-store-buffer", type=int, metavar="BYTES",
+                   help="store rules' rows waiting to be written on this node, in bytes; the oldest is dropped "
+                        "past it (64 MiB)")
+    p.add_argument("--rules-store-tenant-buffer", type=int, metavar="BYTES",
+                   help="store rules' rows waiting per tenant, in bytes; its oldest is dropped past it (8 MiB)")
+    p.add_argument("--rules-store-interval", type=float, metavar="SECONDS",
+                   help="store rules' rows are written under --usage-dir/telemetry every SECONDS (5; a crash "
+                        "loses at most that much)")
     p.add_argument("--max-delayed", type=int, metavar="N",
                    help="$delayed/{seconds}/{topic} messages pending per tenant (100000; a tenant's quota may "
                         "lower it); 0 turns delayed publish off")

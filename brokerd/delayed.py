@@ -54,7 +54,7 @@ class DelayedQueue:
     __slots__ = ("pending", "counts", "wake", "healthy", "max_per_tenant", "refused")
 
     def __init__(self, max_per_tenant: int | None = DEFAULT_MAX_PER_TENANT, wake=None):
-        self.pending: list = []            # (tenant, due wall clock, Publish, ack(ok) or None)
+        self.pending: list = []            # (tenant, due wall clock, Publish, ack(ok) or None, publisher)
         self.counts: dict[str, int] = {}
         self.wake = wake                    # called when ``pending`` goes from empty to not empty
         self.healthy = True                 # False while the store refuses delayed writes
@@ -73,10 +73,12 @@ class DelayedQueue:
         limit = self.limit(quota)
         return limit is not None and self.counts.get(tenant, 0) >= limit
 
-    def take(self, tenant: str, due: float, msg, ack) -> None:
+    def take(self, tenant: str, due: float, msg, ack, publisher: tuple | None = None) -> None:
+        """``publisher``: ``(client_id, username, device)``, kept with the message so
+        that the tenant's rules run on its release as on that client's publish."""
         if not self.pending and self.wake is not None:
             self.wake()
-        self.pending.append((tenant, due, msg, ack))
+        self.pending.append((tenant, due, msg, ack, publisher))
         self.counts[tenant] = self.counts.get(tenant, 0) + 1
 
     def drain(self) -> list:
@@ -94,6 +96,6 @@ class DelayedQueue:
     def refresh(self, stored: dict[str, int]) -> None:
         """The store's counts (every node's messages), plus those not yet written."""
         counts = dict(stored)
-        for tenant, _, _, _ in self.pending:
+        for tenant, *_ in self.pending:
             counts[tenant] = counts.get(tenant, 0) + 1
         self.counts = counts

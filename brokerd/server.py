@@ -30,6 +30,7 @@ from .cluster.node import ClusterError, ClusterNode
 from .cluster.peers import LinkSettings
 from .config import Config, ConfigError, Listener, load
 from .delayed import DelayedQueue
+from .integrations.telemetry import TelemetryWriter
 from .integrations.webhook import Allowance, WebhookSender
 from .metrics import LatencySampler, LoopMonitor
 from .metrics.history_writer import History
@@ -128,8 +129,13 @@ class Server:
         allow = "" if config.rules_webhook_allow.strip().lower() == "none" else config.rules_webhook_allow
         self.webhooks = WebhookSender(Allowance(allow), config.rules_webhook_buffer,
                                       config.rules_webhook_tenant_buffer, config.rules_webhook_concurrency)
+        # store rules' rows go to the usage log's landing zone (none without --usage-dir: those rules fail)
+        self.telemetry = (TelemetryWriter(config.usage_dir, config.node_id, config.rules_store_buffer,
+                                          config.rules_store_tenant_buffer, config.rules_store_interval)
+                          if config.usage_dir else None)
         # the tenants' rules, from their policy snapshots; webhooks are queued to the sender
-        self.rule_engine = RuleEngine(self.broker.rules, webhook=self.webhooks.submit)
+        self.rule_engine = RuleEngine(self.broker.rules, webhook=self.webhooks.submit,
+                                      telemetry=self.telemetry.submit if self.telemetry is not None else None)
         self.admin: AdminApi | None = None
         self.admin_tokens = AdminTokens()
         if config.control_plane:
@@ -315,6 +321,8 @@ class Server:
                                               float(os.environ.get("BROKERD_USAGE_INTERVAL", "60")),
                                               self.config.usage_checkpoint))
             self.broker.usage.start()
+        if self.telemetry is not None:
+            self.telemetry.start()
         if self.policy_source is not None and self.config.history_interval > 0:
             self.history = History(self, self.policy_source.db, self.config.history_interval)
             self.history.start()
@@ -391,6 +399,8 @@ class Server:
                 await asyncio.wait_for(srv.wait_closed(), 1)
         if self.broker.usage is not None:
             await self.broker.usage.stop()              # the closed connections' rows go out too
+        if self.telemetry is not None:
+            await self.telemetry.stop()                 # store rules' rows still queued (disconnect events too)
         if self.delayed is not None:
             if not await self.delayed.drain(timeout):
                 log.error("delayed messages: %d not written at shutdown", len(self.broker.delayed.pending))

@@ -8,8 +8,8 @@ from spark_reports import urls as report_urls
 from tenants import rule_views as rv
 from tenants import views as tv
 
+from . import api, views
 from . import live_views as lv
-from . import views
 from .converters import ClientIdConverter
 
 register_converter(ClientIdConverter, "cid")
@@ -99,4 +99,11 @@ urlpatterns = [
     path("tokens/", views.token_list, name="token_list"),
     path("tokens/new/", views.token_create, name="token_create"),
     path("tokens/<int:token_id>/revoke/", views.token_revoke, name="token_revoke"),
+    # the console's REST API (console.api): bearer tokens, no session
+    path("api/v1/openapi.json", api.openapi, name="api_openapi"),
+    path("api/v1/tenants/<slug:slug>/rules", api.rules, name="api_rules"),
+    path("api/v1/tenants/<slug:slug>/rules/test", api.rule_test, name="api_rule_test"),
+    path("api/v1/tenants/<slug:slug>/rules/<int:rule_id>", api.rule, name="api_rule"),
+    path("api/v1/tenants/<slug:slug>/rules/<int:rule_id>/enable", api.rule_enable, name="api_rule_enable"),
+    path("api/v1/tenants/<slug:slug>/rules/<int:rule_id>/disable", api.rule_disable, name="api_rule_disable"),
 ]

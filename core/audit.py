@@ -26,13 +26,14 @@ def _json(value):
 
 
 def record(request, action: str, object_type: str, object_id, *, tenant=None, before=None, after=None,
-           actor: str | None = None) -> AuditEvent:
-    """Write one console audit row. ``tenant`` is a Tenant, a slug or None."""
+           actor: str | None = None, source: str = AuditEvent.Source.CONSOLE) -> AuditEvent:
+    """Write one console audit row. ``tenant`` is a Tenant, a slug or None;
+    ``source`` "api" for the console's REST API (``console.api``)."""
     if actor is None:
         actor = request.user.get_username() if request.user.is_authenticated else "anonymous"
     slug = getattr(tenant, "slug", tenant)
     return AuditEvent.objects.create(
-        at=timezone.now(), actor=actor, source=AuditEvent.Source.CONSOLE, action=action,
+        at=timezone.now(), actor=actor, source=source, action=action,
         object_type=object_type, object_id=str(object_id), tenant=slug, before=_json(before),
         after=_json(after), remote_addr=remote_addr(request),
     )

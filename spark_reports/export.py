@@ -19,6 +19,10 @@ TABLES = {
                            "devices", "peak_connections", "rejected", "dropped"]),
     "nodes": ("node", ["messages", "msgs_in", "msgs_out", "bytes_in", "bytes_out", "connects", "disconnects",
                        "peak_connections"]),
+    # the telemetry report (spark_reports.telemetry); a key of several columns is written joined with "/"
+    "datasets": ("dataset", ["rows", "devices", "rules", "first", "last"]),
+    "fields": (("dataset", "field"), ["rows", "numeric", "min", "avg", "max"]),
+    "series": (("dataset", "field", "at"), ["rows", "min", "avg", "max"]),
 }
 
 TOTALS = ["messages", "msgs_in", "msgs_in_q0", "msgs_in_q1", "msgs_in_q2", "msgs_out", "bytes_in", "bytes_out",
@@ -53,17 +57,22 @@ def report_csv(result: dict) -> str:
         for row in result[table]:
             for metric in metrics:
                 if metric in row:
-                    w.writerow([table, row[key], metric, _cell(row[metric])])
+                    w.writerow([table, _key(row, key), metric, _cell(row[metric])])
     return out.getvalue()
+
+
+def _key(row: dict, key) -> str:
+    return "/".join(str(row.get(k, "")) for k in key) if isinstance(key, tuple) else row[key]
 
 
 def table_csv(result: dict, table: str) -> str:
     key, metrics = TABLES[table]
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
-    w.writerow([key, *metrics])
+    keys = list(key) if isinstance(key, tuple) else [key]
+    w.writerow([*keys, *metrics])
     for row in result.get(table, []):
-        w.writerow([_cell(row.get(key)), *[_cell(row.get(m)) for m in metrics]])
+        w.writerow([*[_cell(row.get(k)) for k in keys], *[_cell(row.get(m)) for m in metrics]])
     return out.getvalue()
 
 
@@ -93,7 +102,8 @@ def report_zip(result: dict, base: str) -> bytes:
 
 def basename(run) -> str:
     who = run.tenant.slug if run.tenant_id else "platform"
-    return f"usage-{who}-{run.period_start:%Y-%m-%d}-to-{run.last_day:%Y-%m-%d}"
+    what = "telemetry" if run.kind == "telemetry" else "usage"
+    return f"{what}-{who}-{run.period_start:%Y-%m-%d}-to-{run.last_day:%Y-%m-%d}"
 
 
 def filename(run, table: str | None = None) -> str:

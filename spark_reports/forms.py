@@ -38,12 +38,25 @@ def preset_period(preset: str, today: date) -> tuple[date, date]:
 
 
 class RunReportForm(forms.Form):
+    """A period; on a tenant's page also which report (``tenant=True``): its usage or its telemetry."""
+
+    KINDS = [("tenant", "Usage"), ("telemetry", "Telemetry (what its store rules kept)")]
+
+    kind = forms.ChoiceField(label="Report", choices=KINDS, initial="tenant", required=False,
+                             widget=forms.RadioSelect)
     preset = forms.ChoiceField(label="Period", choices=PRESETS, initial="last_7")
     first = forms.DateField(label="From (UTC)", required=False, widget=forms.DateInput(attrs={"type": "date"}))
     last = forms.DateField(label="To, included", required=False, widget=forms.DateInput(attrs={"type": "date"}))
 
+    def __init__(self, *args, tenant: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not tenant:
+            del self.fields["kind"]
+
     def clean(self):
         data = super().clean()
+        if "kind" in self.fields:
+            data["kind"] = data.get("kind") or "tenant"
         preset = data.get("preset")
         if not preset:
             return data

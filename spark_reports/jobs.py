@@ -45,7 +45,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from . import lake as lakes
-from .schemas import CONNECTIONS_SCHEMA, TRAFFIC_COUNTERS, TRAFFIC_SCHEMA
+from .schemas import CONNECTIONS_SCHEMA, TELEMETRY_SCHEMA, TRAFFIC_COUNTERS, TRAFFIC_SCHEMA
 
 DAY = 86400
 
@@ -162,6 +162,18 @@ def read_traffic(spark, root: str, period: Period, lake: str | None = None) -> D
     df = _read(spark, root, lake, "traffic", TRAFFIC_SCHEMA, period.date_of(period.first_day),
                period.date_of(period.last_day))
     return df.filter(F.col("tenant").isNotNull() & F.col("ts").isNotNull())
+
+
+def read_telemetry(spark, root: str, period: Period, tenant: str, lake: str | None = None) -> DataFrame:
+    """One tenant's telemetry rows (store rules' output, ``spark_reports.telemetry``)
+    in ``period``: bounded on both ends by date partitions and by ``ts``, and
+    filtered by tenant before anything else reads them -- a tenant's report
+    never holds another tenant's rows (the lake's row groups are sorted by
+    tenant, so the filter also skips theirs)."""
+    df = _read(spark, root, lake, "telemetry", TELEMETRY_SCHEMA, period.date_of(period.first_day),
+               period.date_of(period.last_day))
+    return df.filter((F.col("tenant") == tenant) & F.col("ts").isNotNull() & F.col("dataset").isNotNull()
+                     & (F.col("ts") >= F.lit(float(period.start))) & (F.col("ts") < F.lit(float(period.end))))
 
 
 # ---------------------------------------------------------------- selections

@@ -50,13 +50,14 @@ from datetime import UTC, datetime, timedelta
 
 from pyspark.sql import functions as F
 
-from .schemas import CONNECTIONS_SCHEMA, TRAFFIC_SCHEMA
+from .schemas import CONNECTIONS_SCHEMA, TELEMETRY_SCHEMA, TRAFFIC_SCHEMA
 from .spark import get_spark, lake_dir, usage_dir
 
 log = logging.getLogger(__name__)
 
 # dataset -> (schema with the ``date`` partition column, the row's time column)
-DATASETS = {"traffic": (TRAFFIC_SCHEMA, "ts"), "connections": (CONNECTIONS_SCHEMA, "disconnected_at")}
+DATASETS = {"traffic": (TRAFFIC_SCHEMA, "ts"), "connections": (CONNECTIONS_SCHEMA, "disconnected_at"),
+            "telemetry": (TELEMETRY_SCHEMA, "ts")}          # store rules' rows (brokerd.integrations.telemetry)
 MANIFEST = "_manifest.json"
 LEASE = "_compaction.lease"
 STAGING = "_staging"

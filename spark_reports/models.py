@@ -3,7 +3,8 @@
 A ``ReportRun`` is one report over one period: made by "Run report" in the
 console or by a ``ReportSchedule`` coming due, run by the Celery task
 ``spark_reports.tasks.run_report``, its result kept here as JSON (Celery
-keeps no results). A platform report has no tenant.
+keeps no results). A platform report has no tenant; a tenant usage or
+telemetry report has one.
 """
 
 from django.conf import settings
@@ -17,6 +18,7 @@ class ReportRun(models.Model):
     class Kind(models.TextChoices):
         TENANT = "tenant", "tenant usage"
         PLATFORM = "platform", "platform usage"
+        TELEMETRY = "telemetry", "telemetry"     # what a tenant's store rules kept (spark_reports.telemetry)
 
     class Status(models.TextChoices):
         QUEUED = "queued"

@@ -6,48 +6,20 @@ how to run it).
 the pages, the CSV and the email read; nothing downstream touches Spark.
 """
 
-from collections.abc import Callable
-from datetime import UTC, datetime
-
 from pyspark import StorageLevel
 
 from . import jobs
 from .jobs import Period
-
-TOP_N = 10
-
-Progress = Callable[[int, int, str], None]
-
-
-def _noop(step: int, total: int, text: str) -> None:
-    pass
+from .report_base import TOP_N, Progress, Report, _header, _iso, _noop  # noqa: F401  (_iso: tests read it here)
+from .telemetry import TelemetryReport
 
 
 def _rows(df) -> list[dict]:
     return [row.asDict() for row in df.collect()]
 
 
-def _iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts, tz=UTC).isoformat()
-
-
 def _with_dates(rows: list[dict], period: Period) -> list[dict]:
     return [{"date": period.date_of(r.pop("day")), **r} for r in rows]
-
-
-class Report:
-    code = ""
-    title = ""
-    steps: list[str] = []
-
-    def is_available_to(self, user, tenant=None) -> bool:
-        raise NotImplementedError
-
-    def run(self, spark, root: str, period: Period, tenant: str | None = None, top_n: int = TOP_N,
-            progress: Progress = _noop, lake: str | None = None) -> dict:
-        """``root`` is the landing zone (USAGE_DIR), ``lake`` the compacted
-        lake (USAGE_LAKE; None: ``root/lake``): the report reads both."""
-        raise NotImplementedError
 
 
 def _cached(df):
@@ -56,11 +28,6 @@ def _cached(df):
     (after ``coalesce`` to one partition per core) held it in the heap of a
     local driver, which ran out of its default 1 GiB at 50M rows."""
     return df.persist(StorageLevel.DISK_ONLY)
-
-
-def _header(kind: str, period: Period, tenant: str | None, top_n: int) -> dict:
-    return {"kind": kind, "tenant": tenant, "start": _iso(period.start), "end": _iso(period.end),
-            "generated_at": datetime.now(tz=UTC).isoformat(timespec="seconds"), "top_n": top_n}
 
 
 def _totals(traffic, conns, period: Period) -> dict:
@@ -146,7 +113,7 @@ class PlatformReport(Report):
             traffic.unpersist()
 
 
-REPORTS: dict[str, Report] = {r.code: r for r in (TenantUsageReport(), PlatformReport())}
+REPORTS: dict[str, Report] = {r.code: r for r in (TenantUsageReport(), PlatformReport(), TelemetryReport())}
 
 
 def get(code: str) -> Report:

@@ -1,4 +1,4 @@
-"""The usage log's two datasets as Spark schemas (README, *Usage reports*),
+"""The usage log's datasets as Spark schemas (README, *Usage reports*),
 shared by the jobs that read them and the compaction that moves them into
 the lake; ``date`` is the partition directory's."""
 
@@ -33,5 +33,18 @@ TRAFFIC_SCHEMA = T.StructType([
     T.StructField("tenant", T.StringType()),
     T.StructField("topic", T.StringType()),
     *[T.StructField(name, T.LongType()) for name in TRAFFIC_COUNTERS],
+    T.StructField("date", T.StringType()),
+])
+
+# store rules' output rows (brokerd.integrations.telemetry): ``data`` is the row as a JSON object
+TELEMETRY_SCHEMA = T.StructType([
+    T.StructField("tenant", T.StringType()),
+    T.StructField("dataset", T.StringType()),
+    T.StructField("rule", T.LongType()),
+    T.StructField("ts", T.DoubleType()),
+    T.StructField("client_id", T.StringType()),
+    T.StructField("topic", T.StringType()),
+    T.StructField("node", T.StringType()),
+    T.StructField("data", T.StringType()),
     T.StructField("date", T.StringType()),
 ])

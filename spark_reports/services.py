@@ -28,10 +28,10 @@ def _midnight(day: date) -> datetime:
 def create_run(kind: str, first: date, last: date, tenant=None, user=None, schedule=None) -> ReportRun:
     """A queued ReportRun over the days ``first``..``last`` (included), for
     a worker to pick up (``tasks.request_run`` hands it over)."""
-    if kind == ReportRun.Kind.TENANT and tenant is None:
-        raise ValueError("a tenant report needs a tenant")
+    if kind != ReportRun.Kind.PLATFORM and tenant is None:
+        raise ValueError(f"a {kind} report needs a tenant")
     return ReportRun.objects.create(
-        kind=kind, tenant=tenant if kind == ReportRun.Kind.TENANT else None,
+        kind=kind, tenant=tenant if kind != ReportRun.Kind.PLATFORM else None,
         period_start=_midnight(first), period_end=_midnight(last) + timedelta(days=1),
         requested_by=user if user is not None and user.is_authenticated else None, schedule=schedule,
         progress="Waiting for a worker", progress_total=len(reports.get(kind).steps))

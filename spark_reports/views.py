@@ -67,10 +67,10 @@ def _run_list_context(request, runs) -> dict:
 def tenant_reports(request, slug):
     """The tenant's runs and "Run report"."""
     tenant, rw = get_tenant_for_user(request, slug, write=request.method == "POST")
-    form = RunReportForm(posted(request))
+    form = RunReportForm(posted(request), tenant=True)
     if request.method == "POST" and form.is_valid():
-        run = tasks.request_run(ReportRun.Kind.TENANT, form.cleaned_data["first"], form.cleaned_data["last"],
-                                   tenant=tenant, user=request.user)
+        run = tasks.request_run(form.cleaned_data["kind"], form.cleaned_data["first"], form.cleaned_data["last"],
+                                tenant=tenant, user=request.user)
         audit.record(request, "report.run", "report", run.pk, tenant=tenant, after=_run_doc(run))
         return redirect("report", slug=tenant.slug, run_id=run.pk)
     context = {"tenant": tenant, "rw": rw, "form": form, "platform": False,

@@ -12,6 +12,8 @@ def _num(v) -> str:
 
 def report_context(run) -> dict:
     r = run.result or {}
+    if r.get("kind") == "telemetry":
+        return telemetry_context(r)
     t = r.get("totals", {})
     labels, series = charts.daily_series(r)
     churn_labels, churn = charts.churn_series(r)
@@ -48,3 +50,16 @@ def report_context(run) -> dict:
         "rejection_rows": [{**row, "label": row.get("label") or rejection_labels.get(row["kind"], row["kind"])}
                            for row in r.get("rejections", [])],
     }
+
+
+def telemetry_context(r: dict) -> dict:
+    datasets = r.get("datasets", [])
+    numeric = sum(1 for f in r.get("fields", []) if f.get("numeric"))
+    figures = [
+        {"label": "Rows", "value": _num(sum(d["rows"] for d in datasets)),
+         "sub": plural(len(datasets), "dataset")},
+        {"label": "Devices", "value": _num(max((d["devices"] for d in datasets), default=0)),
+         "sub": "in the busiest dataset"},
+        {"label": "Fields", "value": _num(len(r.get("fields", []))), "sub": f"{_num(numeric)} with numbers"},
+    ]
+    return {"r": r, "generated": (r.get("generated_at") or "")[:19].replace("T", " "), "t": {}, "figures": figures}

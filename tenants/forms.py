@@ -204,25 +204,96 @@ class MemberRoleForm(forms.Form):
 
 
 class RuleForm(forms.Form):
-    """A rule of the rule engine with its republish action (the only action
-    the nodes run yet); ``tenants.rules`` compiles the statement and has the last word."""
+    """A rule of the rule engine and its action -- republish, webhook or store
+    (``action``; a form without it is a republish one). Only the chosen
+    action's fields are read; ``tenants.rules`` compiles the statement and
+    validates the action (brokerd's own validator) and has the last word."""
+
+    ACTIONS = [("republish", "Republish"), ("webhook", "Webhook"), ("store", "Store to a dataset")]
+    METHODS = [(m, m) for m in ("POST", "PUT", "PATCH", "GET", "DELETE")]
 
     sql = forms.CharField(label="Statement", max_length=16_384, strip=False, widget=forms.Textarea(attrs={
         "rows": 6, "spellcheck": "false", "class": "mono", "autocomplete": "off",
         "placeholder": 'SELECT payload.temp AS t, clientid FROM "sensors/+/temp" WHERE t > 30'}),
         help_text='SELECT … FROM "topic/filter" (or "$events/client_connected" …) [WHERE …]')
-    topic = forms.CharField(label="Republish to", max_length=1024, help_text="A topic template: ${field} from "
-                            "the output row, ${clientid}, ${topic}, ${username}.",
+    action = forms.ChoiceField(label="Action", choices=ACTIONS, required=False, initial="republish",
+                               widget=forms.RadioSelect)
+    # republish
+    topic = forms.CharField(label="Republish to", max_length=1024, required=False, help_text="A topic template: "
+                            "${field} from the output row, ${clientid}, ${topic}, ${username}.",
                             widget=forms.TextInput(attrs={"placeholder": "alerts/${clientid}", "class": "mono"}))
-    qos = forms.TypedChoiceField(label="QoS", choices=[(0, "0"), (1, "1"), (2, "2")], coerce=int, initial=0)
+    qos = forms.TypedChoiceField(label="QoS", choices=[(0, "0"), (1, "1"), (2, "2")], coerce=int, initial=0,
+                                 required=False, empty_value=0)
     retain = forms.BooleanField(label="Retain", required=False)
     payload = forms.CharField(label="Payload template", max_length=16_384, required=False,
                               help_text="Empty: the output row as JSON.",
                               widget=forms.TextInput(attrs={"placeholder": '{"t": ${t}}', "class": "mono"}))
+    # webhook
+    url = forms.CharField(label="URL", max_length=8192, required=False,
+                          help_text="http:// or https://; ${field} templates in the path and query only.",
+                          widget=forms.TextInput(attrs={"placeholder": "https://hooks.example.com/in/${clientid}",
+                                                        "class": "mono"}))
+    method = forms.ChoiceField(label="Method", choices=METHODS, initial="POST", required=False)
+    headers = forms.CharField(label="Headers", max_length=16_384, required=False, strip=False,
+                              help_text="One per line: Name: value (templates allowed).",
+                              widget=forms.Textarea(attrs={"rows": 2, "class": "mono", "spellcheck": "false",
+                                                           "placeholder": "Authorization: Bearer …"}))
+    body = forms.CharField(label="Body template", max_length=16_384, required=False,
+                           help_text="Empty: the output row as JSON.",
+                           widget=forms.TextInput(attrs={"placeholder": '{"t": ${t}}', "class": "mono"}))
+    timeout = forms.FloatField(label="Timeout (s)", required=False, initial=5.0, min_value=0.001, max_value=60)
+    retries = forms.IntegerField(label="Retries", required=False, initial=3, min_value=0, max_value=10)
+    # store
+    dataset = forms.CharField(label="Dataset", max_length=32, required=False,
+                              help_text="The tenant's telemetry dataset the rows are appended to (a-z, 0-9, _); "
+                                        "read by the telemetry report.",
+                              widget=forms.TextInput(attrs={"placeholder": "temperatures", "class": "mono"}))
+
+    REQUIRED = {"republish": ("topic", "A topic template is required."),
+                "webhook": ("url", "A URL is required."), "store": ("dataset", "A dataset name is required.")}
+
+    def __init__(self, *args, default_action: str = "republish", **kwargs):
+        """``default_action``: the kind a post without ``action`` means (an edited rule's own:
+        a form that does not say never turns a webhook rule into a republish one)."""
+        super().__init__(*args, **kwargs)
+        self.default_action = default_action
+
+    def clean(self):
+        data = super().clean()
+        data["action"] = data.get("action") or self.default_action
+        name, message = self.REQUIRED[data["action"]]
+        if not data.get(name):
+            self.add_error(name, message)
+        if data["action"] == "webhook":
+            data["header_map"] = self._headers(data.get("headers") or "")
+        return data
+
+    def _headers(self, text: str) -> dict:
+        out = {}
+        for line in text.splitlines():
+            if not line.strip():
+                continue
+            name, sep, value = line.partition(":")
+            if not sep or not name.strip():
+                self.add_error("headers", f"Expected 'Name: value', not {line.strip()[:60]!r}.")
+                continue
+            out[name.strip()] = value.strip()
+        return out
 
     def action_config(self) -> dict:
         d = self.cleaned_data
-        config = {"topic": d["topic"], "qos": d["qos"], "retain": d["retain"]}
+        if d["action"] == "webhook":
+            config = {"url": d["url"], "method": d.get("method") or "POST",
+                      "timeout": d["timeout"] if d.get("timeout") is not None else 5.0,
+                      "retries": d["retries"] if d.get("retries") is not None else 3}
+            if d.get("header_map"):
+                config["headers"] = d["header_map"]
+            if d.get("body"):
+                config["body"] = d["body"]
+            return config
+        if d["action"] == "store":
+            return {"dataset": d["dataset"]}
+        config = {"topic": d["topic"], "qos": d.get("qos") or 0, "retain": d["retain"]}
         if d.get("payload"):
             config["payload"] = d["payload"]
         return config
@@ -230,8 +301,17 @@ class RuleForm(forms.Form):
     @staticmethod
     def initial_for(rule) -> dict:
         c = rule.config
-        return {"sql": rule.sql, "topic": c.get("topic", ""), "qos": c.get("qos", 0),
-                "retain": c.get("retain", False), "payload": c.get("payload", "")}
+        out = {"sql": rule.sql, "action": rule.action}
+        if rule.action == "webhook":
+            out.update(url=c.get("url", ""), method=c.get("method", "POST"), body=c.get("body", ""),
+                       timeout=c.get("timeout", 5.0), retries=c.get("retries", 3),
+                       headers="\n".join(f"{k}: {v}" for k, v in (c.get("headers") or {}).items()))
+        elif rule.action == "store":
+            out["dataset"] = c.get("dataset", "")
+        else:
+            out.update(topic=c.get("topic", ""), qos=c.get("qos", 0), retain=c.get("retain", False),
+                       payload=c.get("payload", ""))
+        return out
 
 
 class RuleTestForm(forms.Form):

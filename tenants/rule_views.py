@@ -66,10 +66,28 @@ def _save(request, form, save) -> bool:
         form.statement_error = _pointer(form.data.get("sql", ""), exc.line, exc.column)
         return False
     except ServiceError as exc:
-        text = str(exc).removeprefix("republish: ")
-        form.add_error("topic" if "topic" in text else None, text[:1].upper() + text[1:])
+        field, text = _field_of(str(exc))
+        form.add_error(field, text[:1].upper() + text[1:])
         return False
     return True
+
+
+# the validator's words -> the form field they are about, per action
+_FIELD_WORDS = {
+    "republish": [("topic", "topic"), ("qos", "qos"), ("retain", "retain"), ("payload", "payload")],
+    "webhook": [("header", "headers"), ("method", "method"), ("body", "body"), ("timeout", "timeout"),
+                ("retries", "retries"), ("url", "url"), ("host", "url"), ("http", "url")],
+    "store": [("dataset", "dataset")],
+}
+
+
+def _field_of(message: str) -> tuple[str | None, str]:
+    """``(field, text)`` of a refused action ("webhook: the URL must ..." -> ``url``)."""
+    kind, sep, text = message.partition(": ")
+    if not sep or kind not in _FIELD_WORDS:
+        return None, message
+    lowered = text.lower()
+    return next((field for word, field in _FIELD_WORDS[kind] if word in lowered), None), text
 
 
 def _pointer(sql: str, line: int | None, column: int | None) -> dict:
@@ -103,7 +121,8 @@ def rule_add(request, slug):
     form = RuleForm(request.POST)
     added = []
     if _save(request, form, lambda f: added.append(rule_service.add_rule(
-            tenant, sql=f.cleaned_data["sql"], action="republish", config=f.action_config(), request=request))):
+            tenant, sql=f.cleaned_data["sql"], action=f.cleaned_data["action"], config=f.action_config(),
+            request=request))):
         messages.success(request, f"Rule {added[0].pk} added; the nodes run it within about a second.")
         if not wants_fragment(request):
             return redirect("rules", slug=slug)
@@ -115,13 +134,11 @@ def rule_add(request, slug):
 def rule_edit(request, slug, rule_id):
     rule, rw = get_processing_rule_for_user(request, slug, rule_id, write=True)
     tenant = rule.tenant
-    if rule.action != "republish":      # the form edits republish settings only: never turn a webhook into one
-        messages.error(request, f"Rule {rule.pk} is a {rule.action} rule: change it with manage.py rules.")
-        return redirect("rules", slug=slug)
     if request.method == "POST":
-        form = RuleForm(request.POST)
+        form = RuleForm(request.POST, default_action=rule.action)
         if _save(request, form, lambda f: rule_service.update_rule(
-                rule, sql=f.cleaned_data["sql"], config=_kept(rule, f.action_config()), request=request)):
+                rule, sql=f.cleaned_data["sql"], action=f.cleaned_data["action"],
+                config=_kept(rule, f.cleaned_data["action"], f.action_config()), request=request)):
             messages.success(request, f"Rule {rule.pk} saved; its counters start again from zero.")
             if not wants_fragment(request):
                 return redirect("rules", slug=slug)
@@ -131,10 +148,10 @@ def rule_edit(request, slug, rule_id):
     return _editor(request, _context(request, tenant, rw, form=form, editing=rule))
 
 
-def _kept(rule, config: dict) -> dict:
-    """The form's action settings plus those the form does not edit (user
-    properties set with ``manage.py rules`` or the service), so saving keeps them."""
-    if rule.config.get("user_properties"):
+def _kept(rule, action: str, config: dict) -> dict:
+    """The form's action settings plus those the form does not edit (a republish
+    rule's user properties, set with ``manage.py rules`` or the service), so saving keeps them."""
+    if action == rule.action == "republish" and rule.config.get("user_properties"):
         config["user_properties"] = rule.config["user_properties"]
     return config
 

@@ -10,8 +10,9 @@ snapshot (the nodes have it within about a second) and one audit row.
 A webhook's URL must be http:// or https:// with a literal host (checked
 here); whether the node may reach that host is the node's own decision
 (``--rules-webhook-allow``, checked on the resolved address when it sends).
-The store action is refused for now: the nodes do not run it yet, and a
-stored rule that does nothing would mislead.
+A store rule names a dataset (a short identifier); its rows land in the
+tenant's own telemetry (``brokerd.integrations.telemetry``), which the
+Spark telemetry report reads for that tenant only.
 """
 
 import json
@@ -62,8 +63,10 @@ def check_action(action: str, config: dict) -> dict:
 
 
 def _audit(action: str, rule_id, tenant: Tenant, before, after, request=None, actor=None) -> None:
+    """``actor`` "api-token:NAME" (``console.api``) is recorded with source "api"."""
+    source = "api" if actor and actor.startswith("api-token:") else "console"
     audit.record(request, action, "rule", rule_id, tenant=tenant, before=before, after=after,
-                 actor=actor if actor is not None or request is not None else "manage.py")
+                 actor=actor if actor is not None or request is not None else "manage.py", source=source)
 
 
 def rules(tenant: Tenant):
@@ -89,14 +92,16 @@ def add_rule(tenant: Tenant, *, sql: str, action: str, config: dict, enabled: bo
 
 
 @transaction.atomic
-def update_rule(rule: Rule, *, sql: str, config: dict, request=None, actor=None) -> Rule:
-    """A new statement and/or action settings for ``rule`` (its action kind and
-    enabled flag stay; the nodes recompile it and start its counters afresh)."""
+def update_rule(rule: Rule, *, sql: str, config: dict, action: str | None = None, request=None,
+                actor=None) -> Rule:
+    """A new statement and/or action for ``rule`` (``action`` None: its kind
+    stays; the enabled flag stays; the nodes recompile it and start its counters afresh)."""
     check_sql(sql)
-    config = check_action(rule.action, config)
+    action = action or rule.action
+    config = check_action(action, config)
     before = rule_doc(rule)
-    rule.sql, rule.config = sql, config
-    rule.save(update_fields=["sql", "config", "updated_at"])
+    rule.sql, rule.action, rule.config = sql, action, config
+    rule.save(update_fields=["sql", "action", "config", "updated_at"])
     policy_snapshot.publish(rule.tenant)
     _audit("rule.update", rule.pk, rule.tenant, before, rule_doc(rule), request, actor)
     return rule

@@ -87,6 +87,8 @@ RULES = [
 LAZY = {
     ("spark_reports.reports", "core.roles"): "the report registry is imported without Django (bench/reports_1m.py)",
     ("spark_reports.reports", "tenants.access"): "the report registry is imported without Django (bench/reports_1m.py)",
+    ("spark_reports.telemetry", "core.roles"): "a report is imported without Django, as spark_reports.reports",
+    ("spark_reports.telemetry", "tenants.access"): "a report is imported without Django, as spark_reports.reports",
     ("brokerd.store", "brokerd.store.memory"): "a store backend (and its library) is imported only when it is used",
     ("brokerd.store", "brokerd.store.sqlite"): "a store backend (and its library) is imported only when it is used",
     ("brokerd.store", "brokerd.store.hbase"): "a store backend (and its library) is imported only when it is used",

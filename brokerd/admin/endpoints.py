@@ -129,14 +129,14 @@ def rule_totals(items: list[dict]) -> list[dict]:
         if row is None:
             row = rows[item["id"]] = dict(item, nodes={})
         else:
-            for key in ("matched", "passed", "no_result", "failed", "sent", "retried", "dropped"):
+            for key in ("matched", "passed", "no_result", "failed", "sent", "retried", "dropped", "stored"):
                 if key in item:
                     row[key] = row.get(key, 0) + item[key]
             if (item["last_error_at"] or 0) > (row["last_error_at"] or 0):
                 row["last_error"], row["last_error_at"] = item["last_error"], item["last_error_at"]
             row["loaded"] = row["loaded"] and item["loaded"]
         row["nodes"][node] = {k: item[k] for k in ("matched", "passed", "no_result", "failed", "sent", "retried", "dropped",
-                                                   "loaded") if k in item}
+                                                   "stored", "loaded") if k in item}
     return [rows[k] for k in sorted(rows)]
 
 

@@ -189,7 +189,9 @@ OPENAPI = {
             "summary": "a tenant's rules as the nodes run them: per rule matched (FROM matched), passed (WHERE "
                        "true, action done), no_result (WHERE not true), failed, last_error and last_error_at "
                        "(unix seconds); webhook rules also sent (2xx received), retried (attempts after a first) "
-                       "and dropped (the buffer was full: also failed); summed over the nodes, each node's own "
+                       "and dropped (the buffer was full: also failed); store rules stored (rows written to the "
+                       "landing zone) and dropped (buffer full or write failed: also failed); summed over the "
+                       "nodes, each node's own "
                        "under 'nodes'",
             "parameters": [_p("tenant", "tenant slug"),
                            _q("local", "1: this node's figures only")],

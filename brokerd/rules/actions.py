@@ -20,9 +20,15 @@ a bounded buffer, the destination allowance, timeouts, retries). The URL's
 scheme (http or https) and host are literal -- a template may fill in the
 path and the query, never the destination.
 
-``store`` is named in the configuration's vocabulary but not run by this
-version: ``validate`` refuses it, so no rule that would do nothing is ever
-stored.
+``store`` -- config ``{"dataset": NAME}``: the output row is appended to the
+tenant's telemetry dataset NAME (a short identifier: a lower-case letter,
+then up to 31 lower-case letters, digits or ``_``). ``Store.message``
+renders the record (a ``TelemetryRecord``: dataset, time, client id, topic,
+the row as JSON); writing it is the I/O layer's business
+(``brokerd.integrations.telemetry``: a bounded buffer, JSON Lines files in
+the usage log's landing zone, compacted into the Parquet lake with the usage
+datasets). The tenant is never the rule's to choose: it is the tenant whose
+message or event ran the rule.
 """
 
 import json
@@ -34,7 +40,8 @@ from ..routing.topic import is_valid_name
 from .template import Template, TemplateError
 
 KINDS = ("republish", "webhook", "store")
-RUNNABLE = ("republish", "webhook")
+RUNNABLE = KINDS
+DATASET = re.compile(r"[a-z][a-z0-9_]{0,31}")
 METHODS = ("POST", "PUT", "PATCH", "GET", "DELETE")
 MAX_URL = 8192
 MAX_TIMEOUT = 60.0
@@ -55,12 +62,12 @@ def validate(kind: str, config: dict) -> dict:
     """A rule's action, checked and normalised; raises ActionError."""
     if kind not in KINDS:
         raise ActionError(f"unknown action {kind!r}: one of {', '.join(KINDS)}")
-    if kind not in RUNNABLE:
-        raise ActionError(f"the {kind} action is not available yet (this version runs republish and webhook)")
     if not isinstance(config, dict):
         raise ActionError("an action's configuration is a JSON object")
     if kind == "webhook":
         return validate_webhook(config)
+    if kind == "store":
+        return validate_store(config)
     unknown = set(config) - {"topic", "qos", "retain", "payload", "user_properties"}
     if unknown:
         raise ActionError(f"republish: unknown settings {', '.join(sorted(unknown))}")
@@ -246,9 +253,42 @@ class Webhook:
                               self.retries)
 
 
+def validate_store(config: dict) -> dict:
+    unknown = set(config) - {"dataset"}
+    if unknown:
+        raise ActionError(f"store: unknown settings {', '.join(sorted(unknown))}")
+    dataset = config.get("dataset")
+    if not isinstance(dataset, str) or not DATASET.fullmatch(dataset):
+        raise ActionError(f"store: the dataset is a short name -- a lower-case letter, then up to 31 lower-case "
+                          f"letters, digits or _ (not {str(dataset)[:40]!r})")
+    return {"dataset": dataset}
+
+
+class TelemetryRecord:
+    """A rendered row of a telemetry dataset, handed to the writer (``size``: what it holds in the buffer)."""
+    __slots__ = ("dataset", "ts", "clientid", "topic", "data", "size")
+
+    def __init__(self, dataset: str, ts: int, clientid, topic, data: str):
+        self.dataset, self.ts, self.clientid, self.topic, self.data = dataset, ts, clientid, topic, data
+        self.size = len(data) + len(topic or "") + len(clientid or "") + 96
+
+
+class Store:
+    __slots__ = ("dataset",)
+
+    def __init__(self, config: dict):
+        self.dataset = validate("store", config)["dataset"]
+
+    def message(self, row: dict, ctx, acl) -> TelemetryRecord:
+        """The record to append: the row as JSON, with when (``ctx.timestamp``, Unix ms), who and where."""
+        return TelemetryRecord(self.dataset, ctx.timestamp, ctx.clientid, ctx.topic, _to_json(row))
+
+
 def build(kind: str, config: dict):
     if kind == "republish":
         return Republish(config)
     if kind == "webhook":
         return Webhook(config)
-    raise ActionError(f"the {kind} action is not available yet")
+    if kind == "store":
+        return Store(config)
+    raise ActionError(f"unknown action {kind!r}")

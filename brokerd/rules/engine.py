@@ -13,7 +13,9 @@ checks passed, before it is delivered; a rule's failure (an evaluation error,
 a refused republish) is counted and never reaches the publisher. Counters
 per rule and per node: ``matched`` (the FROM matched), ``passed`` (WHERE was
 true and the action done), ``no_result`` (WHERE was not true), ``failed``,
-``last_error`` and ``last_error_at`` (wall-clock seconds).
+``last_error`` and ``last_error_at`` (wall-clock seconds); webhook rules also
+``sent``, ``retried``, ``dropped``; store rules ``stored`` (rows written to the
+landing zone) and ``dropped`` (rows the full buffer or a failed write lost).
 """
 
 import logging
@@ -28,7 +30,7 @@ log = logging.getLogger("brokerd.rules")
 
 class RuleState:
     __slots__ = ("id", "sql", "kind", "config", "enabled", "rule", "action", "broken", "matched", "passed",
-                 "no_result", "failed", "last_error", "last_error_at", "sent", "retried", "dropped")
+                 "no_result", "failed", "last_error", "last_error_at", "sent", "retried", "dropped", "stored")
 
     def __init__(self, spec: dict):
         self.id = int(spec["id"])
@@ -38,6 +40,7 @@ class RuleState:
         self.enabled = bool(spec.get("enabled", True))
         self.rule = self.action = self.broken = None
         self.matched = self.passed = self.no_result = self.failed = self.sent = self.retried = self.dropped = 0
+        self.stored = 0
         self.last_error = self.last_error_at = None
         from .compiler import compile_rule  # sqlglot: loaded by the first rule a node gets (errors.py)
 
@@ -63,7 +66,14 @@ class RuleState:
                 "enabled": self.enabled, "loaded": self.broken is None, "matched": self.matched,
                 "passed": self.passed, "no_result": self.no_result, "failed": self.failed,
                 "last_error": self.last_error, "last_error_at": self.last_error_at,
-                **({"sent": self.sent, "retried": self.retried, "dropped": self.dropped} if self.kind == "webhook" else {})}
+                **self._action_counters()}
+
+    def _action_counters(self) -> dict:
+        if self.kind == "webhook":
+            return {"sent": self.sent, "retried": self.retried, "dropped": self.dropped}
+        if self.kind == "store":
+            return {"stored": self.stored, "dropped": self.dropped}
+        return {}
 
 
 TOPIC_CACHE = 4096        # topics whose matching rules a tenant's table remembers (cleared when full)
@@ -74,11 +84,12 @@ class TenantRules:
     matches is worked out once per topic (``_by_topic``), so rules on other
     topics cost a PUBLISH one dict lookup, not one filter match each."""
 
-    __slots__ = ("tenant", "on_topics", "on_events", "_by_topic", "webhook")
+    __slots__ = ("tenant", "on_topics", "on_events", "_by_topic", "webhook", "telemetry")
 
-    def __init__(self, tenant: str, states: list, webhook=None):
+    def __init__(self, tenant: str, states: list, webhook=None, telemetry=None):
         self.tenant = tenant
         self.webhook = webhook
+        self.telemetry = telemetry
         live = [s for s in states if s.enabled and s.broken is None]
         self.on_topics = tuple(s for s in live if s.rule.topics)
         self.on_events = {e: tuple(s for s in live if e in s.rule.events) for e in EVENTS}
@@ -144,6 +155,11 @@ class TenantRules:
                 s.fail("this node sends no webhooks", now + broker.wall_offset)
                 return
             self.webhook(self.tenant, out, s)     # queued: the sender counts sent / failed / dropped
+        elif s.kind == "store":
+            if self.telemetry is None:
+                s.fail("this node stores no telemetry (it runs without --usage-dir)", now + broker.wall_offset)
+                return
+            self.telemetry(self.tenant, out, s)   # queued: the writer counts stored / dropped
         else:
             broker.publish_internal(ns, out, now)
         s.passed += 1
@@ -170,11 +186,15 @@ def _message_context(broker, msg, channel, now: float) -> Context:
 class RuleEngine:
     """Every tenant's rules on this node; ``active`` is ``Broker.rules``."""
 
-    def __init__(self, active: dict | None = None, webhook=None):
+    def __init__(self, active: dict | None = None, webhook=None, telemetry=None):
         """``webhook(tenant, WebhookRequest, RuleState)``: queues a request off the
-        publish path (``brokerd.integrations.webhook.WebhookSender.submit``)."""
+        publish path (``brokerd.integrations.webhook.WebhookSender.submit``);
+        ``telemetry(tenant, TelemetryRecord, RuleState)`` likewise a row
+        (``brokerd.integrations.telemetry.TelemetryWriter.submit``; None: the node
+        has no landing zone and store rules fail)."""
         self.active: dict = active if active is not None else {}
         self.webhook = webhook
+        self.telemetry = telemetry
         self.states: dict[str, dict[int, RuleState]] = {}
 
     def apply(self, tenant: str, specs: list | None) -> None:
@@ -194,7 +214,7 @@ class RuleEngine:
             self.states[tenant] = new
         else:
             self.states.pop(tenant, None)
-        table = TenantRules(tenant, list(new.values()), self.webhook)
+        table = TenantRules(tenant, list(new.values()), self.webhook, self.telemetry)
         if table.on_topics or any(table.on_events.values()):
             self.active[tenant] = table
         else:

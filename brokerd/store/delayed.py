@@ -116,8 +116,8 @@ class DelayedRunner:
                 self._idle.set()
                 continue
             items = [DelayedMessage(uuid.uuid4().hex, tenant, due,
-                                    StoredMessage(m.topic, m.payload, m.qos, m.retain, m.properties))
-                     for tenant, due, m, _ in taken]
+                                    StoredMessage(m.topic, m.payload, m.qos, m.retain, m.properties), publisher)
+                     for tenant, due, m, _, publisher in taken]
             try:
                 await self.store.delayed_add(items)
                 ok = True
@@ -131,9 +131,9 @@ class DelayedRunner:
                     log.error("delayed messages: the store refused them (%s); their publishers get negative "
                               "acknowledgements (QoS 0 ones are lost)", exc)
                 queue.healthy = False
-                for tenant, _, _, _ in taken:
+                for tenant, *_ in taken:
                     queue.gone(tenant)
-            for _, _, _, ack in taken:
+            for _, _, _, ack, _ in taken:
                 if ack is not None:
                     try:
                         ack(ok)
@@ -177,7 +177,7 @@ class DelayedRunner:
         broker = self.broker
         now = self.loop.time()
         for m in claimed:
-            broker.release_delayed(m.tenant, _publish(m.msg, now), now)
+            broker.release_delayed(m.tenant, _publish(m.msg, now), now, m.publisher)
             self.queue.gone(m.tenant)
         self.published += len(claimed)
         journal = broker.journal

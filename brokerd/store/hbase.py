@@ -49,9 +49,11 @@ from .records import (
     SubscriptionRecord,
     pack_ids,
     pack_props,
+    pack_publisher,
     pack_share,
     unpack_ids,
     unpack_props,
+    unpack_publisher,
     unpack_share,
     unpack_will,
 )
@@ -450,6 +452,8 @@ class HBaseStore(Store):
                 props = pack_props(m.msg.properties)
                 if props:
                     cols[b"m:x"] = props
+                if m.publisher:
+                    cols[b"m:o"] = pack_publisher(m.publisher).encode()
                 b.put(_delayed_key(m.due, m.id), cols)
 
     def _delayed_claim(self, now, owner, until, limit):
@@ -472,7 +476,8 @@ class HBaseStore(Store):
                     msg = StoredMessage(d[b"m:n"].decode(), d.get(b"m:p", b""), f & 3, bool(f & 4),
                                         unpack_props(d.get(b"m:x")))
                     out.append(DelayedMessage(key[8:].decode(), d[b"m:t"].decode(),
-                                              int.from_bytes(key[:8], "big") / 1000, msg))
+                                              int.from_bytes(key[:8], "big") / 1000, msg,
+                                              unpack_publisher(d.get(b"m:o", b"").decode() or None)))
         return out
 
     def _delayed_done(self, items):

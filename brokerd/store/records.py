@@ -8,6 +8,7 @@ Message properties are kept in their MQTT 5 wire form (the codec's own
 encoder and decoder), so what is stored is exactly what was received.
 """
 
+import json
 from dataclasses import dataclass, field
 
 from ..protocol import codec
@@ -68,12 +69,32 @@ class SessionRecord:
 class DelayedMessage:
     """A message published to ``$delayed/{seconds}/{topic}``: to be published to
     ``msg.topic`` in ``tenant`` at ``due`` (wall clock). ``id`` is unique in the
-    store (random, made by the node that took the message)."""
+    store (random, made by the node that took the message). ``publisher``: who
+    published it, ``(client_id, username, device)`` -- the tenant's rules run on
+    its release as on that client's publish (None: not known, a message stored
+    by an older node)."""
 
     id: str
     tenant: str
     due: float
     msg: StoredMessage
+    publisher: tuple | None = None
+
+
+def pack_publisher(publisher: tuple | None) -> str | None:
+    return json.dumps(list(publisher)) if publisher else None
+
+
+def unpack_publisher(text) -> tuple | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(value, list) or len(value) != 3 or not all(v is None or isinstance(v, str) for v in value):
+        return None
+    return tuple(value)
 
 
 # ---------------------------------------------------------------- bytes

@@ -51,9 +51,11 @@ from .records import (
     SubscriptionRecord,
     pack_ids,
     pack_props,
+    pack_publisher,
     pack_share,
     unpack_ids,
     unpack_props,
+    unpack_publisher,
     unpack_share,
     unpack_will,
 )
@@ -187,6 +189,8 @@ class SQLiteStore(Store):
         columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
         if "device" not in columns:          # files written before sessions kept their device
             db.execute("ALTER TABLE sessions ADD COLUMN device TEXT")
+        if "publisher" not in {row[1] for row in db.execute("PRAGMA table_info(delayed)")}:
+            db.execute("ALTER TABLE delayed ADD COLUMN publisher TEXT")     # before delayed messages kept it
         try:
             db.execute("BEGIN IMMEDIATE")            # several nodes may open one file at once
             try:
@@ -303,18 +307,20 @@ class SQLiteStore(Store):
 
     def _delayed_add(self, items):
         self._tx(lambda db: db.executemany(
-            "INSERT OR REPLACE INTO delayed VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
+            "INSERT OR REPLACE INTO delayed (id, tenant, due, topic, payload, qos, retain, props, owner, lease, "
+            "publisher) VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?)",
             [(m.id, m.tenant, m.due, m.msg.topic, m.msg.payload, m.msg.qos, int(m.msg.retain),
-              pack_props(m.msg.properties)) for m in items]))
+              pack_props(m.msg.properties), pack_publisher(m.publisher)) for m in items]))
 
     def _delayed_claim(self, now, owner, until, limit):
         def claim(db):
-            rows = db.execute("SELECT id, tenant, due, topic, payload, qos, retain, props FROM delayed "
+            rows = db.execute("SELECT id, tenant, due, topic, payload, qos, retain, props, publisher FROM delayed "
                               "WHERE due <= ? AND (lease IS NULL OR lease <= ?) ORDER BY due LIMIT ?",
                               (now, now, limit)).fetchall()
             db.executemany("UPDATE delayed SET owner = ?, lease = ? WHERE id = ?", [(owner, until, r[0]) for r in rows])
-            return [DelayedMessage(i, t, due, StoredMessage(topic, payload, qos, bool(retain), unpack_props(props)))
-                    for i, t, due, topic, payload, qos, retain, props in rows]
+            return [DelayedMessage(i, t, due, StoredMessage(topic, payload, qos, bool(retain), unpack_props(props)),
+                                   unpack_publisher(publisher))
+                    for i, t, due, topic, payload, qos, retain, props, publisher in rows]
         return self._tx(claim)
 
     def _delayed_done(self, items):

@@ -26,7 +26,9 @@ pytestmark = pytest.mark.slow
 SIZES = {"phone": (390, 844), "laptop": (1366, 900)}
 # answers that are not pages a person reads
 NOT_PAGES = {"healthz", "favicon", "logout", "login", "home", "rules_table", "acl_check", "tenant_metrics_history",
-             "metrics_history", "report_status", "report_csv", "platform_report_status", "platform_report_csv"}
+             "metrics_history", "report_status", "report_csv", "platform_report_status", "platform_report_csv",
+             # the console's REST API (console.api): JSON for bearer tokens, no page
+             "api_openapi", "api_rules", "api_rule_test", "api_rule", "api_rule_enable", "api_rule_disable"}
 PRINTABLE = {"report_print", "platform_report_print"}      # a report for paper: no navigation
 
 WORLD = r"""

@@ -115,3 +115,42 @@ def test_write_test_and_run_a_rule_and_watch_its_counters(page, stack):
     page.locator(f"#rule-{rule_id}").get_by_role("link", name="Delete").click()
     expect(page.get_by_role("heading", name="No rules yet")).to_be_visible()
     expect(page.locator("#messages")).to_contain_text(f"Rule {rule_id} deleted.")
+
+
+def test_each_action_has_its_own_settings_checked_inline(page, stack):
+    """The action chooser shows only the chosen action's settings; a refused URL is shown on its field with
+    everything typed kept; a webhook and a store rule are saved and listed with their targets."""
+    stack.provision([{"slug": "works", "default_acl": "allow", "devices": ["t1"]}])
+    log_in(page, stack, ADMIN_USER, ADMIN_PASSWORD)
+    page.set_viewport_size({"width": 1366, "height": 900})
+    page.goto(stack.url("/tenants/works/rules/"))
+    republish, webhook, store = (page.locator(f'fieldset.rule-action[data-action="{k}"]')
+                                 for k in ("republish", "webhook", "store"))
+    expect(republish).to_be_visible()
+    expect(webhook).to_be_hidden()
+    expect(store).to_be_hidden()
+
+    page.locator("#id_sql").fill(GOOD)
+    page.get_by_label("Webhook", exact=True).check()
+    expect(webhook).to_be_visible()
+    expect(republish).to_be_hidden()
+    page.get_by_label("URL").fill("ftp://hooks.example.com/in")
+    page.get_by_label("Method").select_option("PUT")
+    page.get_by_label("Headers").fill("X-Device: ${clientid}")
+    page.get_by_role("button", name="Add rule").click()
+    expect(webhook.locator(".error")).to_contain_text("The URL must start with http:// or https://")
+    expect(webhook).to_be_visible()                       # the chosen action stays chosen
+    expect(page.get_by_label("Headers")).to_have_value("X-Device: ${clientid}")
+    shots(page, "05-webhook-error")
+    page.get_by_label("URL").fill("https://hooks.example.com/in/${clientid}")
+    page.get_by_role("button", name="Add rule").click()
+    expect(page.locator("table.rules")).to_contain_text("→ webhook PUT https://hooks.example.com/in/${clientid}")
+
+    page.locator("#id_sql").fill(GOOD)
+    page.get_by_label("Store to a dataset").check()
+    expect(store).to_be_visible()
+    expect(webhook).to_be_hidden()
+    page.get_by_label("Dataset", exact=True).fill("temperatures")
+    page.get_by_role("button", name="Add rule").click()
+    expect(page.locator("table.rules")).to_contain_text("→ store to dataset temperatures")
+    shots(page, "06-actions-listed")

@@ -21,7 +21,10 @@ the *kind* of access the view intends (``core.roles``, ``tenants.access``):
   (the tenant's audit log);
 - ``TENANT_PLATFORM_WRITE``: a tenant page whose change only platform
   administrators make (the quota ceilings, $SYS settings): members 403,
-  non-members 404.
+  non-members 404;
+- ``TOKEN``: the REST API (``console.api``), bearer tokens only: a browser
+  session -- a platform administrator's too -- gets 401 and changes nothing
+  (its own tests, tests/console/test_api.py, use tokens).
 
 Every per-tenant request is made for acme (alice administers it) and globex
 (bob reads it) by root, alice, bob and an anonymous visitor. Allowed: the
@@ -61,6 +64,7 @@ TENANT_WRITE = "tenant write"
 TENANT_ADMIN_READ = "tenant-admin read"
 TENANT_PLATFORM_WRITE = "tenant, platform write"
 
+TOKEN = "bearer token"
 TENANT_KINDS = {TENANT_READ, TENANT_WRITE, TENANT_ADMIN_READ, TENANT_PLATFORM_WRITE}
 USERS = ("admin", "alice", "bob", "anonymous")
 # the roles of the conftest's people: alice administers acme, bob views globex
@@ -117,6 +121,13 @@ TABLE: dict[str, list[Try]] = {
     "overview": [get(PLATFORM)],
     "tenant_list": [get(AUTHENTICATED)],                # each sees her own tenants (test_access)
     "tenant_create": [get(PLATFORM), post(PLATFORM, {"slug": "initech", "default_acl": "deny"})],
+    # ------------------------------------------------------------ the REST API (bearer tokens, never a session)
+    "api_openapi": [get(PUBLIC)],
+    "api_rules": [get(TOKEN), post(TOKEN, {"sql": 'SELECT * FROM "a"', "action": "store"})],
+    "api_rule_test": [post(TOKEN, {"sql": 'SELECT * FROM "a"', "topic": "a"})],
+    "api_rule": [get(TOKEN, args=PRULE)],          # DELETE: tests/console/test_api.py (the table tries GET, POST)
+    "api_rule_enable": [post(TOKEN, args=PRULE_OFF)],
+    "api_rule_disable": [post(TOKEN, args=PRULE)],
     # ------------------------------------------------------------ the tenant itself
     "tenant": [get(TENANT_READ)],
     "tenant_edit": [get(PLATFORM), post(PLATFORM, {"name": "Renamed", "default_acl": "allow"})],
@@ -218,6 +229,9 @@ TABLE: dict[str, list[Try]] = {
 
 # platform pages under /tenants/<slug>/: tried in both tenants too
 TENANT_SCOPED_PLATFORM = {"tenant_edit", "tenant_suspend", "tenant_resume", "tenant_delete"}
+TENANT_SCOPED_TOKEN = {"api_rules", "api_rule_test", "api_rule", "api_rule_enable", "api_rule_disable"}
+# URL names with a slug whose kind is not a tenant kind (tried in both tenants all the same)
+TENANT_SCOPED = TENANT_SCOPED_PLATFORM | TENANT_SCOPED_TOKEN
 
 
 def _url_names(resolver=None, prefix=""):
@@ -244,7 +258,7 @@ def test_every_url_has_an_entry():
 
 
 def test_every_entry_is_well_formed():
-    kinds = {PUBLIC, AUTHENTICATED, PLATFORM, *TENANT_KINDS}
+    kinds = {PUBLIC, AUTHENTICATED, PLATFORM, TOKEN, *TENANT_KINDS}
     for name, tries in TABLE.items():
         assert tries, name
         for t in tries:
@@ -335,6 +349,8 @@ def expected(kind: str, who: str, slug: str | None) -> str | int:
     """"ok", 403, 404 or "login"."""
     if kind == PUBLIC:
         return "ok"
+    if kind == TOKEN:
+        return 401
     if who == "anonymous":
         return "login"
     if who == "admin" or kind == AUTHENTICATED:
@@ -399,7 +415,7 @@ def test_access(clients, world, brokerd_calls, name, index):
     globex for the tenant pages -- each in a savepoint rolled back after it,
     so every one of them meets the same world."""
     t = TABLE[name][index]
-    tenant_scoped = t.kind in TENANT_KINDS or name in TENANT_SCOPED_PLATFORM
+    tenant_scoped = t.kind in TENANT_KINDS or name in TENANT_SCOPED
     wrong = []
     for slug in ("acme", "globex") if tenant_scoped else (None,):
         for who in USERS:

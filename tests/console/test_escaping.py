@@ -35,7 +35,7 @@ from tenants import services
 from tenants.models import AclRule, Credential, Device, Membership, Tenant
 
 from ..reports.conftest import sample_result
-from .test_authorization import TABLE, TENANT_KINDS, TENANT_SCOPED_PLATFORM, build_world
+from .test_authorization import TABLE, TENANT_KINDS, TENANT_SCOPED, build_world
 
 
 def xss(n) -> str:
@@ -412,7 +412,7 @@ def test_no_page_carries_a_raw_payload(hostile, clients):
         for t in tries:
             if t.method != "GET":
                 continue
-            tenant_scoped = t.kind in TENANT_KINDS or name in TENANT_SCOPED_PLATFORM
+            tenant_scoped = t.kind in TENANT_KINDS or name in TENANT_SCOPED
             for slug in ("acme", "globex") if tenant_scoped else (None,):
                 objects = {**hostile[None], **(hostile[slug] if slug else {})}
                 kwargs = {k: objects[v] for k, v in t.args.items()}

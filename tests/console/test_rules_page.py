@@ -13,6 +13,7 @@ page reads, ``GET /api/v1/tenants/{t}/rules`` (the real node is in
 
 import html
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -168,21 +169,92 @@ def test_an_action_the_nodes_would_refuse_is_shown_on_its_field(as_alice, acme):
     assert "The topic may not hold wildcards" in page and not Rule.objects.exists()
 
 
-def test_webhook_and_store_are_not_offered(as_alice, acme):
-    page = text(as_alice.get(RULES)).lower()
-    assert "republish to" in page and 'name="action"' not in page and "webhook url" not in page
-
-
-def test_a_webhook_rule_is_listed_with_its_request_and_the_republish_form_never_changes_it(as_alice, acme):
-    hook = rule_service.add_rule(acme, sql=SQL, action="webhook",
-                                 config={"url": "https://hooks.example.com/t/${clientid}", "method": "PUT"})
+def test_each_action_is_offered_and_the_chosen_one_is_stored_and_audited(as_alice, acme):
     page = text(as_alice.get(RULES))
-    assert "PUT https://hooks.example.com/t/${clientid}" in page and f"{RULES}{hook.pk}/edit/" not in page
+    for kind in ("republish", "webhook", "store"):
+        assert f'name="action" value="{kind}"' in page and f'data-action="{kind}"' in page
+    r = as_alice.post(f"{RULES}new/", form(action="webhook", topic="", url="https://hooks.example.com/in/${clientid}",
+                                           method="PUT", headers="X-Device: ${clientid}\n\nAuthorization: Bearer s3",
+                                           body='{"t": ${t}}', timeout="2.5", retries="2"))
+    assert r.status_code == 302
+    r = as_alice.post(f"{RULES}new/", form(action="store", topic="", dataset="temps_1"))
+    assert r.status_code == 302
+    hook, keep = Rule.objects.filter(tenant=acme).order_by("id")
+    assert (hook.action, hook.config) == ("webhook", {
+        "url": "https://hooks.example.com/in/${clientid}", "method": "PUT", "timeout": 2.5, "retries": 2,
+        "headers": {"X-Device": "${clientid}", "Authorization": "Bearer s3"}, "body": '{"t": ${t}}'})
+    assert (keep.action, keep.config) == ("store", {"dataset": "temps_1"})
+    assert [(x["id"], x["action"]) for x in policy("acme")["rules"]] == [(hook.pk, "webhook"), (keep.pk, "store")]
+    assert list(AuditEvent.objects.filter(action="rule.create").order_by("id").values_list("actor", "object_id")) == [
+        ("alice", str(hook.pk)), ("alice", str(keep.pk))]
+
+
+@pytest.mark.parametrize("fields, field, says", [
+    ({"action": "webhook", "url": ""}, "url", "A URL is required."),
+    ({"action": "webhook", "url": "ftp://hooks.example.com/"}, "url", "The URL must start with http:// or https://"),
+    ({"action": "webhook", "url": "http://${host}/"}, "url", "The URL's host and port are literal"),
+    ({"action": "webhook", "url": "https://h.example.com/", "headers": "no colon here"}, "headers",
+     "Expected 'Name: value', not 'no colon here'."),
+    ({"action": "webhook", "url": "https://h.example.com/", "headers": "Host: evil"}, "headers",
+     "The Host header is set by the sender"),
+    ({"action": "webhook", "url": "https://h.example.com/", "timeout": "99"}, "timeout", "less than or equal to 60"),
+    ({"action": "store", "dataset": ""}, "dataset", "A dataset name is required."),
+    ({"action": "store", "dataset": "My Data"}, "dataset", "The dataset is a short name"),
+    ({"action": "republish", "topic": ""}, "topic", "A topic template is required."),
+])
+def test_an_action_error_is_shown_on_its_field_and_keeps_the_input(as_alice, acme, fields, field, says):
+    data = form(topic="", **fields) if "topic" not in fields else form(**fields)
+    for extra in ({}, HTMX):
+        r = as_alice.post(f"{RULES}new/", data, **extra)
+        assert r.status_code == 200
+        page = text(r)
+        assert says in page
+        # the error sits in its field's block (after its input, before the next field)
+        at = page.index(f'name="{field}"')
+        assert page.index(says, at) < page.find('<div class="field', at + 1) or page.find('<div class="field', at + 1) < 0
+        assert SQL in page
+        for value in fields.values():
+            assert html.escape(value, quote=True) in r.content.decode() or value in page
+    assert not Rule.objects.exists() and not AuditEvent.objects.filter(action__startswith="rule.").exists()
+
+
+def test_a_webhook_rule_is_edited_with_its_own_fields_and_never_turned_into_another_kind_unasked(as_alice, acme):
+    hook = rule_service.add_rule(acme, sql=SQL, action="webhook", config={
+        "url": "https://hooks.example.com/t/${clientid}", "method": "PUT", "headers": {"X-A": "1", "X-B": "${t}"}})
+    page = text(as_alice.get(RULES))
+    assert "PUT https://hooks.example.com/t/${clientid}" in page and f"{RULES}{hook.pk}/edit/" in page
+    edit = text(as_alice.get(f"{RULES}{hook.pk}/edit/"))
+    assert re.search(r'<input type="radio" name="action" value="webhook"[^>]*\bchecked>', edit)
+    assert not re.search(r'<input type="radio" name="action" value="republish"[^>]*\bchecked>', edit)
+    assert 'value="https://hooks.example.com/t/${clientid}"' in edit and ">\nX-A: 1\nX-B: ${t}</textarea>" in edit
+    # an old-style post without an action: read as the rule's own kind (a webhook without a URL), refused
     r = as_alice.post(f"{RULES}{hook.pk}/edit/", form(topic="alerts/x"))
+    assert r.status_code == 200 and "A URL is required." in text(r)
+    hook.refresh_from_db()
+    assert hook.action == "webhook" and not AuditEvent.objects.filter(action="rule.update").exists()
+    r = as_alice.post(f"{RULES}{hook.pk}/edit/", form(action="webhook", topic="", method="POST",
+                                                       url="https://hooks.example.com/v2/${clientid}", headers="X-A: 2"))
     assert r.status_code == 302
     hook.refresh_from_db()
-    assert hook.action == "webhook" and hook.config["url"] == "https://hooks.example.com/t/${clientid}"
-    assert not AuditEvent.objects.filter(action="rule.update").exists()
+    assert hook.config == {"url": "https://hooks.example.com/v2/${clientid}", "method": "POST", "timeout": 5.0,
+                           "retries": 3, "headers": {"X-A": "2"}}
+    r = as_alice.post(f"{RULES}{hook.pk}/edit/", form(action="store", topic="", dataset="hooks_log"))
+    hook.refresh_from_db()
+    assert (hook.action, hook.config) == ("store", {"dataset": "hooks_log"})
+    assert AuditEvent.objects.filter(action="rule.update").count() == 2
+
+
+def test_the_list_shows_each_actions_target_and_its_delivery_counters(as_alice, acme, nodes):
+    hook = rule_service.add_rule(acme, sql=SQL, action="webhook", config={"url": "https://h.example.com/x",
+                                                                           "retries": 1})
+    keep = rule_service.add_rule(acme, sql=SQL, action="store", config={"dataset": "temps"})
+    base = {"enabled": True, "loaded": True, "matched": 9, "passed": 8, "no_result": 0, "failed": 1,
+            "last_error": None, "last_error_at": None, "nodes": {}}
+    nodes([dict(base, id=hook.pk, sent=6, retried=3, dropped=1), dict(base, id=keep.pk, stored=7, dropped=1)])
+    page = text(as_alice.get(RULES))
+    assert "→ webhook <code>POST https://h.example.com/x</code>" in page and "1 retry" in page
+    assert "sent 6 · retried 3 · dropped 1" in page
+    assert "→ store to dataset <code>temps</code>" in page and "stored 7 · dropped 1" in page
 
 
 def test_edit_changes_the_statement_and_audits(as_alice, rule):

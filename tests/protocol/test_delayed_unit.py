@@ -61,7 +61,7 @@ def test_the_ack_waits_until_the_message_is_stored_and_the_release_publishes_it(
     pub, sub = pair(net, version)
     props = {P.USER_PROPERTY: [("k", "v")]} if version == MQTT5 else None
     assert pub.publish("$delayed/5/t/a", b"x", qos=1, retain=True, properties=props) is None   # not yet
-    [(tenant, due, msg, ack)] = queue.pending
+    [(tenant, due, msg, ack, publisher)] = queue.pending
     assert (tenant, due, msg.topic, msg.qos, msg.retain) == ("default", net.now + 5, "t/a", 1, True)
     assert sub.publishes() == []
     ack(True)

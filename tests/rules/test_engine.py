@@ -248,3 +248,28 @@ def test_without_a_sender_a_webhook_rule_counts_as_failed():
     s.client("acme/d1", "d1").publish("sensors/x", b"1", qos=1)
     [view] = s.engine.view("acme")
     assert (view["failed"], view["last_error"], view["sent"], view["dropped"]) == (1, "this node sends no webhooks", 0, 0)
+
+
+def test_a_store_rule_hands_its_row_to_the_telemetry_writer_in_its_own_tenants_name():
+    queued = []
+    s = Scene({})
+    s.engine.telemetry = lambda tenant, rec, state: queued.append((tenant, rec, state.id))
+    keep = {"id": 7, "sql": THRESHOLD, "action": "store", "enabled": True, "config": {"dataset": "temps"}}
+    s.apply({"acme": [keep], "globex": [dict(keep, id=8)]})
+    dev = s.client("acme/d1", "d1")
+    for temp in (10, 31):
+        dev.publish("sensors/d1/temp", json.dumps({"temp": temp}).encode(), qos=1)
+    [(tenant, rec, rid)] = queued                              # acme's rule only: never globex's
+    assert (tenant, rid, rec.dataset, rec.clientid, rec.topic) == ("acme", 7, "temps", "d1", "sensors/d1/temp")
+    assert json.loads(rec.data) == {"t": 31, "clientid": "d1"} and rec.ts == 1_700_000_000_000
+    [view] = s.engine.view("acme")
+    assert (view["matched"], view["passed"], view["no_result"], view["stored"], view["dropped"]) == (2, 1, 1, 0, 0)
+
+
+def test_without_a_landing_zone_a_store_rule_counts_as_failed():
+    s = Scene({"acme": [{"id": 5, "sql": 'SELECT * FROM "sensors/#"', "action": "store", "enabled": True,
+                         "config": {"dataset": "all"}}]})
+    s.client("acme/d1", "d1").publish("sensors/x", b"1", qos=1)
+    [view] = s.engine.view("acme")
+    assert (view["failed"], view["passed"], view["stored"]) == (1, 0, 0)
+    assert "stores no telemetry" in view["last_error"]

@@ -127,3 +127,30 @@ def test_a_malformed_statement_is_refused_with_its_position(scene):
         "error: rule statement: line 3, column 7: unknown field 'tmp': one of event, clientid, username, topic, "
         "qos, retain, payload, timestamp, user_properties, peerhost, reason, node (or a name given with AS)"]
     assert "tmp" not in plane.manage("rules", "list", "acme").stdout
+
+
+def test_a_delayed_message_runs_the_rules_on_its_release_as_its_publishers_publish(scene):
+    """``$delayed/1/sensors/k/late``: nothing on publish; at the release the rule on the target topic
+    sees the publisher's client id and user name, and a republish is checked against its ACL."""
+    plane, node, secrets, token = scene
+    sql = 'SELECT payload.temp AS t, clientid, username FROM "sensors/+/late" WHERE t > 30'
+    ok = add(plane, "acme", "--sql", sql, "--republish", "alerts/${clientid}/late", "--qos", "1")
+    denied = add(plane, "acme", "--sql", sql, "--republish", "forbidden/${clientid}")
+    for rid in (ok, denied):
+        loaded(node, token, "acme", rid)
+    watch = client(node, secrets, "acme/watch", "w-delayed")
+    watch.subscribe("alerts/+/late", qos=1)
+    dev = client(node, secrets, "acme/d1", "d1-delayed", version=V311)
+    dev.publish("$delayed/1/sensors/kitchen/late", b'{"temp": 31.5}', qos=1)
+    dev.publish("$delayed/1/sensors/kitchen/late", b'{"temp": 12}', qos=1)
+    dev.disconnect()                                   # the publisher need not be there at the release
+    watch.expect_none(0.5)                             # not before the release
+    [msg] = watch.expect_n(1, timeout=15)
+    watch.expect_none(0.5)
+    assert (msg.topic, json.loads(msg.payload)) == (
+        "alerts/d1-delayed/late", {"t": 31.5, "clientid": "d1-delayed", "username": "acme/d1"})
+    views = {r["id"]: r for r in rules_api(node, token, "acme")["items"]}
+    assert (views[ok]["matched"], views[ok]["passed"], views[ok]["no_result"], views[ok]["failed"]) == (2, 1, 1, 0)
+    assert (views[denied]["passed"], views[denied]["failed"]) == (0, 1)
+    assert views[denied]["last_error"] == "the ACL denies 'd1-delayed' publishing to 'forbidden/d1-delayed'"
+    watch.disconnect()

@@ -968,6 +968,44 @@ def test_a_delayed_claim_is_bounded_and_a_claimed_message_is_not_given_again_bef
     assert run(st.delayed_counts()) == {}
 
 
+def test_a_delayed_message_keeps_its_publisher_for_the_rules(store):
+    """Who published it (client id, user name, device) comes back with the claim: the tenant's
+    rules run on the release as on that client's publish; a message without one stays without."""
+    from brokerd.store.records import DelayedMessage
+
+    st = store.store
+    who = ("dev-ü-1", "acme/d1", "d1")
+    run(st.delayed_add([DelayedMessage("d0001", T1, NOW + 1, message("a/b", b"x"), who),
+                        delayed(2, NOW + 2), DelayedMessage("d0003", T1, NOW + 3, message("a/c", b"y"),
+                                                            (None, None, None))]))
+    got = run(st.delayed_claim(NOW + 5, "n1", 30, 10))
+    assert [(m.id, m.publisher) for m in got] == [("d0001", who), ("d0002", None), ("d0003", (None, None, None))]
+
+
+def test_a_delayed_table_of_an_older_file_gains_the_publisher_column(tmp_path):
+    """A SQLite file written before delayed messages kept their publisher: opened, its pending
+    messages are claimed (no publisher) and new ones keep theirs."""
+    import sqlite3
+
+    from brokerd.store.records import DelayedMessage
+
+    path = tmp_path / "old.db"
+    a = SyncStore(f"sqlite:///{path}")
+    run(a.store.delayed_add([delayed(1, NOW + 1)]))
+    a.close()
+    db = sqlite3.connect(path)
+    db.executescript("CREATE TABLE d2 AS SELECT id, tenant, due, topic, payload, qos, retain, props, owner, lease "
+                     "FROM delayed; DROP TABLE delayed; ALTER TABLE d2 RENAME TO delayed;")
+    db.close()
+    b = SyncStore(f"sqlite:///{path}")
+    try:
+        run(b.store.delayed_add([DelayedMessage("d0002", T1, NOW + 2, message("a/b", b"x"), ("c", "u", "d"))]))
+        got = run(b.store.delayed_claim(NOW + 5, "n", 30, 10))
+        assert [(m.id, m.publisher) for m in got] == [("d0001", None), ("d0002", ("c", "u", "d"))]
+    finally:
+        b.close()
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "hbase"])
 def test_delayed_messages_survive_close_and_reopen(url):
     a = SyncStore(url)

@@ -57,7 +57,12 @@ def test_a_malformed_statement_is_refused_with_its_position(tenant):
     ("webhook", {"url": "http://example.com/", "headers": {"X-A": "a\r\nX-B: b"}}, "control characters"),
     ("webhook", {"url": "http://example.com/", "timeout": 0}, "timeout is more than 0"),
     ("webhook", {"url": "http://example.com/", "retries": 11}, "retries is 0..10"),
-    ("store", {"dataset": "t"}, "the store action is not available yet"),
+    ("store", {"dataset": "Temps"}, "the dataset is a short name"),
+    ("store", {"dataset": "a" * 33}, "the dataset is a short name"),
+    ("store", {"dataset": "../x"}, "the dataset is a short name"),
+    ("store", {"dataset": "1x"}, "the dataset is a short name"),
+    ("store", {}, "the dataset is a short name"),
+    ("store", {"dataset": "t", "tenant": "globex"}, "unknown settings tenant"),
     ("republish", {"topic": "$SYS/x"}, "may not start with $"),
     ("republish", {"topic": "a/#"}, "wildcards"),
     ("republish", {"topic": "a/${"}, "closing"),
@@ -100,6 +105,16 @@ def test_a_webhook_rule_is_stored_with_its_request(tenant):
                                                            "https://hooks.example.com/t/${clientid}?v=1"]
     with pytest.raises(CommandError, match="expected 'NAME: VALUE'"):
         run("rules", "add", "acme", "--sql", SQL, "--webhook", "http://example.com/", "--header", "nocolon")
+
+
+def test_a_store_rule_names_its_dataset(tenant):
+    """``--store DATASET`` (the issue's contract): the rule's rows go to the tenant's telemetry dataset."""
+    [rid] = run("rules", "add", "acme", "--sql", SQL, "--store", "temps_2")
+    [doc] = policy_snapshot.load("acme")["rules"]
+    assert (doc["id"], doc["action"], doc["config"]) == (int(rid), "store", {"dataset": "temps_2"})
+    assert run("rules", "list", "acme")[1].split()[:4] == [rid, "yes", "store", "temps_2"]
+    with pytest.raises(CommandError, match="store: the dataset is a short name"):
+        run("rules", "add", "acme", "--sql", SQL, "--store", "../../etc")
 
 
 def test_rules_test_prints_the_output_row_without_side_effects(tenant):

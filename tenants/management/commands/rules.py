@@ -27,7 +27,9 @@ class Command(SubcommandCommand):
         action.add_argument("--republish", metavar="TOPIC_TEMPLATE", help="publish the output row to this topic")
         action.add_argument("--webhook", metavar="URL",
                             help="send the output row to this URL (http/https; ${field} templates in path and query)")
-        action.add_argument("--store", metavar="DATASET", help="(not available yet)")
+        action.add_argument("--store", metavar="DATASET",
+                            help="append the output row to the tenant's telemetry dataset DATASET (a short name: "
+                                 "a-z, 0-9, _), read by the Spark telemetry report")
         p.add_argument("--qos", type=qos, default=0, help="republish: QoS (default 0)")
         p.add_argument("--retain", action="store_true", help="republish: retained")
         p.add_argument("--payload", metavar="TEMPLATE", help="republish: payload template (default: the row as JSON)")
@@ -80,7 +82,8 @@ class Command(SubcommandCommand):
     def do_list(self, tenant, **_):
         rows = []
         for r in services.rules(queries.get_tenant(tenant)):
-            target = {"republish": r.config.get("topic"), "webhook": r.config.get("url")}.get(r.action, "")
+            target = {"republish": r.config.get("topic"), "webhook": r.config.get("url"),
+                      "store": r.config.get("dataset")}.get(r.action, "")
             rows.append((r.pk, "yes" if r.enabled else "no", r.action, target, " ".join(r.sql.split())))
         self.table(("ID", "ENABLED", "ACTION", "TARGET", "SQL"), rows)
 
