@@ -35,6 +35,9 @@ before those 2 ms have passed. (On HBase 2 with ``NEW_VERSION_BEHAVIOR``
 families the wait is unnecessary but harmless.)
 """
 
+import concurrent.futures
+import logging
+import threading
 import time
 import zlib
 from collections import defaultdict
@@ -56,15 +59,45 @@ from .records import (
     unpack_will,
 )
 
-FAMILIES = {
-    "sessions": {"s": {"max_versions": 1}, "f": {"max_versions": 1}, "r": {"max_versions": 1}},
-    "counters": {"c": {"max_versions": 1}},
-    "queue": {"m": {"max_versions": 1}},
-    "retained": {"m": {"max_versions": 1}},
-    "meta": {"m": {"max_versions": 1}},
-    "delayed": {"m": {"max_versions": 1}},
-}
+
+# Column families, as created (``python -m brokerd.store.hbase ddl`` prints them
+# as HBase shell commands, pre-split). One version everywhere: nothing reads an
+# older one. ROW bloom filters: every point read (a session, the probe for a
+# queue row, a counter) asks for one row key. No column-family TTL: nothing
+# here expires after a fixed time -- sessions by their own expiry interval
+# (or never, 0xFFFFFFFF), messages by their own Message Expiry Interval --
+# so a TTL would delete live data; the paced purge (``_purge``) removes them.
+# ``compression`` (URL option, default NONE) is the codec the region servers
+# have (SNAPPY, ZSTD, LZ4, GZ).
+def families(compression: str = "NONE") -> dict:
+    base = {"max_versions": 1, "bloom_filter_type": "ROW", "compression": compression}
+    return {
+        "sessions": {"s": base, "f": base, "r": base},
+        "counters": {"c": {**base, "in_memory": True}},     # small, hot: kept in the block cache first
+        "queue": {"m": base},
+        "retained": {"m": base},
+        "meta": {"m": base},
+        "delayed": {"m": base},
+    }
+
+
+FAMILIES = families()
+log = logging.getLogger("brokerd.store")
+
+FAMILY_NAMES = {name: [f.encode() for f in fams] for name, fams in FAMILIES.items()}
+DELETE_ORDER = ("queue", "delayed", "retained", "meta", "counters", "sessions")     # children first
 SCAN_BATCH = 1000
+SEEDED = 1 << 56              # counters below this have not been seeded (new, or collected and recreated)
+SALTS = 64                    # the queue table's salt byte: crc32(session key) % SALTS
+PURGE_PACE = 5000             # rows a second the purge scans, at most (URL option purge_pace)
+
+
+def _seed() -> int:
+    """A new counter's start: wall-clock milliseconds << 18, above every sequence
+    an earlier session of the same client id had (unless it took more than 2^18
+    numbers a millisecond, or the clocks of the nodes differ by more than its
+    lifetime)."""
+    return (time.time_ns() // 1_000_000) << 18
 DELETE_GUARD = 0.002          # seconds between deleting a row and writing it again
 
 
@@ -73,7 +106,7 @@ def session_key(tenant: str, client_id: str) -> bytes:
 
 
 def queue_prefix(tenant: str, client_id: str) -> bytes:
-    salt = zlib.crc32(session_key(tenant, client_id)) % 64
+    salt = zlib.crc32(session_key(tenant, client_id)) % SALTS
     return bytes((salt,)) + client_id[::-1].encode() + b"\0" + tenant.encode() + b"\0"
 
 
@@ -133,10 +166,23 @@ class HBaseStore(Store):
         self.timeout = int(opts.pop("timeout", "10000"))
         self.transport = opts.pop("transport", "buffered")
         self.protocol = opts.pop("protocol", "binary")
+        self.compression = opts.pop("compression", "NONE").upper()
+        self.regions = int(opts.pop("regions", "16"))
+        self.seq_threads = int(opts.pop("seq_threads", "8"))
+        self.purge_pace = float(opts.pop("purge_pace", str(PURGE_PACE)))
+        if not 1 <= self.regions <= SALTS or self.seq_threads < 1 or self.purge_pace <= 0:
+            raise ValueError(f"bad store URL {url!r}: regions is 1..{SALTS}, seq_threads >= 1, purge_pace > 0")
         if opts:
             raise ValueError(f"bad store URL {url!r}: unknown option(s) {', '.join(opts)}")
         self.pool = None
+        self.purge_pool = None                    # the purge's own connection (its own thread: _run_aside)
+        self.seq_pool = None                      # connections for reserving sequences in parallel
+        self._seq_threads = None
         self._recent: dict[tuple, float] = {}     # (table, row) -> monotonic time of our delete
+        self._recent_lock = threading.Lock()
+        self._purge_from: dict[str, bytes] = {}   # table -> where an interrupted purge pass resumes
+        self._stopping = False
+        self._purge_stop = False
 
     # ---------------------------------------------------------- connection
 
@@ -146,20 +192,41 @@ class HBaseStore(Store):
 
         self.data_errors = (*DATA_ERRORS, IllegalArgument)     # HBase refused the values themselves
 
-        self.pool = happybase.ConnectionPool(1, host=self.host, port=self.port, table_prefix=self.prefix,
-                                             timeout=self.timeout, transport=self.transport,
-                                             protocol=self.protocol, autoconnect=False)
+        def pool(size):
+            return happybase.ConnectionPool(size, host=self.host, port=self.port, table_prefix=self.prefix,
+                                            timeout=self.timeout, transport=self.transport,
+                                            protocol=self.protocol, autoconnect=False)
+
+        self.pool = pool(1)
+        self.purge_pool = pool(1)
+        if self.seq_threads > 1:
+            self.seq_pool = pool(self.seq_threads)
+            self._seq_threads = concurrent.futures.ThreadPoolExecutor(self.seq_threads,
+                                                                       thread_name_prefix="store-hbase-seq")
         with self.pool.connection() as conn:
             existing = {t.decode() if isinstance(t, bytes) else t for t in conn.tables()}
-            for name, families in FAMILIES.items():
+            for name, fams in families(self.compression).items():
                 if name not in existing:
                     try:
-                        conn.create_table(name, families)
+                        conn.create_table(name, fams)
                     except AlreadyExists:          # created meanwhile by another node
                         pass
+            regions = len(conn.client.getTableRegions(conn._table_name("queue")))
+        if regions < self.regions:
+            log.warning("hbase: table %s_queue has %d region(s), fewer than regions=%d: the Thrift gateway "
+                        "cannot create tables pre-split; create them with `python -m brokerd.store.hbase ddl "
+                        "--prefix %s --regions %d` (HBase shell commands) before the first start",
+                        self.prefix, regions, self.regions, self.prefix, self.regions)
 
     def _close(self):
-        self.pool = None
+        self.pool = self.purge_pool = self.seq_pool = None
+        if self._seq_threads is not None:
+            self._seq_threads.shutdown(wait=True)
+            self._seq_threads = None
+
+    async def close(self) -> None:
+        self._stopping = True                      # a purge pass under way stops at its next page
+        await super().close()
 
     def _ping(self):
         with self.pool.connection() as conn:
@@ -218,6 +285,7 @@ class HBaseStore(Store):
             if kind == "session_del":
                 alive[skey] = False
                 sessions[skey].drop()
+                rows["counters"][skey].drop()            # collected: a new session's counter starts above it
                 for _, e in appends.pop(skey, ()):
                     in_batch.pop(id(e), None)
                     e.seq = 0
@@ -263,13 +331,8 @@ class HBaseStore(Store):
                 raise ValueError(f"unknown journal operation {kind!r}")
         # sequence numbers: one increment per queue, for entries not numbered by
         # an earlier, failed attempt at this batch (whose keys a retry rewrites)
-        counters = conn.table("counters")
-        for skey, items in appends.items():
-            fresh = [e for _, e in items if not e.seq]
-            if fresh:
-                last = counters.counter_inc(skey, b"c:seq", len(fresh))
-                for i, e in enumerate(fresh):
-                    e.seq = last - len(fresh) + 1 + i
+        self._number(conn, appends)
+        for items in appends.values():
             for prefix, e in items:
                 row = queue[prefix + e.seq.to_bytes(8, "big")]
                 m = e.msg
@@ -284,32 +347,34 @@ class HBaseStore(Store):
         missing = self._missing_queue_rows(conn, queue, appends)
         for key in missing:
             del queue[key]
-        # 1. deletes: whole rows, and every stored row of the deleted sessions' queues
+        # 1. deletes, children before parents: the rows of the deleted sessions'
+        # queues, then their counters, then the session rows. HBase applies the
+        # rows of a call one by one; a failure (or a crash) between two rows
+        # leaves a session that is still there with part of its queue gone --
+        # the deletion is retried (purge, clean start) -- never queue rows
+        # without a session, which a new session of that client id would load.
         deleted: list[tuple] = []
-        for name in FAMILIES:
-            with conn.table(name).batch() as b:
-                for key, change in rows[name].items():
-                    if change.delete:
-                        b.delete(key)
-                        deleted.append((name, key))
         if cleared:
             table = conn.table("queue")
             for prefix in cleared:
                 with table.batch(batch_size=SCAN_BATCH) as b:
                     for key, _ in table.scan(row_prefix=prefix, columns=[b"m:f"], batch_size=SCAN_BATCH):
-                        b.delete(key)
+                        b.delete(key, columns=[b"m"])
                         deleted.append(("queue", key))
-        now = time.monotonic()
-        for k in deleted:
-            self._recent[k] = now
-        # 2. puts and column deletes, once the guard time after our deletes of those rows is over
+        for name in DELETE_ORDER:
+            with conn.table(name).batch() as b:
+                for key, change in rows[name].items():
+                    if change.delete:
+                        b.delete(key, columns=FAMILY_NAMES[name])
+                        deleted.append((name, key))
+        self._note_deleted(deleted)
+        # 2. puts and column deletes, once the guard time after our deletes of those rows is over;
+        # parents before children (a session's row before its queue's rows)
         wait = 0.0
         for name in FAMILIES:
             for key, change in rows[name].items():
                 if change.puts:
-                    t = self._recent.get((name, key))
-                    if t is not None:
-                        wait = max(wait, t + DELETE_GUARD - time.monotonic())
+                    wait = max(wait, self._since_delete(name, key))
         if wait > 0:
             time.sleep(wait)
         removed = []
@@ -321,12 +386,45 @@ class HBaseStore(Store):
                     if change.dels:
                         b.delete(key, columns=list(change.dels))
                         removed.append((name, key))
+        self._note_deleted(removed)
+
+    def _number(self, conn, appends) -> None:
+        """Give the batch's new queue entries their sequence numbers: one counter
+        increment per queue, by the number of its new entries, the queues'
+        increments at once (``seq_threads`` connections) -- one round trip of
+        latency however many queues the batch fans out to."""
+        todo = [(skey, fresh) for skey, items in appends.items() if (fresh := [e for _, e in items if not e.seq])]
+        if not todo:
+            return
+        wait = max((self._since_delete("counters", skey) for skey, _ in todo), default=0.0)
+        if wait > 0:
+            time.sleep(wait)                 # an increment in the millisecond of our delete would be masked
+        if len(todo) == 1 or self._seq_threads is None:
+            table = conn.table("counters")
+            lasts = [_reserve(table, skey, len(fresh)) for skey, fresh in todo]
+        else:
+            lasts = list(self._seq_threads.map(self._reserve_pooled, [(skey, len(fresh)) for skey, fresh in todo]))
+        for (_, fresh), last in zip(todo, lasts, strict=True):
+            for i, e in enumerate(fresh):
+                e.seq = last - len(fresh) + 1 + i
+
+    def _reserve_pooled(self, item) -> int:
+        with self.seq_pool.connection() as conn:
+            return _reserve(conn.table("counters"), *item)
+
+    def _since_delete(self, name: str, key: bytes) -> float:
+        """How long to wait before writing a row this store deleted (0: no need)."""
+        t = self._recent.get((name, key))
+        return 0.0 if t is None else t + DELETE_GUARD - time.monotonic()
+
+    def _note_deleted(self, keys: list) -> None:
         now = time.monotonic()
-        for k in removed:
-            self._recent[k] = now
-        if len(self._recent) > 10000:
-            cutoff = now - DELETE_GUARD
-            self._recent = {k: t for k, t in self._recent.items() if t > cutoff}
+        with self._recent_lock:
+            for k in keys:
+                self._recent[k] = now
+            if len(self._recent) > 10000:
+                cutoff = now - DELETE_GUARD
+                self._recent = {k: t for k, t in self._recent.items() if t > cutoff}
 
     def _alive(self, conn, ops) -> dict:
         """Which sessions the batch touches before creating or deleting them exist."""
@@ -381,10 +479,6 @@ class HBaseStore(Store):
             for key, data in conn.table("sessions").scan(batch_size=SCAN_BATCH):
                 if b"s:e" in data:
                     sessions[key] = self._session(key, data)
-            for key, data in conn.table("counters").scan(batch_size=SCAN_BATCH):
-                rec = sessions.get(key)
-                if rec is not None:
-                    rec.last_seq = int.from_bytes(data[b"c:seq"], "big", signed=True)
             for key, data in conn.table("queue").scan(batch_size=SCAN_BATCH):
                 tenant, cid, seq = _split_queue_key(key)
                 rec = sessions.get(session_key(tenant, cid))
@@ -417,28 +511,65 @@ class HBaseStore(Store):
                          if b"m:t" in d]
         return rec
 
+    # --------------------------------------------------------------- purge
+    # Off the write path: on the store's second thread (``_run_aside``) and its
+    # own connection, a pass scans each table once, paced to ``purge_pace`` rows
+    # a second, deleting what expired page by page. A pass that fails or is
+    # stopped resumes where it was; in a cluster one node at a time runs it
+    # (the server's lease in Redis).
+
+    async def purge(self, now: float) -> int:
+        self._purge_stop = False
+        return await self._run_aside(self._purge, now)
+
+    def stop_purge(self) -> None:
+        """Stop the pass under way at its next page (it resumes there next time)."""
+        self._purge_stop = True
+
     def _purge(self, now):
         n = 0
-        with self.pool.connection() as conn:
-            sessions = conn.table("sessions")
-            gone = []
-            for key, data in sessions.scan(columns=[b"s:e", b"s:d"], batch_size=SCAN_BATCH):
-                exp, disc = int(data.get(b"s:e", b"0")), data.get(b"s:d")
-                if disc and exp != 0xFFFFFFFF and float(disc) + exp <= now:
-                    gone.append(key)
-            for key in gone:
-                tenant, cid = _split_key(key)
-                self._apply([("session_del", tenant, cid)])
-                n += 1
+        with self.purge_pool.connection() as conn:
+            n += self._purge_table(conn, "sessions", [b"s:e", b"s:d"], now, self._purge_sessions)
             for name in ("queue", "retained"):
-                table = conn.table(name)
-                with table.batch(batch_size=SCAN_BATCH) as b:
-                    for key, data in table.scan(columns=[b"m:e"], batch_size=SCAN_BATCH):
-                        exp = data.get(b"m:e")
-                        if exp and float(exp) <= now:
-                            b.delete(key)
-                            n += 1
+                n += self._purge_table(conn, name, [b"m:e"], now, _purge_expired_rows)
         return n
+
+    def _purge_table(self, conn, name, columns, now, page_fn) -> int:
+        """One paced pass over ``name`` from where the last one stopped; ``page_fn``
+        deletes the expired rows of each page. -> rows deleted."""
+        table = conn.table(name)
+        n = 0
+        page: list = []
+        started = time.monotonic()
+        scanned = 0
+        for key, data in table.scan(row_start=self._purge_from.get(name) or None, columns=columns,
+                                    batch_size=SCAN_BATCH):
+            page.append((key, data))
+            if len(page) < SCAN_BATCH:
+                continue
+            n += page_fn(conn, table, page, now)
+            self._purge_from[name] = page[-1][0] + b"\0"       # resume after the last row done
+            scanned += len(page)
+            page = []
+            if self._stopping or self._purge_stop:
+                return n
+            pause = started + scanned / self.purge_pace - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+        if page:
+            n += page_fn(conn, table, page, now)
+        self._purge_from.pop(name, None)                         # the pass is complete
+        return n
+
+    def _purge_sessions(self, conn, table, page, now) -> int:
+        gone = []
+        for key, data in page:
+            exp, disc = int(data.get(b"s:e", b"0")), data.get(b"s:d")
+            if disc and exp != 0xFFFFFFFF and float(disc) + exp <= now:
+                gone.append(("session_del", *_split_key(key)))
+        if gone:
+            self._write(conn, gone)
+        return len(gone)
 
     # ---------------------------------------------------------- delayed
 
@@ -487,6 +618,27 @@ class HBaseStore(Store):
                 t = d[b"m:t"].decode()
                 counts[t] = counts.get(t, 0) + 1
         return counts
+
+
+def _purge_expired_rows(conn, table, page, now) -> int:
+    expired = [key for key, data in page if data.get(b"m:e") and float(data[b"m:e"]) <= now]
+    if expired:
+        with table.batch() as b:
+            for key in expired:
+                b.delete(key, columns=[b"m"])
+    return len(expired)
+
+
+def _reserve(counters, skey: bytes, n: int) -> int:
+    """Reserve ``n`` sequence numbers of a queue; -> the last. A counter below
+    SEEDED is new (or was collected with its session and made again by this
+    increment): it is moved up to ``_seed()`` first. Racing reservers each get
+    their own range: every increment's range is its own, and the second one
+    adds at least ``n``."""
+    last = counters.counter_inc(skey, b"c:seq", n)
+    if last < SEEDED:
+        last = counters.counter_inc(skey, b"c:seq", max(_seed(), n))
+    return last
 
 
 def _delayed_key(due: float, id_: str) -> bytes:
