@@ -9,6 +9,8 @@ The faithful gateway double (``tests/hbase_double.py``: rows applied one by
 one, delete markers on) injects the fault after each possible number of rows.
 """
 
+import time
+
 import pytest
 
 from brokerd.store import StoreError
@@ -154,3 +156,42 @@ def test_the_double_applies_mutate_rows_row_by_row(double):
         assert double.calls["calls"]["mutateRows"] == before + 1
     finally:
         conn.close()
+
+
+# ------------------------------------------------------------------ round trips
+
+@pytest.mark.parametrize("fanout", [1, 10, 100])
+def test_round_trips_per_stored_message_at_fan_out(tmp_path, fanout):
+    """A batch of 100 messages, each fanned out to ``fanout`` persistent queues:
+    at steady state one counter increment per queue (in parallel), one read of
+    which sessions exist, one mutateRows -- <= 0.05 calls per stored message --
+    and with 10 ms a call the batch takes a few round trips, not one per queue."""
+    from ..hbase_double import HBaseDouble
+
+    with HBaseDouble(tmp_path / "h.db", delete_markers=True) as double:
+        store = SyncStore(f"hbase://{double.address}?table_prefix=rt")
+        try:
+            subs = [f"sub{i}" for i in range(fanout)]
+            store.apply([session(cid) for cid in subs])
+
+            def batch(per_queue):
+                t0 = time.monotonic()
+                store.apply([q(cid, entry(message(payload=b"%d" % i))) for i in range(per_queue) for cid in subs])
+                return time.monotonic() - t0
+
+            per_queue = 100 if fanout < 100 else 30
+            batch(1)                          # the first batch seeds the counters
+            before = double.calls["total"]
+            batch(per_queue)
+            calls = double.calls["total"] - before
+            assert calls <= fanout + 3
+            assert calls / (per_queue * fanout) <= 0.05
+            # round trips, not rows: one message to each queue, at 0 then 10 ms a call
+            # (one increment after another, 100 queues would add 1 s)
+            took = batch(1)
+            double.faults.latency = 0.010
+            slower = batch(1) - took
+            assert slower < (0.6 if fanout == 100 else 0.3), f"+{slower:.3f}s with 10 ms a call"
+            assert len(store.load_session(T1, subs[-1]).queue) == per_queue + 3
+        finally:
+            store.close()
