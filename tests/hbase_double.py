@@ -65,7 +65,9 @@ What it does differently (be careful when a test passes only here):
 - without ``delete_markers`` a put right after a delete of the same cell is
   always visible;
 - filter strings (``filterString``) are refused with ``IOError``;
-  ``getRowOrBefore`` and ``getRegionInfo`` are not implemented (``IOError``).
+  ``getRowOrBefore`` and ``getRegionInfo`` are not implemented (``IOError``);
+- regions are only a list of split keys for ``getTableRegions`` (one region
+  unless ``presplit`` set them); nothing is served per region.
 """
 
 import argparse
@@ -169,6 +171,7 @@ class Handler:
         self.scanners: dict[int, _Scanner] = {}
         self._ids = itertools.count(1)
         self.row_fault = None      # (table, rows done, rows in the call) -> fail now? (see _Faults)
+        self.splits: dict[bytes, list] = {}   # table -> split keys (HBaseDouble.presplit: what `create ... SPLITS` did)
 
     def close(self):
         with self.lock:
@@ -296,8 +299,10 @@ class Handler:
     def getTableRegions(self, name):
         def run():
             self._table(name, enabled=False)
-            return [T.TRegionInfo(startKey=b"", endKey=b"", id=1, name=name + b",,1.double", version=1,
-                                  serverName=b"127.0.0.1", port=0)]
+            bounds = [b"", *self.splits.get(name, ()), b""]
+            return [T.TRegionInfo(startKey=lo, endKey=hi, id=i + 1, name=name + b"," + lo + b",%d.double" % (i + 1),
+                                  version=1, serverName=b"127.0.0.1", port=0)
+                    for i, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False))]
         return self._tx(run)
 
     # -------------------------------------------------------------- reads
@@ -925,6 +930,11 @@ class HBaseDouble:
         """The next ``times`` ``mutateRows`` of more than ``after`` rows (after ``skip``
         such calls) write ``after`` rows, then fail."""
         self.faults.fail_between_rows(after, times, skip)
+
+    def presplit(self, table: str, keys: list[bytes]) -> None:
+        """The table's regions start at ``keys`` (as the HBase shell's ``create ..., SPLITS``
+        leaves them: Thrift1 cannot pass split keys); ``getTableRegions`` reports them."""
+        self.handler.splits[table.encode()] = list(keys)
 
     @property
     def calls(self) -> dict:

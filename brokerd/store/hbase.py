@@ -672,3 +672,57 @@ def _retained(topic: str, d: dict) -> StoredMessage:
     exp = d.get(b"m:e")
     return StoredMessage(topic, d.get(b"m:p", b""), int(d.get(b"m:q", b"0")), True, unpack_props(d.get(b"m:x")),
                          float(exp) if exp else None)
+
+
+# ------------------------------------------------------------------ DDL
+
+def split_keys(regions: int) -> list[bytes]:
+    """The queue table's split points: ``regions`` ranges of the salt byte, as even as 64 salts allow."""
+    return [bytes(((i * SALTS) // regions,)) for i in range(1, regions)]
+
+
+_SHELL_FAMILY = {"max_versions": "VERSIONS", "bloom_filter_type": "BLOOMFILTER", "compression": "COMPRESSION",
+                 "in_memory": "IN_MEMORY"}
+
+
+def ddl(prefix: str, regions: int, compression: str = "NONE") -> str:
+    """HBase shell commands creating the tables as ``_open`` would, the queue
+    table pre-split on its salt byte (the Thrift1 gateway cannot pass split keys)."""
+    lines = []
+    for name, fams in families(compression.upper()).items():
+        specs = []
+        for fam, opts in fams.items():
+            kv = ", ".join(f"{_SHELL_FAMILY[k]} => {_shell_value(v)}" for k, v in opts.items())
+            specs.append(f"{{NAME => '{fam}', {kv}}}")
+        splits = ""
+        if name == "queue" and regions > 1:
+            splits = ", SPLITS => [" + ", ".join(f'"\\x{k[0]:02x}"' for k in split_keys(regions)) + "]"
+        lines.append(f"create '{prefix}_{name}', {', '.join(specs)}{splits}")
+    return "\n".join(lines) + "\n"
+
+
+def _shell_value(v) -> str:
+    if isinstance(v, bool):
+        return "'true'" if v else "'false'"
+    return str(v) if isinstance(v, int) else f"'{v}'"
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m brokerd.store.hbase",
+                                 description="HBase shell commands that create brokerd's tables, pre-split.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("ddl", help="print the create commands (pipe them into `hbase shell -n`)")
+    d.add_argument("--prefix", default="brokerd", help="the store URL's table_prefix (default brokerd)")
+    d.add_argument("--regions", type=int, default=16, help=f"queue table regions, 1..{SALTS} (default 16)")
+    d.add_argument("--compression", default="NONE", help="NONE, SNAPPY, ZSTD, LZ4 or GZ (the region servers' codecs)")
+    args = ap.parse_args(argv)
+    if not 1 <= args.regions <= SALTS:
+        ap.error(f"--regions is 1..{SALTS}")
+    print(ddl(args.prefix, args.regions, args.compression), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
