@@ -195,3 +195,30 @@ def test_round_trips_per_stored_message_at_fan_out(tmp_path, fanout):
             assert len(store.load_session(T1, subs[-1]).queue) == per_queue + 3
         finally:
             store.close()
+
+
+def test_counters_are_collected_with_their_sessions(double):
+    """Client-id churn: the counters table holds the live sessions' counters only,
+    and a session made again under an old client id never reuses a sequence."""
+    import happybase
+
+    store = SyncStore(f"hbase://{double.address}?table_prefix=churn")
+    try:
+        old = {}
+        for i in range(30):
+            cid = f"dev{i}"
+            old[cid] = entry(message(payload=b"x"))
+            store.apply([session(cid, expiry=10, disconnected_at=NOW - 100), q(cid, old[cid])])
+        store.apply([session("live"), q("live", entry())])
+        assert store.purge(NOW) >= 30
+        conn = happybase.Connection("127.0.0.1", double.port, table_prefix="churn", timeout=5000)
+        try:
+            assert [k for k, _ in conn.table("counters").scan()] == [b"%s\0live" % T1.encode()]
+        finally:
+            conn.close()
+        again = entry(message(payload=b"y"))
+        store.apply([session("dev7"), q("dev7", again)])
+        assert again.seq > old["dev7"].seq
+        assert store.session(T1, "dev7") == expected("dev7", queue=[again])
+    finally:
+        store.close()
