@@ -532,6 +532,7 @@ class HBaseStore(Store):
             n += self._purge_table(conn, "sessions", [b"s:e", b"s:d"], now, self._purge_sessions)
             for name in ("queue", "retained"):
                 n += self._purge_table(conn, name, [b"m:e"], now, _purge_expired_rows)
+            self._purge_table(conn, "counters", [b"c:seq"], now, _purge_orphan_counters)
         return n
 
     def _purge_table(self, conn, name, columns, now, page_fn) -> int:
@@ -627,6 +628,20 @@ def _purge_expired_rows(conn, table, page, now) -> int:
             for key in expired:
                 b.delete(key, columns=[b"m"])
     return len(expired)
+
+
+def _purge_orphan_counters(conn, table, page, now) -> int:
+    """Counters whose session is gone: left by an append that raced the session's
+    deletion on another node. Deleting one is safe even if its session is being
+    made at this moment: its next increment seeds it above every number it gave."""
+    keys = [key for key, _ in page]
+    live = {k for k, d in conn.table("sessions").rows(keys, columns=[b"s:e"]) if b"s:e" in d}
+    orphans = [k for k in keys if k not in live]
+    if orphans:
+        with table.batch() as b:
+            for key in orphans:
+                b.delete(key, columns=[b"c"])
+    return len(orphans)
 
 
 def _reserve(counters, skey: bytes, n: int) -> int:
