@@ -5,13 +5,17 @@ Tables (``NAME_`` prefix, created when missing):
 ``sessions``  row ``tenant\\0client_id``; families ``s`` (expiry, disconnected
               at, will, will due), ``f`` (one column per subscription filter),
               ``r`` (incoming QoS 2 packet ids awaiting PUBREL).
-``counters``  same row key; ``c:seq``, the session's queue sequence, advanced
-              with ``atomicIncrement`` -- once per batch and queue, by the
-              number of messages appended -- so several nodes appending to
-              one queue never collide, and a publisher's messages (committed
-              in order by the node it is connected to) stay in order. It is
-              never deleted with the session, so queue row keys are never
-              reused (HBase delete markers would hide a re-used key).
+``counters``  one row, ``seq``: ``c:seq``, the queue sequence of every
+              queue, advanced with ``atomicIncrement`` once per batch by the
+              number of messages the batch appends, whatever its fan-out. So
+              several nodes appending to one queue never collide, a batch
+              committed after another has higher numbers (a publisher's
+              messages stay in order, whichever node it is on), and a number
+              is never given twice: queue row keys are never reused (HBase
+              delete markers would hide a re-used key) and there is no
+              per-session counter to collect. (Rows of other keys are the
+              per-session counters of earlier versions: the purge deletes
+              them; the first increment moves the counter above them.)
 ``queue``     row ``salt . reversed(client_id) \\0 tenant \\0 seq(8 bytes)``: a
               session's queue is one contiguous range (scanned in bounded
               batches, deleted by key once acknowledged), while the salt
@@ -35,7 +39,6 @@ before those 2 ms have passed. (On HBase 2 with ``NEW_VERSION_BEHAVIOR``
 families the wait is unnecessary but harmless.)
 """
 
-import concurrent.futures
 import logging
 import threading
 import time
@@ -86,17 +89,17 @@ log = logging.getLogger("brokerd.store")
 
 FAMILY_NAMES = {name: [f.encode() for f in fams] for name, fams in FAMILIES.items()}
 DELETE_ORDER = ("queue", "delayed", "retained", "meta", "counters", "sessions")     # children first
+SEQ_ROW = b"seq"              # the counters table's one live row
 SCAN_BATCH = 1000
-SEEDED = 1 << 56              # counters below this have not been seeded (new, or collected and recreated)
+SEEDED = 1 << 56              # a counter below this has not been seeded (a new table)
 SALTS = 64                    # the queue table's salt byte: crc32(session key) % SALTS
 PURGE_PACE = 5000             # rows a second the purge scans, at most (URL option purge_pace)
 
 
 def _seed() -> int:
-    """A new counter's start: wall-clock milliseconds << 18, above every sequence
-    an earlier session of the same client id had (unless it took more than 2^18
-    numbers a millisecond, or the clocks of the nodes differ by more than its
-    lifetime)."""
+    """The counter's start: wall-clock milliseconds << 18 (about 2^59 today),
+    above every per-session counter of earlier versions, whose rows may still
+    be in queues; 2^63 is reached in the year 3000."""
     return (time.time_ns() // 1_000_000) << 18
 DELETE_GUARD = 0.002          # seconds between deleting a row and writing it again
 
@@ -167,17 +170,17 @@ class HBaseStore(Store):
         self.transport = opts.pop("transport", "buffered")
         self.protocol = opts.pop("protocol", "binary")
         self.compression = opts.pop("compression", "NONE").upper()
-        self.regions = int(opts.pop("regions", "16"))
-        self.seq_threads = int(opts.pop("seq_threads", "8"))
-        self.purge_pace = float(opts.pop("purge_pace", str(PURGE_PACE)))
-        if not 1 <= self.regions <= SALTS or self.seq_threads < 1 or self.purge_pace <= 0:
-            raise ValueError(f"bad store URL {url!r}: regions is 1..{SALTS}, seq_threads >= 1, purge_pace > 0")
+        try:
+            self.regions = int(opts.pop("regions", "16"))
+            self.purge_pace = float(opts.pop("purge_pace", str(PURGE_PACE)))
+        except ValueError:
+            self.regions = self.purge_pace = 0
+        if not 1 <= self.regions <= SALTS or not self.purge_pace > 0:
+            raise ValueError(f"bad store URL {url!r}: regions is 1..{SALTS}, purge_pace a number > 0")
         if opts:
             raise ValueError(f"bad store URL {url!r}: unknown option(s) {', '.join(opts)}")
         self.pool = None
         self.purge_pool = None                    # the purge's own connection (its own thread: _run_aside)
-        self.seq_pool = None                      # connections for reserving sequences in parallel
-        self._seq_threads = None
         self._recent: dict[tuple, float] = {}     # (table, row) -> monotonic time of our delete
         self._recent_lock = threading.Lock()
         self._purge_from: dict[str, bytes] = {}   # table -> where an interrupted purge pass resumes
@@ -199,10 +202,6 @@ class HBaseStore(Store):
 
         self.pool = pool(1)
         self.purge_pool = pool(1)
-        if self.seq_threads > 1:
-            self.seq_pool = pool(self.seq_threads)
-            self._seq_threads = concurrent.futures.ThreadPoolExecutor(self.seq_threads,
-                                                                       thread_name_prefix="store-hbase-seq")
         with self.pool.connection() as conn:
             existing = {t.decode() if isinstance(t, bytes) else t for t in conn.tables()}
             for name, fams in families(self.compression).items():
@@ -219,10 +218,7 @@ class HBaseStore(Store):
                         self.prefix, regions, self.regions, self.prefix, self.regions)
 
     def _close(self):
-        self.pool = self.purge_pool = self.seq_pool = None
-        if self._seq_threads is not None:
-            self._seq_threads.shutdown(wait=True)
-            self._seq_threads = None
+        self.pool = self.purge_pool = None
 
     async def close(self) -> None:
         self._stopping = True                      # a purge pass under way stops at its next page
@@ -285,7 +281,6 @@ class HBaseStore(Store):
             if kind == "session_del":
                 alive[skey] = False
                 sessions[skey].drop()
-                rows["counters"][skey].drop()            # collected: a new session's counter starts above it
                 for _, e in appends.pop(skey, ()):
                     in_batch.pop(id(e), None)
                     e.seq = 0
@@ -348,7 +343,7 @@ class HBaseStore(Store):
         for key in missing:
             del queue[key]
         # 1. deletes, children before parents: the rows of the deleted sessions'
-        # queues, then their counters, then the session rows. HBase applies the
+        # queues, then the session rows. HBase applies the
         # rows of a call one by one; a failure (or a crash) between two rows
         # leaves a session that is still there with part of its queue gone --
         # the deletion is retried (purge, clean start) -- never queue rows
@@ -389,28 +384,15 @@ class HBaseStore(Store):
         self._note_deleted(removed)
 
     def _number(self, conn, appends) -> None:
-        """Give the batch's new queue entries their sequence numbers: one counter
-        increment per queue, by the number of its new entries, the queues'
-        increments at once (``seq_threads`` connections) -- one round trip of
-        latency however many queues the batch fans out to."""
-        todo = [(skey, fresh) for skey, items in appends.items() if (fresh := [e for _, e in items if not e.seq])]
-        if not todo:
+        """Give the batch's new queue entries their sequence numbers: one
+        increment of the one counter for the whole batch, however many queues
+        it fans out to (``_reserve``), each queue's entries in append order."""
+        fresh = [e for items in appends.values() for _, e in items if not e.seq]
+        if not fresh:
             return
-        wait = max((self._since_delete("counters", skey) for skey, _ in todo), default=0.0)
-        if wait > 0:
-            time.sleep(wait)                 # an increment in the millisecond of our delete would be masked
-        if len(todo) == 1 or self._seq_threads is None:
-            table = conn.table("counters")
-            lasts = [_reserve(table, skey, len(fresh)) for skey, fresh in todo]
-        else:
-            lasts = list(self._seq_threads.map(self._reserve_pooled, [(skey, len(fresh)) for skey, fresh in todo]))
-        for (_, fresh), last in zip(todo, lasts, strict=True):
-            for i, e in enumerate(fresh):
-                e.seq = last - len(fresh) + 1 + i
-
-    def _reserve_pooled(self, item) -> int:
-        with self.seq_pool.connection() as conn:
-            return _reserve(conn.table("counters"), *item)
+        last = _reserve(conn.table("counters"), SEQ_ROW, len(fresh))
+        for i, e in enumerate(fresh):
+            e.seq = last - len(fresh) + 1 + i
 
     def _since_delete(self, name: str, key: bytes) -> float:
         """How long to wait before writing a row this store deleted (0: no need)."""
@@ -502,9 +484,6 @@ class HBaseStore(Store):
             if b"s:e" not in data:
                 return None
             rec = self._session(key, data)
-            counter = conn.table("counters").row(key, columns=[b"c:seq"])
-            if counter:
-                rec.last_seq = int.from_bytes(counter[b"c:seq"], "big", signed=True)
             prefix = queue_prefix(tenant, client_id)
             rec.queue = [_entry(int.from_bytes(k[-8:], "big"), d)
                          for k, d in conn.table("queue").scan(row_prefix=prefix, batch_size=SCAN_BATCH)
@@ -532,7 +511,7 @@ class HBaseStore(Store):
             n += self._purge_table(conn, "sessions", [b"s:e", b"s:d"], now, self._purge_sessions)
             for name in ("queue", "retained"):
                 n += self._purge_table(conn, name, [b"m:e"], now, _purge_expired_rows)
-            self._purge_table(conn, "counters", [b"c:seq"], now, _purge_orphan_counters)
+            self._purge_table(conn, "counters", [b"c:seq"], now, _purge_old_counters)
         return n
 
     def _purge_table(self, conn, name, columns, now, page_fn) -> int:
@@ -630,29 +609,24 @@ def _purge_expired_rows(conn, table, page, now) -> int:
     return len(expired)
 
 
-def _purge_orphan_counters(conn, table, page, now) -> int:
-    """Counters whose session is gone: left by an append that raced the session's
-    deletion on another node. Deleting one is safe even if its session is being
-    made at this moment: its next increment seeds it above every number it gave."""
-    keys = [key for key, _ in page]
-    live = {k for k, d in conn.table("sessions").rows(keys, columns=[b"s:e"]) if b"s:e" in d}
-    orphans = [k for k in keys if k not in live]
-    if orphans:
+def _purge_old_counters(conn, table, page, now) -> int:
+    """The per-session counters of earlier versions (every row but ``SEQ_ROW``)."""
+    old = [key for key, _ in page if key != SEQ_ROW]
+    if old:
         with table.batch() as b:
-            for key in orphans:
+            for key in old:
                 b.delete(key, columns=[b"c"])
-    return len(orphans)
+    return len(old)
 
 
-def _reserve(counters, skey: bytes, n: int) -> int:
-    """Reserve ``n`` sequence numbers of a queue; -> the last. A counter below
-    SEEDED is new (or was collected with its session and made again by this
-    increment): it is moved up to ``_seed()`` first. Racing reservers each get
-    their own range: every increment's range is its own, and the second one
-    adds at least ``n``."""
-    last = counters.counter_inc(skey, b"c:seq", n)
+def _reserve(counters, key: bytes, n: int) -> int:
+    """Reserve ``n`` sequence numbers; -> the last. A counter below SEEDED (a new
+    table) is moved up to ``_seed()`` first; reservers racing there each still get
+    their own range: every increment's range is its own, and the second one adds
+    at least ``n``."""
+    last = counters.counter_inc(key, b"c:seq", n)
     if last < SEEDED:
-        last = counters.counter_inc(skey, b"c:seq", max(_seed(), n))
+        last = counters.counter_inc(key, b"c:seq", max(_seed(), n))
     return last
 
 
