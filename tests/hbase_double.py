@@ -423,19 +423,23 @@ class Handler:
                             (table, row, fam + b":" + qual, ts))
 
     def _mutate(self, table, batches, timestamp, puts_first):
-        def run(rows):
+        def check():
             self._table(table)
             families = self._families(table)
+            for row, mutations in batches:
+                if row is None:
+                    raise T.IllegalArgument(message="row is null")
+                for m in mutations or ():
+                    self._check_family(table, _split(m.column or b"")[0], families)
+
+        def run(rows):
             now = _now_ms()
             ts = now if timestamp is None or timestamp == LATEST else timestamp
             dts = LATEST if timestamp is None else timestamp
             puts, deletes = [], []
             for row, mutations in rows:
-                if row is None:
-                    raise T.IllegalArgument(message="row is null")
                 for m in mutations or ():
                     fam, qual = _split(m.column or b"")
-                    self._check_family(table, fam, families)
                     if m.isDelete:
                         deletes.append((row, m.column))
                     elif qual is not None:           # HBase ignores a put without qualifier (logs a warning)
@@ -448,6 +452,8 @@ class Handler:
             if puts_first:
                 for row, column in deletes:
                     self._delete(table, row, column, dts)
+
+        self._tx(check)                               # a bad table, row or family fails the call first
         if not puts_first:                            # mutateRow: one row, atomic
             self._tx(run, batches)
             return
@@ -456,8 +462,6 @@ class Handler:
         # leaves the earlier rows written
         grouped: dict[bytes, list] = {}
         for row, mutations in batches:
-            if row is None:
-                raise T.IllegalArgument(message="row is null")
             grouped.setdefault(row, []).extend(mutations or ())
         for i, (row, mutations) in enumerate(grouped.items()):
             if i:
