@@ -28,6 +28,7 @@ from .budget import QueuePacer
 from .cluster.bus import Bus
 from .cluster.node import ClusterError, ClusterNode
 from .cluster.peers import LinkSettings
+from .cluster.purge import purge_under_lease
 from .config import Config, ConfigError, Listener, load
 from .delayed import DelayedQueue
 from .integrations.telemetry import TelemetryWriter
@@ -54,6 +55,7 @@ log = logging.getLogger("brokerd")
 PREAUTH_LOG_SWEEPS = 20  # sweeps (10 s) between two log lines about the pre-authentication budget
 SWEEP_INTERVAL = 0.5     # keepalive / CONNECT timeout / will delay / expiry resolution, seconds
 STORE_PURGE_INTERVAL = 60.0     # seconds between purges of expired sessions and messages in the store
+STORE_PURGE_LEASE = 3 * STORE_PURGE_INTERVAL   # a cluster's purge lease: its holder renews it at each pass
 STORE_STARTUP_TIMEOUT = 30.0    # how long start-up waits for an unavailable store
 POLICY_STARTUP_TIMEOUT = 10.0   # how long start-up waits for the console's database
 SOCKET_SLACK = 1024      # sockets accepted beyond --max-connections before refusing at accept
@@ -226,7 +228,10 @@ class Server:
         while True:
             await asyncio.sleep(STORE_PURGE_INTERVAL)
             try:
-                n = await self.store.purge(time.time())
+                if self.cluster is not None:       # one node at a time (brokerd.cluster.purge)
+                    n = await purge_under_lease(self.store, self.cluster.bus, time.time(), STORE_PURGE_LEASE)
+                else:
+                    n = await self.store.purge(time.time())
                 if n:
                     log.info("store: purged %d expired rows", n)
             except StoreError as exc:

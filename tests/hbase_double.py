@@ -42,8 +42,17 @@ families):
   results are fetched from the table as the client pages through them;
   scanner ids live in the gateway process (a restart invalidates them:
   ``IllegalArgument``);
+- ``mutateRows`` applies its rows one by one, each row atomic on its own
+  (HBase: each region server applies its rows; one may fail while others
+  succeeded), and a fault can be injected between two rows: the rows before
+  it stay written (``fail_between_rows``, ``--fault-rows N``);
 - unexpected failures are answered with ``IOError`` instead of a dropped
   connection; in-process, ``fail(api, times)`` injects ``IOError`` failures.
+
+For measuring round trips rather than Python: every Thrift call is counted
+per API (``calls``; ``control("calls")`` on the process's control port) and
+may be delayed (``--latency-ms``: the gateway-to-region-server round trip of
+a real cluster, 0.5-2 ms), outside the data lock so concurrent calls overlap.
 
 ``delete_markers=True`` (``--delete-markers``) adds HBase's delete markers:
 a delete leaves a marker at its timestamp, and a later put of that cell (or
@@ -55,10 +64,10 @@ What it does differently (be careful when a test passes only here):
 
 - without ``delete_markers`` a put right after a delete of the same cell is
   always visible;
-- every call is one SQLite transaction, so ``mutateRows`` is atomic across
-  rows (HBase applies rows independently);
 - filter strings (``filterString``) are refused with ``IOError``;
-  ``getRowOrBefore`` and ``getRegionInfo`` are not implemented (``IOError``).
+  ``getRowOrBefore`` and ``getRegionInfo`` are not implemented (``IOError``);
+- regions are only a list of split keys for ``getTableRegions`` (one region
+  unless ``presplit`` set them); nothing is served per region.
 """
 
 import argparse
@@ -161,7 +170,8 @@ class Handler:
         self.lock = threading.Lock()
         self.scanners: dict[int, _Scanner] = {}
         self._ids = itertools.count(1)
-        self.calls = 0
+        self.row_fault = None      # (table, rows done, rows in the call) -> fail now? (see _Faults)
+        self.splits: dict[bytes, list] = {}   # table -> split keys (HBaseDouble.presplit: what `create ... SPLITS` did)
 
     def close(self):
         with self.lock:
@@ -179,7 +189,6 @@ class Handler:
     def _tx(self, fn, *args):
         """Run ``fn`` in one transaction; unexpected errors become IOError."""
         with self.lock:
-            self.calls += 1
             self.db.execute("BEGIN IMMEDIATE")
             try:
                 result = fn(*args)
@@ -290,8 +299,10 @@ class Handler:
     def getTableRegions(self, name):
         def run():
             self._table(name, enabled=False)
-            return [T.TRegionInfo(startKey=b"", endKey=b"", id=1, name=name + b",,1.double", version=1,
-                                  serverName=b"127.0.0.1", port=0)]
+            bounds = [b"", *self.splits.get(name, ()), b""]
+            return [T.TRegionInfo(startKey=lo, endKey=hi, id=i + 1, name=name + b"," + lo + b",%d.double" % (i + 1),
+                                  version=1, serverName=b"127.0.0.1", port=0)
+                    for i, (lo, hi) in enumerate(zip(bounds, bounds[1:], strict=False))]
         return self._tx(run)
 
     # -------------------------------------------------------------- reads
@@ -395,6 +406,21 @@ class Handler:
                         "value = excluded.value, ts = excluded.ts WHERE excluded.ts >= cells.ts",
                         (table, row, column, value, ts))
 
+    def _put_many(self, table, puts, ts):
+        """``_put`` for many cells: one read of their rows' delete markers, one statement."""
+        if self.delete_markers and puts:
+            rows = {row for row, _, _ in puts}
+            marks: dict = {}
+            for row in rows:
+                for col, mts in self.db.execute("SELECT col, ts FROM markers WHERE tbl = ? AND row = ?", (table, row)):
+                    marks[(row, col)] = mts
+            if marks:
+                puts = [(row, column, value) for row, column, value in puts
+                        if max(marks.get((row, column), -1), marks.get((row, column.partition(b":")[0]), -1)) < ts]
+        self.db.executemany("INSERT INTO cells VALUES (?, ?, ?, ?, ?) ON CONFLICT (tbl, row, col) DO UPDATE SET "
+                            "value = excluded.value, ts = excluded.ts WHERE excluded.ts >= cells.ts",
+                            [(table, row, column, value, ts) for row, column, value in puts])
+
     def _delete(self, table, row, column, ts=LATEST):
         """Delete a column (``fam:qual``) or a whole family (``fam``), versions <= ts."""
         fam, qual = _split(column)
@@ -412,19 +438,23 @@ class Handler:
                             (table, row, fam + b":" + qual, ts))
 
     def _mutate(self, table, batches, timestamp, puts_first):
-        def run():
+        def check():
             self._table(table)
             families = self._families(table)
-            now = _now_ms()
-            ts = now if timestamp is None or timestamp == LATEST else timestamp
-            dts = LATEST if timestamp is None else timestamp
-            puts, deletes = [], []
             for row, mutations in batches:
                 if row is None:
                     raise T.IllegalArgument(message="row is null")
                 for m in mutations or ():
+                    self._check_family(table, _split(m.column or b"")[0], families)
+
+        def run(rows):
+            now = _now_ms()
+            ts = now if timestamp is None or timestamp == LATEST else timestamp
+            dts = LATEST if timestamp is None else timestamp
+            puts, deletes = [], []
+            for row, mutations in rows:
+                for m in mutations or ():
                     fam, qual = _split(m.column or b"")
-                    self._check_family(table, fam, families)
                     if m.isDelete:
                         deletes.append((row, m.column))
                     elif qual is not None:           # HBase ignores a put without qualifier (logs a warning)
@@ -432,12 +462,32 @@ class Handler:
             if not puts_first:
                 for row, column in deletes:
                     self._delete(table, row, column, dts)
-            for row, column, value in puts:
-                self._put(table, row, column, value, ts)
+            self._put_many(table, puts, ts)
             if puts_first:
                 for row, column in deletes:
                     self._delete(table, row, column, dts)
-        self._tx(run)
+
+        self._tx(check)                               # a bad table, row or family fails the call first
+        if not puts_first:                            # mutateRow: one row, atomic
+            self._tx(run, batches)
+            return
+        # mutateRows: each row on its own, like HBase (a region server applies the
+        # rows of its regions, another server may fail): a failure between rows
+        # leaves the earlier rows written
+        grouped: dict[bytes, list] = {}
+        for row, mutations in batches:
+            grouped.setdefault(row, []).extend(mutations or ())
+        for i, (row, mutations) in enumerate(grouped.items()):
+            if i:
+                self.between_rows(table, i, len(grouped))
+            self._tx(run, [(row, mutations)])
+
+    def between_rows(self, table, done: int, total: int) -> None:
+        """Called in ``mutateRows`` after ``done`` of ``total`` rows: the fault hook."""
+        fault = self.row_fault
+        if fault is not None and fault(table, done, total):
+            raise T.IOError(message=f"injected failure of mutateRows after {done} of {total} rows "
+                                    f"(HBase test double)")
 
     def mutateRow(self, table, row, mutations, attributes=None):
         self._mutate(table, [(row, mutations)], None, puts_first=False)
@@ -647,14 +697,32 @@ def _increment_bytes(b: bytes) -> bytes | None:
 
 
 class _Faults:
-    """The handler as the processor sees it, with injectable failures:
-    ``fail("mutateRows")`` makes the next ``mutateRows`` raise ``IOError``
-    before touching the data (a region server refusing the write)."""
+    """The handler as the processor sees it: every Thrift call counted
+    (``calls``, per API), delayed by ``latency_ms`` (outside the data lock,
+    like a network round trip: concurrent calls overlap), and injectable
+    failures:
 
-    def __init__(self, handler: Handler):
+    - ``fail("mutateRows")`` makes the next ``mutateRows`` raise ``IOError``
+      before touching the data (a region server refusing the write);
+    - ``fail_between_rows(after, times, skip)``: the next ``times``
+      ``mutateRows`` calls of more than ``after`` rows (after ``skip`` such
+      calls) write their first ``after`` rows, then raise ``IOError`` (one
+      region server took its rows, another failed);
+    - ``fail_rows_every(n)``: from now on every ``n``-th ``mutateRows`` of two
+      rows or more fails halfway through its rows (``--fault-rows N``).
+    """
+
+    def __init__(self, handler: Handler, latency_ms: float = 0.0):
         self.handler = handler
+        self.latency = latency_ms / 1000.0
         self.pending: dict[str, int] = {}
+        self.calls: dict[str, int] = {}
         self.lock = threading.Lock()
+        self._between: list[int] = []          # pending between-rows faults: rows to write first
+        self._every = 0
+        self._multi = 0                        # multi-row mutateRows calls seen (for fail_rows_every)
+        self.row_faults = 0                    # between-rows faults injected so far
+        handler.row_fault = self._row_fault
 
     def fail(self, api: str, times: int = 1) -> None:
         if api not in T.Hbase.thrift_services:
@@ -662,18 +730,118 @@ class _Faults:
         with self.lock:
             self.pending[api] = self.pending.get(api, 0) + times
 
+    def fail_between_rows(self, after: int = 1, times: int = 1, skip: int = 0) -> None:
+        if after < 1:
+            raise ValueError("after must be >= 1 (a failure before the first row is fail('mutateRows'))")
+        with self.lock:
+            self._between += [[after, skip] for _ in range(times)]
+
+    def fail_rows_every(self, n: int) -> None:
+        with self.lock:
+            self._every = max(int(n), 0)
+            self._multi = 0
+
+    def _row_fault(self, table, done: int, total: int) -> bool:
+        with self.lock:
+            if self._between and done == self._between[0][0]:
+                if self._between[0][1]:            # not this call: a later one
+                    self._between[0][1] -= 1
+                else:
+                    self._between.pop(0)
+                    self.row_faults += 1
+                    return True
+            if self._every and done == total // 2 and self._multi % self._every == 0:
+                self.row_faults += 1
+                return True
+        return False
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            return {"calls": dict(self.calls), "total": sum(self.calls.values()), "row_faults": self.row_faults}
+
+    def reset(self) -> None:
+        with self.lock:
+            self.calls.clear()
+
     def __getattr__(self, api):
         fn = getattr(self.handler, api)
 
         def call(*args):
             with self.lock:
+                self.calls[api] = self.calls.get(api, 0) + 1
                 n = self.pending.get(api, 0)
                 if n:
                     self.pending[api] = n - 1
+                if api in ("mutateRows", "mutateRowsTs") and len(args) > 1 and len(args[1] or ()) > 1:
+                    self._multi += 1
+            if self.latency:
+                time.sleep(self.latency)
             if n:
                 raise T.IOError(message=f"injected failure of {api} (HBase test double)")
             return fn(*args)
         return call
+
+
+class _Control:
+    """A line protocol on 127.0.0.1 for a double in another process (tests, bench):
+    ``calls`` -> JSON of the call counts; ``reset``; ``latency MS``;
+    ``fault-rows N`` (see ``_Faults.fail_rows_every``); ``fail API [TIMES]``;
+    ``between AFTER [TIMES]``. Each answered with one line (``ok`` or JSON)."""
+
+    def __init__(self, faults: "_Faults", host: str):
+        self.faults = faults
+        self.sock = socket.create_server((host, 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True, name="hbase-double-control").start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._client, args=(conn,), daemon=True).start()
+
+    def _client(self, conn):
+        with conn, conn.makefile("rw") as f:
+            for line in f:
+                f.write(self.command(line.split()) + "\n")
+                f.flush()
+
+    def command(self, words: list[str]) -> str:
+        import json
+
+        try:
+            cmd = words[0]
+            if cmd == "calls":
+                return json.dumps(self.faults.snapshot())
+            if cmd == "reset":
+                self.faults.reset()
+            elif cmd == "latency":
+                self.faults.latency = float(words[1]) / 1000.0
+            elif cmd == "fault-rows":
+                self.faults.fail_rows_every(int(words[1]))
+            elif cmd == "fail":
+                self.faults.fail(words[1], int(words[2]) if len(words) > 2 else 1)
+            elif cmd == "between":
+                self.faults.fail_between_rows(int(words[1]), int(words[2]) if len(words) > 2 else 1)
+            else:
+                return f"error: unknown command {cmd!r}"
+            return "ok"
+        except (IndexError, ValueError) as exc:
+            return f"error: {exc}"
+
+    def close(self):
+        self.sock.close()
+
+
+def control(address: str, *words) -> str:
+    """Send one command to a double's control port (``HOST:PORT``); -> its answer line."""
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), 5) as s, s.makefile("rw") as f:
+        f.write(" ".join(map(str, words)) + "\n")
+        f.flush()
+        return f.readline().strip()
 
 
 # ------------------------------------------------------------------ server
@@ -740,15 +908,17 @@ class HBaseDouble:
     """The double in this process: ``HBaseDouble(path).start()``; ``.port``; ``.stop()``."""
 
     def __init__(self, path=":memory:", host="127.0.0.1", port=0, transport="buffered", protocol="binary",
-                 delete_markers=False):
+                 delete_markers=False, latency_ms=0.0):
         self.path = str(path)
         self.delete_markers = delete_markers
+        self.latency_ms = latency_ms
         self.host = host
         self.port = port
         self.transport = transport
         self.protocol = protocol
         self.handler: Handler | None = None
         self.faults: _Faults | None = None
+        self.control: _Control | None = None
         self.server: _Server | None = None
         self.thread: threading.Thread | None = None
 
@@ -758,7 +928,7 @@ class HBaseDouble:
         trans = {"buffered": TBufferedTransportFactory, "framed": TFramedTransportFactory}[self.transport]()
         proto = {"binary": TBinaryProtocolFactory, "compact": TCompactProtocolFactory}[self.protocol](
             decode_response=False)
-        self.faults = _Faults(self.handler)
+        self.faults = _Faults(self.handler, self.latency_ms)
         self.server = _Server(TProcessor(T.Hbase, self.faults), sock, itrans_factory=trans, iprot_factory=proto)
         sock.listen()
         self.port = sock.port
@@ -774,7 +944,30 @@ class HBaseDouble:
         """The next ``times`` calls of ``api`` raise ``IOError`` (changing nothing)."""
         self.faults.fail(api, times)
 
+    def fail_between_rows(self, after: int = 1, times: int = 1, skip: int = 0) -> None:
+        """The next ``times`` ``mutateRows`` of more than ``after`` rows (after ``skip``
+        such calls) write ``after`` rows, then fail."""
+        self.faults.fail_between_rows(after, times, skip)
+
+    def presplit(self, table: str, keys: list[bytes]) -> None:
+        """The table's regions start at ``keys`` (as the HBase shell's ``create ..., SPLITS``
+        leaves them: Thrift1 cannot pass split keys); ``getTableRegions`` reports them."""
+        self.handler.splits[table.encode()] = list(keys)
+
+    @property
+    def calls(self) -> dict:
+        """Thrift calls served so far: ``{"calls": {api: n}, "total": n, "row_faults": n}``."""
+        return self.faults.snapshot()
+
+    def serve_control(self) -> int:
+        """Open the control port (see ``_Control``); -> its number."""
+        self.control = _Control(self.faults, self.host)
+        return self.control.port
+
     def stop(self) -> None:
+        if self.control is not None:
+            self.control.close()
+            self.control = None
         if self.server is not None:
             self.server.close()
             self.thread.join(5)
@@ -794,11 +987,16 @@ class HBaseDoubleProcess:
 
     READY = "hbase-double ready port="
 
-    def __init__(self, data, port: int = 0, host: str = "127.0.0.1", timeout: float = 15.0):
+    def __init__(self, data, port: int = 0, host: str = "127.0.0.1", timeout: float = 15.0,
+                 delete_markers: bool = False, latency_ms: float = 0.0, fault_rows: int = 0):
         self.data = str(data)
         self.host = host
         self.port = port
         self.timeout = timeout
+        self.delete_markers = delete_markers
+        self.latency_ms = latency_ms
+        self.fault_rows = fault_rows
+        self.control_port = 0
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -808,7 +1006,10 @@ class HBaseDoubleProcess:
     def start(self) -> "HBaseDoubleProcess":
         root = Path(__file__).resolve().parent.parent
         cmd = [sys.executable, "-m", "tests.hbase_double", "--host", self.host, "--port", str(self.port),
-               "--data", self.data]
+               "--data", self.data, "--latency-ms", str(self.latency_ms), "--fault-rows", str(self.fault_rows),
+               "--control"]
+        if self.delete_markers:
+            cmd.append("--delete-markers")
         deadline = time.monotonic() + self.timeout
         while True:
             self.proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, text=True,
@@ -819,7 +1020,9 @@ class HBaseDoubleProcess:
                     line = self.proc.stdout.readline()
                     break
             if line.startswith(self.READY):
-                self.port = int(line[len(self.READY):])
+                ready = dict(w.split("=", 1) for w in line.split()[2:])
+                self.port = int(ready["port"])
+                self.control_port = int(ready.get("control", 0))
                 return self
             self.kill()
             if time.monotonic() >= deadline:      # the port may still be held briefly after a kill: retry
@@ -838,6 +1041,16 @@ class HBaseDoubleProcess:
         if self.proc is not None and self.proc.stdout is not None:
             self.proc.stdout.close()
         self.proc = None
+
+    def control(self, *words) -> str:
+        """One command to the double's control port (see ``_Control``): ``control("calls")``."""
+        return control(f"{self.host}:{self.control_port}", *words)
+
+    def calls(self) -> dict:
+        """Thrift calls served since the start (or the last ``reset``)."""
+        import json
+
+        return json.loads(self.control("calls"))
 
     def restart(self) -> "HBaseDoubleProcess":
         self.kill()
@@ -863,13 +1076,22 @@ def main(argv=None) -> None:
     ap.add_argument("--protocol", choices=("binary", "compact"), default="binary")
     ap.add_argument("--delete-markers", action="store_true",
                     help="hide puts not newer than a delete of the same cell (same millisecond), like HBase")
+    ap.add_argument("--latency-ms", type=float, default=0.0,
+                    help="added to every Thrift call (a gateway and region server round trip)")
+    ap.add_argument("--fault-rows", type=int, default=0, metavar="N",
+                    help="every N-th mutateRows of 2+ rows fails halfway through its rows (0: never)")
+    ap.add_argument("--control", action="store_true",
+                    help="open a control port (call counts, faults, latency), printed as control=PORT")
     args = ap.parse_args(argv)
     double = HBaseDouble(args.data, args.host, args.port, args.transport, args.protocol,
-                         args.delete_markers).start()
+                         args.delete_markers, args.latency_ms).start()
+    if args.fault_rows:
+        double.faults.fail_rows_every(args.fault_rows)
+    extra = f" control={double.serve_control()}" if args.control else ""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    print(f"hbase-double ready port={double.port}", flush=True)
+    print(f"hbase-double ready port={double.port}{extra}", flush=True)
     stop.wait()
     double.stop()
     os._exit(0)

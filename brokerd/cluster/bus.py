@@ -60,6 +60,13 @@ for i = 1, #KEYS, 2 do
 end
 return out
 """
+# a lease: taken when free, renewed by its holder (ARGV: holder, ttl ms) -> 1 if held now
+_LEASE = """
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then redis.call('PEXPIRE', KEYS[1], ARGV[2]) return 1 end
+if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
+return 0
+"""
 CLAIMS_PER_CALL = 500       # a burst of CONNECTs larger than this goes in several calls (a script blocks Redis)
 _HDEL_IF = """
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
@@ -108,6 +115,7 @@ class Bus:
         self._claiming = False              # a claim call is scheduled or on its way (see try_claim)
         self._claim_call: asyncio.Task | None = None
         self._unlock = self.redis.register_script(_UNLOCK)
+        self._lease = self.redis.register_script(_LEASE)
         self._hdel_if = self.redis.register_script(_HDEL_IF)
 
     def k(self, *parts: str) -> str:
@@ -159,6 +167,14 @@ class Bus:
 
     async def trim_events(self, min_id: str) -> None:
         await self.redis.xtrim(self.k("events"), minid=min_id)
+
+    async def lease(self, name: str, ttl: float) -> bool:
+        """Take the named lease if free, renew it if this node holds it; -> held."""
+        return bool(await self._lease(keys=[self.k("lease", name)], args=[self.node, int(ttl * 1000)]))
+
+    async def lease_holder(self, name: str) -> str | None:
+        v = await self.redis.get(self.k("lease", name))
+        return v.decode() if v else None
 
     # --------------------------------------------------------------- clients
 

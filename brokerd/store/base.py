@@ -46,6 +46,7 @@ class Store:
     def __init__(self, url: str):
         self.url = url
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._aside: concurrent.futures.ThreadPoolExecutor | None = None
 
     def __repr__(self):
         return f"<{type(self).__name__} {self.url}>"
@@ -55,9 +56,19 @@ class Store:
     async def _run(self, fn, *args):
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"store-{self.scheme}")
+        return await self._run_in(self._executor, fn, *args)
+
+    async def _run_aside(self, fn, *args):
+        """``fn`` on a second thread of the store's, beside the writes (a remote
+        backend's long maintenance work, on its own connection: HBase's purge)."""
+        if self._aside is None:
+            self._aside = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"store-{self.scheme}-aside")
+        return await self._run_in(self._aside, fn, *args)
+
+    async def _run_in(self, executor, fn, *args):
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+            return await loop.run_in_executor(executor, functools.partial(fn, *args))
         except StoreError:
             raise
         except self.data_errors as exc:
@@ -78,6 +89,9 @@ class Store:
         await self._run(self._open)
 
     async def close(self) -> None:
+        if self._aside is not None:
+            aside, self._aside = self._aside, None
+            await asyncio.get_running_loop().run_in_executor(None, aside.shutdown)
         if self._executor is not None:
             try:
                 await self._run(self._close)

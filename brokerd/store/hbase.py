@@ -5,13 +5,17 @@ Tables (``NAME_`` prefix, created when missing):
 ``sessions``  row ``tenant\\0client_id``; families ``s`` (expiry, disconnected
               at, will, will due), ``f`` (one column per subscription filter),
               ``r`` (incoming QoS 2 packet ids awaiting PUBREL).
-``counters``  same row key; ``c:seq``, the session's queue sequence, advanced
-              with ``atomicIncrement`` -- once per batch and queue, by the
-              number of messages appended -- so several nodes appending to
-              one queue never collide, and a publisher's messages (committed
-              in order by the node it is connected to) stay in order. It is
-              never deleted with the session, so queue row keys are never
-              reused (HBase delete markers would hide a re-used key).
+``counters``  one row, ``seq``: ``c:seq``, the queue sequence of every
+              queue, advanced with ``atomicIncrement`` once per batch by the
+              number of messages the batch appends, whatever its fan-out. So
+              several nodes appending to one queue never collide, a batch
+              committed after another has higher numbers (a publisher's
+              messages stay in order, whichever node it is on), and a number
+              is never given twice: queue row keys are never reused (HBase
+              delete markers would hide a re-used key) and there is no
+              per-session counter to collect. (Rows of other keys are the
+              per-session counters of earlier versions: the purge deletes
+              them; the first increment moves the counter above them.)
 ``queue``     row ``salt . reversed(client_id) \\0 tenant \\0 seq(8 bytes)``: a
               session's queue is one contiguous range (scanned in bounded
               batches, deleted by key once acknowledged), while the salt
@@ -35,6 +39,8 @@ before those 2 ms have passed. (On HBase 2 with ``NEW_VERSION_BEHAVIOR``
 families the wait is unnecessary but harmless.)
 """
 
+import logging
+import threading
 import time
 import zlib
 from collections import defaultdict
@@ -58,15 +64,45 @@ from .records import (
     unpack_will,
 )
 
-FAMILIES = {
-    "sessions": {"s": {"max_versions": 1}, "f": {"max_versions": 1}, "r": {"max_versions": 1}},
-    "counters": {"c": {"max_versions": 1}},
-    "queue": {"m": {"max_versions": 1}},
-    "retained": {"m": {"max_versions": 1}},
-    "meta": {"m": {"max_versions": 1}},
-    "delayed": {"m": {"max_versions": 1}},
-}
+
+# Column families, as created (``python -m brokerd.store.hbase ddl`` prints them
+# as HBase shell commands, pre-split). One version everywhere: nothing reads an
+# older one. ROW bloom filters: every point read (a session, the probe for a
+# queue row, a counter) asks for one row key. No column-family TTL: nothing
+# here expires after a fixed time -- sessions by their own expiry interval
+# (or never, 0xFFFFFFFF), messages by their own Message Expiry Interval --
+# so a TTL would delete live data; the paced purge (``_purge``) removes them.
+# ``compression`` (URL option, default NONE) is the codec the region servers
+# have (SNAPPY, ZSTD, LZ4, GZ).
+def families(compression: str = "NONE") -> dict:
+    base = {"max_versions": 1, "bloom_filter_type": "ROW", "compression": compression}
+    return {
+        "sessions": {"s": base, "f": base, "r": base},
+        "counters": {"c": {**base, "in_memory": True}},     # small, hot: kept in the block cache first
+        "queue": {"m": base},
+        "retained": {"m": base},
+        "meta": {"m": base},
+        "delayed": {"m": base},
+    }
+
+
+FAMILIES = families()
+log = logging.getLogger("brokerd.store")
+
+FAMILY_NAMES = {name: [f.encode() for f in fams] for name, fams in FAMILIES.items()}
+DELETE_ORDER = ("queue", "delayed", "retained", "meta", "counters", "sessions")     # children first
+SEQ_ROW = b"seq"              # the counters table's one live row
 SCAN_BATCH = 1000
+SEEDED = 1 << 56              # a counter below this has not been seeded (a new table)
+SALTS = 64                    # the queue table's salt byte: crc32(session key) % SALTS
+PURGE_PACE = 5000             # rows a second the purge scans, at most (URL option purge_pace)
+
+
+def _seed() -> int:
+    """The counter's start: wall-clock milliseconds << 18 (about 2^59 today),
+    above every per-session counter of earlier versions, whose rows may still
+    be in queues; 2^63 is reached in the year 3000."""
+    return (time.time_ns() // 1_000_000) << 18
 DELETE_GUARD = 0.002          # seconds between deleting a row and writing it again
 
 
@@ -75,7 +111,7 @@ def session_key(tenant: str, client_id: str) -> bytes:
 
 
 def queue_prefix(tenant: str, client_id: str) -> bytes:
-    salt = zlib.crc32(session_key(tenant, client_id)) % 64
+    salt = zlib.crc32(session_key(tenant, client_id)) % SALTS
     return bytes((salt,)) + client_id[::-1].encode() + b"\0" + tenant.encode() + b"\0"
 
 
@@ -135,10 +171,23 @@ class HBaseStore(Store):
         self.timeout = int(opts.pop("timeout", "10000"))
         self.transport = opts.pop("transport", "buffered")
         self.protocol = opts.pop("protocol", "binary")
+        self.compression = opts.pop("compression", "NONE").upper()
+        try:
+            self.regions = int(opts.pop("regions", "16"))
+            self.purge_pace = float(opts.pop("purge_pace", str(PURGE_PACE)))
+        except ValueError:
+            self.regions = self.purge_pace = 0
+        if not 1 <= self.regions <= SALTS or not self.purge_pace > 0:
+            raise ValueError(f"bad store URL {url!r}: regions is 1..{SALTS}, purge_pace a number > 0")
         if opts:
             raise ValueError(f"bad store URL {url!r}: unknown option(s) {', '.join(opts)}")
         self.pool = None
+        self.purge_pool = None                    # the purge's own connection (its own thread: _run_aside)
         self._recent: dict[tuple, float] = {}     # (table, row) -> monotonic time of our delete
+        self._recent_lock = threading.Lock()
+        self._purge_from: dict[str, bytes] = {}   # table -> where an interrupted purge pass resumes
+        self._stopping = False
+        self._purge_stop = False
 
     # ---------------------------------------------------------- connection
 
@@ -148,20 +197,34 @@ class HBaseStore(Store):
 
         self.data_errors = (*DATA_ERRORS, IllegalArgument)     # HBase refused the values themselves
 
-        self.pool = happybase.ConnectionPool(1, host=self.host, port=self.port, table_prefix=self.prefix,
-                                             timeout=self.timeout, transport=self.transport,
-                                             protocol=self.protocol, autoconnect=False)
+        def pool(size):
+            return happybase.ConnectionPool(size, host=self.host, port=self.port, table_prefix=self.prefix,
+                                            timeout=self.timeout, transport=self.transport,
+                                            protocol=self.protocol, autoconnect=False)
+
+        self.pool = pool(1)
+        self.purge_pool = pool(1)
         with self.pool.connection() as conn:
             existing = {t.decode() if isinstance(t, bytes) else t for t in conn.tables()}
-            for name, families in FAMILIES.items():
+            for name, fams in families(self.compression).items():
                 if name not in existing:
                     try:
-                        conn.create_table(name, families)
+                        conn.create_table(name, fams)
                     except AlreadyExists:          # created meanwhile by another node
                         pass
+            regions = len(conn.client.getTableRegions(conn._table_name("queue")))
+        if regions < self.regions:
+            log.warning("hbase: table %s_queue has %d region(s), fewer than regions=%d: the Thrift gateway "
+                        "cannot create tables pre-split; create them with `python -m brokerd.store.hbase ddl "
+                        "--prefix %s --regions %d` (HBase shell commands) before the first start",
+                        self.prefix, regions, self.regions, self.prefix, self.regions)
 
     def _close(self):
-        self.pool = None
+        self.pool = self.purge_pool = None
+
+    async def close(self) -> None:
+        self._stopping = True                      # a purge pass under way stops at its next page
+        await super().close()
 
     def _ping(self):
         with self.pool.connection() as conn:
@@ -265,13 +328,8 @@ class HBaseStore(Store):
                 raise ValueError(f"unknown journal operation {kind!r}")
         # sequence numbers: one increment per queue, for entries not numbered by
         # an earlier, failed attempt at this batch (whose keys a retry rewrites)
-        counters = conn.table("counters")
-        for skey, items in appends.items():
-            fresh = [e for _, e in items if not e.seq]
-            if fresh:
-                last = counters.counter_inc(skey, b"c:seq", len(fresh))
-                for i, e in enumerate(fresh):
-                    e.seq = last - len(fresh) + 1 + i
+        self._number(conn, appends)
+        for items in appends.values():
             for prefix, e in items:
                 row = queue[prefix + e.seq.to_bytes(8, "big")]
                 m = e.msg
@@ -286,32 +344,34 @@ class HBaseStore(Store):
         missing = self._missing_queue_rows(conn, queue, appends)
         for key in missing:
             del queue[key]
-        # 1. deletes: whole rows, and every stored row of the deleted sessions' queues
+        # 1. deletes, children before parents: the rows of the deleted sessions'
+        # queues, then the session rows. HBase applies the
+        # rows of a call one by one; a failure (or a crash) between two rows
+        # leaves a session that is still there with part of its queue gone --
+        # the deletion is retried (purge, clean start) -- never queue rows
+        # without a session, which a new session of that client id would load.
         deleted: list[tuple] = []
-        for name in FAMILIES:
-            with conn.table(name).batch() as b:
-                for key, change in rows[name].items():
-                    if change.delete:
-                        b.delete(key)
-                        deleted.append((name, key))
         if cleared:
             table = conn.table("queue")
             for prefix in cleared:
                 with table.batch(batch_size=SCAN_BATCH) as b:
                     for key, _ in table.scan(row_prefix=prefix, columns=[b"m:f"], batch_size=SCAN_BATCH):
-                        b.delete(key)
+                        b.delete(key, columns=[b"m"])
                         deleted.append(("queue", key))
-        now = time.monotonic()
-        for k in deleted:
-            self._recent[k] = now
-        # 2. puts and column deletes, once the guard time after our deletes of those rows is over
+        for name in DELETE_ORDER:
+            with conn.table(name).batch() as b:
+                for key, change in rows[name].items():
+                    if change.delete:
+                        b.delete(key, columns=FAMILY_NAMES[name])
+                        deleted.append((name, key))
+        self._note_deleted(deleted)
+        # 2. puts and column deletes, once the guard time after our deletes of those rows is over;
+        # parents before children (a session's row before its queue's rows)
         wait = 0.0
         for name in FAMILIES:
             for key, change in rows[name].items():
                 if change.puts:
-                    t = self._recent.get((name, key))
-                    if t is not None:
-                        wait = max(wait, t + DELETE_GUARD - time.monotonic())
+                    wait = max(wait, self._since_delete(name, key))
         if wait > 0:
             time.sleep(wait)
         removed = []
@@ -323,12 +383,32 @@ class HBaseStore(Store):
                     if change.dels:
                         b.delete(key, columns=list(change.dels))
                         removed.append((name, key))
+        self._note_deleted(removed)
+
+    def _number(self, conn, appends) -> None:
+        """Give the batch's new queue entries their sequence numbers: one
+        increment of the one counter for the whole batch, however many queues
+        it fans out to (``_reserve``), each queue's entries in append order."""
+        fresh = [e for items in appends.values() for _, e in items if not e.seq]
+        if not fresh:
+            return
+        last = _reserve(conn.table("counters"), SEQ_ROW, len(fresh))
+        for i, e in enumerate(fresh):
+            e.seq = last - len(fresh) + 1 + i
+
+    def _since_delete(self, name: str, key: bytes) -> float:
+        """How long to wait before writing a row this store deleted (0: no need)."""
+        t = self._recent.get((name, key))
+        return 0.0 if t is None else t + DELETE_GUARD - time.monotonic()
+
+    def _note_deleted(self, keys: list) -> None:
         now = time.monotonic()
-        for k in removed:
-            self._recent[k] = now
-        if len(self._recent) > 10000:
-            cutoff = now - DELETE_GUARD
-            self._recent = {k: t for k, t in self._recent.items() if t > cutoff}
+        with self._recent_lock:
+            for k in keys:
+                self._recent[k] = now
+            if len(self._recent) > 10000:
+                cutoff = now - DELETE_GUARD
+                self._recent = {k: t for k, t in self._recent.items() if t > cutoff}
 
     def _alive(self, conn, ops) -> dict:
         """Which sessions the batch touches before creating or deleting them exist."""
@@ -383,10 +463,6 @@ class HBaseStore(Store):
             for key, data in conn.table("sessions").scan(batch_size=SCAN_BATCH):
                 if b"s:e" in data:
                     sessions[key] = self._session(key, data)
-            for key, data in conn.table("counters").scan(batch_size=SCAN_BATCH):
-                rec = sessions.get(key)
-                if rec is not None:
-                    rec.last_seq = int.from_bytes(data[b"c:seq"], "big", signed=True)
             for key, data in conn.table("queue").scan(batch_size=SCAN_BATCH):
                 tenant, cid, seq = _split_queue_key(key)
                 rec = sessions.get(session_key(tenant, cid))
@@ -410,37 +486,72 @@ class HBaseStore(Store):
             if b"s:e" not in data:
                 return None
             rec = self._session(key, data)
-            counter = conn.table("counters").row(key, columns=[b"c:seq"])
-            if counter:
-                rec.last_seq = int.from_bytes(counter[b"c:seq"], "big", signed=True)
             prefix = queue_prefix(tenant, client_id)
             rec.queue = [_entry(int.from_bytes(k[-8:], "big"), d)
                          for k, d in conn.table("queue").scan(row_prefix=prefix, batch_size=SCAN_BATCH)
                          if b"m:t" in d]
         return rec
 
+    # --------------------------------------------------------------- purge
+    # Off the write path: on the store's second thread (``_run_aside``) and its
+    # own connection, a pass scans each table once, paced to ``purge_pace`` rows
+    # a second, deleting what expired page by page. A pass that fails or is
+    # stopped resumes where it was; in a cluster one node at a time runs it
+    # (the server's lease in Redis).
+
+    async def purge(self, now: float) -> int:
+        self._purge_stop = False
+        return await self._run_aside(self._purge, now)
+
+    def stop_purge(self) -> None:
+        """Stop the pass under way at its next page (it resumes there next time)."""
+        self._purge_stop = True
+
     def _purge(self, now):
         n = 0
-        with self.pool.connection() as conn:
-            sessions = conn.table("sessions")
-            gone = []
-            for key, data in sessions.scan(columns=[b"s:e", b"s:d"], batch_size=SCAN_BATCH):
-                exp, disc = int(data.get(b"s:e", b"0")), data.get(b"s:d")
-                if disc and exp != 0xFFFFFFFF and float(disc) + exp <= now:
-                    gone.append(key)
-            for key in gone:
-                tenant, cid = _split_key(key)
-                self._apply([("session_del", tenant, cid)])
-                n += 1
+        with self.purge_pool.connection() as conn:
+            n += self._purge_table(conn, "sessions", [b"s:e", b"s:d"], now, self._purge_sessions)
             for name in ("queue", "retained"):
-                table = conn.table(name)
-                with table.batch(batch_size=SCAN_BATCH) as b:
-                    for key, data in table.scan(columns=[b"m:e"], batch_size=SCAN_BATCH):
-                        exp = data.get(b"m:e")
-                        if exp and float(exp) <= now:
-                            b.delete(key)
-                            n += 1
+                n += self._purge_table(conn, name, [b"m:e"], now, _purge_expired_rows)
+            self._purge_table(conn, "counters", [b"c:seq"], now, _purge_old_counters)
         return n
+
+    def _purge_table(self, conn, name, columns, now, page_fn) -> int:
+        """One paced pass over ``name`` from where the last one stopped; ``page_fn``
+        deletes the expired rows of each page. -> rows deleted."""
+        table = conn.table(name)
+        n = 0
+        page: list = []
+        started = time.monotonic()
+        scanned = 0
+        for key, data in table.scan(row_start=self._purge_from.get(name) or None, columns=columns,
+                                    batch_size=SCAN_BATCH):
+            page.append((key, data))
+            if len(page) < SCAN_BATCH:
+                continue
+            n += page_fn(conn, table, page, now)
+            self._purge_from[name] = page[-1][0] + b"\0"       # resume after the last row done
+            scanned += len(page)
+            page = []
+            if self._stopping or self._purge_stop:
+                return n
+            pause = started + scanned / self.purge_pace - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+        if page:
+            n += page_fn(conn, table, page, now)
+        self._purge_from.pop(name, None)                         # the pass is complete
+        return n
+
+    def _purge_sessions(self, conn, table, page, now) -> int:
+        gone = []
+        for key, data in page:
+            exp, disc = int(data.get(b"s:e", b"0")), data.get(b"s:d")
+            if disc and exp != 0xFFFFFFFF and float(disc) + exp <= now:
+                gone.append(("session_del", *_split_key(key)))
+        if gone:
+            self._write(conn, gone)
+        return len(gone)
 
     # ---------------------------------------------------------- delayed
 
@@ -494,6 +605,36 @@ class HBaseStore(Store):
         return counts
 
 
+def _purge_expired_rows(conn, table, page, now) -> int:
+    expired = [key for key, data in page if data.get(b"m:e") and float(data[b"m:e"]) <= now]
+    if expired:
+        with table.batch() as b:
+            for key in expired:
+                b.delete(key, columns=[b"m"])
+    return len(expired)
+
+
+def _purge_old_counters(conn, table, page, now) -> int:
+    """The per-session counters of earlier versions (every row but ``SEQ_ROW``)."""
+    old = [key for key, _ in page if key != SEQ_ROW]
+    if old:
+        with table.batch() as b:
+            for key in old:
+                b.delete(key, columns=[b"c"])
+    return len(old)
+
+
+def _reserve(counters, key: bytes, n: int) -> int:
+    """Reserve ``n`` sequence numbers; -> the last. A counter below SEEDED (a new
+    table) is moved up to ``_seed()`` first; reservers racing there each still get
+    their own range: every increment's range is its own, and the second one adds
+    at least ``n``."""
+    last = counters.counter_inc(key, b"c:seq", n)
+    if last < SEEDED:
+        last = counters.counter_inc(key, b"c:seq", max(_seed(), n))
+    return last
+
+
 def _delayed_key(due: float, id_: str) -> bytes:
     return round(due * 1000).to_bytes(8, "big") + id_.encode()
 
@@ -525,3 +666,57 @@ def _retained(topic: str, d: dict) -> StoredMessage:
     exp = d.get(b"m:e")
     return StoredMessage(topic, d.get(b"m:p", b""), int(d.get(b"m:q", b"0")), True, unpack_props(d.get(b"m:x")),
                          float(exp) if exp else None)
+
+
+# ------------------------------------------------------------------ DDL
+
+def split_keys(regions: int) -> list[bytes]:
+    """The queue table's split points: ``regions`` ranges of the salt byte, as even as 64 salts allow."""
+    return [bytes(((i * SALTS) // regions,)) for i in range(1, regions)]
+
+
+_SHELL_FAMILY = {"max_versions": "VERSIONS", "bloom_filter_type": "BLOOMFILTER", "compression": "COMPRESSION",
+                 "in_memory": "IN_MEMORY"}
+
+
+def ddl(prefix: str, regions: int, compression: str = "NONE") -> str:
+    """HBase shell commands creating the tables as ``_open`` would, the queue
+    table pre-split on its salt byte (the Thrift1 gateway cannot pass split keys)."""
+    lines = []
+    for name, fams in families(compression.upper()).items():
+        specs = []
+        for fam, opts in fams.items():
+            kv = ", ".join(f"{_SHELL_FAMILY[k]} => {_shell_value(v)}" for k, v in opts.items())
+            specs.append(f"{{NAME => '{fam}', {kv}}}")
+        splits = ""
+        if name == "queue" and regions > 1:
+            splits = ", SPLITS => [" + ", ".join(f'"\\x{k[0]:02x}"' for k in split_keys(regions)) + "]"
+        lines.append(f"create '{prefix}_{name}', {', '.join(specs)}{splits}")
+    return "\n".join(lines) + "\n"
+
+
+def _shell_value(v) -> str:
+    if isinstance(v, bool):
+        return "'true'" if v else "'false'"
+    return str(v) if isinstance(v, int) else f"'{v}'"
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m brokerd.store.hbase",
+                                 description="HBase shell commands that create brokerd's tables, pre-split.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("ddl", help="print the create commands (pipe them into `hbase shell -n`)")
+    d.add_argument("--prefix", default="brokerd", help="the store URL's table_prefix (default brokerd)")
+    d.add_argument("--regions", type=int, default=16, help=f"queue table regions, 1..{SALTS} (default 16)")
+    d.add_argument("--compression", default="NONE", help="NONE, SNAPPY, ZSTD, LZ4 or GZ (the region servers' codecs)")
+    args = ap.parse_args(argv)
+    if not 1 <= args.regions <= SALTS:
+        ap.error(f"--regions is 1..{SALTS}")
+    print(ddl(args.prefix, args.regions, args.compression), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -801,7 +801,7 @@ def own_double(tmp_path):
     """A gateway double of the test's own, to kill."""
     from ..hbase_double import HBaseDoubleProcess
 
-    proc = HBaseDoubleProcess(tmp_path / "hbase.db").start()
+    proc = HBaseDoubleProcess(tmp_path / "hbase.db", delete_markers=True).start()
     yield proc
     proc.kill()
 
@@ -891,7 +891,7 @@ def inproc_double(tmp_path):
     """A gateway double in this process, for fault injection."""
     from ..hbase_double import HBaseDouble
 
-    double = HBaseDouble(tmp_path / "hbase.db").start()
+    double = HBaseDouble(tmp_path / "hbase.db", delete_markers=True).start()
     yield double
     double.stop()
 
