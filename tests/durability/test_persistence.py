@@ -233,3 +233,42 @@ def test_unwritable_store_path_is_a_clear_startup_error(tmp_path):
     with pytest.raises(RuntimeError) as exc:
         proc.start()
     assert "cannot open the session store" in str(exc.value)
+
+
+def _unsubscribe_packet(pid: int, topic: str) -> bytes:
+    body = pid.to_bytes(2, "big") + len(topic).to_bytes(2, "big") + topic.encode()
+    return bytes([0xA2, len(body)]) + body
+
+
+def test_an_unsuback_means_the_unsubscribe_survives_a_sigkill(hbase_url, hbase_double):
+    """A SUBSCRIBE and an UNSUBSCRIBE of the same filter back to back, on a store whose every call takes
+    0.3 s: the unsubscribe is written in the batch after the subscribe's. Killed the moment the
+    UNSUBACK arrives, the node must have stored it (it was sent before, and the subscription came back)."""
+    b = node(hbase_url)
+    try:
+        with RawClient(b.port()) as dev:
+            dev.connect("unsub-dev", version=4, clean=False)
+            dev.subscribe("u/keep", 1)
+            hbase_double.control("latency", "300")
+            try:
+                dev.send(raw.subscribe_packet(2, [("u/drop", 1)], 4))
+                dev.send(_unsubscribe_packet(3, "u/drop"))
+                dev.expect(raw.SUBACK, timeout=10)
+                dev.expect(raw.UNSUBACK, timeout=10)
+                b.kill()
+            finally:
+                hbase_double.control("latency", "0")
+    finally:
+        b.kill()
+    b = node(hbase_url)
+    try:
+        sub = PahoClient("unsub-dev", V311, clean=False).connect(b.port())
+        assert sub.session_present
+        with PahoClient("unsub-pub").connect(b.port()) as pub:
+            pub.publish("u/drop", b"no", qos=1)
+            pub.publish("u/keep", b"yes", qos=1)
+        assert [(m.topic, m.payload) for m in sub.expect_n(1)] == [("u/keep", b"yes")]
+        sub.expect_none(0.5)
+        sub.disconnect()
+    finally:
+        b.stop()
