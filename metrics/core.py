@@ -27,7 +27,7 @@ ALARMING_DROPS = ("queue_full", "expired", "too_large", "acl_denied", "quota")
 GAUGES = ("connections", "connections_max", "subscriptions", "retained", "queued", "inflight")
 # cumulative counters (shown as totals and turned into per-second rates)
 COUNTERS = ("msgs_in", "msgs_out", "bytes_in", "bytes_out", "connects", "disconnects", "drops",
-            "auth_failures")
+            "auth_failures", "rule_drops")
 
 
 def _qos_sum(value) -> int:
@@ -50,6 +50,7 @@ def flatten(totals: dict | None) -> dict:
         "disconnects": int(t.get("disconnects") or 0),
         "drops": sum(int(dropped.get(r) or 0) for r in DROP_REASONS),
         "auth_failures": int(t.get("auth_failures") or 0),
+        "rule_drops": int(t.get("rule_actions_dropped") or 0),     # rules' webhook requests / telemetry rows
     })
     for reason in DROP_REASONS:
         out["drop_" + reason] = int(dropped.get(reason) or 0)
@@ -197,6 +198,7 @@ def summarize(doc: dict, prev: dict | None, base: dict | None = None) -> dict:
 QUOTA = "quota"
 NODE_DOWN = "node_down"
 DROPS = "drops"
+RULE_DROPS = "rule_drops"
 
 
 @dataclass(frozen=True)
@@ -326,9 +328,13 @@ class AlarmRules:
                    f" or more ({reasons or 'no reason given'})")
             judge(Condition(DROPS, slug, slug, msg), rate >= self.s.drops_rate, self.s.drops_for,
                   self.s.drops_clear_for)
+            lost = t["rates"].get("rule_drops", 0.0) if t is not None else 0.0
+            msg = (f"tenant {slug}: its rules' actions are dropping {_num(lost)} webhook requests or telemetry "
+                   f"rows per second (an endpoint or the landing zone is not keeping up; see its Rules page)")
+            judge(Condition(RULE_DROPS, slug, slug, msg), lost > 0, self.s.drops_for, self.s.drops_clear_for)
         # open alarms about tenants that are gone from both the numbers and the quotas
         for kind, subject in open_keys:
             slug = subject.split(":", 1)[0] if kind == QUOTA else subject
-            if kind in (DROPS, QUOTA) and slug not in judged_tenants:
+            if kind in (DROPS, RULE_DROPS, QUOTA) and slug not in judged_tenants:
                 clear.append((kind, subject))
         return raise_, clear

@@ -48,6 +48,7 @@ class Alarm(models.Model):
         QUOTA = "quota", "tenant near a quota"
         NODE_DOWN = "node_down", "node down"
         DROPS = "drops", "drops rising"
+        RULE_DROPS = "rule_drops", "rule actions dropped"
 
     kind = models.CharField(max_length=16, choices=Kind.choices)
     subject = models.CharField(max_length=200, help_text='node id, tenant slug or "slug:quota_field"')

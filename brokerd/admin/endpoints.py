@@ -95,7 +95,7 @@ class AdminTokens:
 
 
 TOTAL_KEYS = ("connections", "connections_max", "connects", "disconnects", "messages_in", "messages_out", "bytes_in",
-              "bytes_out", "dropped", "auth_failures", "subscriptions", "queued", "inflight")
+              "bytes_out", "dropped", "auth_failures", "subscriptions", "queued", "inflight", "rule_actions_dropped")
 
 
 def cluster_metrics(nodes: list[dict]) -> dict:
@@ -106,11 +106,11 @@ def cluster_metrics(nodes: list[dict]) -> dict:
     for n in nodes:
         if n.get("health") == "unreachable":
             continue
-        metrics.add_totals(cluster, {k: n[k] for k in TOTAL_KEYS})
+        metrics.add_totals(cluster, {k: n[k] for k in TOTAL_KEYS if k in n})     # (a node of an older version)
         cluster["retained"] = max(cluster.get("retained", 0), n["retained"])
         for slug, t in n["tenants"].items():
             into = tenants.setdefault(slug, {})
-            metrics.add_totals(into, {k: t[k] for k in TOTAL_KEYS})
+            metrics.add_totals(into, {k: t[k] for k in TOTAL_KEYS if k in t})
             into["retained"] = max(into.get("retained", 0), t["retained"])
     return {"nodes": nodes, "cluster": cluster, "tenants": tenants}
 

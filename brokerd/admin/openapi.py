@@ -48,6 +48,8 @@ OPENAPI = {
                 **{k: {"type": "integer"} for k in ("connections", "connections_max", "connects", "disconnects",
                                                      "bytes_in", "bytes_out", "auth_failures", "retained",
                                                      "subscriptions", "queued", "inflight")},
+                "rule_actions_dropped": {"type": "integer", "description": "rules' webhook requests and telemetry "
+                                         "rows dropped from their full buffers (by the rules' current counters)"},
                 "messages_in": {"type": "object", "description": "PUBLISH packets by QoS ('0', '1', '2')",
                                 "additionalProperties": {"type": "integer"}},
                 "messages_out": {"type": "object", "additionalProperties": {"type": "integer"}},

@@ -181,6 +181,7 @@ def node_figures(server) -> dict:
         add_totals(node, t)
     if not tenants:
         add_totals(node, _totals(TenantCounters(), (), 0, 0, 0, 0, 0))
+    _rule_drops(server, tenants, node)
     st = b.stats
     node["connections_max"] = st.clients_max
     # the node's own drop counters also count what no tenant was known for
@@ -207,6 +208,19 @@ def node_figures(server) -> dict:
     if getattr(server, "admin", None) is not None:
         node["admin"] = server.admin.http.as_dict()
     return node
+
+
+def _rule_drops(server, tenants: dict, node: dict) -> None:
+    """What the rules' actions dropped, per tenant: webhook requests and telemetry rows pushed out
+    of their full buffers (the console raises an alarm while it grows). From the rules' counters: a
+    rule edited since starts again from 0 (the console counts a fall as no drops)."""
+    engine = getattr(server, "rule_engine", None)
+    total = 0
+    for slug, t in tenants.items():
+        states = engine.states.get(slug, {}) if engine is not None else {}
+        t["rule_actions_dropped"] = n = sum(s.dropped for s in states.values())
+        total += n
+    node["rule_actions_dropped"] = total
 
 
 def store_stats(server) -> dict:

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from metrics import core
-from metrics.core import DROPS, NODE_DOWN, QUOTA, AlarmRules, AlarmSettings
+from metrics.core import DROPS, NODE_DOWN, QUOTA, RULE_DROPS, AlarmRules, AlarmSettings
 
 
 def totals(msgs_in=0, msgs_out=0, connections=0, bytes_in=0, bytes_out=0, connects=0, disconnects=0,
@@ -195,3 +195,23 @@ def test_summarize_says_which_host_each_worker_is_on():
     assert [(n["node"], n["host"], n["worker"]) for n in s["nodes"]] == [("h.0", "h", 0), ("h.1", "h", 1),
                                                                         ("solo", "solo", None)]
     assert s["cluster"]["nodes"] == 3
+
+
+def test_rule_actions_dropping_raise_an_alarm_then_clear():
+    """A tenant's webhook requests or telemetry rows pushed out of their full buffers (brokerd's
+    ``rule_actions_dropped``): raised once they keep falling for drops_for, cleared after drops_clear_for."""
+    rules = AlarmRules(AlarmSettings(drops_for=2, drops_clear_for=3))
+    raised, cleared, open_ = [], [], set()
+    dropped = [0, 5, 12, 20, 31, 31, 31, 31, 31, 31]      # dropping from t=1 to t=4, then no more
+    for i in range(1, len(dropped)):
+        cur, prev = totals(), totals()
+        cur["rule_actions_dropped"], prev["rule_actions_dropped"] = dropped[i], dropped[i - 1]
+        r, c = rules.evaluate(float(i), summary(float(i), tenants={"acme": cur}, prev_tenants={"acme": prev}), {},
+                              open_)
+        raised += [(i, x.key, x.message) for x in r]
+        cleared += [(i, k) for k in c]
+        open_ = (open_ | {x.key for x in r}) - set(c)
+    (at, key, message), = raised
+    assert (at, key) == (3, (RULE_DROPS, "acme"))
+    assert "tenant acme: its rules' actions are dropping 8 webhook requests or telemetry rows per second" in message
+    assert cleared == [(8, (RULE_DROPS, "acme"))]

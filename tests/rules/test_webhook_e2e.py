@@ -8,6 +8,7 @@ import queue
 import ssl
 import threading
 import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -274,6 +275,12 @@ def test_a_slow_webhook_never_delays_delivery_and_its_buffer_stays_bounded(scene
         # in flight: at most the 4 workers; queued: at most 64 KiB (7 requests of 8 KiB); the rest dropped
         assert view["dropped"] >= count - 4 - 8
         assert view["last_error"].startswith("dropped: the tenant's webhook buffer was full")
+        # what the console's alarm on rule actions dropped reads (the tenant's figures of the admin API)
+        req = urllib.request.Request(f"{node.admin_url}/api/v1/metrics", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            figures = json.loads(resp.read())
+        assert figures["tenants"]["acme"]["rule_actions_dropped"] >= view["dropped"]
+        assert figures["tenants"]["globex"]["rule_actions_dropped"] == 0
         grown = _rss_kib(node) - rss_before
         assert grown < 16 * KIB, f"RSS grew by {grown} KiB"      # vs 32 MiB of bodies had they been kept
         assert "webhook buffer full: dropping the oldest requests" in node.log
