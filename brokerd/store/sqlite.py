@@ -190,7 +190,11 @@ class SQLiteStore(Store):
         if "device" not in columns:          # files written before sessions kept their device
             db.execute("ALTER TABLE sessions ADD COLUMN device TEXT")
         if "publisher" not in {row[1] for row in db.execute("PRAGMA table_info(delayed)")}:
-            db.execute("ALTER TABLE delayed ADD COLUMN publisher TEXT")     # before delayed messages kept it
+            try:
+                db.execute("ALTER TABLE delayed ADD COLUMN publisher TEXT")     # before delayed messages kept it
+            except sqlite3.OperationalError as exc:    # another worker of the host added it a moment ago
+                if "duplicate column name" not in str(exc):
+                    raise
         try:
             db.execute("BEGIN IMMEDIATE")            # several nodes may open one file at once
             try:
