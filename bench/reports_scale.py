@@ -175,13 +175,18 @@ def peak_rss(spark) -> str:
             f"{live:,.0f} MiB in use after a GC), Python {hwm('self'):,.0f} MiB")
 
 
+def _stages(spark) -> list:
+    """Every stage's StageData in Spark's status store (kept with the web UI off too)."""
+    store = spark.sparkContext._jsc.sc().statusStore()
+    seq = store.stageList(None, *(getattr(store, f"stageList$default${i}")() for i in range(2, 6)))
+    return [seq.apply(i) for i in range(seq.length())]
+
+
 def stages_since(spark, first_stage: int) -> tuple[int, int, int]:
-    """(stages, input bytes, input records) of the stages numbered ``first_stage`` and after (Spark's
-    status store: what the tasks read from files -- and from DISK_ONLY blocks, counted as input too)."""
-    stages = spark.sparkContext._jsc.sc().statusStore().stageList(None)
+    """(stages, input bytes, input records) of the stages numbered ``first_stage`` and after: what
+    their tasks read from files (and from DISK_ONLY blocks, which count as input too)."""
     n = b = r = 0
-    for i in range(stages.size()):
-        st = stages.get(i)
+    for st in _stages(spark):
         if st.stageId() >= first_stage:
             n, b, r = n + 1, b + st.inputBytes(), r + st.inputRecords()
     return n, b, r
@@ -193,8 +198,7 @@ def save(root: str, name: str, result: dict) -> None:
 
 
 def next_stage(spark) -> int:
-    stages = spark.sparkContext._jsc.sc().statusStore().stageList(None)
-    return max((stages.get(i).stageId() for i in range(stages.size())), default=-1) + 1
+    return max((st.stageId() for st in _stages(spark)), default=-1) + 1
 
 
 def read_cost(spark, root: str, period, tenant: str | None) -> str:
