@@ -420,3 +420,21 @@ def test_the_workers_session_runs_report_after_report_over_a_long_history(spark,
         assert len(listed["traffic"]) == sum(12 if d in landed_days else 1 for d in period_days), label
         assert storage and storage[0] and all(mem == 0 and disk > 0 for mem, disk in storage[0]), (label, storage)
         assert spark._jsc is session and spark._jsc.sc().getPersistentRDDs().isEmpty(), label
+
+
+def test_a_report_over_many_small_landed_files_runs_few_tasks(spark, tmp_path):
+    """600 landed files (a minute each): the report's persisted rows are in a partition per core or so,
+    not ~20 of 32 files each -- every job of the report ran that many tasks (1M rows in 59,388 files:
+    ~1,850 tasks a job, the tenant report 111 s)."""
+    rows = [gen.traffic_row(PERIOD.start + 60 * i, "acme", "t/a", msgs_in_q0=1) for i in range(600)]
+    gen.write_rows(tmp_path, "traffic", rows)
+    seen = []
+
+    def progress(step, total, text):
+        if step == 2:
+            seen.append([(i.numPartitions(), i.memSize()) for i in spark.sparkContext._jsc.sc().getRDDStorageInfo()])
+
+    result = reports.get("tenant").run(spark, str(tmp_path), PERIOD, "acme", progress=progress)
+    assert result["totals"]["msgs_in"] == 600
+    cores = spark.sparkContext.defaultParallelism
+    assert seen and seen[0] and all(n <= cores and mem == 0 for n, mem in seen[0]), (seen, cores)
