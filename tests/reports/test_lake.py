@@ -328,3 +328,113 @@ def test_closed_days_runs_are_merged_into_one_exactly_once(spark, small, monkeyp
             state = lake.committed(fs, str(root / "lake"), dataset, day)
             assert len(state.runs) == 1 and not state.replaced, (dataset, day)
     assert _landed(root) == []
+
+
+# ---------------------------------------------------------------- the worker's long-lived session
+
+
+def _history(root, first, days):
+    """``days`` days of two tenants' usage, one file per node, dataset and minute: traffic at three
+    minutes a day on both nodes, connections of a few minutes, and one a day across midnight (it
+    closes in the next day's partition and touches both days)."""
+    conns, traffic = [], []
+    for d in range(days):
+        day = first + d * 86400
+        for tenant, k in (("acme", 1), ("globex", 2)):
+            traffic += [gen.traffic_row(day + 3600 * h + 60 * k, tenant, f"t/{h}", node=n, msgs_in_q0=d + k,
+                                        msgs_out=k) for h in (3, 12, 20) for n in NODES]
+            conns.append(gen.connection_row(tenant, f"c{d}", day + 7200, day + 7200 + 300 * k,
+                                            username=f"{tenant}/d{d % 5}", node=NODES[k - 1]))
+        conns.append(gen.connection_row("acme", f"night{d}", day + 86400 - 600, day + 86400 + 600,
+                                        username=f"acme/night{d}", node="n1"))
+    gen.write_rows(root, "traffic", traffic)
+    gen.write_rows(root, "connections", conns)
+    return conns, traffic
+
+
+def _dates(paths) -> set[str]:
+    return {p.split("date=")[1][:10] for p in paths}
+
+
+@pytest.mark.slow
+def test_the_workers_session_runs_report_after_report_over_a_long_history(spark, tmp_path, settings, monkeypatch,
+                                                                          acme, globex):
+    """30 days of history, the first 27 compacted into the lake, the last 3 still landed; one
+    session (the worker's: services.execute_run on get_spark()) runs report after report of a day
+    or a week anywhere in it. Each one's figures are those of expected.py; what its reads list is
+    the period's date partitions (connections: and the next day's, where one opened in the period
+    closed, and the days still landed), never the rest of the history; the period's rows are on
+    disk while it runs, not in the driver's heap, and nothing stays in the session after it."""
+    from spark_reports import services
+
+    first = PERIOD.start - 20 * 86400
+    conns, traffic = _history(tmp_path, first, 30)
+    lake.compact(spark, str(tmp_path), now=first + 27 * 86400, settle=0, keep_landed=0)
+    settings.USAGE_DIR, settings.USAGE_LAKE = str(tmp_path), ""
+    # days 27-29 still landed, and day 30: the last night's connection closed then
+    landed_days = {PERIOD.date_of(int(first // 86400) + d) for d in (27, 28, 29, 30)}
+    assert _dates(str(p) for p in Path(tmp_path).glob("*/date=*/*.jsonl")) == landed_days
+
+    reads = []                                  # (dataset, files the DataFrame lists) of each read
+    real_read = jobs._read
+
+    def spy_read(spark_, root, lake_, name, *args, **kwargs):
+        df = real_read(spark_, root, lake_, name, *args, **kwargs)
+        reads.append((name, df.inputFiles()))
+        return df
+
+    monkeypatch.setattr(jobs, "_read", spy_read)
+    storage = []                                # the session's stored blocks when a report's rows are read
+    real_update = services._update
+
+    def spy_update(run_id, **fields):
+        if fields.get("progress_step") == 2:
+            infos = spark.sparkContext._jsc.sc().getRDDStorageInfo()
+            storage.append([(i.memSize(), i.diskSize()) for i in infos])
+        real_update(run_id, **fields)
+
+    monkeypatch.setattr(services, "_update", spy_update)
+    session = spark._jsc
+    runs = [("platform", None, 3, 3), ("tenant", acme, 12, 12), ("platform", None, 14, 20),
+            ("tenant", globex, 26, 26), ("platform", None, 28, 28), ("platform", None, 3, 3)]
+    for kind, tenant, d0, d1 in runs:
+        reads.clear()
+        storage.clear()
+        period = Period(first + d0 * 86400, first + (d1 + 1) * 86400)
+        run = services.create_run(kind, date.fromisoformat(period.date_of(period.first_day)),
+                                  date.fromisoformat(period.date_of(period.last_day)), tenant=tenant)
+        run = services.execute_run(run, attempt=1)
+        label = (kind, d0, d1)
+        assert run.status == "succeeded", label
+        slug = tenant.slug if tenant else None
+        want = X.totals(conns, traffic, period.start, period.end, slug)
+        for key in ("messages", "msgs_in", "connects", "disconnects", "devices", "peak_connections"):
+            assert run.result["totals"][key] == want[key], (label, key)
+        period_days = {period.date_of(d) for d in range(period.first_day, period.last_day + 1)}
+        listed = dict(reads)
+        assert _dates(listed["traffic"]) == period_days, label
+        next_day = {period.date_of(period.last_day + 1)}
+        assert _dates(listed["connections"]) <= period_days | next_day | landed_days, label
+        assert period_days <= _dates(listed["connections"]), label
+        # files: a compacted day's one Parquet file, a landed day's 12 (3 hours x 2 tenants x 2 nodes)
+        assert len(listed["traffic"]) == sum(12 if d in landed_days else 1 for d in period_days), label
+        assert storage and storage[0] and all(mem == 0 and disk > 0 for mem, disk in storage[0]), (label, storage)
+        assert spark._jsc is session and spark._jsc.sc().getPersistentRDDs().isEmpty(), label
+
+
+def test_a_report_over_many_small_landed_files_runs_few_tasks(spark, tmp_path):
+    """600 landed files (a minute each): the report's persisted rows are in a partition per core or so,
+    not ~20 of 32 files each -- every job of the report ran that many tasks (1M rows in 59,388 files:
+    ~1,850 tasks a job, the tenant report 111 s)."""
+    rows = [gen.traffic_row(PERIOD.start + 60 * i, "acme", "t/a", msgs_in_q0=1) for i in range(600)]
+    gen.write_rows(tmp_path, "traffic", rows)
+    seen = []
+
+    def progress(step, total, text):
+        if step == 2:
+            seen.append([(i.numPartitions(), i.memSize()) for i in spark.sparkContext._jsc.sc().getRDDStorageInfo()])
+
+    result = reports.get("tenant").run(spark, str(tmp_path), PERIOD, "acme", progress=progress)
+    assert result["totals"]["msgs_in"] == 600
+    cores = spark.sparkContext.defaultParallelism
+    assert seen and seen[0] and all(n <= cores and mem == 0 for n, mem in seen[0]), (seen, cores)
