@@ -35,80 +35,37 @@ import json
 import logging
 import os
 import time
-from collections import deque
 from pathlib import Path
+
+from .buffer import Job, TenantBuffers
 
 log = logging.getLogger("brokerd.rules.telemetry")
 
-ALARM_EVERY = 10.0
 DATASET_DIR = "telemetry"
 
 
-class Job:
-    __slots__ = ("tenant", "rec", "state")
+class TelemetryWriter(TenantBuffers):
+    WHAT, ITEMS = "telemetry", "rows"
 
-    def __init__(self, tenant, rec, state):
-        self.tenant, self.rec, self.state = tenant, rec, state
-
-
-class TelemetryWriter:
     def __init__(self, directory: str, node: str, node_bytes: int, tenant_bytes: int, interval: float = 5.0):
+        super().__init__(node_bytes, tenant_bytes, log)
         self.dir = Path(directory)
         self.node = node
-        self.node_bytes, self.tenant_bytes = node_bytes, tenant_bytes
         self.interval = interval
-        self.queues: dict[str, deque] = {}         # tenant -> its jobs, oldest first
-        self.queued: dict[str, int] = {}           # tenant -> bytes
-        self.total = 0                             # bytes queued on the node
-        self.dropped = self.stored = self.files_written = 0
-        self._last_alarm = -ALARM_EVERY
+        self.stored = self.files_written = 0
         self._task: asyncio.Task | None = None
         self._due: asyncio.Event | None = None    # set by submit when the queue should not wait for the interval
 
     # ---------------------------------------------------------------- the hot side: no I/O, no await
 
     def submit(self, tenant: str, rec, state) -> None:
-        size = rec.size
-        if size > self.tenant_bytes:
-            self._drop(Job(tenant, rec, state), "larger than the telemetry buffer")
+        if not self._queue(tenant, rec, state):
             return
-        while self.queued.get(tenant, 0) + size > self.tenant_bytes:
-            self._drop(self._pop(tenant), "the tenant's telemetry buffer was full (oldest dropped)")
-        while self.total + size > self.node_bytes:
-            biggest = max(self.queued, key=self.queued.__getitem__)
-            self._drop(self._pop(biggest), "the node's telemetry buffer was full (oldest dropped)")
-        q = self.queues.get(tenant)
-        if q is None:
-            q = self.queues[tenant] = deque()
-            self.queued[tenant] = 0
-        q.append(Job(tenant, rec, state))
-        self.queued[tenant] += size
-        self.total += size
         due = self._due
         if due is not None and (self.queued[tenant] * 2 >= self.tenant_bytes or self.total * 4 >= self.node_bytes):
             due.set()
 
-    def _pop(self, tenant: str) -> Job:
-        q = self.queues[tenant]
-        job = q.popleft()
-        self.queued[tenant] -= job.rec.size
-        self.total -= job.rec.size
-        if not q:
-            del self.queues[tenant]
-            del self.queued[tenant]
-        return job
-
-    def _drop(self, job: Job, why: str) -> None:
-        self.dropped += 1
-        job.state.dropped += 1
-        job.state.fail(f"dropped: {why}", time.time())
-        now = time.monotonic()
-        if now - self._last_alarm >= ALARM_EVERY:
-            self._last_alarm = now
-            log.warning("telemetry buffer full: dropping the oldest rows (tenant %s; %d dropped on this node "
-                        "so far; %d bytes queued)", job.tenant, self.dropped, self.total)
-
-    def _take(self) -> list[Job]:
+    def _take(self) -> list:
         jobs = [job for q in self.queues.values() for job in q]
         self.queues, self.queued, self.total = {}, {}, 0
         return jobs
@@ -117,7 +74,7 @@ class TelemetryWriter:
         """A failed write's rows, before what came meanwhile (they are older), within the bounds."""
         newer = self._take()
         for job in jobs + newer:
-            self.submit(job.tenant, job.rec, job.state)
+            self.submit(job.tenant, job.item, job.state)
 
     # ---------------------------------------------------------------- writing
 
@@ -188,7 +145,7 @@ class TelemetryWriter:
 
 
 def _line(job: Job, node: str) -> tuple[str, str]:
-    rec = job.rec
+    rec = job.item
     ts = rec.ts / 1000
     day = datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%d")
     return day, json.dumps({"tenant": job.tenant, "dataset": rec.dataset, "rule": job.state.id, "ts": ts,

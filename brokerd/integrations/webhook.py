@@ -34,14 +34,14 @@ import ipaddress
 import logging
 import ssl
 import time
-from collections import deque
+
+from .buffer import Job, TenantBuffers
 
 log = logging.getLogger("brokerd.rules.webhook")
 
 MAX_BACKOFF = 30.0
 FIRST_BACKOFF = 0.5
 MAX_RESPONSE_HEAD = 16 * 1024
-ALARM_EVERY = 10.0
 
 
 class Refused(Exception):
@@ -100,80 +100,32 @@ def _is_ip(text: str) -> bool:
         return False
 
 
-class Job:
-    __slots__ = ("req", "state", "tenant")
+class WebhookSender(TenantBuffers):
+    WHAT, ITEMS = "webhook", "requests"
 
-    def __init__(self, tenant, req, state):
-        self.tenant, self.req, self.state = tenant, req, state
-
-
-class WebhookSender:
     def __init__(self, allowance: Allowance, node_bytes: int, tenant_bytes: int, concurrency: int,
                  wall=time.time, resolve=None):
+        super().__init__(node_bytes, tenant_bytes, log, wall)
         self.allowance = allowance
-        self.node_bytes, self.tenant_bytes = node_bytes, tenant_bytes
         self.concurrency = concurrency
         # one tenant holds at most half the workers (a dead endpoint in its backoffs cannot starve the others)
         self.per_tenant = max(1, concurrency // 2)
         self.inflight: dict[str, int] = {}          # tenant -> requests its workers are sending
-        self.queues: dict[str, deque] = {}         # tenant -> its jobs, oldest first
-        self.queued: dict[str, int] = {}           # tenant -> bytes
-        self.total = 0                             # bytes queued on the node
-        self.dropped = self.sent = self.failed = 0
-        self.wall = wall
+        self.sent = self.failed = 0
         self._resolve = resolve
         self._ready: asyncio.Event | None = None
         self._workers: list = []
-        self._last_alarm = -ALARM_EVERY
         self._ssl: ssl.SSLContext | None = None
         self.closed = False
 
     # ---------------------------------------------------------------- the hot side: no I/O, no await
 
     def submit(self, tenant: str, req, state) -> None:
-        size = req.size
-        if size > self.tenant_bytes or size > self.node_bytes:
-            self._drop(Job(tenant, req, state), "larger than the webhook buffer")
+        if not self._queue(tenant, req, state):
             return
-        q = self.queues.get(tenant)
-        if q is None:
-            q = self.queues[tenant] = deque()
-            self.queued[tenant] = 0
-        while self.queued[tenant] + size > self.tenant_bytes:
-            self._drop(self._pop(tenant), "the tenant's webhook buffer was full (oldest dropped)")
-            q = self.queues.setdefault(tenant, deque())
-            self.queued.setdefault(tenant, 0)
-        while self.total + size > self.node_bytes:
-            biggest = max(self.queued, key=self.queued.__getitem__)
-            self._drop(self._pop(biggest), "the node's webhook buffer was full (oldest dropped)")
-            q = self.queues.setdefault(tenant, deque())
-            self.queued.setdefault(tenant, 0)
-        q.append(Job(tenant, req, state))
-        self.queued[tenant] += size
-        self.total += size
         if not self._workers:
             self._start()
         self._ready.set()
-
-    def _pop(self, tenant: str) -> Job:
-        q = self.queues[tenant]
-        job = q.popleft()
-        self.queued[tenant] -= job.req.size
-        self.total -= job.req.size
-        if not q:
-            del self.queues[tenant]
-            del self.queued[tenant]
-        return job
-
-    def _drop(self, job: Job, why: str) -> None:
-        self.dropped += 1
-        job.state.dropped += 1
-        job.state.fail(f"dropped: {why}", self.wall())
-        now = time.monotonic()
-        if now - self._last_alarm >= ALARM_EVERY:
-            self._last_alarm = now
-            log.warning("webhook buffer full: dropping the oldest requests (tenant %s; %d dropped on this node "
-                        "so far; %d bytes queued)", job.tenant, self.dropped, self.total)
 
     # ---------------------------------------------------------------- the workers
 
@@ -213,7 +165,7 @@ class WebhookSender:
                 self._ready.set()                  # a tenant at its share may go on
 
     async def _deliver(self, job: Job) -> None:
-        req, state = job.req, job.state
+        req, state = job.item, job.state
         delay = FIRST_BACKOFF
         attempt = 0
         while True:

@@ -32,7 +32,7 @@ def record(n: int, size=1000) -> TelemetryRecord:
 
 
 def queued(w, tenant):
-    return [json.loads(j.rec.data)["n"] for j in w.queues.get(tenant, ())]
+    return [json.loads(j.item.data)["n"] for j in w.queues.get(tenant, ())]
 
 
 def test_a_full_tenant_buffer_drops_its_own_oldest_rows_and_counts_them(tmp_path):

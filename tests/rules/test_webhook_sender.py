@@ -132,7 +132,7 @@ def test_the_buffer_is_bounded_in_bytes_and_drops_the_oldest():
         for i in range(10):                                  # 10 x ~600 bytes into a 2000-byte tenant buffer
             sender.submit("acme", request(b"%03d" % i + b"x" * 533), a)
         assert sender.queued["acme"] <= 2000 and sender.total == sender.queued["acme"]
-        kept = [bytes(j.req.body[:3]) for j in sender.queues["acme"]]
+        kept = [bytes(j.item.body[:3]) for j in sender.queues["acme"]]
         assert kept == [b"007", b"008", b"009"]              # the newest kept, the oldest dropped
         assert (a.dropped, a.failed, sender.dropped) == (7, 7, 7)
         assert a.last_error == "dropped: the tenant's webhook buffer was full (oldest dropped)"
