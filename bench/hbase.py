@@ -42,6 +42,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+from proctree import stop  # noqa: E402
 from run import DEFAULT_MQTTBENCH, fmt, free_port, wait_port  # noqa: E402
 
 # name -> (fan-out, mqttbench arguments)
@@ -128,12 +129,7 @@ def _measure(url: str, args: str, python: str, mqttbench: Path, port: int, log, 
             res["thrift_by_api"] = snap["calls"]
         return res
     finally:
-        broker.terminate()
-        try:
-            broker.wait(15)
-        except subprocess.TimeoutExpired:
-            broker.kill()
-            broker.wait()
+        stop(broker)
 
 
 def per(res: dict, key: str) -> float | None:

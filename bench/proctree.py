@@ -7,6 +7,7 @@ nodes of a cluster on this host). The generator is imported, not changed.
 """
 
 import os
+import subprocess
 
 
 def descendants(pid: int) -> list[int]:
@@ -39,3 +40,13 @@ def patch(mqttbench) -> None:
 
     mqttbench.proc_cpu_s = summed(cpu)
     mqttbench.proc_rss = summed(rss)
+
+
+def stop(proc: subprocess.Popen, timeout: float = 15) -> None:
+    """SIGTERM the broker a bench started and wait for it; SIGKILL past ``timeout``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

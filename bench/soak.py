@@ -38,6 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+from proctree import stop  # noqa: E402
 from run import free_port, wait_port  # noqa: E402
 
 # ------------------------------------------------------------------ a minimal MQTT 3.1.1 client
@@ -324,11 +325,7 @@ def main() -> int:
         print(f"samples: {path}")
         return 0 if summary["broker_alive"] and not summary["failed_samples"] else 1
     finally:
-        broker.terminate()
-        try:
-            broker.wait(15)
-        except subprocess.TimeoutExpired:
-            broker.kill()
+        stop(broker)
 
 
 if __name__ == "__main__":
