@@ -91,6 +91,10 @@ class PahoClient:
             flags, rc, p = self.connack_result()
             self._last_flags = flags
             if rc.is_failure:
+                # paho's network thread would otherwise keep reconnecting in the background with
+                # this client id (a refused device taking a quota place the test frees for another)
+                self.client.disconnect()
+                self.client.loop_stop()
                 raise ConnectionError(f"CONNACK refused: {rc} ({rc.value:#x})")
         return self
 
