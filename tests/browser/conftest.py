@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from ..controlplane import PROVISION
+from ..controlplane import PROVISION, migrated_sqlite
 from ..procs import ROOT, BrokerProcess, free_port
 
 CHROMIUM = "/usr/bin/chromium"
@@ -65,7 +65,7 @@ class Stack:
         return json.loads([ln for ln in out.splitlines() if ln.startswith("SECRETS ")][-1][len("SECRETS "):])
 
     def start(self) -> "Stack":
-        self.manage("migrate", "--noinput", "-v", "0")
+        migrated_sqlite(self.env["DATABASE_URL"], self.env)
         self.manage("console_bootstrap")
         self.broker = BrokerProcess("--sys-interval", "0", "--node-id", "web1", *self.broker_flags,
                                     "--control-plane", self.env["DATABASE_URL"], "--admin", "127.0.0.1:0",
