@@ -48,6 +48,7 @@ class PahoClient:
         self.disconnects: queue.Queue = queue.Queue()
         self._cv = threading.Condition()
         self._last_flags = None
+        self.disconnected_at: float | None = None    # time.monotonic() of the last disconnect
         c = self.client
         c.on_connect = self._on_connect
         c.on_message = self._on_message
@@ -73,6 +74,7 @@ class PahoClient:
             self._cv.notify_all()
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties):
+        self.disconnected_at = time.monotonic()
         self.disconnects.put((reason_code, properties))
 
     # -- actions

@@ -124,3 +124,4 @@ class Fencing:
         self.announced.forget()
         await self.table.reload()
         self.state.fenced = False
+        log.warning("node %s rejoined the cluster: accepting connections again", self.id)

@@ -29,6 +29,7 @@ DJANGO_ONLY = {"isolation_level", "server_side_binding", "assume_role", "pool"}
 
 
 STATEMENT_TIMEOUT_MS = 10_000
+WRITE_TIMEOUT = 20.0           # seconds a SQLite write waits for the console's transactions
 
 
 def pg_params(url: str) -> dict:
@@ -148,7 +149,10 @@ class PolicyDatabase:
         if self.kind == "sqlite":
             import sqlite3
 
-            conn = sqlite3.connect(self.path, timeout=5)
+            # in a thread, off the event loop: wait for the console's writers as long as they wait
+            # for each other (Django's sqlite timeout, console/settings.py), not 5 s ("database is
+            # locked" while an administrator's long transaction hashed device secrets on a busy host)
+            conn = sqlite3.connect(self.path, timeout=WRITE_TIMEOUT)
             try:
                 for sql, values in statements:
                     conn.execute(sql, values)

@@ -79,7 +79,7 @@ def test_sigkill_of_redis_mid_stream(redis, tmp_path):
 
         redis.restart()
         for node in (n1, n2):
-            wait_until(lambda node=node: "rejoins" in node.log, timeout=20,
+            wait_until(lambda node=node: "rejoined the cluster" in node.log, timeout=20,
                        message=f"a node did not rejoin:\n{node.log[-2000:]}")
         cluster.wait_connected()
 

@@ -186,7 +186,7 @@ def test_netsplit_fences_the_cut_off_node_and_it_rejoins(cluster, split_cluster,
     # after the rejoin brokerd still uses its pooled Redis connections of before the split -- see
     # test_bus.py, where that is checked strictly)
     proxy.start()
-    wait_until(lambda: "rejoins" in n2.log, timeout=10, message="node 2 did not rejoin")
+    wait_until(lambda: "rejoined the cluster" in n2.log, timeout=10, message="node 2 did not rejoin")
     eventually_connected(cluster)
     back = connect(n2.port(), f"{tag}-back", V5)
     back.subscribe(f"{tag}/live", qos=1)
