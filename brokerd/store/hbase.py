@@ -3,7 +3,7 @@
 Tables (``NAME_`` prefix, created when missing):
 
 ``sessions``  row ``tenant\\0client_id``; families ``s`` (expiry, disconnected
-              at, will, will due), ``f`` (one column per subscription filter),
+              at, will, will due, device, generation), ``f`` (one column per subscription filter),
               ``r`` (incoming QoS 2 packet ids awaiting PUBREL).
 ``counters``  one row, ``seq``: ``c:seq``, the queue sequence of every
               queue, advanced with ``atomicIncrement`` once per batch by the
@@ -28,6 +28,18 @@ Tables (``NAME_`` prefix, created when missing):
               with ``checkAndPut`` against the value read, so of two nodes
               claiming one message only one succeeds.
 
+Generations. HBase has no transaction across rows: node A may read that a
+session exists, node B then delete it (its expiry, the purge, a clean start
+there), and A's queue rows for it land after B's deletion scanned the queue.
+So every session row has a generation, ``s:g`` (8 random bytes, made when
+the session is created; a session deleted and made again gets a new one), and
+every queue row the generation it was appended for, ``m:g`` (read with the
+batch's check that its sessions exist). A session loads only the rows of its
+own generation, and the purge deletes rows whose session is gone or of
+another generation: rows appended in that race never reach a later session of
+the client id. (Rows without ``m:g`` -- written by an earlier version -- are
+their session's.)
+
 Query options: ``table_prefix`` (default ``brokerd``), ``timeout`` (ms,
 default 10000), ``transport`` (``buffered`` | ``framed``), ``protocol``
 (``binary`` | ``compact``), matching the gateway's settings.
@@ -40,6 +52,7 @@ families the wait is unnecessary but harmless.)
 """
 
 import logging
+import os
 import threading
 import time
 import zlib
@@ -254,7 +267,7 @@ class HBaseStore(Store):
         appends: dict[bytes, list] = defaultdict(list)   # session key -> [(prefix, entry)] in order
         in_batch: dict[int, bytes] = {}                  # id(entry) -> session key, for appends of this batch
         cleared: list[bytes] = []                        # queue prefixes of sessions deleted in this batch
-        alive = self._alive(conn, ops)                   # session key -> exists (as the batch goes on)
+        alive, gens = self._alive(conn, ops)             # session key -> exists / its generation (as the batch goes on)
         for op in ops:
             kind = op[0]
             if kind in ("retain", "retain_del"):
@@ -271,7 +284,11 @@ class HBaseStore(Store):
             skey = session_key(op[1], op[2])
             if kind == "session":
                 alive[skey] = True
+                if gens.get(skey) is None:               # a new session (none stored, or deleted above)
+                    gens[skey] = os.urandom(8)
                 srow = sessions[skey]
+                if gens[skey]:
+                    srow.put(b"s:g", gens[skey])
                 expiry, disc, will, due = op[3:7]
                 device = op[7] if len(op) > 7 else None
                 srow.put(b"s:e", _num(expiry))
@@ -282,6 +299,7 @@ class HBaseStore(Store):
                 continue
             if kind == "session_del":
                 alive[skey] = False
+                gens[skey] = None
                 sessions[skey].drop()
                 for _, e in appends.pop(skey, ()):
                     in_batch.pop(id(e), None)
@@ -329,9 +347,12 @@ class HBaseStore(Store):
         # sequence numbers: one increment per queue, for entries not numbered by
         # an earlier, failed attempt at this batch (whose keys a retry rewrites)
         self._number(conn, appends)
-        for items in appends.values():
+        for skey, items in appends.items():
+            gen = gens.get(skey)
             for prefix, e in items:
                 row = queue[prefix + e.seq.to_bytes(8, "big")]
+                if gen:
+                    row.put(b"m:g", gen)                 # whose queue row it is (module docstring, "Generations")
                 m = e.msg
                 row.put(b"m:t", m.topic.encode())
                 row.put(b"m:p", m.payload)
@@ -410,8 +431,9 @@ class HBaseStore(Store):
                 cutoff = now - DELETE_GUARD
                 self._recent = {k: t for k, t in self._recent.items() if t > cutoff}
 
-    def _alive(self, conn, ops) -> dict:
-        """Which sessions the batch touches before creating or deleting them exist."""
+    def _alive(self, conn, ops) -> tuple[dict, dict]:
+        """Which sessions the batch touches before deleting them exist, and their
+        generations (b"": a session written by an earlier version; None: none stored)."""
         unknown = []
         seen = set()
         for op in ops:
@@ -421,13 +443,16 @@ class HBaseStore(Store):
             if skey in seen:
                 continue
             seen.add(skey)
-            if op[0] not in ("session", "session_del"):
+            if op[0] != "session_del":
                 unknown.append(skey)
-        alive = {}
+        alive, gens = {}, {}
         if unknown:
-            found = dict(conn.table("sessions").rows(unknown, columns=[b"s:e"]))
-            alive = {k: b"s:e" in found.get(k, {}) for k in unknown}
-        return alive
+            found = dict(conn.table("sessions").rows(unknown, columns=[b"s:e", b"s:g"]))
+            for k in unknown:
+                data = found.get(k, {})
+                alive[k] = b"s:e" in data
+                gens[k] = data.get(b"s:g", b"") if alive[k] else None
+        return alive, gens
 
     def _missing_queue_rows(self, conn, queue, appends) -> list[bytes]:
         """Rows of ``queue`` that only change flags but do not exist (acknowledged already)."""
@@ -459,14 +484,16 @@ class HBaseStore(Store):
 
     def _load(self):
         with self.pool.connection() as conn:
-            sessions = {}
+            sessions, gens = {}, {}
             for key, data in conn.table("sessions").scan(batch_size=SCAN_BATCH):
                 if b"s:e" in data:
                     sessions[key] = self._session(key, data)
+                    gens[key] = data.get(b"s:g", b"")
             for key, data in conn.table("queue").scan(batch_size=SCAN_BATCH):
                 tenant, cid, seq = _split_queue_key(key)
-                rec = sessions.get(session_key(tenant, cid))
-                if rec is not None and b"m:t" in data:
+                skey = session_key(tenant, cid)
+                rec = sessions.get(skey)
+                if rec is not None and b"m:t" in data and _owned(data, gens[skey]):
                     rec.queue.append(_entry(seq, data))
             retained = []
             for key, data in conn.table("retained").scan(batch_size=SCAN_BATCH):
@@ -486,10 +513,11 @@ class HBaseStore(Store):
             if b"s:e" not in data:
                 return None
             rec = self._session(key, data)
+            gen = data.get(b"s:g", b"")
             prefix = queue_prefix(tenant, client_id)
             rec.queue = [_entry(int.from_bytes(k[-8:], "big"), d)
                          for k, d in conn.table("queue").scan(row_prefix=prefix, batch_size=SCAN_BATCH)
-                         if b"m:t" in d]
+                         if b"m:t" in d and _owned(d, gen)]
         return rec
 
     # --------------------------------------------------------------- purge
@@ -511,8 +539,8 @@ class HBaseStore(Store):
         n = 0
         with self.purge_pool.connection() as conn:
             n += self._purge_table(conn, "sessions", [b"s:e", b"s:d"], now, self._purge_sessions)
-            for name in ("queue", "retained"):
-                n += self._purge_table(conn, name, [b"m:e"], now, _purge_expired_rows)
+            n += self._purge_table(conn, "queue", [b"m:f", b"m:e", b"m:g"], now, _purge_queue_rows)
+            n += self._purge_table(conn, "retained", [b"m:e"], now, _purge_expired_rows)
             self._purge_table(conn, "counters", [b"c:seq"], now, _purge_old_counters)
         return n
 
@@ -605,6 +633,13 @@ class HBaseStore(Store):
         return counts
 
 
+def _owned(data: dict, gen: bytes) -> bool:
+    """Is this queue row (its cells) its session's, whose generation is ``gen``?
+    A row without one was written by an earlier version: its session's."""
+    g = data.get(b"m:g")
+    return g is None or g == gen
+
+
 def _purge_expired_rows(conn, table, page, now) -> int:
     expired = [key for key, data in page if data.get(b"m:e") and float(data[b"m:e"]) <= now]
     if expired:
@@ -612,6 +647,27 @@ def _purge_expired_rows(conn, table, page, now) -> int:
             for key in expired:
                 b.delete(key, columns=[b"m"])
     return len(expired)
+
+
+def _purge_queue_rows(conn, table, page, now) -> int:
+    """Expired messages, and rows no session owns (module docstring, "Generations"): their
+    session is gone, or was deleted and made again (another generation)."""
+    skeys = {}
+    for key, _ in page:
+        tenant, cid, _ = _split_queue_key(key)
+        skeys[key] = session_key(tenant, cid)
+    found = dict(conn.table("sessions").rows(list(set(skeys.values())), columns=[b"s:e", b"s:g"]))
+    gone = []
+    for key, data in page:
+        owner = found.get(skeys[key], {})
+        if data.get(b"m:e") and float(data[b"m:e"]) <= now or b"s:e" not in owner \
+                or not _owned(data, owner.get(b"s:g", b"")):
+            gone.append(key)
+    if gone:
+        with table.batch() as b:
+            for key in gone:
+                b.delete(key, columns=[b"m"])
+    return len(gone)
 
 
 def _purge_old_counters(conn, table, page, now) -> int:

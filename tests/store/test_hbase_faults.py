@@ -138,6 +138,71 @@ def test_a_session_deleted_with_a_fault_between_rows_leaves_nothing_for_the_next
         other.close()
 
 
+@pytest.mark.parametrize("then", ["deleted", "made_again"])
+def test_rows_appended_for_a_session_another_node_deleted_never_reach_a_later_session(double, then):
+    """Two nodes on one set of tables. Node A's batch reads that session ``dev``
+    exists; node B then deletes it (its expiry, the purge; ``made_again``: a clean
+    start there) and A's queue rows land after B's deletion -- HBase has no
+    transaction across rows to stop that. A later session of the client id starts
+    without them, whichever node loads it, and the purge removes them."""
+    import happybase
+
+    url = f"hbase://{double.address}?table_prefix=race{then[0]}"
+    a, b = SyncStore(url), SyncStore(url)
+    try:
+        a.apply([session("dev"), sub("dev", "a/#")])
+        numbered = a.store._number
+
+        def b_deletes_meanwhile(conn, appends):      # after A's read of the session, before its writes
+            b.store._apply([("session_del", T1, "dev")] + ([session("dev")] if then == "made_again" else []))
+            return numbered(conn, appends)
+
+        a.store._number = b_deletes_meanwhile
+        a.apply([q("dev", entry(message(payload=b"late%d" % i))) for i in range(3)])
+        a.store._number = numbered
+        if then == "deleted":
+            assert b.load_session(T1, "dev") is None
+            b.apply([session("dev")])                # the client id's next session
+        assert b.session(T1, "dev") == expected("dev")
+        assert a.session(T1, "dev") == expected("dev")
+        later = entry(message(payload=b"later"))
+        a.apply([q("dev", later)])
+        assert b.session(T1, "dev") == expected("dev", queue=[later])
+        b.purge(NOW)
+        conn = happybase.Connection("127.0.0.1", double.port, table_prefix=f"race{then[0]}", timeout=5000)
+        try:
+            assert [d[b"m:p"] for _, d in conn.table("queue").scan()] == [b"later"]
+        finally:
+            conn.close()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_rows_written_by_an_earlier_version_stay_their_sessions(double):
+    """Rows without a generation (an earlier brokerd, e.g. a node not yet upgraded
+    in a rolling upgrade) belong to their session, whether it has a generation or not."""
+    import happybase
+
+    from brokerd.store.hbase import queue_prefix, session_key
+
+    store = SyncStore(f"hbase://{double.address}?table_prefix=legacy")
+    conn = happybase.Connection("127.0.0.1", double.port, table_prefix="legacy", timeout=5000)
+    try:
+        store.apply([session("new")])
+        conn.table("sessions").put(session_key(T1, "old"), {b"s:e": b"3600"})
+        flags = {b"m:t": b"a/b", b"m:f": b"\x01\x01\x00\x00\x00"}
+        for cid in ("old", "new"):
+            conn.table("queue").put(queue_prefix(T1, cid) + (5).to_bytes(8, "big"), {**flags, b"m:p": cid.encode()})
+        store.purge(NOW)
+        for cid in ("old", "new"):
+            assert [e.msg.payload for e in store.load_session(T1, cid).queue] == [cid.encode()]
+        assert sorted(len(rec.queue) for rec in store.load()[0]) == [1, 1]
+    finally:
+        conn.close()
+        store.close()
+
+
 def test_the_double_applies_mutate_rows_row_by_row(double):
     """The double's own behaviour the tests above rely on: rows before the fault stay."""
     import happybase
