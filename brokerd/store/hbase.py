@@ -51,6 +51,7 @@ before those 2 ms have passed. (On HBase 2 with ``NEW_VERSION_BEHAVIOR``
 families the wait is unnecessary but harmless.)
 """
 
+import concurrent.futures
 import logging
 import os
 import threading
@@ -109,6 +110,7 @@ SCAN_BATCH = 1000
 SEEDED = 1 << 56              # a counter below this has not been seeded (a new table)
 SALTS = 64                    # the queue table's salt byte: crc32(session key) % SALTS
 PURGE_PACE = 5000             # rows a second the purge scans, at most (URL option purge_pace)
+PART_ROWS = 64                # rows of one table a write batch sends per call, at least, when it sends several
 
 
 def _seed() -> int:
@@ -188,16 +190,19 @@ class HBaseStore(Store):
         try:
             self.regions = int(opts.pop("regions", "16"))
             self.purge_pace = float(opts.pop("purge_pace", str(PURGE_PACE)))
+            self.parallel = int(opts.pop("parallel", "4"))
         except ValueError:
-            self.regions = self.purge_pace = 0
-        if not 1 <= self.regions <= SALTS or not self.purge_pace > 0:
-            raise ValueError(f"bad store URL {url!r}: regions is 1..{SALTS}, purge_pace a number > 0")
+            self.regions = self.purge_pace = self.parallel = 0
+        if not 1 <= self.regions <= SALTS or not self.purge_pace > 0 or not 1 <= self.parallel <= 16:
+            raise ValueError(f"bad store URL {url!r}: regions is 1..{SALTS}, purge_pace a number > 0, "
+                             f"parallel 1..16")
         if opts:
             raise ValueError(f"bad store URL {url!r}: unknown option(s) {', '.join(opts)}")
         self.pool = None
         self.purge_pool = None                    # the purge's own connection (its own thread: _run_aside)
         self._recent: dict[tuple, float] = {}     # (table, row) -> monotonic time of our delete
         self._recent_lock = threading.Lock()
+        self._senders: concurrent.futures.ThreadPoolExecutor | None = None
         self._purge_from: dict[str, bytes] = {}   # table -> where an interrupted purge pass resumes
         self._stopping = False
         self._purge_stop = False
@@ -215,8 +220,12 @@ class HBaseStore(Store):
                                             timeout=self.timeout, transport=self.transport,
                                             protocol=self.protocol, autoconnect=False)
 
-        self.pool = pool(1)
+        # the store thread's connection, and one per sender thread (``_send``)
+        self.pool = pool(self.parallel)
         self.purge_pool = pool(1)
+        if self.parallel > 1:
+            self._senders = concurrent.futures.ThreadPoolExecutor(self.parallel - 1,
+                                                                  thread_name_prefix="store-hbase-send")
         with self.pool.connection() as conn:
             existing = {t.decode() if isinstance(t, bytes) else t for t in conn.tables()}
             for name, fams in families(self.compression).items():
@@ -234,6 +243,9 @@ class HBaseStore(Store):
 
     def _close(self):
         self.pool = self.purge_pool = None
+        if self._senders is not None:
+            self._senders.shutdown(wait=False)
+            self._senders = None
 
     async def close(self) -> None:
         self._stopping = True                      # a purge pass under way stops at its next page
@@ -262,12 +274,17 @@ class HBaseStore(Store):
 
     def _write(self, conn, ops):
         """Fold the batch per row, then: number the appends, delete, write."""
+        from Hbase_thrift import BatchMutation, Mutation  # the IDL module happybase loads
         rows: dict[str, dict[bytes, _Row]] = {name: defaultdict(_Row) for name in FAMILIES}
         sessions, queue, retained = rows["sessions"], rows["queue"], rows["retained"]
         appends: dict[bytes, list] = defaultdict(list)   # session key -> [(prefix, entry)] in order
         in_batch: dict[int, bytes] = {}                  # id(entry) -> session key, for appends of this batch
         cleared: list[bytes] = []                        # queue prefixes of sessions deleted in this batch
-        alive, gens = self._alive(conn, ops)             # session key -> exists / its generation (as the batch goes on)
+        reserved = self._reserve_aside(ops)              # the sequence numbers, meanwhile
+        try:
+            alive, gens = self._alive(conn, ops)         # session key -> exists / its generation (as the batch goes on)
+        finally:
+            last = reserved.result() if reserved is not None else None
         for op in ops:
             kind = op[0]
             if kind in ("retain", "retain_del"):
@@ -346,21 +363,29 @@ class HBaseStore(Store):
                 raise ValueError(f"unknown journal operation {kind!r}")
         # sequence numbers: one increment per queue, for entries not numbered by
         # an earlier, failed attempt at this batch (whose keys a retry rewrites)
-        self._number(conn, appends)
+        self._number(conn, appends, last)
         for skey, items in appends.items():
             gen = gens.get(skey)
             for prefix, e in items:
                 row = queue[prefix + e.seq.to_bytes(8, "big")]
+                # a new key (sequences are never reused; a retry writes the same
+                # cells again): puts only -- deleting the columns it does not
+                # have would cost a delete marker each, on every message
+                puts = row.puts
                 if gen:
-                    row.put(b"m:g", gen)                 # whose queue row it is (module docstring, "Generations")
+                    puts[b"m:g"] = gen                   # whose queue row it is (module docstring, "Generations")
                 m = e.msg
-                row.put(b"m:t", m.topic.encode())
-                row.put(b"m:p", m.payload)
-                row.put(b"m:f", _flags(e))
-                _put_or_remove(row, b"m:x", pack_props(m.properties))
-                _put_or_remove(row, b"m:e", None if m.expiry_at is None else _num(m.expiry_at))
-                _put_or_remove(row, b"m:i", (pack_ids(e.sub_ids) or "").encode() or None)
-                _put_or_remove(row, b"m:s", (pack_share(e.share) or "").encode() or None)
+                puts[b"m:t"] = m.topic.encode()
+                puts[b"m:p"] = m.payload
+                puts[b"m:f"] = _flags(e)
+                if m.properties:
+                    puts[b"m:x"] = pack_props(m.properties)
+                if m.expiry_at is not None:
+                    puts[b"m:e"] = _num(m.expiry_at)
+                if e.sub_ids:
+                    puts[b"m:i"] = pack_ids(e.sub_ids).encode()
+                if e.share:
+                    puts[b"m:s"] = pack_share(e.share).encode()
         # a state change of a stored row must not create a partial row
         missing = self._missing_queue_rows(conn, queue, appends)
         for key in missing:
@@ -378,13 +403,12 @@ class HBaseStore(Store):
                 with table.batch(batch_size=SCAN_BATCH) as b:
                     for key, _ in table.scan(row_prefix=prefix, columns=[b"m:f"], batch_size=SCAN_BATCH):
                         b.delete(key, columns=[b"m"])
-                        deleted.append(("queue", key))
         for name in DELETE_ORDER:
-            with conn.table(name).batch() as b:
-                for key, change in rows[name].items():
-                    if change.delete:
-                        b.delete(key, columns=FAMILY_NAMES[name])
-                        deleted.append((name, key))
+            fams = [Mutation(isDelete=True, column=f) for f in FAMILY_NAMES[name]]
+            bms = [BatchMutation(row=key, mutations=fams) for key, change in rows[name].items() if change.delete]
+            self._send(conn, name, bms)
+            if name != "queue":                          # queue keys are never written again
+                deleted += [(name, bm.row) for bm in bms]
         self._note_deleted(deleted)
         # 2. puts and column deletes, once the guard time after our deletes of those rows is over;
         # parents before children (a session's row before its queue's rows)
@@ -397,25 +421,80 @@ class HBaseStore(Store):
             time.sleep(wait)
         removed = []
         for name in FAMILIES:
-            with conn.table(name).batch() as b:
-                for key, change in rows[name].items():
-                    if change.puts:
-                        b.put(key, change.puts)
+            bms = []
+            for key, change in rows[name].items():
+                if change.puts or change.dels:
+                    muts = [Mutation(column=c, value=v) for c, v in change.puts.items()]
                     if change.dels:
-                        b.delete(key, columns=list(change.dels))
+                        muts += [Mutation(isDelete=True, column=c) for c in change.dels]
                         removed.append((name, key))
+                    bms.append(BatchMutation(row=key, mutations=muts))
+            self._send(conn, name, bms)
         self._note_deleted(removed)
 
-    def _number(self, conn, appends) -> None:
+    def _send(self, conn, name: str, bms: list) -> None:
+        """One table's row mutations of a batch: one ``mutateRows``, or with
+        ``PART_ROWS`` rows or more a part, up to ``parallel`` calls at once, on
+        as many connections, each a contiguous range of row keys (so rows of one
+        region stay in one call), as an HBase client sends per region server.
+        The rows are independent: HBase applies each on its own anyway."""
+        if not bms:
+            return
+        table = conn.table(name).name
+        parts = min(self.parallel, len(bms) // PART_ROWS)
+        if parts <= 1:
+            conn.client.mutateRows(table, bms, {})
+            return
+        bms.sort(key=lambda bm: bm.row)
+        size = -(-len(bms) // parts)
+        futures = [self._senders.submit(self._send_part, table, bms[i:i + size])
+                   for i in range(size, len(bms), size)]
+        errors = []
+        try:
+            conn.client.mutateRows(table, bms[:size], {})
+        except Exception as exc:
+            errors.append(exc)
+        for f in futures:
+            try:
+                f.result()
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def _send_part(self, table: bytes, bms: list) -> None:
+        with self.pool.connection() as conn:          # this sender thread's own connection
+            conn.client.mutateRows(table, bms, {})
+
+    def _reserve_aside(self, ops):
+        """With sender threads: reserve numbers for every new entry of the batch
+        on one of them while the store thread reads which sessions exist (one
+        round trip less in line). -> a future of the last number, or None.
+        Numbers of entries then dropped (their session is gone) stay unused."""
+        if self._senders is None:
+            return None
+        n = sum(1 for op in ops if op[0] == "q" and not op[3].seq)
+        if not n:
+            return None
+
+        def reserve():
+            with self.pool.connection() as conn:
+                return n, _reserve(conn.table("counters"), SEQ_ROW, n)
+        return self._senders.submit(reserve)
+
+    def _number(self, conn, appends, reserved=None) -> None:
         """Give the batch's new queue entries their sequence numbers: one
         increment of the one counter for the whole batch, however many queues
-        it fans out to (``_reserve``), each queue's entries in append order."""
+        it fans out to (``_reserve``), each queue's entries in append order.
+        ``reserved``: ``(n, last)``, a range taken already (``_reserve_aside``)."""
         fresh = [e for items in appends.values() for _, e in items if not e.seq]
         if not fresh:
             return
-        last = _reserve(conn.table("counters"), SEQ_ROW, len(fresh))
+        if reserved is None or reserved[0] < len(fresh):
+            reserved = len(fresh), _reserve(conn.table("counters"), SEQ_ROW, len(fresh))
+        n, last = reserved
         for i, e in enumerate(fresh):
-            e.seq = last - len(fresh) + 1 + i
+            e.seq = last - n + 1 + i
 
     def _since_delete(self, name: str, key: bytes) -> float:
         """How long to wait before writing a row this store deleted (0: no need)."""

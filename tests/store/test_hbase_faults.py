@@ -153,9 +153,9 @@ def test_rows_appended_for_a_session_another_node_deleted_never_reach_a_later_se
         a.apply([session("dev"), sub("dev", "a/#")])
         numbered = a.store._number
 
-        def b_deletes_meanwhile(conn, appends):      # after A's read of the session, before its writes
+        def b_deletes_meanwhile(conn, appends, *reserved):   # after A read the session, before its writes
             b.store._apply([("session_del", T1, "dev")] + ([session("dev")] if then == "made_again" else []))
-            return numbered(conn, appends)
+            return numbered(conn, appends, *reserved)
 
         a.store._number = b_deletes_meanwhile
         a.apply([q("dev", entry(message(payload=b"late%d" % i))) for i in range(3)])
