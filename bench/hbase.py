@@ -21,7 +21,9 @@ every Thrift call. Reported per scenario and store:
 Broker on CPU 0; generator and double on CPU 1 (``taskset``). The double is
 Python over SQLite (in memory here), a transaction per row: its own CPU is
 part of what the ``hbase`` row measures, which a real cluster would not add --
-the call counts do not depend on it.
+the call counts do not depend on it. The table shows the CPU brokerd and the
+double used over the generator's run (100% = one core), so a run shows which
+side it waited on.
 
     python bench/hbase.py                         # f1 f10 f100, 1 ms a call
     python bench/hbase.py --latency-ms 2 --runs 3 f100
@@ -118,11 +120,16 @@ def _measure(url: str, args: str, python: str, mqttbench: Path, port: int, log, 
         wait_port(port)
         time.sleep(0.5)
         before = double.calls()["total"] if double else 0
+        procs = {"broker": broker.pid, **({"double": double.proc.pid} if double else {})}
+        cpu0, t0 = {k: cpu_s(pid) for k, pid in procs.items()}, time.monotonic()
         cmd = ["taskset", "-c", "1", python, str(HERE / "mqttbench_persistent.py"), "--mqttbench",
                str(mqttbench), *args.split(), "--port", str(port), "--broker-pid", str(broker.pid), "--json"]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
         res = json.loads(lines[-1]) if lines else {"error": (out.stderr or out.stdout)[-2000:]}
+        took = time.monotonic() - t0
+        for k, pid in procs.items():          # over the generator's whole run (connects, publishing, draining)
+            res[f"{k}_cpu_run_pct"] = round(100 * (cpu_s(pid) - cpu0[k]) / took, 1)
         if double is not None:
             snap = double.calls()
             res["thrift_calls"] = snap["total"] - before
@@ -132,6 +139,12 @@ def _measure(url: str, args: str, python: str, mqttbench: Path, port: int, log, 
         stop(broker)
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def per(res: dict, key: str) -> float | None:
     calls, n = res.get("thrift_calls"), res.get(key)
     return calls / n if calls is not None and n else None
@@ -139,7 +152,7 @@ def per(res: dict, key: str) -> float | None:
 
 def table(results: dict, scenarios: list[str], latency_ms: float) -> str:
     rows = ["| fan-out | store | deliveries/s | Thrift calls / stored (= delivered) msg | Thrift calls / publish "
-            "| vs sqlite |", "|---|---|---|---|---|---|"]
+            "| vs sqlite | brokerd CPU | double CPU |", "|---|---|---|---|---|---|---|---|"]
     for name in scenarios:
         fan = SCENARIOS[name][0]
         meds = {}
@@ -155,10 +168,16 @@ def table(results: dict, scenarios: list[str], latency_ms: float) -> str:
             if meds[store] and meds["sqlite"]:
                 ratio = f"{meds[store] / meds['sqlite']:.2f}x"
             label = f"hbase ({latency_ms:g} ms/call)" if store == "hbase" else store
+            cpu = [_cpu(runs, k) for k in ("broker", "double")]
             rows.append(f"| {fan} | {label} | {fmt(meds[store])} | "
                         f"{fmt(statistics.median(delivered)) if delivered else '-'} | "
-                        f"{fmt(statistics.median(published)) if published else '-'} | {ratio} |")
+                        f"{fmt(statistics.median(published)) if published else '-'} | {ratio} | {cpu[0]} | {cpu[1]} |")
     return "\n".join(rows)
+
+
+def _cpu(runs: list, proc: str) -> str:
+    got = [r[f"{proc}_cpu_run_pct"] for r in runs if r.get(f"{proc}_cpu_run_pct") is not None]
+    return f"{statistics.median(got):.0f}%" if got else "-"
 
 
 def main(argv=None) -> int:
