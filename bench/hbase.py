@@ -183,6 +183,8 @@ def _cpu(runs: list, proc: str) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenarios", nargs="*", help=f"any of {', '.join(SCENARIOS)} (default: all)")
+    ap.add_argument("--stores", default=",".join(STORES),
+                    help=f"comma-separated, any of {', '.join(STORES)} (default: all)")
     ap.add_argument("--runs", type=int, default=1, help="runs per scenario and store; the table shows medians")
     ap.add_argument("--latency-ms", type=float, default=1.0, help="added to every Thrift call of the double")
     ap.add_argument("--mqttbench", default=os.environ.get("MQTTBENCH", str(DEFAULT_MQTTBENCH)))
@@ -194,6 +196,9 @@ def main(argv=None) -> int:
     unknown = [s for s in scenarios if s not in SCENARIOS]
     if unknown:
         ap.error(f"unknown scenario(s): {', '.join(unknown)}")
+    stores = [s for s in args.stores.split(",") if s]
+    if not stores or set(stores) - set(STORES):
+        ap.error(f"--stores: any of {', '.join(STORES)}")
     mqttbench = Path(args.mqttbench)
     if not mqttbench.exists():
         print(f"error: mqttbench.py not found at {mqttbench} (set --mqttbench or MQTTBENCH)", file=sys.stderr)
@@ -204,7 +209,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="brokerd-bench-hbase-") as tmp:
         for name in scenarios:
             for run in range(args.runs):
-                for store in STORES:
+                for store in stores:
                     t0 = time.time()
                     cmd = SCENARIOS[name][1] + (f" --duration {args.duration:g}" if args.duration else "")
                     res = run_one(store, cmd, args.python, mqttbench, Path(tmp), args.latency_ms)
