@@ -814,20 +814,37 @@ _SHELL_FAMILY = {"max_versions": "VERSIONS", "bloom_filter_type": "BLOOMFILTER",
                  "in_memory": "IN_MEMORY"}
 
 
-def ddl(prefix: str, regions: int, compression: str = "NONE") -> str:
+def tenant_split_keys(tenants) -> list[bytes]:
+    """Split points of ``sessions`` and ``retained`` (rows keyed ``tenant \\0 ...``):
+    each tenant named starts a region -- its rows, and those of the tenants
+    sorting after it up to the next one named."""
+    return sorted({t.encode() + b"\0" for t in tenants if t})
+
+
+def ddl(prefix: str, regions: int, compression: str = "NONE", tenants=()) -> str:
     """HBase shell commands creating the tables as ``_open`` would, the queue
-    table pre-split on its salt byte (the Thrift1 gateway cannot pass split keys)."""
+    table pre-split on its salt byte (the Thrift1 gateway cannot pass split keys),
+    ``sessions`` and ``retained`` at the ``tenants`` given (``tenant_split_keys``)."""
     lines = []
     for name, fams in families(compression.upper()).items():
         specs = []
         for fam, opts in fams.items():
             kv = ", ".join(f"{_SHELL_FAMILY[k]} => {_shell_value(v)}" for k, v in opts.items())
             specs.append(f"{{NAME => '{fam}', {kv}}}")
-        splits = ""
+        keys = []
         if name == "queue" and regions > 1:
-            splits = ", SPLITS => [" + ", ".join(f'"\\x{k[0]:02x}"' for k in split_keys(regions)) + "]"
+            keys = [f'"\\x{k[0]:02x}"' for k in split_keys(regions)]
+        elif name in ("sessions", "retained"):
+            keys = [_shell_bytes(k) for k in tenant_split_keys(tenants)]
+        splits = ", SPLITS => [" + ", ".join(keys) + "]" if keys else ""
         lines.append(f"create '{prefix}_{name}', {', '.join(specs)}{splits}")
     return "\n".join(lines) + "\n"
+
+
+def _shell_bytes(key: bytes) -> str:
+    """A row key as an HBase shell (JRuby) double-quoted string."""
+    return '"' + "".join(chr(b) if 0x30 <= b <= 0x39 or 0x41 <= b <= 0x5A or 0x61 <= b <= 0x7A or b in b"-_."
+                         else f"\\x{b:02x}" for b in key) + '"'
 
 
 def _shell_value(v) -> str:
@@ -846,10 +863,12 @@ def main(argv=None) -> int:
     d.add_argument("--prefix", default="brokerd", help="the store URL's table_prefix (default brokerd)")
     d.add_argument("--regions", type=int, default=16, help=f"queue table regions, 1..{SALTS} (default 16)")
     d.add_argument("--compression", default="NONE", help="NONE, SNAPPY, ZSTD, LZ4 or GZ (the region servers' codecs)")
+    d.add_argument("--tenant-splits", default="", metavar="T1,T2,...",
+                   help="split sessions and retained at these tenants (big tenants: a region each from the start)")
     args = ap.parse_args(argv)
     if not 1 <= args.regions <= SALTS:
         ap.error(f"--regions is 1..{SALTS}")
-    print(ddl(args.prefix, args.regions, args.compression), end="")
+    print(ddl(args.prefix, args.regions, args.compression, args.tenant_splits.split(",")), end="")
     return 0
 
 
