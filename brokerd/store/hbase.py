@@ -42,7 +42,12 @@ their session's.)
 
 Query options: ``table_prefix`` (default ``brokerd``), ``timeout`` (ms,
 default 10000), ``transport`` (``buffered`` | ``framed``), ``protocol``
-(``binary`` | ``compact``), matching the gateway's settings.
+(``binary`` | ``compact``), matching the gateway's settings; ``compression``,
+``regions``, ``purge_pace`` (see ``families``, ``_open``, the purge), and
+``parallel`` (default 4): the connections a write batch uses at once -- a
+table's rows of one batch, ``PART_ROWS`` or more a part, go as that many
+``mutateRows`` in parallel (``_send``), and the sequence is reserved beside
+the existence read (``_reserve_aside``).
 
 HBase masks a put by a delete marker with the same millisecond timestamp.
 Operations of a batch are folded per row first, row deletes are sent before
