@@ -263,6 +263,40 @@ def test_round_trips_per_stored_message_at_fan_out(tmp_path, fanout):
             store.close()
 
 
+def test_a_big_batch_goes_in_parallel_parts_and_a_failed_part_is_retried_whole(tmp_path):
+    """300 new queue rows in one batch with parallel=4: four mutateRows at once
+    (each a contiguous key range), so with 100 ms a call the batch takes about
+    two round trips (the existence read beside the counter increment, then the
+    parts), not six. A part that fails fails the batch; the writer's retry
+    leaves every message once."""
+    from ..hbase_double import HBaseDouble
+
+    with HBaseDouble(tmp_path / "h.db", delete_markers=True) as double:
+        store = SyncStore(f"hbase://{double.address}?table_prefix=par&parallel=4")
+        try:
+            subs = [f"s{i:03d}" for i in range(300)]
+            store.apply([session(cid) for cid in subs])
+            store.apply([q(cid, entry(message(payload=b"first"))) for cid in subs])   # seeds the counter
+            before = double.calls["calls"]["mutateRows"]
+            double.faults.latency = 0.1
+            t0 = time.monotonic()
+            store.apply([q(cid, entry(message(payload=b"second"))) for cid in subs])
+            took = time.monotonic() - t0
+            double.faults.latency = 0.0
+            assert double.calls["calls"]["mutateRows"] - before == 4
+            assert took < 0.45, f"{took:.2f}s: the parts went one after another"
+            third = [q(cid, entry(message(payload=b"third"))) for cid in subs]
+            double.fail("mutateRows")
+            with pytest.raises(StoreError):
+                store.apply(third)
+            store.apply(third)
+            for cid in (subs[0], subs[150], subs[-1]):
+                assert [e.msg.payload for e in store.load_session(T1, cid).queue] == [b"first", b"second", b"third"]
+            assert sum(len(rec.queue) for rec in store.load()[0]) == 900
+        finally:
+            store.close()
+
+
 def test_the_counters_table_does_not_grow_with_client_id_churn(double):
     """One counter for every queue: client-id churn adds no rows to the counters
     table, the per-session counters of earlier versions are collected by the
