@@ -297,6 +297,27 @@ def test_a_big_batch_goes_in_parallel_parts_and_a_failed_part_is_retried_whole(t
             store.close()
 
 
+def test_queued_messages_leave_one_delete_marker_each_their_acknowledgement(double):
+    """A queued message is a new row: written with puts only. (Removing the
+    optional columns it does not have left four delete markers per message for
+    HBase's compactions.) Its acknowledgement deletes the row: one marker."""
+    store = SyncStore(f"hbase://{double.address}?table_prefix=mk")
+    try:
+        store.apply([session("dev")])
+        entries = [entry(message(payload=b"%d" % i)) for i in range(10)]
+        store.apply([q("dev", e) for e in entries])
+        markers = double.handler.db.execute(
+            "SELECT count(*) FROM markers WHERE tbl = ?", (b"mk_queue",)).fetchone()[0]
+        assert markers == 0
+        store.apply([q_del("dev", e) for e in entries])
+        markers = double.handler.db.execute(
+            "SELECT count(*) FROM markers WHERE tbl = ?", (b"mk_queue",)).fetchone()[0]
+        assert markers == 10
+        assert store.load_session(T1, "dev").queue == []
+    finally:
+        store.close()
+
+
 def test_the_counters_table_does_not_grow_with_client_id_churn(double):
     """One counter for every queue: client-id churn adds no rows to the counters
     table, the per-session counters of earlier versions are collected by the
