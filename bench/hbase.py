@@ -21,7 +21,9 @@ every Thrift call. Reported per scenario and store:
 Broker on CPU 0; generator and double on CPU 1 (``taskset``). The double is
 Python over SQLite (in memory here), a transaction per row: its own CPU is
 part of what the ``hbase`` row measures, which a real cluster would not add --
-the call counts do not depend on it.
+the call counts do not depend on it. The table shows the CPU brokerd and the
+double used over the generator's run (100% = one core), so a run shows which
+side it waited on.
 
     python bench/hbase.py                         # f1 f10 f100, 1 ms a call
     python bench/hbase.py --latency-ms 2 --runs 3 f100
@@ -118,11 +120,16 @@ def _measure(url: str, args: str, python: str, mqttbench: Path, port: int, log, 
         wait_port(port)
         time.sleep(0.5)
         before = double.calls()["total"] if double else 0
+        procs = {"broker": broker.pid, **({"double": double.proc.pid} if double else {})}
+        cpu0, t0 = {k: cpu_s(pid) for k, pid in procs.items()}, time.monotonic()
         cmd = ["taskset", "-c", "1", python, str(HERE / "mqttbench_persistent.py"), "--mqttbench",
                str(mqttbench), *args.split(), "--port", str(port), "--broker-pid", str(broker.pid), "--json"]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
         res = json.loads(lines[-1]) if lines else {"error": (out.stderr or out.stdout)[-2000:]}
+        took = time.monotonic() - t0
+        for k, pid in procs.items():          # over the generator's whole run (connects, publishing, draining)
+            res[f"{k}_cpu_run_pct"] = round(100 * (cpu_s(pid) - cpu0[k]) / took, 1)
         if double is not None:
             snap = double.calls()
             res["thrift_calls"] = snap["total"] - before
@@ -132,6 +139,12 @@ def _measure(url: str, args: str, python: str, mqttbench: Path, port: int, log, 
         stop(broker)
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def per(res: dict, key: str) -> float | None:
     calls, n = res.get("thrift_calls"), res.get(key)
     return calls / n if calls is not None and n else None
@@ -139,7 +152,7 @@ def per(res: dict, key: str) -> float | None:
 
 def table(results: dict, scenarios: list[str], latency_ms: float) -> str:
     rows = ["| fan-out | store | deliveries/s | Thrift calls / stored (= delivered) msg | Thrift calls / publish "
-            "| vs sqlite |", "|---|---|---|---|---|---|"]
+            "| vs sqlite | brokerd CPU | double CPU |", "|---|---|---|---|---|---|---|---|"]
     for name in scenarios:
         fan = SCENARIOS[name][0]
         meds = {}
@@ -155,15 +168,23 @@ def table(results: dict, scenarios: list[str], latency_ms: float) -> str:
             if meds[store] and meds["sqlite"]:
                 ratio = f"{meds[store] / meds['sqlite']:.2f}x"
             label = f"hbase ({latency_ms:g} ms/call)" if store == "hbase" else store
+            cpu = [_cpu(runs, k) for k in ("broker", "double")]
             rows.append(f"| {fan} | {label} | {fmt(meds[store])} | "
                         f"{fmt(statistics.median(delivered)) if delivered else '-'} | "
-                        f"{fmt(statistics.median(published)) if published else '-'} | {ratio} |")
+                        f"{fmt(statistics.median(published)) if published else '-'} | {ratio} | {cpu[0]} | {cpu[1]} |")
     return "\n".join(rows)
+
+
+def _cpu(runs: list, proc: str) -> str:
+    got = [r[f"{proc}_cpu_run_pct"] for r in runs if r.get(f"{proc}_cpu_run_pct") is not None]
+    return f"{statistics.median(got):.0f}%" if got else "-"
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("scenarios", nargs="*", help=f"any of {', '.join(SCENARIOS)} (default: all)")
+    ap.add_argument("--stores", default=",".join(STORES),
+                    help=f"comma-separated, any of {', '.join(STORES)} (default: all)")
     ap.add_argument("--runs", type=int, default=1, help="runs per scenario and store; the table shows medians")
     ap.add_argument("--latency-ms", type=float, default=1.0, help="added to every Thrift call of the double")
     ap.add_argument("--mqttbench", default=os.environ.get("MQTTBENCH", str(DEFAULT_MQTTBENCH)))
@@ -175,6 +196,9 @@ def main(argv=None) -> int:
     unknown = [s for s in scenarios if s not in SCENARIOS]
     if unknown:
         ap.error(f"unknown scenario(s): {', '.join(unknown)}")
+    stores = [s for s in args.stores.split(",") if s]
+    if not stores or set(stores) - set(STORES):
+        ap.error(f"--stores: any of {', '.join(STORES)}")
     mqttbench = Path(args.mqttbench)
     if not mqttbench.exists():
         print(f"error: mqttbench.py not found at {mqttbench} (set --mqttbench or MQTTBENCH)", file=sys.stderr)
@@ -185,7 +209,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="brokerd-bench-hbase-") as tmp:
         for name in scenarios:
             for run in range(args.runs):
-                for store in STORES:
+                for store in stores:
                     t0 = time.time()
                     cmd = SCENARIOS[name][1] + (f" --duration {args.duration:g}" if args.duration else "")
                     res = run_one(store, cmd, args.python, mqttbench, Path(tmp), args.latency_ms)

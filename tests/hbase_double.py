@@ -167,6 +167,9 @@ class Handler:
             self.db.execute("PRAGMA journal_mode = WAL")
             self.db.execute("PRAGMA synchronous = NORMAL")
         self.db.executescript(SCHEMA)
+        # (table, row) of every row with a delete marker: a put reads the markers of
+        # its row only if it has some (a new row -- every queued message -- has none)
+        self.marked = set(self.db.execute("SELECT DISTINCT tbl, row FROM markers"))
         self.lock = threading.Lock()
         self.scanners: dict[int, _Scanner] = {}
         self._ids = itertools.count(1)
@@ -250,6 +253,7 @@ class Handler:
         def run():
             self._table(name, enabled=False)
             self.db.execute("DELETE FROM markers WHERE tbl = ?", (name,))
+            self.marked = {m for m in self.marked if m[0] != name}
         self._tx(run)
 
     def createTable(self, name, descriptors):
@@ -279,6 +283,7 @@ class Handler:
                                         f"{name.decode(errors='replace')}")
             for table in ("tables", "families", "cells", "markers"):
                 self.db.execute(f"DELETE FROM {table} WHERE {'name' if table == 'tables' else 'tbl'} = ?", (name,))
+            self.marked = {m for m in self.marked if m[0] != name}
         self._tx(run)
 
     def getColumnDescriptors(self, name):
@@ -396,7 +401,7 @@ class Handler:
     # ------------------------------------------------------------- writes
 
     def _put(self, table, row, column, value, ts):
-        if self.delete_markers:
+        if self.delete_markers and (table, row) in self.marked:
             fam = column.partition(b":")[0]
             marker = self.db.execute("SELECT max(ts) FROM markers WHERE tbl = ? AND row = ? AND col IN (?, ?)",
                                      (table, row, fam, column)).fetchone()[0]
@@ -409,7 +414,7 @@ class Handler:
     def _put_many(self, table, puts, ts):
         """``_put`` for many cells: one read of their rows' delete markers, one statement."""
         if self.delete_markers and puts:
-            rows = {row for row, _, _ in puts}
+            rows = {row for row, _, _ in puts if (table, row) in self.marked}
             marks: dict = {}
             for row in rows:
                 for col, mts in self.db.execute("SELECT col, ts FROM markers WHERE tbl = ? AND row = ?", (table, row)):
@@ -429,6 +434,7 @@ class Handler:
                             "ts = max(ts, excluded.ts)",
                             (table, row, fam if qual is None else fam + b":" + qual,
                              _now_ms() if ts == LATEST else ts))
+            self.marked.add((table, row))
         if qual is None:
             lo, hi = _family_range(fam)
             self.db.execute("DELETE FROM cells WHERE tbl = ? AND row = ? AND col >= ? AND col < ? AND ts <= ?",
@@ -857,6 +863,14 @@ class _ServerSocket(TServerSocket):
     def listen(self):
         super().listen()
         self.port = self.sock.getsockname()[1]
+
+    def accept(self):
+        client = super().accept()
+        # answers go out at once: with Nagle's algorithm, an answer written in two
+        # pieces (a scanner's rows past the transport's buffer) waited for the
+        # client's delayed ACK, 40 ms, a stall the gateway's network would not add
+        client.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return client
 
 
 class _Server(TThreadedServer):

@@ -3,7 +3,7 @@
 Tables (``NAME_`` prefix, created when missing):
 
 ``sessions``  row ``tenant\\0client_id``; families ``s`` (expiry, disconnected
-              at, will, will due), ``f`` (one column per subscription filter),
+              at, will, will due, device, generation), ``f`` (one column per subscription filter),
               ``r`` (incoming QoS 2 packet ids awaiting PUBREL).
 ``counters``  one row, ``seq``: ``c:seq``, the queue sequence of every
               queue, advanced with ``atomicIncrement`` once per batch by the
@@ -28,9 +28,26 @@ Tables (``NAME_`` prefix, created when missing):
               with ``checkAndPut`` against the value read, so of two nodes
               claiming one message only one succeeds.
 
+Generations. HBase has no transaction across rows: node A may read that a
+session exists, node B then delete it (its expiry, the purge, a clean start
+there), and A's queue rows for it land after B's deletion scanned the queue.
+So every session row has a generation, ``s:g`` (8 random bytes, made when
+the session is created; a session deleted and made again gets a new one), and
+every queue row the generation it was appended for, ``m:g`` (read with the
+batch's check that its sessions exist). A session loads only the rows of its
+own generation, and the purge deletes rows whose session is gone or of
+another generation: rows appended in that race never reach a later session of
+the client id. (Rows without ``m:g`` -- written by an earlier version -- are
+their session's.)
+
 Query options: ``table_prefix`` (default ``brokerd``), ``timeout`` (ms,
 default 10000), ``transport`` (``buffered`` | ``framed``), ``protocol``
-(``binary`` | ``compact``), matching the gateway's settings.
+(``binary`` | ``compact``), matching the gateway's settings; ``compression``,
+``regions``, ``purge_pace`` (see ``families``, ``_open``, the purge), and
+``parallel`` (default 4): the connections a write batch uses at once -- a
+table's rows of one batch, ``PART_ROWS`` or more a part, go as that many
+``mutateRows`` in parallel (``_send``), and the sequence is reserved beside
+the existence read (``_reserve_aside``).
 
 HBase masks a put by a delete marker with the same millisecond timestamp.
 Operations of a batch are folded per row first, row deletes are sent before
@@ -39,7 +56,9 @@ before those 2 ms have passed. (On HBase 2 with ``NEW_VERSION_BEHAVIOR``
 families the wait is unnecessary but harmless.)
 """
 
+import concurrent.futures
 import logging
+import os
 import threading
 import time
 import zlib
@@ -96,6 +115,7 @@ SCAN_BATCH = 1000
 SEEDED = 1 << 56              # a counter below this has not been seeded (a new table)
 SALTS = 64                    # the queue table's salt byte: crc32(session key) % SALTS
 PURGE_PACE = 5000             # rows a second the purge scans, at most (URL option purge_pace)
+PART_ROWS = 64                # rows of one table a write batch sends per call, at least, when it sends several
 
 
 def _seed() -> int:
@@ -175,16 +195,19 @@ class HBaseStore(Store):
         try:
             self.regions = int(opts.pop("regions", "16"))
             self.purge_pace = float(opts.pop("purge_pace", str(PURGE_PACE)))
+            self.parallel = int(opts.pop("parallel", "4"))
         except ValueError:
-            self.regions = self.purge_pace = 0
-        if not 1 <= self.regions <= SALTS or not self.purge_pace > 0:
-            raise ValueError(f"bad store URL {url!r}: regions is 1..{SALTS}, purge_pace a number > 0")
+            self.regions = self.purge_pace = self.parallel = 0
+        if not 1 <= self.regions <= SALTS or not self.purge_pace > 0 or not 1 <= self.parallel <= 16:
+            raise ValueError(f"bad store URL {url!r}: regions is 1..{SALTS}, purge_pace a number > 0, "
+                             f"parallel 1..16")
         if opts:
             raise ValueError(f"bad store URL {url!r}: unknown option(s) {', '.join(opts)}")
         self.pool = None
         self.purge_pool = None                    # the purge's own connection (its own thread: _run_aside)
         self._recent: dict[tuple, float] = {}     # (table, row) -> monotonic time of our delete
         self._recent_lock = threading.Lock()
+        self._senders: concurrent.futures.ThreadPoolExecutor | None = None
         self._purge_from: dict[str, bytes] = {}   # table -> where an interrupted purge pass resumes
         self._stopping = False
         self._purge_stop = False
@@ -202,8 +225,12 @@ class HBaseStore(Store):
                                             timeout=self.timeout, transport=self.transport,
                                             protocol=self.protocol, autoconnect=False)
 
-        self.pool = pool(1)
+        # the store thread's connection, and one per sender thread (``_send``)
+        self.pool = pool(self.parallel)
         self.purge_pool = pool(1)
+        if self.parallel > 1:
+            self._senders = concurrent.futures.ThreadPoolExecutor(self.parallel - 1,
+                                                                  thread_name_prefix="store-hbase-send")
         with self.pool.connection() as conn:
             existing = {t.decode() if isinstance(t, bytes) else t for t in conn.tables()}
             for name, fams in families(self.compression).items():
@@ -221,6 +248,9 @@ class HBaseStore(Store):
 
     def _close(self):
         self.pool = self.purge_pool = None
+        if self._senders is not None:
+            self._senders.shutdown(wait=False)
+            self._senders = None
 
     async def close(self) -> None:
         self._stopping = True                      # a purge pass under way stops at its next page
@@ -249,12 +279,17 @@ class HBaseStore(Store):
 
     def _write(self, conn, ops):
         """Fold the batch per row, then: number the appends, delete, write."""
+        from Hbase_thrift import BatchMutation, Mutation  # the IDL module happybase loads
         rows: dict[str, dict[bytes, _Row]] = {name: defaultdict(_Row) for name in FAMILIES}
         sessions, queue, retained = rows["sessions"], rows["queue"], rows["retained"]
         appends: dict[bytes, list] = defaultdict(list)   # session key -> [(prefix, entry)] in order
         in_batch: dict[int, bytes] = {}                  # id(entry) -> session key, for appends of this batch
         cleared: list[bytes] = []                        # queue prefixes of sessions deleted in this batch
-        alive = self._alive(conn, ops)                   # session key -> exists (as the batch goes on)
+        reserved = self._reserve_aside(ops)              # the sequence numbers, meanwhile
+        try:
+            alive, gens = self._alive(conn, ops)         # session key -> exists / its generation (as the batch goes on)
+        finally:
+            last = reserved.result() if reserved is not None else None
         for op in ops:
             kind = op[0]
             if kind in ("retain", "retain_del"):
@@ -271,7 +306,11 @@ class HBaseStore(Store):
             skey = session_key(op[1], op[2])
             if kind == "session":
                 alive[skey] = True
+                if gens.get(skey) is None:               # a new session (none stored, or deleted above)
+                    gens[skey] = os.urandom(8)
                 srow = sessions[skey]
+                if gens[skey]:
+                    srow.put(b"s:g", gens[skey])
                 expiry, disc, will, due = op[3:7]
                 device = op[7] if len(op) > 7 else None
                 srow.put(b"s:e", _num(expiry))
@@ -282,6 +321,7 @@ class HBaseStore(Store):
                 continue
             if kind == "session_del":
                 alive[skey] = False
+                gens[skey] = None
                 sessions[skey].drop()
                 for _, e in appends.pop(skey, ()):
                     in_batch.pop(id(e), None)
@@ -328,18 +368,29 @@ class HBaseStore(Store):
                 raise ValueError(f"unknown journal operation {kind!r}")
         # sequence numbers: one increment per queue, for entries not numbered by
         # an earlier, failed attempt at this batch (whose keys a retry rewrites)
-        self._number(conn, appends)
-        for items in appends.values():
+        self._number(conn, appends, last)
+        for skey, items in appends.items():
+            gen = gens.get(skey)
             for prefix, e in items:
                 row = queue[prefix + e.seq.to_bytes(8, "big")]
+                # a new key (sequences are never reused; a retry writes the same
+                # cells again): puts only -- deleting the columns it does not
+                # have would cost a delete marker each, on every message
+                puts = row.puts
+                if gen:
+                    puts[b"m:g"] = gen                   # whose queue row it is (module docstring, "Generations")
                 m = e.msg
-                row.put(b"m:t", m.topic.encode())
-                row.put(b"m:p", m.payload)
-                row.put(b"m:f", _flags(e))
-                _put_or_remove(row, b"m:x", pack_props(m.properties))
-                _put_or_remove(row, b"m:e", None if m.expiry_at is None else _num(m.expiry_at))
-                _put_or_remove(row, b"m:i", (pack_ids(e.sub_ids) or "").encode() or None)
-                _put_or_remove(row, b"m:s", (pack_share(e.share) or "").encode() or None)
+                puts[b"m:t"] = m.topic.encode()
+                puts[b"m:p"] = m.payload
+                puts[b"m:f"] = _flags(e)
+                if m.properties:
+                    puts[b"m:x"] = pack_props(m.properties)
+                if m.expiry_at is not None:
+                    puts[b"m:e"] = _num(m.expiry_at)
+                if e.sub_ids:
+                    puts[b"m:i"] = pack_ids(e.sub_ids).encode()
+                if e.share:
+                    puts[b"m:s"] = pack_share(e.share).encode()
         # a state change of a stored row must not create a partial row
         missing = self._missing_queue_rows(conn, queue, appends)
         for key in missing:
@@ -357,13 +408,12 @@ class HBaseStore(Store):
                 with table.batch(batch_size=SCAN_BATCH) as b:
                     for key, _ in table.scan(row_prefix=prefix, columns=[b"m:f"], batch_size=SCAN_BATCH):
                         b.delete(key, columns=[b"m"])
-                        deleted.append(("queue", key))
         for name in DELETE_ORDER:
-            with conn.table(name).batch() as b:
-                for key, change in rows[name].items():
-                    if change.delete:
-                        b.delete(key, columns=FAMILY_NAMES[name])
-                        deleted.append((name, key))
+            fams = [Mutation(isDelete=True, column=f) for f in FAMILY_NAMES[name]]
+            bms = [BatchMutation(row=key, mutations=fams) for key, change in rows[name].items() if change.delete]
+            self._send(conn, name, bms)
+            if name != "queue":                          # queue keys are never written again
+                deleted += [(name, bm.row) for bm in bms]
         self._note_deleted(deleted)
         # 2. puts and column deletes, once the guard time after our deletes of those rows is over;
         # parents before children (a session's row before its queue's rows)
@@ -376,25 +426,80 @@ class HBaseStore(Store):
             time.sleep(wait)
         removed = []
         for name in FAMILIES:
-            with conn.table(name).batch() as b:
-                for key, change in rows[name].items():
-                    if change.puts:
-                        b.put(key, change.puts)
+            bms = []
+            for key, change in rows[name].items():
+                if change.puts or change.dels:
+                    muts = [Mutation(column=c, value=v) for c, v in change.puts.items()]
                     if change.dels:
-                        b.delete(key, columns=list(change.dels))
+                        muts += [Mutation(isDelete=True, column=c) for c in change.dels]
                         removed.append((name, key))
+                    bms.append(BatchMutation(row=key, mutations=muts))
+            self._send(conn, name, bms)
         self._note_deleted(removed)
 
-    def _number(self, conn, appends) -> None:
+    def _send(self, conn, name: str, bms: list) -> None:
+        """One table's row mutations of a batch: one ``mutateRows``, or with
+        ``PART_ROWS`` rows or more a part, up to ``parallel`` calls at once, on
+        as many connections, each a contiguous range of row keys (so rows of one
+        region stay in one call), as an HBase client sends per region server.
+        The rows are independent: HBase applies each on its own anyway."""
+        if not bms:
+            return
+        table = conn.table(name).name
+        parts = min(self.parallel, len(bms) // PART_ROWS)
+        if parts <= 1:
+            conn.client.mutateRows(table, bms, {})
+            return
+        bms.sort(key=lambda bm: bm.row)
+        size = -(-len(bms) // parts)
+        futures = [self._senders.submit(self._send_part, table, bms[i:i + size])
+                   for i in range(size, len(bms), size)]
+        errors = []
+        try:
+            conn.client.mutateRows(table, bms[:size], {})
+        except Exception as exc:
+            errors.append(exc)
+        for f in futures:
+            try:
+                f.result()
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def _send_part(self, table: bytes, bms: list) -> None:
+        with self.pool.connection() as conn:          # this sender thread's own connection
+            conn.client.mutateRows(table, bms, {})
+
+    def _reserve_aside(self, ops):
+        """With sender threads: reserve numbers for every new entry of the batch
+        on one of them while the store thread reads which sessions exist (one
+        round trip less in line). -> a future of the last number, or None.
+        Numbers of entries then dropped (their session is gone) stay unused."""
+        if self._senders is None:
+            return None
+        n = sum(1 for op in ops if op[0] == "q" and not op[3].seq)
+        if not n:
+            return None
+
+        def reserve():
+            with self.pool.connection() as conn:
+                return n, _reserve(conn.table("counters"), SEQ_ROW, n)
+        return self._senders.submit(reserve)
+
+    def _number(self, conn, appends, reserved=None) -> None:
         """Give the batch's new queue entries their sequence numbers: one
         increment of the one counter for the whole batch, however many queues
-        it fans out to (``_reserve``), each queue's entries in append order."""
+        it fans out to (``_reserve``), each queue's entries in append order.
+        ``reserved``: ``(n, last)``, a range taken already (``_reserve_aside``)."""
         fresh = [e for items in appends.values() for _, e in items if not e.seq]
         if not fresh:
             return
-        last = _reserve(conn.table("counters"), SEQ_ROW, len(fresh))
+        if reserved is None or reserved[0] < len(fresh):
+            reserved = len(fresh), _reserve(conn.table("counters"), SEQ_ROW, len(fresh))
+        n, last = reserved
         for i, e in enumerate(fresh):
-            e.seq = last - len(fresh) + 1 + i
+            e.seq = last - n + 1 + i
 
     def _since_delete(self, name: str, key: bytes) -> float:
         """How long to wait before writing a row this store deleted (0: no need)."""
@@ -410,8 +515,9 @@ class HBaseStore(Store):
                 cutoff = now - DELETE_GUARD
                 self._recent = {k: t for k, t in self._recent.items() if t > cutoff}
 
-    def _alive(self, conn, ops) -> dict:
-        """Which sessions the batch touches before creating or deleting them exist."""
+    def _alive(self, conn, ops) -> tuple[dict, dict]:
+        """Which sessions the batch touches before deleting them exist, and their
+        generations (b"": a session written by an earlier version; None: none stored)."""
         unknown = []
         seen = set()
         for op in ops:
@@ -421,13 +527,16 @@ class HBaseStore(Store):
             if skey in seen:
                 continue
             seen.add(skey)
-            if op[0] not in ("session", "session_del"):
+            if op[0] != "session_del":
                 unknown.append(skey)
-        alive = {}
+        alive, gens = {}, {}
         if unknown:
-            found = dict(conn.table("sessions").rows(unknown, columns=[b"s:e"]))
-            alive = {k: b"s:e" in found.get(k, {}) for k in unknown}
-        return alive
+            found = dict(conn.table("sessions").rows(unknown, columns=[b"s:e", b"s:g"]))
+            for k in unknown:
+                data = found.get(k, {})
+                alive[k] = b"s:e" in data
+                gens[k] = data.get(b"s:g", b"") if alive[k] else None
+        return alive, gens
 
     def _missing_queue_rows(self, conn, queue, appends) -> list[bytes]:
         """Rows of ``queue`` that only change flags but do not exist (acknowledged already)."""
@@ -459,14 +568,16 @@ class HBaseStore(Store):
 
     def _load(self):
         with self.pool.connection() as conn:
-            sessions = {}
+            sessions, gens = {}, {}
             for key, data in conn.table("sessions").scan(batch_size=SCAN_BATCH):
                 if b"s:e" in data:
                     sessions[key] = self._session(key, data)
+                    gens[key] = data.get(b"s:g", b"")
             for key, data in conn.table("queue").scan(batch_size=SCAN_BATCH):
                 tenant, cid, seq = _split_queue_key(key)
-                rec = sessions.get(session_key(tenant, cid))
-                if rec is not None and b"m:t" in data:
+                skey = session_key(tenant, cid)
+                rec = sessions.get(skey)
+                if rec is not None and b"m:t" in data and _owned(data, gens[skey]):
                     rec.queue.append(_entry(seq, data))
             retained = []
             for key, data in conn.table("retained").scan(batch_size=SCAN_BATCH):
@@ -486,10 +597,11 @@ class HBaseStore(Store):
             if b"s:e" not in data:
                 return None
             rec = self._session(key, data)
+            gen = data.get(b"s:g", b"")
             prefix = queue_prefix(tenant, client_id)
             rec.queue = [_entry(int.from_bytes(k[-8:], "big"), d)
                          for k, d in conn.table("queue").scan(row_prefix=prefix, batch_size=SCAN_BATCH)
-                         if b"m:t" in d]
+                         if b"m:t" in d and _owned(d, gen)]
         return rec
 
     # --------------------------------------------------------------- purge
@@ -511,8 +623,8 @@ class HBaseStore(Store):
         n = 0
         with self.purge_pool.connection() as conn:
             n += self._purge_table(conn, "sessions", [b"s:e", b"s:d"], now, self._purge_sessions)
-            for name in ("queue", "retained"):
-                n += self._purge_table(conn, name, [b"m:e"], now, _purge_expired_rows)
+            n += self._purge_table(conn, "queue", [b"m:f", b"m:e", b"m:g"], now, _purge_queue_rows)
+            n += self._purge_table(conn, "retained", [b"m:e"], now, _purge_expired_rows)
             self._purge_table(conn, "counters", [b"c:seq"], now, _purge_old_counters)
         return n
 
@@ -605,6 +717,13 @@ class HBaseStore(Store):
         return counts
 
 
+def _owned(data: dict, gen: bytes) -> bool:
+    """Is this queue row (its cells) its session's, whose generation is ``gen``?
+    A row without one was written by an earlier version: its session's."""
+    g = data.get(b"m:g")
+    return g is None or g == gen
+
+
 def _purge_expired_rows(conn, table, page, now) -> int:
     expired = [key for key, data in page if data.get(b"m:e") and float(data[b"m:e"]) <= now]
     if expired:
@@ -612,6 +731,27 @@ def _purge_expired_rows(conn, table, page, now) -> int:
             for key in expired:
                 b.delete(key, columns=[b"m"])
     return len(expired)
+
+
+def _purge_queue_rows(conn, table, page, now) -> int:
+    """Expired messages, and rows no session owns (module docstring, "Generations"): their
+    session is gone, or was deleted and made again (another generation)."""
+    skeys = {}
+    for key, _ in page:
+        tenant, cid, _ = _split_queue_key(key)
+        skeys[key] = session_key(tenant, cid)
+    found = dict(conn.table("sessions").rows(list(set(skeys.values())), columns=[b"s:e", b"s:g"]))
+    gone = []
+    for key, data in page:
+        owner = found.get(skeys[key], {})
+        if data.get(b"m:e") and float(data[b"m:e"]) <= now or b"s:e" not in owner \
+                or not _owned(data, owner.get(b"s:g", b"")):
+            gone.append(key)
+    if gone:
+        with table.batch() as b:
+            for key in gone:
+                b.delete(key, columns=[b"m"])
+    return len(gone)
 
 
 def _purge_old_counters(conn, table, page, now) -> int:
@@ -679,20 +819,37 @@ _SHELL_FAMILY = {"max_versions": "VERSIONS", "bloom_filter_type": "BLOOMFILTER",
                  "in_memory": "IN_MEMORY"}
 
 
-def ddl(prefix: str, regions: int, compression: str = "NONE") -> str:
+def tenant_split_keys(tenants) -> list[bytes]:
+    """Split points of ``sessions`` and ``retained`` (rows keyed ``tenant \\0 ...``):
+    each tenant named starts a region -- its rows, and those of the tenants
+    sorting after it up to the next one named."""
+    return sorted({t.encode() + b"\0" for t in tenants if t})
+
+
+def ddl(prefix: str, regions: int, compression: str = "NONE", tenants=()) -> str:
     """HBase shell commands creating the tables as ``_open`` would, the queue
-    table pre-split on its salt byte (the Thrift1 gateway cannot pass split keys)."""
+    table pre-split on its salt byte (the Thrift1 gateway cannot pass split keys),
+    ``sessions`` and ``retained`` at the ``tenants`` given (``tenant_split_keys``)."""
     lines = []
     for name, fams in families(compression.upper()).items():
         specs = []
         for fam, opts in fams.items():
             kv = ", ".join(f"{_SHELL_FAMILY[k]} => {_shell_value(v)}" for k, v in opts.items())
             specs.append(f"{{NAME => '{fam}', {kv}}}")
-        splits = ""
+        keys = []
         if name == "queue" and regions > 1:
-            splits = ", SPLITS => [" + ", ".join(f'"\\x{k[0]:02x}"' for k in split_keys(regions)) + "]"
+            keys = [f'"\\x{k[0]:02x}"' for k in split_keys(regions)]
+        elif name in ("sessions", "retained"):
+            keys = [_shell_bytes(k) for k in tenant_split_keys(tenants)]
+        splits = ", SPLITS => [" + ", ".join(keys) + "]" if keys else ""
         lines.append(f"create '{prefix}_{name}', {', '.join(specs)}{splits}")
     return "\n".join(lines) + "\n"
+
+
+def _shell_bytes(key: bytes) -> str:
+    """A row key as an HBase shell (JRuby) double-quoted string."""
+    return '"' + "".join(chr(b) if 0x30 <= b <= 0x39 or 0x41 <= b <= 0x5A or 0x61 <= b <= 0x7A or b in b"-_."
+                         else f"\\x{b:02x}" for b in key) + '"'
 
 
 def _shell_value(v) -> str:
@@ -711,10 +868,12 @@ def main(argv=None) -> int:
     d.add_argument("--prefix", default="brokerd", help="the store URL's table_prefix (default brokerd)")
     d.add_argument("--regions", type=int, default=16, help=f"queue table regions, 1..{SALTS} (default 16)")
     d.add_argument("--compression", default="NONE", help="NONE, SNAPPY, ZSTD, LZ4 or GZ (the region servers' codecs)")
+    d.add_argument("--tenant-splits", default="", metavar="T1,T2,...",
+                   help="split sessions and retained at these tenants (big tenants: a region each from the start)")
     args = ap.parse_args(argv)
     if not 1 <= args.regions <= SALTS:
         ap.error(f"--regions is 1..{SALTS}")
-    print(ddl(args.prefix, args.regions, args.compression), end="")
+    print(ddl(args.prefix, args.regions, args.compression, args.tenant_splits.split(",")), end="")
     return 0
 
 

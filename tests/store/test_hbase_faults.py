@@ -138,6 +138,71 @@ def test_a_session_deleted_with_a_fault_between_rows_leaves_nothing_for_the_next
         other.close()
 
 
+@pytest.mark.parametrize("then", ["deleted", "made_again"])
+def test_rows_appended_for_a_session_another_node_deleted_never_reach_a_later_session(double, then):
+    """Two nodes on one set of tables. Node A's batch reads that session ``dev``
+    exists; node B then deletes it (its expiry, the purge; ``made_again``: a clean
+    start there) and A's queue rows land after B's deletion -- HBase has no
+    transaction across rows to stop that. A later session of the client id starts
+    without them, whichever node loads it, and the purge removes them."""
+    import happybase
+
+    url = f"hbase://{double.address}?table_prefix=race{then[0]}"
+    a, b = SyncStore(url), SyncStore(url)
+    try:
+        a.apply([session("dev"), sub("dev", "a/#")])
+        numbered = a.store._number
+
+        def b_deletes_meanwhile(conn, appends, *reserved):   # after A read the session, before its writes
+            b.store._apply([("session_del", T1, "dev")] + ([session("dev")] if then == "made_again" else []))
+            return numbered(conn, appends, *reserved)
+
+        a.store._number = b_deletes_meanwhile
+        a.apply([q("dev", entry(message(payload=b"late%d" % i))) for i in range(3)])
+        a.store._number = numbered
+        if then == "deleted":
+            assert b.load_session(T1, "dev") is None
+            b.apply([session("dev")])                # the client id's next session
+        assert b.session(T1, "dev") == expected("dev")
+        assert a.session(T1, "dev") == expected("dev")
+        later = entry(message(payload=b"later"))
+        a.apply([q("dev", later)])
+        assert b.session(T1, "dev") == expected("dev", queue=[later])
+        b.purge(NOW)
+        conn = happybase.Connection("127.0.0.1", double.port, table_prefix=f"race{then[0]}", timeout=5000)
+        try:
+            assert [d[b"m:p"] for _, d in conn.table("queue").scan()] == [b"later"]
+        finally:
+            conn.close()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_rows_written_by_an_earlier_version_stay_their_sessions(double):
+    """Rows without a generation (an earlier brokerd, e.g. a node not yet upgraded
+    in a rolling upgrade) belong to their session, whether it has a generation or not."""
+    import happybase
+
+    from brokerd.store.hbase import queue_prefix, session_key
+
+    store = SyncStore(f"hbase://{double.address}?table_prefix=legacy")
+    conn = happybase.Connection("127.0.0.1", double.port, table_prefix="legacy", timeout=5000)
+    try:
+        store.apply([session("new")])
+        conn.table("sessions").put(session_key(T1, "old"), {b"s:e": b"3600"})
+        flags = {b"m:t": b"a/b", b"m:f": b"\x01\x01\x00\x00\x00"}
+        for cid in ("old", "new"):
+            conn.table("queue").put(queue_prefix(T1, cid) + (5).to_bytes(8, "big"), {**flags, b"m:p": cid.encode()})
+        store.purge(NOW)
+        for cid in ("old", "new"):
+            assert [e.msg.payload for e in store.load_session(T1, cid).queue] == [cid.encode()]
+        assert sorted(len(rec.queue) for rec in store.load()[0]) == [1, 1]
+    finally:
+        conn.close()
+        store.close()
+
+
 def test_the_double_applies_mutate_rows_row_by_row(double):
     """The double's own behaviour the tests above rely on: rows before the fault stay."""
     import happybase
@@ -196,6 +261,61 @@ def test_round_trips_per_stored_message_at_fan_out(tmp_path, fanout):
             assert len(store.load_session(T1, subs[-1]).queue) == per_queue + 3
         finally:
             store.close()
+
+
+def test_a_big_batch_goes_in_parallel_parts_and_a_failed_part_is_retried_whole(tmp_path):
+    """300 new queue rows in one batch with parallel=4: four mutateRows at once
+    (each a contiguous key range), so with 100 ms a call the batch takes about
+    two round trips (the existence read beside the counter increment, then the
+    parts), not six. A part that fails fails the batch; the writer's retry
+    leaves every message once."""
+    from ..hbase_double import HBaseDouble
+
+    with HBaseDouble(tmp_path / "h.db", delete_markers=True) as double:
+        store = SyncStore(f"hbase://{double.address}?table_prefix=par&parallel=4")
+        try:
+            subs = [f"s{i:03d}" for i in range(300)]
+            store.apply([session(cid) for cid in subs])
+            store.apply([q(cid, entry(message(payload=b"first"))) for cid in subs])   # seeds the counter
+            before = double.calls["calls"]["mutateRows"]
+            double.faults.latency = 0.1
+            t0 = time.monotonic()
+            store.apply([q(cid, entry(message(payload=b"second"))) for cid in subs])
+            took = time.monotonic() - t0
+            double.faults.latency = 0.0
+            assert double.calls["calls"]["mutateRows"] - before == 4
+            assert took < 0.45, f"{took:.2f}s: the parts went one after another"
+            third = [q(cid, entry(message(payload=b"third"))) for cid in subs]
+            double.fail("mutateRows")
+            with pytest.raises(StoreError):
+                store.apply(third)
+            store.apply(third)
+            for cid in (subs[0], subs[150], subs[-1]):
+                assert [e.msg.payload for e in store.load_session(T1, cid).queue] == [b"first", b"second", b"third"]
+            assert sum(len(rec.queue) for rec in store.load()[0]) == 900
+        finally:
+            store.close()
+
+
+def test_queued_messages_leave_one_delete_marker_each_their_acknowledgement(double):
+    """A queued message is a new row: written with puts only. (Removing the
+    optional columns it does not have left four delete markers per message for
+    HBase's compactions.) Its acknowledgement deletes the row: one marker."""
+    store = SyncStore(f"hbase://{double.address}?table_prefix=mk")
+    try:
+        store.apply([session("dev")])
+        entries = [entry(message(payload=b"%d" % i)) for i in range(10)]
+        store.apply([q("dev", e) for e in entries])
+        markers = double.handler.db.execute(
+            "SELECT count(*) FROM markers WHERE tbl = ?", (b"mk_queue",)).fetchone()[0]
+        assert markers == 0
+        store.apply([q_del("dev", e) for e in entries])
+        markers = double.handler.db.execute(
+            "SELECT count(*) FROM markers WHERE tbl = ?", (b"mk_queue",)).fetchone()[0]
+        assert markers == 10
+        assert store.load_session(T1, "dev").queue == []
+    finally:
+        store.close()
 
 
 def test_the_counters_table_does_not_grow_with_client_id_churn(double):

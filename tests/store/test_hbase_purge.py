@@ -15,6 +15,7 @@ import pytest
 
 from brokerd.cluster.bus import Bus
 from brokerd.cluster.purge import purge_under_lease
+from brokerd.store.hbase import queue_prefix, session_key
 
 from ..cluster.conftest import RedisServer
 from .test_contract import NOW, T1, SyncStore, entry, message, q, session
@@ -31,15 +32,20 @@ def double(tmp_path):
     d.stop()
 
 
-def _fill_queue(double, prefix: str, rows: int) -> None:
-    """A big queue table, written straight through the gateway: half the rows expired."""
+def _fill_queue(double, prefix: str, rows: int, sessions: int = 10) -> None:
+    """A big queue table, written straight through the gateway: the queues of
+    ``sessions`` sessions (rows of no session would all be purged), half the rows expired."""
     conn = happybase.Connection("127.0.0.1", double.port, table_prefix=prefix, timeout=30000)
     try:
+        owners = [f"big{i}" for i in range(sessions)]
+        with conn.table("sessions").batch() as b:
+            for cid in owners:
+                b.put(session_key(T1, cid), {b"s:e": b"3600"})
         with conn.table("queue").batch(batch_size=2000) as b:
             for i in range(rows):
                 exp = b"%r" % (NOW - 1 if i % 2 else NOW + 3600)
-                b.put(b"\x01big%08d\x00t\x00" % i + i.to_bytes(8, "big"), {b"m:t": b"x", b"m:f": b"\x01\x01\x00\x00\x00",
-                                                                         b"m:e": exp})
+                b.put(queue_prefix(T1, owners[i % sessions]) + i.to_bytes(8, "big"),
+                      {b"m:t": b"x", b"m:f": b"\x01\x01\x00\x00\x00", b"m:e": exp})
     finally:
         conn.close()
 

@@ -3,12 +3,22 @@ queue table pre-split on its salt byte by the DDL the store prints (the
 Thrift1 gateway cannot pass split keys, so the store warns at start-up when
 the queue table has fewer regions than ``regions``)."""
 
+import bisect
 import logging
 
 import happybase
 import pytest
 
-from brokerd.store.hbase import SALTS, ddl, families, main, queue_prefix, split_keys
+from brokerd.store.hbase import (
+    SALTS,
+    ddl,
+    families,
+    main,
+    queue_prefix,
+    session_key,
+    split_keys,
+    tenant_split_keys,
+)
 
 from .test_contract import SyncStore
 
@@ -66,6 +76,27 @@ def test_ddl_prints_the_shell_commands(capsys):
         main(["ddl", "--regions", "65"])
 
 
+def test_sessions_and_retained_can_be_split_at_big_tenants(capsys):
+    """Their keys start with the tenant (no salt: see docs/operations.md): the DDL
+    splits them where the operator names tenants, each named one starting a region."""
+    assert main(["ddl", "--prefix", "p", "--tenant-splits", "globex,acme"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for table in ("sessions", "retained"):
+        line = next(ln for ln in lines if ln.startswith(f"create 'p_{table}'"))
+        assert line.endswith('SPLITS => ["acme\\x00", "globex\\x00"]')
+    assert "SPLITS" not in next(ln for ln in lines if ln.startswith("create 'p_counters'"))
+    assert "SPLITS" not in ddl("p", 4).splitlines()[0]             # none named: sessions not split
+    keys = tenant_split_keys(["globex", "acme"])
+
+    def region(tenant, rest):                 # a session's (client id) or a retained message's (topic) row
+        return bisect.bisect_right(keys, session_key(tenant, rest))
+
+    assert region("aaa", "x") == 0
+    assert {region("acme", c) for c in ("", "dev-1", "\uffff")} == {1}
+    assert region("acme-eu", "a/b") == 1 and region("b", "x") == 1      # up to the next tenant named
+    assert {region("globex", c) for c in ("", "sensors/#")} == {2} and region("zeta", "x") == 2
+
+
 def test_a_queue_table_that_is_not_pre_split_is_reported_at_start(double, caplog):
     caplog.set_level(logging.WARNING, logger="brokerd.store")
     SyncStore(f"hbase://{double.address}?table_prefix=ps&regions=8").close()
@@ -80,6 +111,6 @@ def test_a_queue_table_that_is_not_pre_split_is_reported_at_start(double, caplog
 def test_bad_store_options_are_refused():
     from brokerd.store import open_store
 
-    for bad in ("regions=0", "regions=65", "purge_pace=0", "purge_pace=x"):
+    for bad in ("regions=0", "regions=65", "purge_pace=0", "purge_pace=x", "parallel=0", "parallel=17", "parallel=x"):
         with pytest.raises(ValueError, match="bad store URL"):
             open_store(f"hbase://127.0.0.1:9090?{bad}")
