@@ -7,6 +7,8 @@ must not pace itself the way client libraries do (paho's inflight window),
 and the test must see exactly which messages were acknowledged and which
 arrived."""
 
+import os
+import socket
 import threading
 import time
 
@@ -107,16 +109,20 @@ def test_publisher_outrunning_its_subscriber_is_slowed_not_dropped(hostile_broke
     t0 = time.monotonic()
     try:
         with canary.running(interval=0.1):
-            pub.sock.settimeout(30)
+            # a socket object of its own for sending: read_acks' recv(0.5) sets the timeout of
+            # pub.sock, which would cut a sendall the broker rightly holds back for over 0.5 s
+            out = socket.socket(fileno=os.dup(pub.sock.fileno()))
+            out.settimeout(30)
             for i in range(N):
                 data = raw.publish_packet("load/a", b"%06d" % i + b"x" * (PAYLOAD - 6), qos=1, pid=i + 1)
                 ts = time.monotonic()
-                pub.sock.sendall(data)
+                out.sendall(data)
                 dt = time.monotonic() - ts
                 if dt > 0.01:
                     blocked += dt
                 sent[0] += 1
                 total += len(data)
+            out.close()
             send_done = time.monotonic() - t0
             read_at_send_done = client_info(b, "blaster")["bytes_in"]
             deadline = time.monotonic() + 30
