@@ -18,9 +18,11 @@ A run (``compact``): discard what an earlier, killed run left in
 that no committed manifest names; one Spark job per dataset writes their rows
 under ``_staging/<run>/<dataset>/date=D`` (rows sorted by tenant, so that the
 Parquet row-group statistics on ``tenant`` let a tenant's report skip the
-others' row groups); then per date the manifest goes into the staged
-directory and the directory is renamed to ``date=D/run=<run>``: that rename
-is the commit -- the rows and the list of files they came from appear
+others' row groups); then per date the staged directory is moved to
+``date=D/run=<run>`` and its manifest (the landed files it consumed) written
+beside the rows under a temporary name and renamed to ``_manifest.json``:
+that rename is the commit -- a run directory without its manifest is not
+read, so the rows and the list of files they came from appear
 together or not at all. Landed files named in a committed manifest are
 deleted afterwards (``keep_landed`` seconds after the commit, so that a
 report that listed them just before may still read them); a file a
@@ -35,7 +37,7 @@ Daily rollups (traffic and connections; ``spark_reports.rollups``): every
 commit into a date first drops a marker in ``_rollup_todo``; at the end of a
 run, each marked date that is closed (before the run's UTC day) gets its
 rollup made again from the date's committed rows -- unless the rollup there
-is current -- and committed the same way (staged, manifest, one rename).
+is current -- and committed the same way (staged, moved, manifest last).
 A rollup's manifest names its ``source``: a digest of the date's live run
 ids (a committed run's rows never change, so the live runs are the date's
 rows). A reader uses a date's rollup only where its source is the date's
@@ -47,11 +49,13 @@ raw rows until the next run brings the rollup up to date, and the marker,
 removed only once the rollup is current, makes that run do it.
 
 Every lake operation goes through Hadoop's FileSystem API of the Spark
-session (``file://``, ``hdfs://``, ``s3a://`` alike). A directory rename is
-atomic on a local filesystem and on HDFS; on S3 (s3a) it is a copy and a
-delete per object, so a run killed during its commit can leave a partial run
-directory that readers would take as committed: keep the lake on HDFS or a
-local/shared filesystem, or see the notes of issue 20.
+session (a path, ``file://``, ``hdfs://``, ``s3a://`` alike). The commit
+needs one thing atomic: a single small file appearing whole under its new
+name (``_publish``) -- a rename on a local filesystem and on HDFS, a copy of
+one object on S3 (s3a). The directory move before it need not be (on s3a
+it is a copy and a delete per object). Not atomic on s3a: the lease's
+create-if-absent (a check, then a write): run one compaction at a time (one
+beat) there.
 """
 
 import hashlib
@@ -78,6 +82,8 @@ log = logging.getLogger(__name__)
 DATASETS = {"traffic": (TRAFFIC_SCHEMA, "ts"), "connections": (CONNECTIONS_SCHEMA, "disconnected_at"),
             "telemetry": (TELEMETRY_SCHEMA, "ts")}          # store rules' rows (brokerd.integrations.telemetry)
 MANIFEST = "_manifest.json"
+MANIFEST_TMP = "_manifest.json.tmp"     # written beside the data, renamed to MANIFEST: the commit
+MOVING = "_moving"                      # _staging/<run>/_moving/*: run directories being committed
 LEASE = "_compaction.lease"
 STAGING = "_staging"
 ROLLUPS = "rollups"           # LAKE/rollups/<dataset>/date=D/run=R: daily rollups
@@ -218,7 +224,8 @@ def committed(fs: HadoopFS, lake: str, dataset: str, day: str) -> DateState:
     for st in fs.list(base):
         if st.isDirectory() and _name(st).startswith("run="):
             uri = f"{base}/{_name(st)}"
-            state.manifests[uri] = json.loads(fs.read_text(f"{uri}/{MANIFEST}"))
+            if fs.exists(f"{uri}/{MANIFEST}"):          # without it: not committed (``_publish``)
+                state.manifests[uri] = json.loads(fs.read_text(f"{uri}/{MANIFEST}"))
     replaced_at = {r: m["committed_at"] for m in state.manifests.values() for r in m.get("replaces", [])}
     for uri, m in sorted(state.manifests.items()):
         if m["run"] in replaced_at:
@@ -302,8 +309,8 @@ def rollup_root(lake: str, dataset: str) -> str:
 def rollups_of(fs: HadoopFS, lake: str, dataset: str, day: str) -> dict[str, dict]:
     """A date's committed rollup runs: URI -> manifest."""
     base = f"{rollup_root(lake, dataset)}/date={day}"
-    return {f"{base}/{_name(st)}": json.loads(fs.read_text(f"{base}/{_name(st)}/{MANIFEST}"))
-            for st in fs.list(base) if st.isDirectory() and _name(st).startswith("run=")}
+    runs = [f"{base}/{_name(st)}" for st in fs.list(base) if st.isDirectory() and _name(st).startswith("run=")]
+    return {uri: json.loads(fs.read_text(f"{uri}/{MANIFEST}")) for uri in runs if fs.exists(f"{uri}/{MANIFEST}")}
 
 
 def _current(rolls: dict[str, dict], source: str) -> str | None:
@@ -386,11 +393,7 @@ def _commit_rollup(fs, lake, dataset, run, staged_root, day, source, stats, now)
     fs.mkdirs(staged)                 # a date without a row still gets its (empty) rollup
     manifest = {"format": 1, "run": run, "dataset": dataset, "date": day, "source": source, "committed_at": now,
                 "rows": 0, **stats}
-    fs.create(f"{staged}/{MANIFEST}", json.dumps(manifest))
-    parent = f"{rollup_root(lake, dataset)}/date={day}"
-    fs.mkdirs(parent)
-    if not fs.rename(staged, f"{parent}/run={run}"):
-        raise OSError(f"commit of the rollup of {dataset}/{day} failed: rename {staged} -> {parent}/run={run}")
+    _publish(fs, lake, run, staged, f"{rollup_root(lake, dataset)}/date={day}/run={run}", manifest)
 
 
 # ---------------------------------------------------------------- the lease
@@ -458,6 +461,7 @@ class CompactionResult:
     dropped_runs: int = 0           # run directories deleted after a merge
     discarded: list[str] = field(default_factory=list)   # uncommitted runs thrown away
     rolled_up: list[str] = field(default_factory=list)   # "dataset/date" whose daily rollup was made again
+    rollup_seconds: float = 0.0     # of ``seconds``: making the daily rollups
     seconds: float = 0.0
 
 
@@ -466,12 +470,36 @@ def new_run_id(now: float) -> str:
 
 
 def discard_uncommitted(fs: HadoopFS, lake: str) -> list[str]:
-    """What killed runs left in ``_staging``: never committed, so never read; removed."""
+    """What killed runs left: their ``_staging`` (never read) and the run directories they moved
+    into the lake without publishing their manifest (readers skip them); removed."""
     out = []
     for st in fs.list(f"{lake.rstrip('/')}/{STAGING}"):
-        fs.delete(st.getPath().toString(), True)
+        staged_run = st.getPath().toString()
+        for intent in fs.list(f"{staged_run}/{MOVING}"):
+            target = fs.read_text(intent.getPath().toString())
+            if target and not fs.exists(f"{target}/{MANIFEST}"):
+                fs.delete(target, True)
+        fs.delete(staged_run, True)
         out.append(_name(st))
     return out
+
+
+def _publish(fs: HadoopFS, lake: str, run: str, staged: str, target: str, manifest: dict) -> None:
+    """The commit of a staged directory: moved to ``target`` (a new ``run=`` directory), then its
+    manifest written beside the data under a temporary name and renamed to ``_manifest.json`` --
+    that last rename is the commit. Readers take a run directory only with its manifest, a single
+    file that appears whole, so the directory's move need not be atomic: on s3a it is a copy and a
+    delete per object. Before the move, ``_staging/<run>/_moving/`` notes the target: a run killed
+    between the move and the manifest leaves a directory without one, which the next run deletes."""
+    fs.create(f"{lake.rstrip('/')}/{STAGING}/{run}/{MOVING}/{uuid.uuid4().hex}", target)
+    fs.mkdirs(target.rsplit("/", 1)[0])
+    if not fs.rename(staged, target):
+        raise OSError(f"commit failed: rename {staged} -> {target}")
+    _checkpoint("moved")
+    fs.create(f"{target}/{MANIFEST_TMP}", json.dumps(manifest))
+    _checkpoint("manifest written")
+    if not fs.rename(f"{target}/{MANIFEST_TMP}", f"{target}/{MANIFEST}"):
+        raise OSError(f"commit failed: rename {target}/{MANIFEST_TMP} -> {MANIFEST}")
 
 
 def _plan(fs, landing, lake, dataset, now, settle, keep_landed):
@@ -529,8 +557,8 @@ def _write_parquet(spark, df, schema, time_col, staged_root, row_group_bytes) ->
 
 
 def _commit(fs, lake, dataset, run, staged_root, day, files, stats, now, merged: DateState | None = None) -> None:
-    """Commit one date of a run: its manifest into the staged directory, then
-    the directory renamed into the lake. A merge's manifest names every landed
+    """Commit one date of a run (``_publish``: the directory moved into the
+    lake, then its manifest). A merge's manifest names every landed
     file and run the merged runs did (so they stay consumed and hidden)."""
     staged = f"{staged_root}/date={day}"
     fs.mkdirs(staged)            # a date whose files held no valid row still commits (consumes them)
@@ -544,13 +572,8 @@ def _commit(fs, lake, dataset, run, staged_root, day, files, stats, now, merged:
         stats = {"rows": 0, "opened_from": None, **stats}
     manifest = {"format": 1, "run": run, "dataset": dataset, "date": day, "committed_at": now, "rows": 0, **stats,
                 "landed": landed, "replaces": replaces}
-    fs.create(f"{staged}/{MANIFEST}", json.dumps(manifest))
-    _checkpoint("manifest written")
     _mark(fs, lake, dataset, day)
-    parent = f"{lake.rstrip('/')}/{dataset}/date={day}"
-    fs.mkdirs(parent)
-    if not fs.rename(staged, f"{parent}/run={run}"):
-        raise OSError(f"commit of {dataset}/{day} failed: rename {staged} -> {parent}/run={run}")
+    _publish(fs, lake, run, staged, f"{lake.rstrip('/')}/{dataset}/date={day}/run={run}", manifest)
     _checkpoint("committed")
 
 
@@ -621,9 +644,11 @@ def compact(spark, landing: str, lake: str | None = None, *, now: float | None =
         old_runs = []
         for dataset in datasets:
             old_runs += _merge(spark, fs, lake, dataset, result, now, keep_landed, merge_days, row_group_bytes)
+        t_rollup = time.monotonic()
         for dataset in datasets:
             if dataset in ROLLED and rollups:
                 old_runs += _rollup(spark, fs, lake, dataset, result, now, keep_landed, row_group_bytes)
+        result.rollup_seconds = time.monotonic() - t_rollup
         for uri in deletable:
             fs.delete(uri)
             result.deleted += 1
