@@ -156,22 +156,6 @@ def test_compaction_killed_mid_commit_then_run_again(spark, small):
     _assert_exactly_once(spark, root, conns, traffic, lake_only=True)
 
 
-def test_a_landing_and_a_lake_given_as_file_uris(spark, small, tmp_path_factory):
-    """``USAGE_DIR`` and ``USAGE_LAKE`` as ``file://`` URIs, the lake elsewhere than under the landing:
-    every lake operation goes through Hadoop's filesystem layer -- the compaction, its daily
-    rollups and a report over them give expected.py's figures, and the files are where the URI says."""
-    root, conns, traffic = small
-    elsewhere = tmp_path_factory.mktemp("lake-elsewhere")
-    landing_uri, lake_uri = f"file://{root}", f"file://{elsewhere}/lake"
-    r = lake.compact(spark, landing_uri, lake_uri, now=PERIOD.start + 3 * 86400, settle=0, keep_landed=0)
-    assert r.rows == len(conns) + len(traffic) and r.rolled_up and _landed(root) == []
-    assert not (root / "lake").exists() and list((elsewhere / "lake" / "rollups").glob("*/date=*/run=*/*.parquet"))
-    result = reports.get("platform").run(spark, landing_uri, PERIOD, lake=lake_uri)
-    want = X.totals(conns, traffic, PERIOD.start, PERIOD.end)
-    for key in ("messages", "bytes_in", "connects", "disconnects", "devices", "peak_connections"):
-        assert result["totals"][key] == want[key], key
-
-
 def test_a_running_compaction_holds_the_lake(spark, small):
     root, _, _ = small
     fs = lake.HadoopFS(spark)

@@ -170,11 +170,14 @@ def test_a_compaction_failing_mid_rollup_commit_then_run_again_neither_loses_nor
     """Four days compacted on the fifth; the run fails after the first of its rollups is committed
     (the others staged, not committed): the grouped figures are the raw rows' all along, and the
     next run discards the staged ones and finishes the rollups -- one current rollup a day, the
-    same figures. (A failure before a rollup's commit is the same case for the rest.)"""
+    same figures. (A failure before a rollup's commit is the same case for the rest.) The landing
+    and the lake are ``file://`` URIs, the lake elsewhere than under the landing: every lake
+    operation goes through Hadoop's filesystem layer."""
     point = "rollup committed"
     conns, traffic = _fleet(range(4), seed=21)
-    gen.write_rows(tmp_path, "traffic", traffic)
-    gen.write_rows(tmp_path, "connections", conns)
+    gen.write_rows(tmp_path / "usage", "traffic", traffic)
+    gen.write_rows(tmp_path / "usage", "connections", conns)
+    landing, where = f"file://{tmp_path}/usage", f"file://{tmp_path}/elsewhere/lake"
     period = Period.days(FIRST, FIRST + timedelta(days=3))
     seen = []
 
@@ -184,25 +187,27 @@ def test_a_compaction_failing_mid_rollup_commit_then_run_again_neither_loses_nor
             raise Boom(name)
 
     def figures():
-        t = jobs.traffic_totals(jobs.traffic_groups(spark, str(tmp_path), period)).collect()[0].asDict()
-        c = jobs.group_connection_totals(jobs.connection_groups(spark, str(tmp_path), period), period).collect()[0]
+        t = jobs.traffic_totals(jobs.traffic_groups(spark, landing, period, where)).collect()[0].asDict()
+        c = jobs.group_connection_totals(jobs.connection_groups(spark, landing, period, where), period).collect()[0]
         return {"messages": t["messages"], "bytes_in": t["bytes_in"], **c.asDict()}
 
     want = X.totals(conns, traffic, period.start, period.end)
     want = {k: want[k] for k in ("messages", "bytes_in", "connects", "disconnects", "devices")}
     monkeypatch.setattr(lake, "_checkpoint", fail)
     with pytest.raises(Boom):
-        lake.compact(spark, str(tmp_path), now=_ts(4) + 3600, settle=0, keep_landed=0)
-    snap = lake.snapshot(spark, str(tmp_path), str(tmp_path / "lake"), "traffic", _date(0), _date(3), rollups=True)
+        lake.compact(spark, landing, where, now=_ts(4) + 3600, settle=0, keep_landed=0)
+    snap = lake.snapshot(spark, landing, where, "traffic", _date(0), _date(3), rollups=True)
     assert len(snap.rolled_dates) == 1
     assert figures() == want                                   # half-way: rollup or raw, every row once
     monkeypatch.setattr(lake, "_checkpoint", lambda name: None)
-    r = lake.compact(spark, str(tmp_path), now=_ts(4) + 3600, settle=0, keep_landed=0)
+    r = lake.compact(spark, landing, where, now=_ts(4) + 3600, settle=0, keep_landed=0)
     assert len(r.discarded) == 1 and len(r.rolled_up) == 7
     fs = lake.HadoopFS(spark)
     for dataset in ("traffic", "connections"):
         for d in range(4):
-            assert len(lake.rollups_of(fs, str(tmp_path / "lake"), dataset, _date(d))) == 1, (dataset, d)
-    todo = {f"{p.parent.name}/{p.name}" for p in (tmp_path / "lake" / lake.TODO).glob("*/date=*")}
+            assert len(lake.rollups_of(fs, where, dataset, _date(d))) == 1, (dataset, d)
+    todo = {f"{p.parent.name}/{p.name}" for p in (tmp_path / "elsewhere" / "lake" / lake.TODO).glob("*/date=*")}
     assert todo == {f"connections/date={_date(4)}"}            # today's: rolled up once it is closed
     assert figures() == want
+    assert not (tmp_path / "usage" / "lake").exists() and list(tmp_path.glob("usage/*/date=*")) != []
+    assert len(list((tmp_path / "elsewhere" / "lake" / "rollups").glob("*/date=*/run=*/*.parquet"))) == 8
