@@ -97,9 +97,9 @@ def write_traffic(root: Path, rng: random.Random, rows: int, period: Period, nod
 
 
 def write_fleet_log(root: Path, rows: int, period: Period, nodes: list[str], tenants, weights,
-                    files_per: str = "minute") -> tuple[int, int, int]:
+                    files_per: str = "minute", topics: int = 500) -> tuple[int, int, int]:
     """``rows`` usage-log rows of a fleet in brokerd's landing layout (10 % connections, 300 devices a
-    tenant, traffic over 500 topics); -> (connection rows, their files, traffic rows).
+    tenant, traffic over ``topics`` topics); -> (connection rows, their files, traffic rows).
     ``files_per="day"``: the same rows, one file per node, dataset and day (DayFiles), written as they
     are made (no list of every connection in memory): 50M rows without 60,000 files to compact."""
     rng = random.Random(1)
@@ -122,7 +122,7 @@ def write_fleet_log(root: Path, rows: int, period: Period, nodes: list[str], ten
     conn_files = conn_days.close() if conn_days is not None else usagegen.write_rows(root, "connections", conns)
     del conns
     traffic_days = DayFiles(root, "traffic") if files_per == "day" else None
-    traffic = write_traffic(root, rng, rows - n_conn, period, nodes, tenants, weights, 500, traffic_days)
+    traffic = write_traffic(root, rng, rows - n_conn, period, nodes, tenants, weights, topics, traffic_days)
     if traffic_days is not None:
         traffic_days.close()
     return n_conn, conn_files, traffic

@@ -8,7 +8,9 @@ file per node, dataset and minute), runs one compaction (its own process,
 its own SparkSession), then the tenant report of the biggest tenant and the
 platform report, each in a fresh process: ``cold`` is the first report of
 that process with the SparkSession start included (printed apart too),
-``warm`` the same report again. One line per figure, ``NAME: SECONDS s``,
+``warm`` the same report again. ``--modes rollups,raw`` times each report
+over the daily rollups (closed days; the default) and over the raw rows
+(``rollups=False``), in their own processes. One line per figure, ``NAME: SECONDS s``,
 with the driver's peak RSS after each report; each result is saved beside the
 log (``ROOT-CODE-result.json``) for bench/reports_duckdb.py to check.
 
@@ -25,6 +27,12 @@ day`` lands the same rows in a file per node, dataset and day, ``--into-lake``
     flock -x /work/notes/bench.lock .venv/bin/python bench/reports_scale.py --days 90 --keep /tmp/h --reuse --reports history
     SPARK_DRIVER_MEMORY=3g nice -n 10 .venv/bin/python bench/reports_scale.py --rows 50000000 --into-lake --keep /tmp/50m --compact-only
     flock -x /work/notes/bench.lock .venv/bin/python bench/reports_scale.py --keep /tmp/50m --reuse --reports platform --cold-only
+
+90-day reports with and without the daily rollups (the compaction makes them; over a lake from
+``--into-lake`` or an older version the first compaction does):
+
+    nice -n 10 .venv/bin/python bench/reports_scale.py --rows 1000000 --days 90 --files-per day --keep /tmp/r90 --compact-only
+    flock -x /work/notes/bench.lock .venv/bin/python bench/reports_scale.py --days 90 --keep /tmp/r90 --reuse --no-compact --modes rollups,raw
 
 Not part of the test suite: the time is measured, never asserted.
 """
@@ -56,16 +64,16 @@ def period_of(days: int) -> Period:
     return Period.days(first, first + timedelta(days=days - 1))
 
 
-def write(root: Path, rows: int, days: int, tenants: int, files_per: str = "minute") -> None:
+def write(root: Path, rows: int, days: int, tenants: int, files_per: str = "minute", topics: int = 500) -> None:
     shutil.rmtree(root, ignore_errors=True)
     t0 = time.perf_counter()
     period = period_of(days)
     names, weights = tenants_weighted(tenants)
-    write_fleet_log(root, rows, period, NODES, names, weights, files_per)
+    write_fleet_log(root, rows, period, NODES, names, weights, files_per, topics)
     print(f"write: {time.perf_counter() - t0:.1f} s", flush=True)
 
 
-def write_lake(spark, root: str, rows: int, days: int, tenants: int) -> None:
+def write_lake(spark, root: str, rows: int, days: int, tenants: int, topics: int = 500) -> None:
     """The fleet of ``write_fleet_log`` made by Spark itself and written straight into the lake
     (``--into-lake``): the same shape -- 10% connections (Zipf-weighted tenant, 300 devices each,
     7 client ids a device, closed uniformly over the period, lengths exponential around an hour
@@ -121,7 +129,7 @@ def write_lake(spark, root: str, rows: int, days: int, tenants: int) -> None:
     traffic = spark.range(n_traffic).select(
         (F.lit(int(period.start)) + 60 * ((F.col("id") * minutes) / n_traffic).cast("long")).alias("ts"),
         F.element_at(F.array(*map(F.lit, NODES)), (F.col("id") % len(NODES)).cast("int") + 1).alias("node"),
-        pick(21), F.format_string("site/%d/telemetry", rnd(22, 500)).alias("topic"),
+        pick(21), F.format_string("site/%d/telemetry", rnd(22, topics)).alias("topic"),
         rnd(23, 60).alias("q0"), rnd(24, 20).alias("q1"), rnd(25, 120).alias("out"),
         (F.rand(26) < 0.01).cast("long").alias("acl"), (F.rand(27) < 0.05).cast("long").alias("nosub"))
     traffic = traffic.join(tenant_of, "bucket").select(
@@ -269,11 +277,11 @@ def child(argv: list[str]) -> int:
     if argv[0] == "compact":
         r = lake.compact(spark, argv[1], settle=0, keep_landed=0)
         print(f"compaction: {r.seconds:.1f} s", flush=True)
-        print(f"  (session start {start:.1f} s apart; {r.files:,} landed files, {r.rows:,} rows; {peak_rss(spark)})",
-              flush=True)
+        print(f"  (session start {start:.1f} s apart; {r.files:,} landed files, {r.rows:,} rows; daily rollups of "
+              f"{len(r.rolled_up):,} dataset-dates in {r.rollup_seconds:.1f} s of it; {peak_rss(spark)})", flush=True)
         return 0
     if argv[0] == "into-lake":
-        write_lake(spark, argv[1], int(argv[2]), int(argv[3]), int(argv[4]))
+        write_lake(spark, argv[1], int(argv[2]), int(argv[3]), int(argv[4]), int(argv[5]))
         return 0
     if argv[0] == "history":
         history(spark, argv[1], int(argv[2]))
@@ -281,14 +289,15 @@ def child(argv: list[str]) -> int:
     if argv[0] == "tenants":
         tenant_costs(spark, argv[1], int(argv[2]), int(argv[3]))
         return 0
-    code, root, days, tenants = argv[1], argv[2], int(argv[3]), int(argv[4])
+    code, root, days, tenants, attempts, mode = argv[1], argv[2], int(argv[3]), int(argv[4]), argv[5], argv[6]
     tenant = tenants_weighted(tenants)[0][0] if code == "tenant" else None
-    for attempt in ("cold",) if argv[5:] == ["cold"] else ("cold", "warm"):
+    label = "" if mode == "rollups" else " (raw rows)"
+    for attempt in attempts.split(","):
         t0 = time.perf_counter()
-        result = reports.get(code).run(spark, root, period_of(days), tenant)
+        result = reports.get(code).run(spark, root, period_of(days), tenant, rollups=mode == "rollups")
         took = time.perf_counter() - t0 + (start if attempt == "cold" else 0)
-        print(f"{code} report {attempt}: {took:.1f} s", flush=True)
-        save(root, code, result)
+        print(f"{code} report {attempt}{label}: {took:.1f} s", flush=True)
+        save(root, code if mode == "rollups" else f"{code}-raw", result)
         rows = result["rows"]
         note = f"session start {start:.1f} s included; " if attempt == "cold" else ""
         print(f"  ({note}"
@@ -304,6 +313,9 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--days", type=int, default=7)
     ap.add_argument("--tenants", type=int, default=200)
+    ap.add_argument("--topics", type=int, default=500,
+                    help="topics a tenant's traffic is spread over (fewer: more minutes of each topic a day, "
+                         "so daily rollups hold fewer rows)")
     ap.add_argument("--keep", metavar="DIR", help="write the log here and keep it (default: a temporary directory)")
     ap.add_argument("--reuse", action="store_true", help="with --keep: the log (or lake) already there")
     ap.add_argument("--write-only", action="store_true", help="with --keep: write the log and stop")
@@ -316,6 +328,10 @@ def main() -> int:
                     help="no landed files: Spark makes the fleet's rows and writes them straight into the lake "
                          "(see write_lake: the same shape, other random draws), for 50M rows")
     ap.add_argument("--cold-only", action="store_true", help="each report once (its process's first), not again warm")
+    ap.add_argument("--modes", default="rollups",
+                    help="tenant and platform reports: 'rollups' (closed days from the daily rollups, the "
+                         "default), 'raw' (every raw row of the period: rollups=False), or 'rollups,raw' -- each "
+                         "in a fresh process, cold then warm")
     ap.add_argument("--compact-only", action="store_true", help="write (unless --reuse) and compact, no report")
     ap.add_argument("--reports", default="tenant,platform",
                     help="what to time after the compaction, comma-separated: tenant, platform, "
@@ -327,18 +343,21 @@ def main() -> int:
     try:
         if args.into_lake and not args.reuse:
             shutil.rmtree(root, ignore_errors=True)
-            subprocess.run([*me, "into-lake", str(root), str(args.rows), str(args.days), str(args.tenants)],
-                           check=True)
+            subprocess.run([*me, "into-lake", str(root), str(args.rows), str(args.days), str(args.tenants),
+                            str(args.topics)], check=True)
         elif not args.reuse:
-            write(root, args.rows, args.days, args.tenants, args.files_per)
+            write(root, args.rows, args.days, args.tenants, args.files_per, args.topics)
         n, size = files_and_bytes(root, "*/date=*/*.jsonl")
         print(f"landing: {n:,} files, {size / 2**20:.1f} MiB", flush=True)
         if args.write_only:
             return 0
-        if not args.no_compact and not args.into_lake and not (args.reuse and files_and_bytes(root, "*/date=*/*.jsonl")[0] == 0):
+        if not args.no_compact:
+            # also over a lake made --into-lake or by an earlier version: the closed days' daily rollups
             subprocess.run([*me, "compact", str(root)], check=True)
         n, size = files_and_bytes(root, "lake/*/date=*/run=*/*.parquet")
         print(f"lake: {n:,} Parquet files, {size / 2**20:.1f} MiB", flush=True)
+        n, size = files_and_bytes(root, "lake/rollups/*/date=*/run=*/*.parquet")
+        print(f"daily rollups: {n:,} Parquet files, {size / 2**20:.1f} MiB", flush=True)
         if args.compact_only:
             return 0
         for code in args.reports.split(","):
@@ -347,8 +366,9 @@ def main() -> int:
             elif code == "tenants":
                 subprocess.run([*me, "tenants", str(root), str(args.days), str(args.tenants)], check=True)
             else:
-                subprocess.run([*me, "report", code, str(root), str(args.days), str(args.tenants),
-                                *(["cold"] if args.cold_only else [])], check=True)
+                for mode in args.modes.split(","):
+                    subprocess.run([*me, "report", code, str(root), str(args.days), str(args.tenants),
+                                    "cold" if args.cold_only else "cold,warm", mode], check=True)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

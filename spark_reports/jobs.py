@@ -45,6 +45,7 @@ from pyspark.sql import DataFrame, Window
 from pyspark.sql import functions as F
 
 from . import lake as lakes
+from . import rollups as rollup_defs
 from .schemas import CONNECTIONS_SCHEMA, TELEMETRY_SCHEMA, TRAFFIC_COUNTERS, TRAFFIC_SCHEMA
 
 DAY = 86400
@@ -124,13 +125,15 @@ def check_usage_dir(spark, root: str) -> None:
 
 
 def _read(spark, root: str, lake: str | None, name: str, schema, first: str, last: str | None,
-          opened_before: float | None = None) -> DataFrame:
+          opened_before: float | None = None, snap: lakes.Snapshot | None = None) -> DataFrame:
     """Dates ``first``..``last`` (None: open) of a dataset: the lake's
     committed runs and the landed files not compacted yet (spark_reports.lake),
     read as one DataFrame; the ``date`` filter stays on it, so the plan shows
-    it as a partition filter of both scans."""
+    it as a partition filter of both scans. ``snap``: the snapshot to read
+    (one taken with ``rollups``: the dates it reads from rollups left out)."""
     lake = lake or lakes.default_lake(root)
-    snap = lakes.snapshot(spark, root, lake, name, first, last, opened_before)
+    if snap is None:
+        snap = lakes.snapshot(spark, root, lake, name, first, last, opened_before)
     parts = []
     if snap.runs:
         parts.append(spark.read.schema(schema).option("basePath", f"{lake.rstrip('/')}/{name}")
@@ -142,8 +145,20 @@ def _read(spark, root: str, lake: str | None, name: str, schema, first: str, las
     if not parts:
         return spark.createDataFrame([], schema)
     df = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-    bound = F.col("date") >= first if last is None else F.col("date").between(first, last)
-    return df.filter(bound)
+    return df.filter(_date_bound(first, last))
+
+
+def _date_bound(first: str, last: str | None):
+    return F.col("date") >= first if last is None else F.col("date").between(first, last)
+
+
+def _read_rollup(spark, lake: str, name: str, snap: lakes.Snapshot, first: str, last: str | None) -> DataFrame | None:
+    """The daily rollups ``snap`` reads (spark_reports.rollups), bounded by date as ``_read``; None without any."""
+    if not snap.rollups:
+        return None
+    schema, _ = rollup_defs.SCHEMAS[name]
+    df = spark.read.schema(schema).option("basePath", lakes.rollup_root(lake, name)).parquet(*snap.rollups)
+    return df.select(*schema.names).filter(_date_bound(first, last))
 
 
 def read_connections(spark, root: str, period: Period, lake: str | None = None) -> DataFrame:
@@ -176,6 +191,61 @@ def read_telemetry(spark, root: str, period: Period, tenant: str, lake: str | No
                      & (F.col("ts") >= F.lit(float(period.start))) & (F.col("ts") < F.lit(float(period.end))))
 
 
+def whole_days(period: Period) -> bool:
+    """Daily rollups answer periods of whole UTC days (the console's): "opened in the period" is then
+    "opened on one of its days"."""
+    return period.start % DAY == 0 and period.end % DAY == 0
+
+
+def traffic_groups(spark, root: str, period: Period, lake: str | None = None, tenant: str | None = None,
+                   rollups: bool = True) -> DataFrame:
+    """The period's traffic grouped per day, tenant, node and topic (spark_reports.rollups): the daily
+    rollup of each day that has a current one, the raw rows of the others grouped the same way (the
+    partial days: today, a day with landed files waiting or a rollup not made yet). Whole-day periods."""
+    lake = lake or lakes.default_lake(root)
+    first, last = period.date_of(period.first_day), period.date_of(period.last_day)
+    snap = lakes.snapshot(spark, root, lake, "traffic", first, last, rollups=rollups)
+    raw = _read(spark, root, lake, "traffic", TRAFFIC_SCHEMA, first, last, snap=snap)
+    raw = raw.filter(F.col("tenant").isNotNull() & F.col("ts").isNotNull() & _in("ts", period))
+    out = rollup_defs.traffic_groups(raw if tenant is None else for_tenant(raw, tenant))
+    rolled = _read_rollup(spark, lake, "traffic", snap, first, last)
+    if rolled is not None:
+        rolled = rolled.filter(F.col("day").between(period.first_day, period.last_day))
+        out = out.unionByName(rolled if tenant is None else for_tenant(rolled, tenant))
+    return out.drop("date")
+
+
+def connection_groups(spark, root: str, period: Period, lake: str | None = None, tenant: str | None = None,
+                      rollups: bool = True) -> DataFrame:
+    """The connections touching the period, grouped per tenant, node, device, reason, open day and
+    close day (spark_reports.rollups): rollups of the partitions (close days) that have a current
+    one, the raw rows of the others. Partitions as ``read_connections``. Whole-day periods."""
+    lake = lake or lakes.default_lake(root)
+    first = period.date_of(period.first_day)
+    snap = lakes.snapshot(spark, root, lake, "connections", first, None, period.end, rollups=rollups)
+    raw = _read(spark, root, lake, "connections", CONNECTIONS_SCHEMA, first, None, snap=snap)
+    raw = raw.filter(F.col("tenant").isNotNull() & F.col("connected_at").isNotNull()
+                     & F.col("disconnected_at").isNotNull() & (F.col("connected_at") < F.lit(period.end))
+                     & (F.col("disconnected_at") >= F.lit(period.start)))
+    out = rollup_defs.connection_groups(raw if tenant is None else for_tenant(raw, tenant))
+    rolled = _read_rollup(spark, lake, "connections", snap, first, None)
+    if rolled is not None:
+        rolled = rolled.filter((F.col("open_day") <= period.last_day) & (F.col("close_day") >= period.first_day))
+        out = out.unionByName(rolled if tenant is None else for_tenant(rolled, tenant))
+    return out.drop("date")
+
+
+def spans(spark, root: str, period: Period, lake: str | None = None, tenant: str | None = None) -> DataFrame:
+    """The raw connections touching the period, four columns of them (``tenant``, ``node``,
+    ``connected_at``, ``disconnected_at``) and ``duration``: what peak concurrency and the median
+    session length need, the figures no daily rollup gives (spark_reports.rollups)."""
+    df = read_connections(spark, root, period, lake)
+    df = df if tenant is None else for_tenant(df, tenant)
+    df = df.filter((F.col("connected_at") < F.lit(period.end)) & (F.col("disconnected_at") >= F.lit(period.start)))
+    return df.select("tenant", F.coalesce(F.col("node"), F.lit("")).alias("node"), "connected_at",
+                     "disconnected_at", (F.col("disconnected_at") - F.col("connected_at")).alias("duration"))
+
+
 # ---------------------------------------------------------------- selections
 
 
@@ -196,9 +266,7 @@ def touching(conns: DataFrame, period: Period) -> DataFrame:
     df = conns.filter((F.col("connected_at") < F.lit(period.end)) & (F.col("disconnected_at") >= F.lit(period.start)))
     df = df.fillna(0, subset=["msgs_in", "msgs_out", "bytes_in", "bytes_out"]).fillna(
         {"reason": "", "node": ""})
-    device = F.when(F.col("username").contains("/"), F.expr("substr(username, instr(username, '/') + 1)")
-                    ).otherwise(F.coalesce(F.col("username"), F.col("client_id")))
-    return df.withColumn("device", device).withColumn(
+    return df.withColumn("device", rollup_defs.device()).withColumn(
         "duration", F.col("disconnected_at") - F.col("connected_at"))
 
 
@@ -250,6 +318,25 @@ def connection_totals(conns: DataFrame, period: Period, by: list[str] | None = N
     )
 
 
+def group_connection_totals(groups: DataFrame, period: Period, by: list[str] | None = None) -> DataFrame:
+    """``connection_totals`` but the median, from ``connection_groups`` (whole days): connects (opened
+    on a day of the period), disconnects (closed on one), distinct devices of the rows touching it."""
+    days = (period.first_day, period.last_day)
+    return groups.groupBy(*(by or [])).agg(
+        F.coalesce(F.sum(F.when(F.col("open_day").between(*days), F.col("connections")).otherwise(0)),
+                   F.lit(0)).cast("long").alias("connects"),
+        F.coalesce(F.sum(F.when(F.col("close_day").between(*days), F.col("connections")).otherwise(0)),
+                   F.lit(0)).cast("long").alias("disconnects"),
+        F.countDistinct("tenant", "device").alias("devices"),
+    )
+
+
+def median_session(spans_: DataFrame, period: Period) -> DataFrame:
+    """``median_session`` of ``connection_totals``, over ``spans``."""
+    return spans_.agg(F.percentile_approx(F.when(_in("disconnected_at", period), F.col("duration")), F.lit(0.5),
+                                          F.lit(MEDIAN_ACCURACY)).alias("median_session"))
+
+
 PEAK_BUCKET = 3600      # seconds: the running sum is taken per bucket, then across buckets
 
 
@@ -290,17 +377,31 @@ def peak_concurrency(conns: DataFrame, period: Period, by: list[str] | None = No
 def daily(traffic: DataFrame, conns: DataFrame, period: Period) -> DataFrame:
     """One row per UTC day of the period (days without data: zeros): messages,
     bytes, rejections, drops, connects and disconnects (the churn)."""
-    spark = traffic.sparkSession
-    days = spark.range(period.first_day, period.last_day + 1).select(F.col("id").alias("day"))
-    t = traffic.withColumn("day", _day("ts")).groupBy("day").agg(
-        *_sums(["msgs_in", "msgs_out", "bytes_in", "bytes_out"]),
-        F.sum(sum((F.col(c) for c in REJECTED), F.lit(0))).cast("long").alias("rejected"),
-        F.sum(sum((F.col(c) for c in DROPPED), F.lit(0))).cast("long").alias("dropped"),
-    )
     c_in = conns.filter(_in("connected_at", period)).groupBy(_day("connected_at").alias("day")).agg(
         F.count(F.lit(1)).alias("connects"))
     c_out = conns.filter(_in("disconnected_at", period)).groupBy(_day("disconnected_at").alias("day")).agg(
         F.count(F.lit(1)).alias("disconnects"))
+    return _daily(period, traffic.withColumn("day", _day("ts")), c_in, c_out)
+
+
+def daily_groups(traffic: DataFrame, groups: DataFrame, period: Period) -> DataFrame:
+    """``daily`` from ``traffic_groups`` and ``connection_groups`` (whole days)."""
+    days = (period.first_day, period.last_day)
+    c_in = groups.filter(F.col("open_day").between(*days)).groupBy(F.col("open_day").alias("day")).agg(
+        F.sum("connections").alias("connects"))
+    c_out = groups.filter(F.col("close_day").between(*days)).groupBy(F.col("close_day").alias("day")).agg(
+        F.sum("connections").alias("disconnects"))
+    return _daily(period, traffic, c_in, c_out)
+
+
+def _daily(period: Period, traffic: DataFrame, c_in: DataFrame, c_out: DataFrame) -> DataFrame:
+    spark = traffic.sparkSession
+    days = spark.range(period.first_day, period.last_day + 1).select(F.col("id").alias("day"))
+    t = traffic.groupBy("day").agg(
+        *_sums(["msgs_in", "msgs_out", "bytes_in", "bytes_out"]),
+        F.sum(sum((F.col(c) for c in REJECTED), F.lit(0))).cast("long").alias("rejected"),
+        F.sum(sum((F.col(c) for c in DROPPED), F.lit(0))).cast("long").alias("dropped"),
+    )
     out = days.join(t, "day", "left").join(c_in, "day", "left").join(c_out, "day", "left")
     value_cols = ["msgs_in", "msgs_out", "bytes_in", "bytes_out", "rejected", "dropped", "connects", "disconnects"]
     return out.fillna(0, subset=value_cols).select("day", *[F.col(c).cast("long").alias(c) for c in value_cols]).orderBy(
@@ -319,11 +420,21 @@ def top_topics(traffic: DataFrame, n: int = 10) -> DataFrame:
 
 def top_devices(conns: DataFrame, period: Period, n: int = 10) -> DataFrame:
     """Devices by the messages (in + out) of their connections closed in the
-    period, then by name."""
-    df = conns.filter(_in("disconnected_at", period)).groupBy("device").agg(
+    period, then by name; connected seconds to the millisecond."""
+    return _top_devices(conns.filter(_in("disconnected_at", period)), F.count(F.lit(1)), "duration", n)
+
+
+def top_devices_groups(groups: DataFrame, period: Period, n: int = 10) -> DataFrame:
+    """``top_devices`` from ``connection_groups`` (whole days)."""
+    closed = groups.filter(F.col("close_day").between(period.first_day, period.last_day))
+    return _top_devices(closed, F.sum("connections").cast("long"), "connected_seconds", n)
+
+
+def _top_devices(closed: DataFrame, count, seconds: str, n: int) -> DataFrame:
+    df = closed.groupBy("device").agg(
         *_sums(["msgs_in", "msgs_out", "bytes_in", "bytes_out"]),
-        F.count(F.lit(1)).alias("connections"),
-        F.sum("duration").alias("connected_seconds"),
+        count.alias("connections"),
+        F.round(F.sum(seconds), 3).alias("connected_seconds"),
     )
     df = df.withColumn("messages", F.col("msgs_in") + F.col("msgs_out")).withColumn(
         "bytes", F.col("bytes_in") + F.col("bytes_out"))
@@ -343,13 +454,29 @@ def disconnect_reasons(conns: DataFrame, period: Period) -> DataFrame:
             .orderBy(F.desc("count"), F.asc("reason")))
 
 
+def disconnect_reasons_groups(groups: DataFrame, period: Period) -> DataFrame:
+    closed = groups.filter(F.col("close_day").between(period.first_day, period.last_day))
+    return (closed.groupBy("reason").agg(F.sum("connections").cast("long").alias("count"))
+            .orderBy(F.desc("count"), F.asc("reason")))
+
+
 def tenant_ranking(traffic: DataFrame, conns: DataFrame, period: Period) -> DataFrame:
     """Every tenant with traffic or connections in the period, by messages
     (in + out) descending, then by slug; ``rank`` 1.."""
-    t = traffic_totals(traffic, ["tenant"]).select(
-        "tenant", "msgs_in", "msgs_out", "messages", "bytes_in", "bytes_out", "rejected", "dropped")
-    c = connection_totals(conns, period, ["tenant"]).select("tenant", "connects", "devices")
-    p = peak_concurrency(conns, period, ["tenant"]).select("tenant", "peak_connections")
+    return _ranking(traffic_totals(traffic, ["tenant"]), connection_totals(conns, period, ["tenant"]),
+                    peak_concurrency(conns, period, ["tenant"]))
+
+
+def tenant_ranking_groups(traffic: DataFrame, groups: DataFrame, spans_: DataFrame, period: Period) -> DataFrame:
+    """``tenant_ranking`` from ``traffic_groups``, ``connection_groups`` and ``spans`` (whole days)."""
+    return _ranking(traffic_totals(traffic, ["tenant"]), group_connection_totals(groups, period, ["tenant"]),
+                    peak_concurrency(spans_, period, ["tenant"]))
+
+
+def _ranking(totals: DataFrame, conn_totals: DataFrame, peaks: DataFrame) -> DataFrame:
+    t = totals.select("tenant", "msgs_in", "msgs_out", "messages", "bytes_in", "bytes_out", "rejected", "dropped")
+    c = conn_totals.select("tenant", "connects", "devices")
+    p = peaks.select("tenant", "peak_connections")
     df = t.join(c, "tenant", "full_outer").join(p, "tenant", "left")
     df = df.fillna(0, subset=["msgs_in", "msgs_out", "messages", "bytes_in", "bytes_out", "rejected", "dropped",
                               "connects", "devices", "peak_connections"])
@@ -359,9 +486,20 @@ def tenant_ranking(traffic: DataFrame, conns: DataFrame, period: Period) -> Data
 
 def node_load(traffic: DataFrame, conns: DataFrame, period: Period) -> DataFrame:
     """Per node: messages and bytes it handled, connects, disconnects and its own peak concurrency."""
-    t = traffic_totals(traffic, ["node"]).select("node", "msgs_in", "msgs_out", "messages", "bytes_in", "bytes_out")
-    c = connection_totals(conns, period, ["node"]).select("node", "connects", "disconnects")
-    p = peak_concurrency(conns, period, ["node"]).select("node", "peak_connections")
+    return _node_load(traffic_totals(traffic, ["node"]), connection_totals(conns, period, ["node"]),
+                      peak_concurrency(conns, period, ["node"]))
+
+
+def node_load_groups(traffic: DataFrame, groups: DataFrame, spans_: DataFrame, period: Period) -> DataFrame:
+    """``node_load`` from ``traffic_groups``, ``connection_groups`` and ``spans`` (whole days)."""
+    return _node_load(traffic_totals(traffic, ["node"]), group_connection_totals(groups, period, ["node"]),
+                      peak_concurrency(spans_, period, ["node"]))
+
+
+def _node_load(totals: DataFrame, conn_totals: DataFrame, peaks: DataFrame) -> DataFrame:
+    t = totals.select("node", "msgs_in", "msgs_out", "messages", "bytes_in", "bytes_out")
+    c = conn_totals.select("node", "connects", "disconnects")
+    p = peaks.select("node", "peak_connections")
     df = t.join(c, "node", "full_outer").join(p, "node", "left")
     return df.fillna(0, subset=["msgs_in", "msgs_out", "messages", "bytes_in", "bytes_out", "connects",
                                 "disconnects", "peak_connections"]).orderBy("node")

@@ -10,15 +10,19 @@ and renamed, never changed afterwards. The lake (``USAGE_LAKE``, by default
     LAKE/<dataset>/date=D/run=<run id>/_manifest.json    the landed files the run consumed
     LAKE/_staging/<run id>/...                          a run's output before its commit
     LAKE/_compaction.lease                              one compaction at a time
+    LAKE/rollups/<dataset>/date=D/run=<run id>/...       a closed date's daily rollup (spark_reports.rollups)
+    LAKE/_rollup_todo/<dataset>/date=D                  a date committed since its rollup was made
 
 A run (``compact``): discard what an earlier, killed run left in
 ``_staging``; for each dataset and date, the landed files of closed minutes
 that no committed manifest names; one Spark job per dataset writes their rows
 under ``_staging/<run>/<dataset>/date=D`` (rows sorted by tenant, so that the
 Parquet row-group statistics on ``tenant`` let a tenant's report skip the
-others' row groups); then per date the manifest goes into the staged
-directory and the directory is renamed to ``date=D/run=<run>``: that rename
-is the commit -- the rows and the list of files they came from appear
+others' row groups); then per date the staged directory is moved to
+``date=D/run=<run>`` and its manifest (the landed files it consumed) written
+beside the rows under a temporary name and renamed to ``_manifest.json``:
+that rename is the commit -- a run directory without its manifest is not
+read, so the rows and the list of files they came from appear
 together or not at all. Landed files named in a committed manifest are
 deleted afterwards (``keep_landed`` seconds after the commit, so that a
 report that listed them just before may still read them); a file a
@@ -29,14 +33,32 @@ again neither loses nor doubles a row.
 Readers (``snapshot``) take the same view: committed run directories of the
 period's dates, plus the landed files no committed manifest names.
 
+Daily rollups (traffic and connections; ``spark_reports.rollups``): every
+commit into a date first drops a marker in ``_rollup_todo``; at the end of a
+run, each marked date that is closed (before the run's UTC day) gets its
+rollup made again from the date's committed rows -- unless the rollup there
+is current -- and committed the same way (staged, moved, manifest last).
+A rollup's manifest names its ``source``: a digest of the date's live run
+ids (a committed run's rows never change, so the live runs are the date's
+rows). A reader uses a date's rollup only where its source is the date's
+source in the reader's own view of the lake and no landed file of that date
+is waiting; anywhere else it reads the date's raw rows. So late rows, a merge
+(new run ids, same rows) or a run killed between a commit and the rollup
+never make a reader count a row twice or miss one: at worst it reads the
+raw rows until the next run brings the rollup up to date, and the marker,
+removed only once the rollup is current, makes that run do it.
+
 Every lake operation goes through Hadoop's FileSystem API of the Spark
-session (``file://``, ``hdfs://``, ``s3a://`` alike). A directory rename is
-atomic on a local filesystem and on HDFS; on S3 (s3a) it is a copy and a
-delete per object, so a run killed during its commit can leave a partial run
-directory that readers would take as committed: keep the lake on HDFS or a
-local/shared filesystem, or see the notes of issue 20.
+session (a path, ``file://``, ``hdfs://``, ``s3a://`` alike). The commit
+needs one thing atomic: a single small file appearing whole under its new
+name (``_publish``) -- a rename on a local filesystem and on HDFS, a copy of
+one object on S3 (s3a). The directory move before it need not be (on s3a
+it is a copy and a delete per object). Not atomic on s3a: the lease's
+create-if-absent (a check, then a write): run one compaction at a time (one
+beat) there.
 """
 
+import hashlib
 import json
 import logging
 import os
@@ -50,6 +72,7 @@ from datetime import UTC, datetime, timedelta
 
 from pyspark.sql import functions as F
 
+from . import rollups as rollup_defs
 from .schemas import CONNECTIONS_SCHEMA, TELEMETRY_SCHEMA, TRAFFIC_SCHEMA
 from .spark import get_spark, lake_dir, usage_dir
 
@@ -59,8 +82,13 @@ log = logging.getLogger(__name__)
 DATASETS = {"traffic": (TRAFFIC_SCHEMA, "ts"), "connections": (CONNECTIONS_SCHEMA, "disconnected_at"),
             "telemetry": (TELEMETRY_SCHEMA, "ts")}          # store rules' rows (brokerd.integrations.telemetry)
 MANIFEST = "_manifest.json"
+MANIFEST_TMP = "_manifest.json.tmp"     # written beside the data, renamed to MANIFEST: the commit
+MOVING = "_moving"                      # _staging/<run>/_moving/*: run directories being committed
 LEASE = "_compaction.lease"
 STAGING = "_staging"
+ROLLUPS = "rollups"           # LAKE/rollups/<dataset>/date=D/run=R: daily rollups
+TODO = "_rollup_todo"         # LAKE/_rollup_todo/<dataset>/date=D: a date whose rollup may be stale
+ROLLED = tuple(rollup_defs.SCHEMAS)   # the datasets that have daily rollups
 SETTLE = 120                  # seconds after a minute's end before its files are compacted
 KEEP_LANDED = 900             # seconds a committed landed file stays for reports that listed it
 ROW_GROUP_BYTES = 1 << 20     # Parquet row groups: small enough that a tenant filter skips most
@@ -183,6 +211,12 @@ class DateState:
     manifests: dict[str, dict] = field(default_factory=dict)     # run URI -> its manifest
     replaced: dict[str, float] = field(default_factory=dict)     # run URI merged into another -> that commit's time
 
+    @property
+    def source(self) -> str:
+        """The date's rows as a digest of its live run ids (a committed run never changes): what a
+        rollup of the date was made from."""
+        return hashlib.sha1("\n".join(sorted(self.manifests[u]["run"] for u in self.runs)).encode()).hexdigest()
+
 
 def committed(fs: HadoopFS, lake: str, dataset: str, day: str) -> DateState:
     state = DateState()
@@ -190,7 +224,8 @@ def committed(fs: HadoopFS, lake: str, dataset: str, day: str) -> DateState:
     for st in fs.list(base):
         if st.isDirectory() and _name(st).startswith("run="):
             uri = f"{base}/{_name(st)}"
-            state.manifests[uri] = json.loads(fs.read_text(f"{uri}/{MANIFEST}"))
+            if fs.exists(f"{uri}/{MANIFEST}"):          # without it: not committed (``_publish``)
+                state.manifests[uri] = json.loads(fs.read_text(f"{uri}/{MANIFEST}"))
     replaced_at = {r: m["committed_at"] for m in state.manifests.values() for r in m.get("replaces", [])}
     for uri, m in sorted(state.manifests.items()):
         if m["run"] in replaced_at:
@@ -214,32 +249,47 @@ class Snapshot:
     runs: list[str]
     landed: list[str]
     landed_dirs: list[str] = field(default_factory=list)
+    rollups: list[str] = field(default_factory=list)    # rollup runs of dates read from them (not in ``runs``)
+    rolled_dates: list[str] = field(default_factory=list)
 
 
 def snapshot(spark, landing: str, lake: str, dataset: str, first: str, last: str | None,
-             opened_before: float | None = None) -> Snapshot:
+             opened_before: float | None = None, rollups: bool = False) -> Snapshot:
     """Dates ``first``..``last`` (``last`` None: no upper bound) of a dataset:
     the committed runs, then the landed files that no committed manifest names.
     Manifests are listed before the landing directory: a run committing in
     between consumed files that are still there and not in this view's runs.
     ``opened_before`` (connections): runs whose every connection opened at or
     after it are left out -- a period's later partitions cost a manifest each,
-    not a scan."""
+    not a scan. ``rollups``: a date whose daily rollup is current and that has
+    no landed file waiting is read from its rollup (``rollups``) instead of
+    its runs."""
     fs = HadoopFS(spark)
     snap = Snapshot([], [])
     lake_days = date_dirs(fs, f"{lake.rstrip('/')}/{dataset}", first, last)
     states = {d: committed(fs, lake, dataset, d) for d in lake_days}
+    waiting = set()                   # dates with landed files no committed run holds
     for day in date_dirs(fs, f"{landing.rstrip('/')}/{dataset}", first, last):
         consumed = states[day].consumed if day in states else {}
         if not consumed:
             # nothing of it compacted (or its compacted files all gone): Spark lists it
             # itself, much faster than a path per file (59,388 files: 292 s vs 49 s a report)
             snap.landed_dirs.append(f"{landing.rstrip('/')}/{dataset}/date={day}")
+            waiting.add(day)
             continue
-        snap.landed += [st.getPath().toString() for st in landed_files(fs, landing, dataset, day)
-                        if _landed_key(st) not in consumed]
+        fresh = [st.getPath().toString() for st in landed_files(fs, landing, dataset, day)
+                 if _landed_key(st) not in consumed]
+        snap.landed += fresh
+        if fresh:
+            waiting.add(day)
     for d in lake_days:
-        snap.runs += [uri for uri in states[d].runs if not _opened_after(states[d].manifests[uri], opened_before)]
+        runs = [uri for uri in states[d].runs if not _opened_after(states[d].manifests[uri], opened_before)]
+        rollup = current_rollup(fs, lake, dataset, d, states[d]) if rollups and runs and d not in waiting else None
+        if rollup:
+            snap.rollups.append(rollup)
+            snap.rolled_dates.append(d)
+        else:
+            snap.runs += runs
     return snap
 
 
@@ -247,6 +297,103 @@ def _opened_after(manifest: dict, instant: float | None) -> bool:
     if instant is None or "opened_from" not in manifest:
         return False
     return manifest["opened_from"] is None or manifest["opened_from"] >= instant
+
+
+# ---------------------------------------------------------------- daily rollups
+
+
+def rollup_root(lake: str, dataset: str) -> str:
+    return f"{lake.rstrip('/')}/{ROLLUPS}/{dataset}"
+
+
+def rollups_of(fs: HadoopFS, lake: str, dataset: str, day: str) -> dict[str, dict]:
+    """A date's committed rollup runs: URI -> manifest."""
+    base = f"{rollup_root(lake, dataset)}/date={day}"
+    runs = [f"{base}/{_name(st)}" for st in fs.list(base) if st.isDirectory() and _name(st).startswith("run=")]
+    return {uri: json.loads(fs.read_text(f"{uri}/{MANIFEST}")) for uri in runs if fs.exists(f"{uri}/{MANIFEST}")}
+
+
+def _current(rolls: dict[str, dict], source: str) -> str | None:
+    """The newest rollup run made from ``source`` (None: the date's rollup is stale or missing)."""
+    made = [(m["committed_at"], uri) for uri, m in rolls.items() if m["source"] == source]
+    return max(made)[1] if made else None
+
+
+def current_rollup(fs: HadoopFS, lake: str, dataset: str, day: str, state: DateState) -> str | None:
+    return _current(rollups_of(fs, lake, dataset, day), state.source) if dataset in ROLLED else None
+
+
+def _mark(fs: HadoopFS, lake: str, dataset: str, day: str) -> None:
+    """``_rollup_todo/<dataset>/date=D``: written before a commit into the date, removed once its rollup
+    is current -- a run killed in between leaves it for the next."""
+    if dataset in ROLLED:
+        fs.create(f"{lake.rstrip('/')}/{TODO}/{dataset}/date={day}", "", overwrite=True)
+
+
+def _mark_all_once(fs: HadoopFS, lake: str, dataset: str) -> None:
+    """A lake from before rollups (no ``_rollup_todo/<dataset>``): every date it holds marked, before
+    the run commits anything."""
+    root = f"{lake.rstrip('/')}/{TODO}/{dataset}"
+    if not fs.exists(root):
+        for day in date_dirs(fs, f"{lake.rstrip('/')}/{dataset}"):
+            _mark(fs, lake, dataset, day)
+        fs.mkdirs(root)
+
+
+def _todo(fs: HadoopFS, lake: str, dataset: str) -> list[str]:
+    root = f"{lake.rstrip('/')}/{TODO}/{dataset}"
+    return sorted(_name(st)[5:] for st in fs.list(root) if _name(st).startswith("date="))
+
+
+def _rollup(spark, fs, lake, dataset, result, now, keep, row_group_bytes) -> list[str]:
+    """The marked dates before the run's UTC day whose rollup is not current: their rollups made
+    from their committed rows in one Spark job, committed per date (manifest, then one rename).
+    Markers are removed, and superseded rollup runs returned for deletion, ``keep`` seconds after
+    the current rollup's commit (a reader that took the older view may still read the older one)."""
+    today = datetime.fromtimestamp(now, UTC).date().isoformat()
+    days = [d for d in _todo(fs, lake, dataset) if d < today]
+    if not days:
+        return []
+    states = {d: committed(fs, lake, dataset, d) for d in days}
+    rolls = {d: rollups_of(fs, lake, dataset, d) for d in days}
+    stale = [d for d in days if states[d].runs and _current(rolls[d], states[d].source) is None]
+    if stale:
+        schema, _ = DATASETS[dataset]
+        rschema, order = rollup_defs.SCHEMAS[dataset]
+        raw = spark.read.schema(schema).option("basePath", f"{lake.rstrip('/')}/{dataset}").parquet(
+            *[uri for d in stale for uri in states[d].runs]).select(*schema.names)
+        if dataset == "connections":
+            raw = raw.filter(F.col("tenant").isNotNull() & F.col("connected_at").isNotNull()
+                             & F.col("disconnected_at").isNotNull())
+        else:
+            raw = raw.filter(F.col("tenant").isNotNull() & F.col("ts").isNotNull())
+        staged_root = f"{lake.rstrip('/')}/{STAGING}/{result.run}/{ROLLUPS}-{dataset}"
+        stats = _write_parquet(spark, rollup_defs.GROUPERS[dataset](raw), rschema, order, staged_root,
+                               row_group_bytes)
+        _checkpoint("rollup written")
+        for d in stale:
+            _commit_rollup(fs, lake, dataset, result.run, staged_root, d, states[d].source, stats.get(d, {}), now)
+            result.rolled_up.append(f"{dataset}/{d}")
+            _checkpoint("rollup committed")
+            rolls[d] = rollups_of(fs, lake, dataset, d)
+    old = []
+    for d in days:
+        current = _current(rolls[d], states[d].source)
+        if current is None and states[d].runs:
+            continue                                   # cannot happen but for a failure above: marked still
+        if current is not None and rolls[d][current]["committed_at"] + keep > now:
+            continue                                   # superseded ones stay a while: marked still
+        old += [uri for uri in rolls[d] if uri != current]
+        fs.delete(f"{lake.rstrip('/')}/{TODO}/{dataset}/date={d}")
+    return old
+
+
+def _commit_rollup(fs, lake, dataset, run, staged_root, day, source, stats, now) -> None:
+    staged = f"{staged_root}/date={day}"
+    fs.mkdirs(staged)                 # a date without a row still gets its (empty) rollup
+    manifest = {"format": 1, "run": run, "dataset": dataset, "date": day, "source": source, "committed_at": now,
+                "rows": 0, **stats}
+    _publish(fs, lake, run, staged, f"{rollup_root(lake, dataset)}/date={day}/run={run}", manifest)
 
 
 # ---------------------------------------------------------------- the lease
@@ -313,6 +460,8 @@ class CompactionResult:
     merged: list[str] = field(default_factory=list)   # "dataset/date" whose runs were merged into one
     dropped_runs: int = 0           # run directories deleted after a merge
     discarded: list[str] = field(default_factory=list)   # uncommitted runs thrown away
+    rolled_up: list[str] = field(default_factory=list)   # "dataset/date" whose daily rollup was made again
+    rollup_seconds: float = 0.0     # of ``seconds``: making the daily rollups
     seconds: float = 0.0
 
 
@@ -321,12 +470,36 @@ def new_run_id(now: float) -> str:
 
 
 def discard_uncommitted(fs: HadoopFS, lake: str) -> list[str]:
-    """What killed runs left in ``_staging``: never committed, so never read; removed."""
+    """What killed runs left: their ``_staging`` (never read) and the run directories they moved
+    into the lake without publishing their manifest (readers skip them); removed."""
     out = []
     for st in fs.list(f"{lake.rstrip('/')}/{STAGING}"):
-        fs.delete(st.getPath().toString(), True)
+        staged_run = st.getPath().toString()
+        for intent in fs.list(f"{staged_run}/{MOVING}"):
+            target = fs.read_text(intent.getPath().toString())
+            if target and not fs.exists(f"{target}/{MANIFEST}"):
+                fs.delete(target, True)
+        fs.delete(staged_run, True)
         out.append(_name(st))
     return out
+
+
+def _publish(fs: HadoopFS, lake: str, run: str, staged: str, target: str, manifest: dict) -> None:
+    """The commit of a staged directory: moved to ``target`` (a new ``run=`` directory), then its
+    manifest written beside the data under a temporary name and renamed to ``_manifest.json`` --
+    that last rename is the commit. Readers take a run directory only with its manifest, a single
+    file that appears whole, so the directory's move need not be atomic: on s3a it is a copy and a
+    delete per object. Before the move, ``_staging/<run>/_moving/`` notes the target: a run killed
+    between the move and the manifest leaves a directory without one, which the next run deletes."""
+    fs.create(f"{lake.rstrip('/')}/{STAGING}/{run}/{MOVING}/{uuid.uuid4().hex}", target)
+    fs.mkdirs(target.rsplit("/", 1)[0])
+    if not fs.rename(staged, target):
+        raise OSError(f"commit failed: rename {staged} -> {target}")
+    _checkpoint("moved")
+    fs.create(f"{target}/{MANIFEST_TMP}", json.dumps(manifest))
+    _checkpoint("manifest written")
+    if not fs.rename(f"{target}/{MANIFEST_TMP}", f"{target}/{MANIFEST}"):
+        raise OSError(f"commit failed: rename {target}/{MANIFEST_TMP} -> {MANIFEST}")
 
 
 def _plan(fs, landing, lake, dataset, now, settle, keep_landed):
@@ -384,8 +557,8 @@ def _write_parquet(spark, df, schema, time_col, staged_root, row_group_bytes) ->
 
 
 def _commit(fs, lake, dataset, run, staged_root, day, files, stats, now, merged: DateState | None = None) -> None:
-    """Commit one date of a run: its manifest into the staged directory, then
-    the directory renamed into the lake. A merge's manifest names every landed
+    """Commit one date of a run (``_publish``: the directory moved into the
+    lake, then its manifest). A merge's manifest names every landed
     file and run the merged runs did (so they stay consumed and hidden)."""
     staged = f"{staged_root}/date={day}"
     fs.mkdirs(staged)            # a date whose files held no valid row still commits (consumes them)
@@ -399,12 +572,8 @@ def _commit(fs, lake, dataset, run, staged_root, day, files, stats, now, merged:
         stats = {"rows": 0, "opened_from": None, **stats}
     manifest = {"format": 1, "run": run, "dataset": dataset, "date": day, "committed_at": now, "rows": 0, **stats,
                 "landed": landed, "replaces": replaces}
-    fs.create(f"{staged}/{MANIFEST}", json.dumps(manifest))
-    _checkpoint("manifest written")
-    parent = f"{lake.rstrip('/')}/{dataset}/date={day}"
-    fs.mkdirs(parent)
-    if not fs.rename(staged, f"{parent}/run={run}"):
-        raise OSError(f"commit of {dataset}/{day} failed: rename {staged} -> {parent}/run={run}")
+    _mark(fs, lake, dataset, day)
+    _publish(fs, lake, run, staged, f"{lake.rstrip('/')}/{dataset}/date={day}/run={run}", manifest)
     _checkpoint("committed")
 
 
@@ -443,7 +612,7 @@ def _merge(spark, fs, lake, dataset, result, now, keep, merge_days, row_group_by
 
 def compact(spark, landing: str, lake: str | None = None, *, now: float | None = None, settle: float = SETTLE,
             keep_landed: float = KEEP_LANDED, row_group_bytes: int = ROW_GROUP_BYTES, merge_days: int = MERGE_DAYS,
-            datasets: Iterable[str] = tuple(DATASETS)) -> CompactionResult:
+            datasets: Iterable[str] = tuple(DATASETS), rollups: bool = True) -> CompactionResult:
     """One compaction run (see the module's docstring); CompactionBusy if another holds the lease."""
     t0 = time.monotonic()
     lake = lake or default_lake(landing)
@@ -453,6 +622,9 @@ def compact(spark, landing: str, lake: str | None = None, *, now: float | None =
     result = CompactionResult(new_run_id(now))
     with Lease(fs, lake):
         result.discarded = discard_uncommitted(fs, lake)
+        for dataset in datasets:
+            if dataset in ROLLED and rollups:
+                _mark_all_once(fs, lake, dataset)
         deletable = []
         for dataset in datasets:
             units, old = _plan(fs, landing, lake, dataset, now, settle, keep_landed)
@@ -472,6 +644,11 @@ def compact(spark, landing: str, lake: str | None = None, *, now: float | None =
         old_runs = []
         for dataset in datasets:
             old_runs += _merge(spark, fs, lake, dataset, result, now, keep_landed, merge_days, row_group_bytes)
+        t_rollup = time.monotonic()
+        for dataset in datasets:
+            if dataset in ROLLED and rollups:
+                old_runs += _rollup(spark, fs, lake, dataset, result, now, keep_landed, row_group_bytes)
+        result.rollup_seconds = time.monotonic() - t_rollup
         for uri in deletable:
             fs.delete(uri)
             result.deleted += 1
@@ -481,8 +658,9 @@ def compact(spark, landing: str, lake: str | None = None, *, now: float | None =
             result.dropped_runs += 1
         fs.delete(f"{lake.rstrip('/')}/{STAGING}/{result.run}", True)
     result.seconds = time.monotonic() - t0
-    log.info("compaction %s: %s files, %s rows into %s; %s landed files deleted; merged %s, %s runs dropped",
-             result.run, result.files, result.rows, result.dates, result.deleted, result.merged, result.dropped_runs)
+    log.info("compaction %s: %s files, %s rows into %s; %s landed files deleted; merged %s; rolled up %s; "
+             "%s runs dropped", result.run, result.files, result.rows, result.dates, result.deleted, result.merged,
+             result.rolled_up, result.dropped_runs)
     return result
 
 

@@ -31,7 +31,9 @@ class Report:
     def run(self, spark, root: str, period: Period, tenant: str | None = None, top_n: int = TOP_N,
             progress: Progress = _noop, lake: str | None = None) -> dict:
         """``root`` is the landing zone (USAGE_DIR), ``lake`` the compacted
-        lake (USAGE_LAKE; None: ``root/lake``): the report reads both."""
+        lake (USAGE_LAKE; None: ``root/lake``): the report reads both (the
+        usage reports: closed days from the lake's daily rollups where they
+        are current, unless ``rollups=False``)."""
         raise NotImplementedError
 
 

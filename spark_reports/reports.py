@@ -47,9 +47,79 @@ def _cached(df):
 def _totals(traffic, conns, period: Period) -> dict:
     t = jobs.traffic_totals(traffic).collect()[0].asDict()
     c = jobs.connection_totals(conns, period).collect()[0].asDict()
+    return {**t, **c, **_peak(conns, period)}
+
+
+def _peak(conns, period: Period) -> dict:
     p = jobs.peak_concurrency(conns, period).collect()
     peak = p[0].asDict() if p else {"peak_connections": 0, "peak_at": None}
-    return {**t, **c, "peak_connections": peak["peak_connections"], "peak_at": _iso(peak["peak_at"])}
+    return {"peak_connections": peak["peak_connections"], "peak_at": _iso(peak["peak_at"])}
+
+
+class _Reads:
+    """A report's rows, read once and kept on disk while its jobs run (``_cached``): from daily
+    rollups where they are current and the period is whole days (``grouped``: spark_reports.rollups),
+    else the raw rows."""
+
+    def __init__(self, spark, root, period: Period, tenant, lake, rollups: bool):
+        self.period = period
+        self.grouped = rollups and jobs.whole_days(period)
+        if self.grouped:
+            self.traffic = _cached(jobs.traffic_groups(spark, root, period, lake, tenant))
+            self.conns = _cached(jobs.connection_groups(spark, root, period, lake, tenant))
+            self.spans = _cached(jobs.spans(spark, root, period, lake, tenant))
+        else:
+            read_c, read_t = jobs.read_connections(spark, root, period, lake), jobs.read_traffic(spark, root, period, lake)
+            if tenant is not None:
+                read_c, read_t = jobs.for_tenant(read_c, tenant), jobs.for_tenant(read_t, tenant)
+            self.conns = _cached(jobs.touching(read_c, period))
+            self.traffic = _cached(jobs.traffic_in(read_t, period))
+            self.spans = self.conns
+
+    def unpersist(self) -> None:
+        for df in {id(d): d for d in (self.conns, self.traffic, self.spans)}.values():
+            df.unpersist()
+
+    def rows(self) -> dict:
+        if not self.grouped:
+            return {"connections": self.conns.count(), "traffic": self.traffic.count()}
+        return {"connections": _sum(self.conns, "connections"), "traffic": _sum(self.traffic, "rows")}
+
+    def totals(self) -> dict:
+        if not self.grouped:
+            return _totals(self.traffic, self.conns, self.period)
+        t = jobs.traffic_totals(self.traffic).collect()[0].asDict()
+        c = jobs.group_connection_totals(self.conns, self.period).collect()[0].asDict()
+        m = jobs.median_session(self.spans, self.period).collect()[0].asDict()
+        return {**t, **c, **m, **_peak(self.spans, self.period)}
+
+    def daily(self) -> list[dict]:
+        fn = jobs.daily_groups if self.grouped else jobs.daily
+        return _with_dates(_rows(fn(self.traffic, self.conns, self.period)), self.period)
+
+    def top_devices(self, n: int) -> list[dict]:
+        fn = jobs.top_devices_groups if self.grouped else jobs.top_devices
+        return _rows(fn(self.conns, self.period, n))
+
+    def reasons(self) -> list[dict]:
+        fn = jobs.disconnect_reasons_groups if self.grouped else jobs.disconnect_reasons
+        return _rows(fn(self.conns, self.period))
+
+    def tenants(self) -> list[dict]:
+        if self.grouped:
+            return _rows(jobs.tenant_ranking_groups(self.traffic, self.conns, self.spans, self.period))
+        return _rows(jobs.tenant_ranking(self.traffic, self.conns, self.period))
+
+    def nodes(self) -> list[dict]:
+        if self.grouped:
+            return _rows(jobs.node_load_groups(self.traffic, self.conns, self.spans, self.period))
+        return _rows(jobs.node_load(self.traffic, self.conns, self.period))
+
+
+def _sum(df, col: str) -> int:
+    from pyspark.sql import functions as F
+
+    return df.agg(F.coalesce(F.sum(col), F.lit(0)).cast("long")).collect()[0][0]
 
 
 class TenantUsageReport(Report):
@@ -65,30 +135,28 @@ class TenantUsageReport(Report):
 
         return is_platform_admin(user) or (tenant is not None and membership_of(user, tenant) is not None)
 
-    def run(self, spark, root, period, tenant=None, top_n=TOP_N, progress=_noop, lake=None) -> dict:
+    def run(self, spark, root, period, tenant=None, top_n=TOP_N, progress=_noop, lake=None, rollups=True) -> dict:
         assert tenant, "a tenant report needs a tenant"
         n = len(self.steps)
         progress(1, n, self.steps[0])
         jobs.check_usage_dir(spark, root)
-        conns = _cached(jobs.touching(jobs.for_tenant(jobs.read_connections(spark, root, period, lake), tenant), period))
-        traffic = _cached(jobs.traffic_in(jobs.for_tenant(jobs.read_traffic(spark, root, period, lake), tenant), period))
+        reads = _Reads(spark, root, period, tenant, lake, rollups)
         try:
             out = _header(self.code, period, tenant, top_n)
-            out["rows"] = {"connections": conns.count(), "traffic": traffic.count()}
+            out["rows"] = reads.rows()
             progress(2, n, self.steps[1])
-            out["totals"] = _totals(traffic, conns, period)
+            out["totals"] = reads.totals()
             progress(3, n, self.steps[2])
-            out["daily"] = _with_dates(_rows(jobs.daily(traffic, conns, period)), period)
+            out["daily"] = reads.daily()
             progress(4, n, self.steps[3])
-            out["top_topics"] = _rows(jobs.top_topics(traffic, top_n))
-            out["top_devices"] = _rows(jobs.top_devices(conns, period, top_n))
+            out["top_topics"] = _rows(jobs.top_topics(reads.traffic, top_n))
+            out["top_devices"] = reads.top_devices(top_n)
             progress(5, n, self.steps[4])
-            out["rejections"] = _rows(jobs.rejections(traffic))
-            out["reasons"] = _rows(jobs.disconnect_reasons(conns, period))
+            out["rejections"] = _rows(jobs.rejections(reads.traffic))
+            out["reasons"] = reads.reasons()
             return out
         finally:
-            conns.unpersist()
-            traffic.unpersist()
+            reads.unpersist()
 
 
 class PlatformReport(Report):
@@ -102,29 +170,27 @@ class PlatformReport(Report):
 
         return is_platform_admin(user)
 
-    def run(self, spark, root, period, tenant=None, top_n=TOP_N, progress=_noop, lake=None) -> dict:
+    def run(self, spark, root, period, tenant=None, top_n=TOP_N, progress=_noop, lake=None, rollups=True) -> dict:
         n = len(self.steps)
         progress(1, n, self.steps[0])
         jobs.check_usage_dir(spark, root)
-        conns = _cached(jobs.touching(jobs.read_connections(spark, root, period, lake), period))
-        traffic = _cached(jobs.traffic_in(jobs.read_traffic(spark, root, period, lake), period))
+        reads = _Reads(spark, root, period, None, lake, rollups)
         try:
             out = _header(self.code, period, None, top_n)
-            out["rows"] = {"connections": conns.count(), "traffic": traffic.count()}
+            out["rows"] = reads.rows()
             progress(2, n, self.steps[1])
-            out["totals"] = _totals(traffic, conns, period)
+            out["totals"] = reads.totals()
             progress(3, n, self.steps[2])
-            out["daily"] = _with_dates(_rows(jobs.daily(traffic, conns, period)), period)
+            out["daily"] = reads.daily()
             progress(4, n, self.steps[3])
-            out["tenants"] = _rows(jobs.tenant_ranking(traffic, conns, period))
+            out["tenants"] = reads.tenants()
             out["totals"]["tenants"] = len(out["tenants"])
-            out["rejections"] = _rows(jobs.rejections(traffic))
+            out["rejections"] = _rows(jobs.rejections(reads.traffic))
             progress(5, n, self.steps[4])
-            out["nodes"] = _rows(jobs.node_load(traffic, conns, period))
+            out["nodes"] = reads.nodes()
             return out
         finally:
-            conns.unpersist()
-            traffic.unpersist()
+            reads.unpersist()
 
 
 REPORTS: dict[str, Report] = {r.code: r for r in (TenantUsageReport(), PlatformReport(), TelemetryReport())}

@@ -95,12 +95,14 @@ class Boom(Exception):
     pass
 
 
-@pytest.mark.parametrize("point", ["written", "manifest written", "committed", "deleting"])
+@pytest.mark.parametrize("point", ["written", "moved", "manifest written", "committed", "deleting"])
 def test_a_run_failing_half_way_then_run_again_neither_loses_nor_doubles(spark, small, monkeypatch, point):
     """A failure after the Parquet is written (before any commit), after a
-    manifest is staged, after the first of several dates is committed, after the
-    first landed file is deleted: the log reads the same all along, and the next
-    run finishes the job."""
+    date's rows are moved into the lake but before its manifest is there, after
+    the manifest is written under its temporary name, after the first of several
+    dates is committed, after the first landed file is deleted: the log reads the
+    same all along (a run directory without its manifest is not read), and the
+    next run finishes the job (and deletes such a directory)."""
     root, conns, traffic = small
     seen = []
 
@@ -115,11 +117,15 @@ def test_a_run_failing_half_way_then_run_again_neither_loses_nor_doubles(spark, 
     _assert_exactly_once(spark, root, conns, traffic)          # half-way: every row once
     if point == "committed":
         assert _landed(root)                                   # committed, not yet deleted: read from the lake
+    run_dirs = list(root.glob("lake/*/date=*/run=*"))
+    unpublished = [d for d in run_dirs if not (d / lake.MANIFEST).exists()]
+    assert len(unpublished) == (1 if point in ("moved", "manifest written") else 0), run_dirs
     monkeypatch.setattr(lake, "_checkpoint", lambda name: None)
     r = lake.compact(spark, str(root), settle=0, keep_landed=0)
     assert len(r.discarded) == 1                               # the failed run's staged output
     assert _landed(root) == []
     _assert_exactly_once(spark, root, conns, traffic, lake_only=True)
+    assert all((d / lake.MANIFEST).exists() for d in root.glob("lake/*/date=*/run=*"))
 
 
 @pytest.mark.slow
@@ -376,14 +382,20 @@ def test_the_workers_session_runs_report_after_report_over_a_long_history(spark,
     assert _dates(str(p) for p in Path(tmp_path).glob("*/date=*/*.jsonl")) == landed_days
 
     reads = []                                  # (dataset, files the DataFrame lists) of each read
-    real_read = jobs._read
+    real_read, real_rollup = jobs._read, jobs._read_rollup
 
     def spy_read(spark_, root, lake_, name, *args, **kwargs):
         df = real_read(spark_, root, lake_, name, *args, **kwargs)
         reads.append((name, df.inputFiles()))
         return df
 
+    def spy_rollup(spark_, lake_, name, *args, **kwargs):       # the closed days' daily rollups
+        df = real_rollup(spark_, lake_, name, *args, **kwargs)
+        reads.append((name, df.inputFiles() if df is not None else []))
+        return df
+
     monkeypatch.setattr(jobs, "_read", spy_read)
+    monkeypatch.setattr(jobs, "_read_rollup", spy_rollup)
     storage = []                                # the session's stored blocks when a report's rows are read
     real_update = services._update
 
@@ -411,7 +423,7 @@ def test_the_workers_session_runs_report_after_report_over_a_long_history(spark,
         for key in ("messages", "msgs_in", "connects", "disconnects", "devices", "peak_connections"):
             assert run.result["totals"][key] == want[key], (label, key)
         period_days = {period.date_of(d) for d in range(period.first_day, period.last_day + 1)}
-        listed = dict(reads)
+        listed = {name: [f for n, files in reads if n == name for f in files] for name, _ in reads}
         assert _dates(listed["traffic"]) == period_days, label
         next_day = {period.date_of(period.last_day + 1)}
         assert _dates(listed["connections"]) <= period_days | next_day | landed_days, label
