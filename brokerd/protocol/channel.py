@@ -962,7 +962,9 @@ class Channel:
         """Move queued deliveries out while the window and the socket allow."""
         session = self.session
         queue = session.queue
-        inflight = session.window()          # _send_inflight adds to it: the session's own dict
+        inflight = session.inflight          # _send_inflight adds to it: the session's own dict
+        if inflight is NO_INFLIGHT:          # (Session.window(), without its call: once per pump)
+            inflight = session.inflight = {}
         window = self.send_window
         limit = self.max_pending
         committed = self.broker.committed_generation()
