@@ -171,7 +171,6 @@ class Persistence:
                 sub = Subscription(s.filter, s.qos, s.no_local, s.rap, s.rh, s.sub_id, group)
                 broker.add_subscription(ns, session, sub)
             session.awaiting_rel = set(rec.awaiting_rel) if rec.awaiting_rel else NO_IDS
-            inflight = session.inflight
             reserved = session.reserved = set()
             for e in rec.queue:
                 msg = self.message(e.msg)
@@ -179,7 +178,7 @@ class Persistence:
                 d = Delivery(msg, e.qos, e.retain, e.sub_ids, share)
                 d.entry, d.pid, d.state, d.dup = e, e.pid, e.state, True
                 if e.state != AWAIT_ACK:
-                    inflight[d.pid] = d           # PUBREL owed: resent on reconnect
+                    session.window()[d.pid] = d   # PUBREL owed: resent on reconnect
                 else:
                     reserved.add(d.pid)
                     for lost in session.queue.put(d):

@@ -27,7 +27,7 @@ from functools import partial
 from math import ceil
 from struct import Struct
 
-from ..session.session import AWAIT_ACK, NO_IDS, Delivery
+from ..session.session import AWAIT_ACK, NO_IDS, NO_INFLIGHT, Delivery
 from . import properties as P
 from . import reason as rc
 from .codec import (
@@ -896,6 +896,8 @@ class Channel:
             return
         pid = session.take_pid(d)
         if self._write_publish(msg, qos, retain, pid, False, sub_ids, now):
+            if inflight is NO_INFLIGHT:
+                inflight = session.inflight = {}
             inflight[pid] = d
 
     def _enqueue(self, d) -> None:
@@ -949,7 +951,10 @@ class Channel:
             return
         pid = session.take_pid(d)
         if self._write_publish(msg, d.qos, d.retain, pid, d.dup, d.sub_ids, now):
-            session.inflight[pid] = d
+            inflight = session.inflight
+            if inflight is NO_INFLIGHT:
+                inflight = session.inflight = {}
+            inflight[pid] = d
         elif d.entry:
             self.broker.acked(session, d)     # too large: as if delivered
 
@@ -957,7 +962,9 @@ class Channel:
         """Move queued deliveries out while the window and the socket allow."""
         session = self.session
         queue = session.queue
-        inflight = session.inflight
+        inflight = session.inflight          # _send_inflight adds to it: the session's own dict
+        if inflight is NO_INFLIGHT:          # (Session.window(), without its call: once per pump)
+            inflight = session.inflight = {}
         window = self.send_window
         limit = self.max_pending
         committed = self.broker.committed_generation()

@@ -59,6 +59,23 @@ _NONE = ()      # an empty queue before its first message: falsy, len 0, no dequ
 NO_IDS = frozenset()    # awaiting_rel before a client's first QoS 2 PUBLISH: an empty set costs 216 bytes
 
 
+class _NoInflight(dict):
+    """``Session.inflight`` before the session's first QoS 1/2 delivery: one shared,
+    empty, read-only dict (an idle device's own empty dict cost 64 bytes). Read as
+    any dict; whoever adds to a session's window first gives it a dict of its own
+    (``Session.window``, or inline on the channel's delivery paths)."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args, **kw):
+        raise TypeError("NO_INFLIGHT is shared: give the session a dict of its own first")
+
+    __setitem__ = setdefault = update = _refuse
+
+
+NO_INFLIGHT = _NoInflight()
+
+
 class MessageQueue:
     """A bounded FIFO of deliveries with the drop policy "QoS 0 first, then oldest".
 
@@ -202,7 +219,8 @@ class Session:
         self.client_id = client_id
         self.ns = ns                       # the namespace (tenant) the session lives in
         self.subscriptions: dict[str, Subscription] = {}
-        self.inflight: dict[int, Delivery] = {}   # outgoing QoS 1/2 by packet id, in send order
+        self.inflight: dict[int, Delivery] = NO_INFLIGHT  # outgoing QoS 1/2 by packet id, in send order
+                                                          # (read-only NO_INFLIGHT until the first)
         self.queue = MessageQueue(max_queued, max_queued_bytes)
         self.budget = budget                       # charged with the queue while connected
         self.awaiting_rel: set[int] | frozenset = NO_IDS  # incoming QoS 2 packet ids before PUBREL (a set
@@ -220,6 +238,13 @@ class Session:
 
     def __repr__(self):
         return f"Session({self.client_id!r}, connected={self.channel is not None})"
+
+    def window(self) -> dict:
+        """``inflight``, to add to: the session's own dict (made on the first use)."""
+        inflight = self.inflight
+        if inflight is NO_INFLIGHT:
+            inflight = self.inflight = {}
+        return inflight
 
     @property
     def persistent(self) -> bool:

@@ -40,6 +40,7 @@ import os
 import sqlite3
 import time
 from itertools import groupby
+from operator import itemgetter
 from urllib.parse import parse_qs, urlsplit
 
 from .base import DATA_ERRORS, Store, StoreError
@@ -352,8 +353,7 @@ class SQLiteStore(Store):
         self.db.execute("INSERT OR REPLACE INTO blobs VALUES (?, ?)", (key, bytes(value)))
 
 
-def _kind(op: tuple) -> str:
-    return op[0]
+_kind = itemgetter(0)        # an operation's kind (groupby's key: a C call per operation, not a Python one)
 
 
 _QUEUE_KINDS = {"q": 0, "q_state": 1, "q_del": 2}
@@ -369,8 +369,7 @@ def _apply_queue(db, queue: tuple[list, list, list, list]) -> None:
     nothing, in any order.)"""
     appends, states, deletes, numbered = queue
     if appends:
-        _number(db, appends)
-        numbered.extend(op[3] for op in appends)
+        _number(db, appends, numbered)
         rows, plain = _append_rows(appends)
         if plain:
             db.executemany(_SQL["q_plain"], plain)
@@ -403,15 +402,20 @@ def _append_rows(appends: list) -> tuple[list, list]:
     return rows, plain
 
 
-def _number(db, run: list) -> None:
+def _number(db, run: list, numbered: list) -> None:
     """Give the appended entries their sequence numbers from the file's counter,
     inside the batch's transaction: ordered across the nodes that share the
-    file, never reused. (An entry of a session that no longer exists is
-    numbered too, and not written.)"""
+    file, never reused; each entry numbered also goes on ``numbered`` (reset if
+    the batch fails). (An entry of a session that no longer exists is numbered
+    too, and not written.)"""
     last = db.execute(_SQL["seq"], (len(run),)).fetchone()[0]
-    first = last - len(run) + 1
-    for i, op in enumerate(run):
-        op[3].seq = first + i
+    seq = last - len(run)
+    add = numbered.append
+    for op in run:
+        e = op[3]
+        seq += 1
+        e.seq = seq
+        add(e)
 
 
 def _wal(db, timeout: float = 30.0) -> None:
