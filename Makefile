@@ -2,8 +2,10 @@
 .PHONY: run test setup lint bench clean
 
 VENV ?= .venv
-# pytest-xdist processes for make test (auto: one per core), each test file kept on one of them
-PYTEST_WORKERS ?= auto
+# pytest-xdist processes for make test, each test file kept on one of them. One more than the cores:
+# most tests wait on brokerd, Spark or a browser (the suite used ~64% of a core per process at -n 2).
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+PYTEST_WORKERS ?= $(shell echo $$(( $(NPROC) + 1 )))
 PY := $(VENV)/bin/python
 
 setup:
