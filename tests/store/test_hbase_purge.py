@@ -74,8 +74,13 @@ def test_writes_keep_flowing_while_a_purge_runs_over_a_big_table(double):
         assert result["n"] == ROWS // 2
         assert result["took"] > 1.5, "the pass is paced (8000 rows/s over 20,000 rows)"
         # the canary published all along: many writes during the pass, none stalled behind it
+        # (behind the purge, one write waited for the whole pass: one canary write in a pass. The double
+        # serves from threads of this test process, so a loaded host adds GIL and scheduling pauses of
+        # some tenths of a second that are not the store's: the bound is half the pass, not a fixed 0.5 s)
         assert len(latencies) >= 20
-        assert max(latencies) < 0.5, f"a write waited {max(latencies):.2f}s behind the purge"
+        assert max(latencies) < result["took"] / 2, \
+            f"a write waited {max(latencies):.2f}s behind the purge (pass {result['took']:.2f}s)"
+        assert sorted(latencies)[len(latencies) // 2] < 0.05, "writes were slowed all along the pass"
         assert len(store.load_session(T1, "canary").queue) == len(latencies)
     finally:
         store.close()
