@@ -150,6 +150,9 @@ def compact_usage() -> str:
 
 
 def _periodic(name: str, task: str, every: int) -> None:
+    """Beat sends ``task`` every ``every`` s; a copy not started within that
+    time expires (the worker drops it), so a run that takes longer than the
+    interval never piles copies up in the queue."""
     from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
     if every <= 0:
@@ -158,7 +161,8 @@ def _periodic(name: str, task: str, every: int) -> None:
     interval, _ = IntervalSchedule.objects.get_or_create(every=every, period=IntervalSchedule.SECONDS)
     PeriodicTask.objects.update_or_create(
         name=name, defaults={"task": task, "interval": interval, "enabled": True, "crontab": None, "solar": None,
-                             "clocked": None, "one_off": False})
+                             "clocked": None, "one_off": False,
+                             "expires": None, "expire_seconds": every})
 
 
 def ensure_periodic_task() -> None:

@@ -281,6 +281,9 @@ def test_beat_schedules_the_compaction(db, settings):
     tasks.ensure_periodic_task()
     task = PeriodicTask.objects.get(name=tasks.COMPACT_TASK_NAME)
     assert (task.task, task.enabled, task.interval.every) == ("spark_reports.tasks.compact_usage", True, 240)
+    # a copy beat sends expires after one interval: a compaction longer than the interval piles nothing up
+    from django_celery_beat.schedulers import ModelEntry
+    assert ModelEntry(task).options["expires"] == 240
     settings.LAKE_COMPACT_INTERVAL = 0                         # 0: not by beat
     tasks.ensure_periodic_task()
     assert not PeriodicTask.objects.get(name=tasks.COMPACT_TASK_NAME).enabled
