@@ -103,8 +103,10 @@ def worker(plane):
     proc.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def beat(plane, worker):
+    """Beat for the tests that need it only: its compaction every 3 s is not left
+    running under the others' reports."""
     proc = Proc(["beat", "-l", "info", "--pidfile="], plane.env, ready="beat: Starting")
     yield proc
     proc.stop()
@@ -166,6 +168,19 @@ def _run_finished(run_id):
     return ReportRun.objects.get(pk=run_id).done
 
 
+def wait_for_run(run_id, proc: Proc, timeout: float = 240) -> None:
+    """Wait for a report run to end; on a timeout, the worker's log and then the run's
+    state (last: a failure's summary line shows its end)."""
+    from spark_reports.models import ReportRun
+
+    def explain():
+        run = ReportRun.objects.get(pk=run_id)
+        return (f"{proc.log()}\n---- run {run_id}: status={run.status} attempts={run.attempts} "
+                f"progress={run.progress!r} error={run.error[:300]!r}")
+
+    wait_for(lambda: _run_finished(run_id), timeout, explain)
+
+
 def test_on_demand_report(worker, people, plane):
     from spark_reports.models import ReportRun
 
@@ -177,9 +192,9 @@ def test_on_demand_report(worker, people, plane):
     run = ReportRun.objects.get(pk=int(response["Location"].rstrip("/").rsplit("/", 1)[1]))
     # the page polls while the worker runs it
     assert 'hx-trigger="every 1s"' in client.get(response["Location"]).content.decode()
-    wait_for(lambda: _run_finished(run.pk), 150, worker.log)
+    wait_for_run(run.pk, worker)
     run.refresh_from_db()
-    assert run.status == "succeeded", (run.error, worker.log())
+    assert run.status == "succeeded", (worker.log(), run.error)
     assert run.attempts == 1 and run.result["tenant"] == "acme"
 
     period = Period.days(first, last)
@@ -254,9 +269,9 @@ def test_beat_compacts_the_log_and_reports_read_lake_and_landing(worker, beat, p
     response = client.post(reverse("reports", args=["acme"]),
                            {"preset": "custom", "first": first.isoformat(), "last": last.isoformat()})
     run_id = int(response["Location"].rstrip("/").rsplit("/", 1)[1])
-    wait_for(lambda: _run_finished(run_id), 150, worker.log)
+    wait_for_run(run_id, worker)
     run = ReportRun.objects.get(pk=run_id)
-    assert run.status == "succeeded", (run.error, worker.log())
+    assert run.status == "succeeded", (worker.log(), run.error)
     period = Period.days(first, last)
     want = X.totals(plane.conns, plane.traffic, period.start, period.end, "acme")
     got = run.result["totals"]
@@ -274,7 +289,7 @@ def test_failing_job_is_retried_then_failed(worker, people, plane):
     try:
         response = client.post(reverse("reports", args=["acme"]), {"preset": "last_7"})
         run_id = int(response["Location"].rstrip("/").rsplit("/", 1)[1])
-        wait_for(lambda: _run_finished(run_id), 120, worker.log)
+        wait_for_run(run_id, worker, 120)
     finally:
         os.remove(plane.usage)
         saved.rename(plane.usage)
@@ -287,6 +302,6 @@ def test_failing_job_is_retried_then_failed(worker, people, plane):
     assert reverse("report_retry", args=["acme", run_id]) in page
     # retry once the log is back
     client.post(reverse("report_retry", args=["acme", run_id]))
-    wait_for(lambda: _run_finished(run_id), 120, worker.log)
+    wait_for_run(run_id, worker, 120)
     run.refresh_from_db()
     assert run.status == "succeeded" and run.error == "" and run.attempts == 5
