@@ -385,6 +385,7 @@ class Broker:
             self.acct.publish_denied(ns, msg.topic)
             return rc.DELAYED_TOPIC_INVALID
         msg.topic = target
+        msg.head31 = None               # its received bytes carry the $delayed/ topic
         acl = channel.acl
         if acl is not None and not acl.can_publish(target):
             self.acct.publish_denied(ns, target)

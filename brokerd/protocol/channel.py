@@ -73,6 +73,7 @@ ABUSE_SECONDS = 10.0
 
 _PINGRESP = b"\xd0\x00"
 _puback_bytes = Struct(">HH").pack      # (0x4002, pid): a 3.x / 5.0 success PUBACK, one C call
+_pid_bytes = Struct(">H").pack
 
 # the QoS 1/2 counters of a channel that has sent (or received) none: shared, a list on first use
 _ZEROS = (0, 0, 0)
@@ -275,8 +276,11 @@ class Channel:
                             topic = "\x00"
                         if "\x00" not in topic:
                             self.last_rx = now
+                            p = Publish(topic, data[j:], 1, False, False, pid, None)
+                            if j == i + 2:                  # 3.x: what a 3.x subscriber gets, up to the id
+                                p.head31 = data[:i]
                             try:
-                                self._on_publish(Publish(topic, data[j:], 1, False, False, pid, None), now)
+                                self._on_publish(p, now)
                             except RemoteProtocolError as exc:
                                 self._peer_error(exc, now)
                             return
@@ -1032,7 +1036,11 @@ class Channel:
                 if self.limit_out is not None:
                     self._rate_out(len(data), now)
                 return True
-            head = publish_head(msg.topic.encode(), qos, retain, dup, pid, None, len(payload))
+            head = msg.head31
+            if head is None or qos != 1 or retain or dup:
+                head = publish_head(msg.topic.encode(), qos, retain, dup, pid, None, len(payload))
+            else:
+                head += _pid_bytes(pid)      # the PUBLISH as received (3.x, QoS 1), with our packet id
             counts = self.qos_out
             if counts is _ZEROS:
                 counts = self.qos_out = [0, 0, 0]

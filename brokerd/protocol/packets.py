@@ -69,6 +69,9 @@ class Publish:
     enc5: bytes | None = field(default=None, compare=False, repr=False)
     # Its stored form, made once for every durable session it goes to.
     stored: object = field(default=None, compare=False, repr=False)
+    # A 3.x QoS 1 PUBLISH as received, up to its packet id (fixed header, topic): a
+    # QoS 1 delivery of it to a 3.x client is these bytes, its own packet id, the payload.
+    head31: bytes | None = field(default=None, compare=False, repr=False)
 
     type = PUBLISH
 

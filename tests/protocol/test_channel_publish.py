@@ -6,6 +6,7 @@ from brokerd.protocol import properties as P
 from brokerd.protocol.channel import ChannelLimits
 from brokerd.protocol.codec import encode
 from brokerd.protocol.packets import (
+    Connect,
     Puback,
     Pubcomp,
     Publish,
@@ -15,7 +16,7 @@ from brokerd.protocol.packets import (
     SubscriptionRequest,
 )
 
-from .harness import MQTT5, MQTT311, Net
+from .harness import MQTT5, MQTT31, MQTT311, Net
 
 BOTH = pytest.mark.parametrize("version", [MQTT311, MQTT5])
 
@@ -512,3 +513,50 @@ def test_311_client_may_pipeline_many_qos2_publishes(net):
     got = pub.send(*[Publish("t/a", b"%d" % i, 2, False, False, i + 1) for i in range(40)])
     assert not pub.closed
     assert got == [Pubrec(i + 1) for i in range(40)]
+
+
+# ----------------------------------------------------------------------------- a 3.x QoS 1 PUBLISH, forwarded
+
+
+def _raw_out(client) -> bytes:
+    """The bytes the channel wrote since the last look (what the socket would carry)."""
+    ch = client.channel
+    data = b"".join(ch.out)
+    ch.out.clear()
+    ch.flushed(client.net.now)
+    return data
+
+
+@pytest.mark.parametrize("pub_version", [MQTT311, MQTT5])
+@pytest.mark.parametrize("sub_version", [MQTT31, MQTT311, MQTT5])
+@pytest.mark.parametrize("sub_qos", [1, 2])
+@pytest.mark.parametrize(("topic", "size"), [
+    ("t/a", 0), ("t/a", 100), ("t/a", 120), ("t/a", 121), ("t/ü/€", 1024),
+    ("t/" + "x" * 300, 16000), ("t/" + "x" * 300, 16100)])
+def test_a_311_qos1_publish_alone_in_its_read_reaches_subscribers_as_our_codec_encodes_it(
+        net, pub_version, sub_version, sub_qos, topic, size):
+    # A 3.x QoS 1 PUBLISH read alone is delivered from the bytes it came in (up to its packet
+    # id) to 3.x subscribers: the same bytes as encoding the delivery, whatever the lengths
+    # (remaining length of 1, 2 or 3 bytes: 120 + 7 = 127, 121 + 7 = 128, 16100 + 306 > 16383)
+    pub, sub = pair(net, pub_version, sub_version=sub_version, qos=sub_qos)
+    payload = bytes(range(256)) * (size // 256) + b"p" * (size % 256)
+    for pid in (1, 300, 65535):
+        ack = pub.publish(topic, payload, qos=1, pid=pid)
+        assert isinstance(ack, Puback) and ack.packet_id == pid
+        data = _raw_out(sub)
+        got = sub.decoder.feed(data)
+        assert [(p.topic, p.payload, p.qos, p.retain, p.dup) for p in got] == [(topic, payload, 1, False, False)]
+        assert data == encode(Publish(topic, payload, 1, False, False, got[0].packet_id), sub_version)
+        sub.send(Puback(got[0].packet_id))
+
+
+def test_a_forwarded_311_qos1_publish_is_resent_with_dup_on_resume(net):
+    pub, sub = pair(net, MQTT311, qos=1, clean=False)
+    pub.publish("t/a", b"m" * 200, qos=1)
+    [first] = sub.decoder.feed(_raw_out(sub))
+    sub.lose()
+    again = net.client(MQTT311)
+    again.channel.receive_data(encode(Connect("sub", False, 60), MQTT311), net.now)
+    data = _raw_out(again)
+    assert data[:4] == b"\x20\x02\x01\x00"         # CONNACK, session present
+    assert data[4:] == encode(Publish("t/a", b"m" * 200, 1, False, True, first.packet_id), MQTT311)
