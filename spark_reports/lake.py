@@ -64,8 +64,10 @@ import logging
 import os
 import re
 import socket
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -116,9 +118,13 @@ class HadoopFS:
     def __init__(self, spark):
         self.jvm = spark.sparkContext._jvm
         self.conf = spark.sparkContext._jsc.hadoopConfiguration()
+        # the classes, looked up once: each name of a ``jvm.org.apache...`` chain is a round trip
+        # to the JVM (five for Path), and a compaction makes a Path for every file it touches
+        self._path = self.jvm.org.apache.hadoop.fs.Path
+        self._io = self.jvm.org.apache.commons.io.IOUtils
 
     def _fs(self, uri: str):
-        path = self.jvm.org.apache.hadoop.fs.Path(uri)
+        path = self._path(uri)
         return path.getFileSystem(self.conf), path
 
     def exists(self, uri: str) -> bool:
@@ -148,7 +154,7 @@ class HadoopFS:
         fs, path = self._fs(uri)
         stream = fs.open(path)
         try:
-            return bytes(self.jvm.org.apache.commons.io.IOUtils.toByteArray(stream)).decode()
+            return bytes(self._io.toByteArray(stream)).decode()
         finally:
             stream.close()
 
@@ -218,14 +224,54 @@ class DateState:
         return hashlib.sha1("\n".join(sorted(self.manifests[u]["run"] for u in self.runs)).encode()).hexdigest()
 
 
+class _Manifests:
+    """Committed manifests read in this process, by run directory: a run's manifest is written
+    once, as its commit, and never changed, and run ids are never reused -- so a manifest once
+    read is the manifest for good. A compaction every few minutes otherwise read every manifest
+    of every date it looks at again (each a few JVM round trips and a file read), and so did
+    each report; least recently used ones are forgotten past ``limit``."""
+
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._read: OrderedDict[str, dict] = OrderedDict()
+
+    def get(self, uri: str) -> dict | None:
+        with self._lock:
+            manifest = self._read.get(uri)
+            if manifest is not None:
+                self._read.move_to_end(uri)
+            return manifest
+
+    def put(self, uri: str, manifest: dict) -> None:
+        with self._lock:
+            self._read[uri] = manifest
+            while len(self._read) > self.limit:
+                self._read.popitem(last=False)
+
+
+_manifests = _Manifests()
+
+
+def read_manifest(fs: HadoopFS, run_uri: str) -> dict | None:
+    """The committed manifest of a run directory (lake or rollup), None if it has none (not
+    committed). Callers only read it."""
+    manifest = _manifests.get(run_uri)
+    if manifest is None and fs.exists(f"{run_uri}/{MANIFEST}"):
+        manifest = json.loads(fs.read_text(f"{run_uri}/{MANIFEST}"))
+        _manifests.put(run_uri, manifest)
+    return manifest
+
+
 def committed(fs: HadoopFS, lake: str, dataset: str, day: str) -> DateState:
     state = DateState()
     base = f"{lake.rstrip('/')}/{dataset}/date={day}"
     for st in fs.list(base):
         if st.isDirectory() and _name(st).startswith("run="):
             uri = f"{base}/{_name(st)}"
-            if fs.exists(f"{uri}/{MANIFEST}"):          # without it: not committed (``_publish``)
-                state.manifests[uri] = json.loads(fs.read_text(f"{uri}/{MANIFEST}"))
+            manifest = read_manifest(fs, uri)
+            if manifest is not None:                    # without it: not committed (``_publish``)
+                state.manifests[uri] = manifest
     replaced_at = {r: m["committed_at"] for m in state.manifests.values() for r in m.get("replaces", [])}
     for uri, m in sorted(state.manifests.items()):
         if m["run"] in replaced_at:
@@ -310,7 +356,8 @@ def rollups_of(fs: HadoopFS, lake: str, dataset: str, day: str) -> dict[str, dic
     """A date's committed rollup runs: URI -> manifest."""
     base = f"{rollup_root(lake, dataset)}/date={day}"
     runs = [f"{base}/{_name(st)}" for st in fs.list(base) if st.isDirectory() and _name(st).startswith("run=")]
-    return {uri: json.loads(fs.read_text(f"{uri}/{MANIFEST}")) for uri in runs if fs.exists(f"{uri}/{MANIFEST}")}
+    manifests = {uri: read_manifest(fs, uri) for uri in runs}
+    return {uri: m for uri, m in manifests.items() if m is not None}
 
 
 def _current(rolls: dict[str, dict], source: str) -> str | None:

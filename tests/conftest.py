@@ -3,6 +3,7 @@ import os
 
 import pytest
 
+from . import filetimes
 from .procs import BrokerProcess
 
 _ids = itertools.count()
@@ -13,6 +14,34 @@ _ids = itertools.count()
 # a loaded 2-core machine). Production keeps Spark's defaults; tests/deploy's roles and the standalone
 # cluster test build their own environment and run with them too.
 os.environ.setdefault("SPARK_CONF", "spark.sql.codegen.wholeStage=false;spark.sql.codegen.factoryMode=NO_CODEGEN")
+
+
+# ------------------------------------------------------------------ the order of the files (tests/filetimes.py)
+
+def pytest_addoption(parser):
+    parser.addoption("--write-file-times", action="store_true",
+                     help="bring tests/file_times.json (seconds per test file: make test's order) up to date")
+
+
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):          # a pytest-xdist process: longest files first
+        filetimes.longest_first(items, filetimes.load())
+
+
+def pytest_configure(config):
+    if config.getoption("--write-file-times") and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_FileTimes(), "file-times")
+
+
+class _FileTimes:
+    def __init__(self):
+        self.recorder = filetimes.Recorder()
+
+    def pytest_runtest_logreport(self, report):
+        self.recorder.add(report)
+
+    def pytest_sessionfinish(self, session):
+        self.recorder.write()
 
 
 @pytest.fixture(scope="module")

@@ -96,9 +96,21 @@ class ControlPlane:
 
     def issue_token(self, name: str, scope: str) -> str:
         """An admin API token made as the console makes it; -> the secret."""
-        out = self.shell("from console.models import ApiToken\n"
-                         f"t, secret = ApiToken.issue({name!r}, {scope!r})\nprint('SECRET', secret)")
-        return [ln for ln in out.splitlines() if ln.startswith("SECRET ")][-1].split(" ", 1)[1]
+        return self.issue_tokens({name: scope})[name]
+
+    def issue_tokens(self, scopes: dict[str, str], revoked: tuple[str, ...] = ()) -> dict[str, str]:
+        """Admin API tokens ({name: scope}) made as the console makes them, those named in
+        ``revoked`` revoked at once, in one ``manage.py`` (each costs a Django start-up);
+        -> {name: secret}."""
+        out = self.shell("import json, sys\nfrom console.models import ApiToken\n"
+                         "plan = json.loads(sys.stdin.read())\nout = {}\n"
+                         "for name, scope in plan['scopes'].items():\n"
+                         "    t, out[name] = ApiToken.issue(name, scope)\n"
+                         "ApiToken.objects.filter(name__in=plan['revoked']).update(revoked=True)\n"
+                         "print('SECRETS', json.dumps(out))",
+                         stdin=json.dumps({"scopes": scopes, "revoked": list(revoked)}))
+        line = [ln for ln in out.splitlines() if ln.startswith("SECRETS ")][-1]
+        return json.loads(line[len("SECRETS "):])
 
     def revoke_token(self, name: str) -> None:
         self.shell("from console.models import ApiToken\n"

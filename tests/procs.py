@@ -20,6 +20,34 @@ READY = re.compile(r"brokerd ready .*listeners=(.*)$")
 ADMIN = re.compile(r" admin=(\S+)")
 
 
+def _states(pid: int) -> list[str]:
+    """The scheduler state letter of each thread of ``pid`` (``/proc/PID/task/*/stat``)."""
+    out = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                out.append(fh.read().rsplit(")", 1)[1].split()[0])
+        except FileNotFoundError:           # the thread ended meanwhile
+            pass
+    return out
+
+
+def sigstop(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP ``pid`` and return once every one of its threads is stopped.
+
+    ``kill()`` only queues the signal: a multi-threaded process stops when one
+    of its threads runs and takes it, then each other thread at its next
+    return to user space. Until then a thread woken by a request (the HBase
+    double's connection thread, a node's store thread) can still answer it --
+    on a loaded host for long enough that a test's next call gets served."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while not all(s in "TtZX" for s in _states(pid)):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} not stopped {timeout} s after SIGSTOP: {_states(pid)}")
+        time.sleep(0.001)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -50,10 +50,8 @@ def plane(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tokens(plane):
     """A read and a write token made in the console, and one revoked at once."""
-    out = {"read": plane.issue_token("grafana", "read"), "write": plane.issue_token("ops", "write"),
-           "revoked": plane.issue_token("old", "write")}
-    plane.revoke_token("old")
-    return out
+    made = plane.issue_tokens({"grafana": "read", "ops": "write", "old": "write"}, revoked=("old",))
+    return {"read": made["grafana"], "write": made["ops"], "revoked": made["old"]}
 
 
 @pytest.fixture(scope="module")

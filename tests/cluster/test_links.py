@@ -22,7 +22,7 @@ from brokerd.cluster import frames, handshake
 from ..hostile.conftest import Canary, rss_kib
 from ..integration.helpers import Client, connect
 from ..mqtt import V5, PacketTypes, props
-from ..procs import BrokerProcess
+from ..procs import BrokerProcess, sigstop
 from .conftest import settle, wait_until
 
 LINK = re.compile(r"joined the cluster \(\d+ other nodes, link ([\d.]+):(\d+)\)")
@@ -228,7 +228,7 @@ def test_answers_count_only_on_the_link_they_were_asked_on(cluster, tag):
     time.sleep(0.3)
     rogue = RawLink(link_port(n1))
     rogue.handshake(cluster.secret.encode(), cluster.name(n3))
-    os.kill(n2.proc.pid, signal.SIGSTOP)
+    sigstop(n2.proc.pid)
     try:
         infos = [pub.publish(f"{tag}/t", b"%d" % n, qos=1, wait=False) for n in range(20)]
         time.sleep(0.2)
@@ -410,7 +410,7 @@ def test_a_node_that_stops_reading_does_not_swell_the_node_that_forwards_to_it(c
             except OSError:
                 return
 
-    os.kill(n2.proc.pid, signal.SIGSTOP)
+    sigstop(n2.proc.pid)
     try:
         with canary.running():
             thread = threading.Thread(target=blast, daemon=True)

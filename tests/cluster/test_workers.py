@@ -23,7 +23,7 @@ import pytest
 from ..durability.test_crash import drain, received_in_order
 from ..integration.helpers import Client, connect
 from ..mqtt import V5, V311, PacketTypes, props
-from ..procs import ROOT, BrokerProcess
+from ..procs import ROOT, BrokerProcess, sigstop
 from .conftest import PacedPublisher, settle, wait_until
 from .test_failover import ranges
 
@@ -160,7 +160,7 @@ def test_workers_are_listed_under_their_host(host):
                                                                                     ("h.1", "h", 1)]
     # a worker that does not answer is still listed under its host (asked on the other worker's own port:
     # the shared one may hand the connection to the stopped worker)
-    os.kill(workers["h.1"]["pid"], signal.SIGSTOP)
+    sigstop(workers["h.1"]["pid"])
     try:        # both at once: stopped for one admin timeout (5 s), within its membership's lifetime
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             asked = [pool.submit(host.api, f"/api/v1/{what}", workers["h.0"]["admin"]) for what in ("nodes", "metrics")]

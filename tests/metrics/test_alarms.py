@@ -11,6 +11,7 @@ import pytest
 
 from metrics.models import Alarm
 
+from ..procs import sigstop
 from .conftest import TOKEN, receive_until, run, socket
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
@@ -89,7 +90,7 @@ def test_node_that_stops_answering_raises_node_down_and_clears_when_back(setting
             comm = socket("/ws/metrics/", browsers["root"])
             await comm.connect()
             await receive_until(comm, ok)
-            node.proc.send_signal(signal.SIGSTOP)
+            sigstop(node.proc.pid)
             unreachable = await receive_until(comm, down, timeout=10)
             node.proc.send_signal(signal.SIGCONT)
             back = await receive_until(comm, lambda m: ok(m) and not down(m), timeout=10)

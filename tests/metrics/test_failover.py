@@ -9,7 +9,6 @@ killed node and no other. A node that hangs instead (SIGSTOP) is alarmed
 alone too, the dashboard resuming from a survivor."""
 
 import asyncio
-import signal
 import time
 
 import paho.mqtt.client as mqtt
@@ -21,6 +20,7 @@ from metrics.models import Alarm
 
 from ..cluster.conftest import cluster, redis_server  # noqa: F401  (fixtures)
 from ..integration.helpers import Client as Paho
+from ..procs import sigstop
 from .conftest import TOKEN, receive_until, run, socket
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
@@ -115,7 +115,7 @@ def test_a_hung_node_is_the_only_one_alarmed_and_the_dashboard_resumes_from_a_su
         assert connected
         await receive_until(comm, lambda m: ok(m) and health(m) == {first: "ok", second: "ok", third: "ok"},
                             timeout=10)
-        nodes[0].proc.send_signal(signal.SIGSTOP)
+        sigstop(nodes[0].proc.pid)
         seen = [await receive_until(comm, lambda m: m.get("type") == "update", timeout=15)]
         while not nodes_down(seen[-1]):
             seen.append(await receive_until(comm, lambda m: m.get("type") == "update", timeout=15))

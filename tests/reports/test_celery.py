@@ -87,7 +87,7 @@ def plane(tmp_path_factory):
     gen.write_rows(usage, "traffic", traffic)
     plane.usage, plane.conns, plane.traffic = usage, conns, traffic
     plane.env.update(USAGE_DIR=str(usage), REPORTS_RETRY_BACKOFF="1", REPORTS_DISPATCH_INTERVAL="1",
-                     METRICS_HUB="false", SPARK_SHUFFLE_PARTITIONS="2", LAKE_COMPACT_INTERVAL="3")
+                     METRICS_HUB="false", SPARK_SHUFFLE_PARTITIONS="2", LAKE_COMPACT_INTERVAL="10")
     plane.env.pop("EMAIL_URL", None)
     plane.env.pop("EMAIL_HOST", None)
     plane.env.pop("REDIS_URL", None)
@@ -257,7 +257,7 @@ def test_schedule_due_now_is_emailed(worker, beat, people, plane):
 
 
 def test_beat_compacts_the_log_and_reports_read_lake_and_landing(worker, beat, people, plane):
-    """Beat runs the compaction every LAKE_COMPACT_INTERVAL (3) s on the worker;
+    """Beat runs the compaction every LAKE_COMPACT_INTERVAL (10) s on the worker;
     a report run afterwards reads the lake and what is still landed: the same figures."""
     from spark_reports.models import ReportRun
 

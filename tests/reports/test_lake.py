@@ -91,6 +91,38 @@ def test_compaction_moves_every_row_once_and_removes_the_landed_files(spark, sma
     _assert_exactly_once(spark, root, conns, traffic, lake_only=True)
 
 
+def test_a_compaction_with_nothing_to_do_reads_no_manifest_again(spark, small, monkeypatch):
+    """A committed manifest never changes: once read, a process keeps it. Beat's compaction with
+    nothing new (every few minutes, and every 3 s in test_celery) read every manifest of every
+    date it looked at, each time -- a file read and a dozen JVM round trips apiece. A run
+    directory without a manifest (not committed) is looked at again each time, and counts once
+    its manifest is there."""
+    root, conns, traffic = small
+    lake.compact(spark, str(root), settle=0, keep_landed=600)      # landed files stay: their dates are planned
+    reads = []
+    real = lake.HadoopFS.read_text
+
+    def spy(self, uri):
+        reads.append(uri)
+        return real(self, uri)
+
+    monkeypatch.setattr(lake.HadoopFS, "read_text", spy)
+    again = lake.compact(spark, str(root), settle=0, keep_landed=600)
+    assert (again.files, again.rows, again.dates) == (0, 0, [])
+    assert [u for u in reads if u.endswith(lake.MANIFEST)] == []
+    # a run directory whose manifest comes later
+    fs = lake.HadoopFS(spark)
+    lake_root = lake.default_lake(str(root))
+    day = lake.date_dirs(fs, f"{lake_root}/traffic")[0]
+    before = lake.committed(fs, lake_root, "traffic", day)
+    late = Path(lake_root) / "traffic" / f"date={day}" / "run=20990101T000000-0000late"
+    late.mkdir()
+    assert lake.committed(fs, lake_root, "traffic", day).runs == before.runs
+    manifest = dict(before.manifests[before.runs[0]], run="20990101T000000-0000late", landed=[])
+    (late / lake.MANIFEST).write_text(json.dumps(manifest))
+    assert lake.committed(fs, lake_root, "traffic", day).runs == sorted(before.runs + [str(late)])
+
+
 class Boom(Exception):
     pass
 

@@ -32,6 +32,8 @@ from brokerd.protocol.packets import Will
 from brokerd.store import StoreError, open_store
 from brokerd.store.records import QueueEntry, StoredMessage, SubscriptionRecord, pack_will
 
+from ..procs import sigstop
+
 BACKENDS = ("memory", "sqlite", "hbase")
 NEVER = 0xFFFFFFFF
 NOW = 1_700_000_000.0          # "now" for purge tests (records hold wall-clock times)
@@ -867,7 +869,7 @@ def test_hbase_gateway_that_stops_answering(own_double):
     try:
         first = [entry(message(f"m{i}")) for i in range(3)]
         store.apply([session("dev")] + [q("dev", e) for e in first])
-        os.kill(own_double.proc.pid, signal.SIGSTOP)
+        sigstop(own_double.proc.pid)
         try:
             t0 = time.monotonic()
             with pytest.raises(StoreError):

@@ -190,3 +190,33 @@ def test_process_keeps_data_across_sigkill(tmp_path):
         c = happybase.Connection("127.0.0.1", proc.port, timeout=5000)
         assert c.table("t").row(b"r") == {b"a:x": b"kept"}
         c.close()
+
+
+def test_sigstop_returns_once_the_gateway_is_stopped(tmp_path):
+    """``tests.procs.sigstop``: when it returns, every thread of the double's
+    process is stopped, so a call sent then gets no answer (a plain
+    ``os.kill(SIGSTOP)`` returns before the process has stopped: its
+    connection threads went on answering for a moment, and
+    test_contract's SIGSTOPped-gateway write was now and then served)."""
+    import os
+    import signal
+
+    from ..procs import _states, sigstop
+
+    proc = HBaseDoubleProcess(tmp_path / "h.db").start()
+    c = happybase.Connection("127.0.0.1", proc.port, timeout=300)
+    try:
+        c.tables()                                   # a connection thread is serving us
+        for _ in range(50):
+            sigstop(proc.proc.pid)
+            assert set(_states(proc.proc.pid)) <= set("TtZX")
+            os.kill(proc.proc.pid, signal.SIGCONT)
+        sigstop(proc.proc.pid)
+        try:
+            with pytest.raises(Exception, match="timed out"):
+                c.tables()
+        finally:
+            os.kill(proc.proc.pid, signal.SIGCONT)
+    finally:
+        c.close()
+        proc.kill()
