@@ -66,6 +66,7 @@ import re
 import socket
 import threading
 import time
+import urllib.parse
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -157,6 +158,33 @@ class HadoopFS:
             return bytes(self._io.toByteArray(stream)).decode()
         finally:
             stream.close()
+
+    def modified(self, uri: str) -> float:
+        """A file's modification time (seconds since the epoch)."""
+        fs, path = self._fs(uri)
+        return fs.getFileStatus(path).getModificationTime() / 1000
+
+    def create_new(self, uri: str, text: str) -> None:
+        """Write a small file only if none is there, whole or not at all; FileExistsError if one is.
+        A local path: the text written under a name of its own, then hard-linked to ``uri`` (``link``
+        fails if the name exists: atomic, where Hadoop's local ``create`` checks, then opens). Any other
+        filesystem: its ``create`` without overwrite (atomic on HDFS; on s3a a check, then a write)."""
+        parsed = urllib.parse.urlparse(uri)
+        if parsed.scheme in ("", "file"):
+            path = urllib.parse.unquote(parsed.path) if parsed.scheme else uri
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+            with open(tmp, "w") as f:
+                f.write(text)
+            try:
+                os.link(tmp, path)
+            finally:
+                os.unlink(tmp)
+            return
+        try:
+            self.create(uri, text, overwrite=False)
+        except Exception as exc:
+            raise FileExistsError(f"{uri}: {exc}") from None
 
     def create(self, uri: str, text: str, overwrite: bool = True) -> None:
         """Write a small file (FileAlreadyExistsException if it exists and not ``overwrite``)."""
@@ -467,20 +495,36 @@ class Lease:
         return False
 
     def __enter__(self):
+        # threads of one process (a Celery worker's pool) first: one run per lake at a time
+        with _LEASE_LOCKS_GUARD:
+            lock = _LEASE_LOCKS.setdefault(self.uri, threading.Lock())
+        if not lock.acquire(blocking=False):
+            raise CompactionBusy("compaction already running in this process")
+        try:
+            self._take()
+        except BaseException:
+            lock.release()
+            raise
+        self._lock = lock
+        return self
+
+    def _take(self) -> None:
         if self.fs.exists(self.uri):
             try:
                 holder = json.loads(self.fs.read_text(self.uri))
-            except Exception:
-                holder = {}
+            except Exception:       # gone meanwhile, or damaged: as old as the file (never "at 0")
+                try:
+                    holder = {"at": self.fs.modified(self.uri), "unreadable": True}
+                except Exception:
+                    holder = {"at": time.time(), "unreadable": True}
             if not self._stale(holder):
                 raise CompactionBusy(f"compaction already running: {holder}")
             log.warning("taking over the stale compaction lease of %s", holder)
             self.fs.delete(self.uri)
         try:
-            self.fs.create(self.uri, json.dumps({**self.me, "at": time.time()}), overwrite=False)
+            self.fs.create_new(self.uri, json.dumps({**self.me, "at": time.time()}))
         except Exception as exc:
             raise CompactionBusy(f"compaction lease taken meanwhile: {exc}") from None
-        return self
 
     def __exit__(self, *exc):
         try:
@@ -488,6 +532,12 @@ class Lease:
                 self.fs.delete(self.uri)
         except Exception:
             pass
+        finally:
+            self._lock.release()
+
+
+_LEASE_LOCKS: dict[str, threading.Lock] = {}
+_LEASE_LOCKS_GUARD = threading.Lock()
 
 
 # ---------------------------------------------------------------- compaction

@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections import Counter
 from datetime import date
 from pathlib import Path
@@ -193,6 +194,43 @@ def test_a_running_compaction_holds_the_lake(spark, small):
     fs = lake.HadoopFS(spark)
     with lake.Lease(fs, str(root / "lake")), pytest.raises(lake.CompactionBusy):
         lake.compact(spark, str(root), settle=0)
+
+
+def test_a_lease_being_written_is_not_taken_for_a_stale_one(spark, tmp_path):
+    """A lease file another compaction has created but not written yet (empty) is
+    as old as the file, not "held since 1970": no second compaction takes it over
+    (two compactions at once each committed the same landed files: a report of the
+    Celery worker's lake counted 3.2x the messages)."""
+    (tmp_path / "lake").mkdir()
+    (tmp_path / "lake" / lake.LEASE).write_text("")
+    with pytest.raises(lake.CompactionBusy), lake.Lease(lake.HadoopFS(spark), str(tmp_path / "lake")):
+        pass
+    assert (tmp_path / "lake" / lake.LEASE).read_text() == ""     # left to its holder
+
+
+def test_compactions_started_at_once_in_one_worker_run_one_at_a_time(spark, tmp_path):
+    """A Celery worker's threads asking for the lease at the same moment: one gets it."""
+    (tmp_path / "lake").mkdir()
+    fs = lake.HadoopFS(spark)
+    for _ in range(5):
+        barrier, got, inside = threading.Barrier(2), [], threading.Event()
+
+        def take(barrier=barrier, got=got, inside=inside):
+            barrier.wait(10)
+            try:
+                with lake.Lease(fs, str(tmp_path / "lake")):
+                    got.append(1)
+                    inside.wait(2)
+            except lake.CompactionBusy:
+                inside.set()
+
+        threads = [threading.Thread(target=take) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(15)
+        assert got == [1]
+        assert not (tmp_path / "lake" / lake.LEASE).exists()
 
 
 def test_open_minutes_wait_and_committed_files_stay_for_a_while(spark, tmp_path):
