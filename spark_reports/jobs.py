@@ -285,10 +285,11 @@ def _sums(cols):
 # ---------------------------------------------------------------- jobs
 
 
-def traffic_totals(traffic: DataFrame, by: list[str] | None = None) -> DataFrame:
-    """Sums of every counter (one row, or one per ``by`` group); ``messages`` = in + out."""
+def traffic_totals(traffic: DataFrame, by: list[str] | None = None, extra=()) -> DataFrame:
+    """Sums of every counter (one row, or one per ``by`` group); ``messages`` = in + out.
+    ``extra``: more aggregates computed in the same job (the report's row count)."""
     cols = ["msgs_in", *TRAFFIC_COUNTERS]
-    df = traffic.groupBy(*(by or [])).agg(*_sums(cols))
+    df = traffic.groupBy(*(by or [])).agg(*_sums(cols), *extra)
     return df.withColumn("messages", F.col("msgs_in") + F.col("msgs_out")).withColumn(
         "rejected", sum((F.col(c) for c in REJECTED), F.lit(0))).withColumn(
         "dropped", sum((F.col(c) for c in DROPPED), F.lit(0)))
@@ -297,7 +298,7 @@ def traffic_totals(traffic: DataFrame, by: list[str] | None = None) -> DataFrame
 MEDIAN_ACCURACY = 10_000       # percentile_approx: the value returned is within n / 10,000 ranks of the median
 
 
-def connection_totals(conns: DataFrame, period: Period, by: list[str] | None = None) -> DataFrame:
+def connection_totals(conns: DataFrame, period: Period, by: list[str] | None = None, extra=()) -> DataFrame:
     """connects, disconnects, distinct devices and the median length of the
     sessions closed in the period (null without any).
 
@@ -315,10 +316,11 @@ def connection_totals(conns: DataFrame, period: Period, by: list[str] | None = N
         F.countDistinct("tenant", "device").alias("devices"),        # one name in two tenants: two devices
         F.percentile_approx(F.when(closed, F.col("duration")), F.lit(0.5), F.lit(MEDIAN_ACCURACY)).alias(
             "median_session"),
+        *extra,
     )
 
 
-def group_connection_totals(groups: DataFrame, period: Period, by: list[str] | None = None) -> DataFrame:
+def group_connection_totals(groups: DataFrame, period: Period, by: list[str] | None = None, extra=()) -> DataFrame:
     """``connection_totals`` but the median, from ``connection_groups`` (whole days): connects (opened
     on a day of the period), disconnects (closed on one), distinct devices of the rows touching it."""
     days = (period.first_day, period.last_day)
@@ -328,6 +330,7 @@ def group_connection_totals(groups: DataFrame, period: Period, by: list[str] | N
         F.coalesce(F.sum(F.when(F.col("close_day").between(*days), F.col("connections")).otherwise(0)),
                    F.lit(0)).cast("long").alias("disconnects"),
         F.countDistinct("tenant", "device").alias("devices"),
+        *extra,
     )
 
 
@@ -439,14 +442,6 @@ def _top_devices(closed: DataFrame, count, seconds: str, n: int) -> DataFrame:
     df = df.withColumn("messages", F.col("msgs_in") + F.col("msgs_out")).withColumn(
         "bytes", F.col("bytes_in") + F.col("bytes_out"))
     return df.orderBy(F.desc("messages"), F.asc("device")).limit(n)
-
-
-def rejections(traffic: DataFrame) -> DataFrame:
-    """One row per kind of REJECTION_KINDS, in that order: ``kind``, ``label``, ``count``."""
-    totals = traffic.agg(*_sums([k for k, _ in REJECTION_KINDS]))
-    stack = ", ".join(f"{i}, '{k}', '{label}', {k}" for i, (k, label) in enumerate(REJECTION_KINDS))
-    return totals.selectExpr(f"stack({len(REJECTION_KINDS)}, {stack}) as (position, kind, label, count)").orderBy(
-        "position").drop("position")
 
 
 def disconnect_reasons(conns: DataFrame, period: Period) -> DataFrame:

@@ -443,7 +443,8 @@ def test_the_workers_session_runs_report_after_report_over_a_long_history(spark,
     or a week anywhere in it. Each one's figures are those of expected.py; what its reads list is
     the period's date partitions (connections: and the next day's, where one opened in the period
     closed, and the days still landed), never the rest of the history; the period's rows are on
-    disk while it runs, not in the driver's heap, and nothing stays in the session after it."""
+    disk while it runs (once its totals have read them), not in the driver's heap, and nothing
+    stays in the session after it."""
     from spark_reports import services
 
     first = PERIOD.start - 20 * 86400
@@ -473,7 +474,7 @@ def test_the_workers_session_runs_report_after_report_over_a_long_history(spark,
     real_update = services._update
 
     def spy_update(run_id, **fields):
-        if fields.get("progress_step") == 2:
+        if fields.get("progress_step") == 3:         # the totals' jobs have read the rows
             infos = spark.sparkContext._jsc.sc().getRDDStorageInfo()
             storage.append([(i.memSize(), i.diskSize()) for i in infos])
         real_update(run_id, **fields)
@@ -516,7 +517,7 @@ def test_a_report_over_many_small_landed_files_runs_few_tasks(spark, tmp_path):
     seen = []
 
     def progress(step, total, text):
-        if step == 2:
+        if step == 3:                           # the totals' jobs have read the rows
             seen.append([(i.numPartitions(), i.memSize()) for i in spark.sparkContext._jsc.sc().getRDDStorageInfo()])
 
     result = reports.get("tenant").run(spark, str(tmp_path), PERIOD, "acme", progress=progress)
