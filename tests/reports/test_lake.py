@@ -309,7 +309,9 @@ def test_a_one_day_report_reads_only_its_days(spark, tmp_path):
 
 
 def _scanned_rows(spark, df) -> tuple[int, int]:
-    """(rows the Parquet scan produced, rows out) for ``df`` run without AQE."""
+    """(rows the Parquet scan produced, rows out) for ``df`` run without AQE (the session's
+    setting put back after: ``unset`` would turn Spark's default, on, back on)."""
+    saved = spark.conf.get("spark.sql.adaptive.enabled")
     spark.conf.set("spark.sql.adaptive.enabled", "false")
     try:
         out = len(df.collect())
@@ -322,7 +324,7 @@ def _scanned_rows(spark, df) -> tuple[int, int]:
                 scanned += leaf.metrics().apply("numOutputRows").value()
         return scanned, out
     finally:
-        spark.conf.unset("spark.sql.adaptive.enabled")
+        spark.conf.set("spark.sql.adaptive.enabled", saved)
 
 
 def test_a_tenant_filter_skips_the_other_tenants_row_groups(spark, tmp_path):
