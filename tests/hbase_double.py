@@ -739,13 +739,17 @@ class _Faults:
       calls) write their first ``after`` rows, then raise ``IOError`` (one
       region server took its rows, another failed);
     - ``fail_rows_every(n)``: from now on every ``n``-th ``mutateRows`` of two
-      rows or more fails halfway through its rows (``--fault-rows N``).
+      rows or more fails halfway through its rows (``--fault-rows N``);
+    - ``slow(api, seconds, times)``: the next ``times`` calls of ``api`` wait
+      ``seconds`` more before they are applied (a region server busy with one
+      write while the next arrives: calls overtaking each other).
     """
 
     def __init__(self, handler: Handler, latency_ms: float = 0.0):
         self.handler = handler
         self.latency = latency_ms / 1000.0
         self.pending: dict[str, int] = {}
+        self.slowed: dict[str, list] = {}      # api -> extra seconds of its next calls
         self.calls: dict[str, int] = {}
         self.lock = threading.Lock()
         self._between: list[int] = []          # pending between-rows faults: rows to write first
@@ -759,6 +763,12 @@ class _Faults:
             raise ValueError(f"no such Hbase call: {api}")
         with self.lock:
             self.pending[api] = self.pending.get(api, 0) + times
+
+    def slow(self, api: str, seconds: float, times: int = 1) -> None:
+        if api not in T.Hbase.thrift_services:
+            raise ValueError(f"no such Hbase call: {api}")
+        with self.lock:
+            self.slowed.setdefault(api, []).extend([seconds] * times)
 
     def fail_between_rows(self, after: int = 1, times: int = 1, skip: int = 0) -> None:
         if after < 1:
@@ -809,8 +819,9 @@ class _Faults:
                     self.pending[api] = n - 1
                 if api in ("mutateRows", "mutateRowsTs") and len(args) > 1 and len(args[1] or ()) > 1:
                     self._multi += 1
-            if self.latency:
-                time.sleep(self.latency)
+                extra = self.slowed[api].pop(0) if self.slowed.get(api) else 0.0
+            if self.latency or extra:
+                time.sleep(self.latency + extra)
             if n:
                 raise T.IOError(message=f"injected failure of {api} (HBase test double)")
             return fn(*args)

@@ -219,6 +219,18 @@ class _Batch:
                 or not self.qsessions.isdisjoint(dropped))
 
 
+def _queue_only(rows: dict) -> bool:
+    """Does a folded batch change queue rows only, none both deleted and written?"""
+    for name, table in rows.items():
+        for change in table.values():
+            if name != "queue":
+                if change.delete or change.puts or change.dels:
+                    return False
+            elif change.delete and (change.puts or change.dels):
+                return False
+    return True
+
+
 def _touches(ops) -> tuple[set, set, set]:
     """What a batch reads or writes, before it is folded: (table, row) of the
     sessions and retained rows; (session key, seq) of queue rows already
@@ -552,6 +564,9 @@ class HBaseStore(Store):
         """Deletes, then puts, as ``_fold`` left them."""
         from Hbase_thrift import BatchMutation, Mutation  # the IDL module happybase loads
         rows, cleared = batch.rows, batch.cleared
+        if not cleared and _queue_only(rows):
+            self._send_queue(conn, rows["queue"])
+            return
         # 1. deletes, children before parents: the rows of the deleted sessions'
         # queues, then the session rows. HBase applies the
         # rows of a call one by one; a failure (or a crash) between two rows
@@ -592,6 +607,31 @@ class HBaseStore(Store):
                         removed.append((name, key))
                     bms.append(BatchMutation(row=key, mutations=muts))
             self._send(conn, name, bms)
+        self._note_deleted(removed)
+
+    def _send_queue(self, conn, queue: dict) -> None:
+        """A batch that changes queue rows only -- acknowledgements and new
+        messages, the steady state: its deletes and puts in one round of
+        ``mutateRows`` (no row is in both; the rows are independent, and queue
+        keys are never written again after a delete, so no order or delete
+        guard applies between them)."""
+        from Hbase_thrift import BatchMutation, Mutation  # the IDL module happybase loads
+        family = [Mutation(isDelete=True, column=b"m")]
+        bms, removed = [], []
+        wait = 0.0
+        for key, change in queue.items():
+            if change.delete:
+                bms.append(BatchMutation(row=key, mutations=family))
+            elif change.puts or change.dels:
+                muts = [Mutation(column=c, value=v) for c, v in change.puts.items()]
+                if change.dels:
+                    muts += [Mutation(isDelete=True, column=c) for c in change.dels]
+                    removed.append(("queue", key))
+                wait = max(wait, self._since_delete("queue", key))
+                bms.append(BatchMutation(row=key, mutations=muts))
+        if wait > 0:
+            time.sleep(wait)
+        self._send(conn, "queue", bms)
         self._note_deleted(removed)
 
     def _send(self, conn, name: str, bms: list) -> None:
