@@ -944,7 +944,10 @@ class _Server(TThreadedServer):
         finally:
             with self.clients_lock:
                 self.clients.discard(client)
-            itrans.close()
+            try:
+                itrans.close()
+            except (AttributeError, OSError):  # close() closed it at the same moment (not thread-safe)
+                pass
 
     def close(self):
         self.closed = True
