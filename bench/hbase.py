@@ -19,9 +19,9 @@ every Thrift call. Reported per scenario and store:
 - the throughput ratio to sqlite.
 
 Broker on CPU 0; generator and double on CPU 1 (``taskset``). The double is
-Python over SQLite (in memory here), a transaction per row: its own CPU is
-part of what the ``hbase`` row measures, which a real cluster would not add --
-the call counts do not depend on it. The table shows the CPU brokerd and the
+Python over SQLite (in memory here), a transaction per up to 64 rows of a
+call: its own CPU is part of what the ``hbase`` row measures, which a real
+cluster would not add -- the call counts do not depend on it. The table shows the CPU brokerd and the
 double used over the generator's run (100% = one core), so a run shows which
 side it waited on.
 

@@ -42,10 +42,12 @@ families):
   results are fetched from the table as the client pages through them;
   scanner ids live in the gateway process (a restart invalidates them:
   ``IllegalArgument``);
-- ``mutateRows`` applies its rows one by one, each row atomic on its own
-  (HBase: each region server applies its rows; one may fail while others
-  succeeded), and a fault can be injected between two rows: the rows before
-  it stay written (``fail_between_rows``, ``--fault-rows N``);
+- ``mutateRows`` applies its rows each on its own, never atomically as a
+  whole (HBase: each region server applies its rows; one may fail while
+  others succeeded), and a fault can be injected between two rows: the rows
+  before it stay written (``fail_between_rows``, ``--fault-rows N``). Rows
+  are committed -- visible to other calls -- up to ``ROWS_PER_TX`` at a time,
+  as a region server's mini-batch of rows becomes visible at once (MVCC);
 - unexpected failures are answered with ``IOError`` instead of a dropped
   connection; in-process, ``fail(api, times)`` injects ``IOError`` failures.
 
@@ -104,6 +106,7 @@ def _idl():
 Hbase_thrift = _idl()
 T = Hbase_thrift
 LATEST = 0x7FFFFFFFFFFFFFFF            # HConstants.LATEST_TIMESTAMP
+ROWS_PER_TX = 64                       # rows of a mutateRows applied (and made visible) together
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tables (name BLOB PRIMARY KEY, enabled INTEGER NOT NULL) WITHOUT ROWID;
@@ -173,7 +176,7 @@ class Handler:
         self.lock = threading.Lock()
         self.scanners: dict[int, _Scanner] = {}
         self._ids = itertools.count(1)
-        self.row_fault = None      # (table, rows done, rows in the call) -> fail now? (see _Faults)
+        self.row_fault = None      # (table, rows in the call) -> fail after how many rows, or None (see _Faults)
         self.splits: dict[bytes, list] = {}   # table -> split keys (HBaseDouble.presplit: what `create ... SPLITS` did)
 
     def close(self):
@@ -443,6 +446,29 @@ class Handler:
             self.db.execute("DELETE FROM cells WHERE tbl = ? AND row = ? AND col = ? AND ts <= ?",
                             (table, row, fam + b":" + qual, ts))
 
+    def _delete_many(self, table, deletes, ts=LATEST):
+        """``_delete`` for many ``(row, column)``: one statement per kind."""
+        if not deletes:
+            return
+        cols, fams = [], []
+        for row, column in deletes:
+            fam, qual = _split(column)
+            if qual is None:
+                fams.append((row, fam))
+            else:
+                cols.append((row, fam + b":" + qual))
+        if self.delete_markers:
+            mts = _now_ms() if ts == LATEST else ts
+            self.db.executemany("INSERT INTO markers VALUES (?, ?, ?, ?) ON CONFLICT (tbl, row, col) DO UPDATE SET "
+                                "ts = max(ts, excluded.ts)", [(table, row, col, mts) for row, col in fams + cols])
+            self.marked.update((table, row) for row, _ in deletes)
+        if fams:
+            self.db.executemany("DELETE FROM cells WHERE tbl = ? AND row = ? AND col >= ? AND col < ? AND ts <= ?",
+                                [(table, row, *_family_range(fam), ts) for row, fam in fams])
+        if cols:
+            self.db.executemany("DELETE FROM cells WHERE tbl = ? AND row = ? AND col = ? AND ts <= ?",
+                                [(table, row, col, ts) for row, col in cols])
+
     def _mutate(self, table, batches, timestamp, puts_first):
         def check():
             self._table(table)
@@ -466,33 +492,31 @@ class Handler:
                     elif qual is not None:           # HBase ignores a put without qualifier (logs a warning)
                         puts.append((row, fam + b":" + qual, m.value if m.value is not None else b""))
             if not puts_first:
-                for row, column in deletes:
-                    self._delete(table, row, column, dts)
+                self._delete_many(table, deletes, dts)
             self._put_many(table, puts, ts)
-            if puts_first:
-                for row, column in deletes:
-                    self._delete(table, row, column, dts)
+            if puts_first:                           # rows are independent: each row's puts, then its deletes
+                self._delete_many(table, deletes, dts)
 
         self._tx(check)                               # a bad table, row or family fails the call first
         if not puts_first:                            # mutateRow: one row, atomic
             self._tx(run, batches)
             return
-        # mutateRows: each row on its own, like HBase (a region server applies the
-        # rows of its regions, another server may fail): a failure between rows
-        # leaves the earlier rows written
+        # mutateRows: rows on their own, like HBase -- a region server applies the
+        # rows of its regions in mini-batches, another server may fail: a failure
+        # between rows leaves the earlier rows written. Applied (and committed, so
+        # visible to other calls) ROWS_PER_TX rows at a time, as a region server's
+        # mini-batch becomes visible at once; a fault injected after row N commits
+        # rows 1..N first.
         grouped: dict[bytes, list] = {}
         for row, mutations in batches:
             grouped.setdefault(row, []).extend(mutations or ())
-        for i, (row, mutations) in enumerate(grouped.items()):
-            if i:
-                self.between_rows(table, i, len(grouped))
-            self._tx(run, [(row, mutations)])
-
-    def between_rows(self, table, done: int, total: int) -> None:
-        """Called in ``mutateRows`` after ``done`` of ``total`` rows: the fault hook."""
-        fault = self.row_fault
-        if fault is not None and fault(table, done, total):
-            raise T.IOError(message=f"injected failure of mutateRows after {done} of {total} rows "
+        rows = list(grouped.items())
+        fault = self.row_fault(table, len(rows)) if self.row_fault is not None and len(rows) > 1 else None
+        done = rows if fault is None else rows[:fault]
+        for i in range(0, len(done), ROWS_PER_TX):
+            self._tx(run, done[i:i + ROWS_PER_TX])
+        if fault is not None:
+            raise T.IOError(message=f"injected failure of mutateRows after {fault} of {len(rows)} rows "
                                     f"(HBase test double)")
 
     def mutateRow(self, table, row, mutations, attributes=None):
@@ -715,13 +739,17 @@ class _Faults:
       calls) write their first ``after`` rows, then raise ``IOError`` (one
       region server took its rows, another failed);
     - ``fail_rows_every(n)``: from now on every ``n``-th ``mutateRows`` of two
-      rows or more fails halfway through its rows (``--fault-rows N``).
+      rows or more fails halfway through its rows (``--fault-rows N``);
+    - ``slow(api, seconds, times)``: the next ``times`` calls of ``api`` wait
+      ``seconds`` more before they are applied (a region server busy with one
+      write while the next arrives: calls overtaking each other).
     """
 
     def __init__(self, handler: Handler, latency_ms: float = 0.0):
         self.handler = handler
         self.latency = latency_ms / 1000.0
         self.pending: dict[str, int] = {}
+        self.slowed: dict[str, list] = {}      # api -> extra seconds of its next calls
         self.calls: dict[str, int] = {}
         self.lock = threading.Lock()
         self._between: list[int] = []          # pending between-rows faults: rows to write first
@@ -736,6 +764,12 @@ class _Faults:
         with self.lock:
             self.pending[api] = self.pending.get(api, 0) + times
 
+    def slow(self, api: str, seconds: float, times: int = 1) -> None:
+        if api not in T.Hbase.thrift_services:
+            raise ValueError(f"no such Hbase call: {api}")
+        with self.lock:
+            self.slowed.setdefault(api, []).extend([seconds] * times)
+
     def fail_between_rows(self, after: int = 1, times: int = 1, skip: int = 0) -> None:
         if after < 1:
             raise ValueError("after must be >= 1 (a failure before the first row is fail('mutateRows'))")
@@ -747,19 +781,24 @@ class _Faults:
             self._every = max(int(n), 0)
             self._multi = 0
 
-    def _row_fault(self, table, done: int, total: int) -> bool:
+    def _row_fault(self, table, total: int) -> int | None:
+        """Does this ``mutateRows`` of ``total`` rows fail, after how many rows?
+        (The pending fault met first in row order: a between-rows fault at its
+        row count, or, every ``n``-th call, the middle row.)"""
         with self.lock:
-            if self._between and done == self._between[0][0]:
-                if self._between[0][1]:            # not this call: a later one
-                    self._between[0][1] -= 1
+            half = total // 2 if self._every and self._multi % self._every == 0 else None
+            head = self._between[0] if self._between else None
+            if head is not None and head[0] < total and (half is None or head[0] <= half):
+                if head[1]:                        # not this call: a later one
+                    head[1] -= 1
                 else:
                     self._between.pop(0)
                     self.row_faults += 1
-                    return True
-            if self._every and done == total // 2 and self._multi % self._every == 0:
+                    return head[0]
+            if half:
                 self.row_faults += 1
-                return True
-        return False
+                return half
+        return None
 
     def snapshot(self) -> dict:
         with self.lock:
@@ -780,8 +819,9 @@ class _Faults:
                     self.pending[api] = n - 1
                 if api in ("mutateRows", "mutateRowsTs") and len(args) > 1 and len(args[1] or ()) > 1:
                     self._multi += 1
-            if self.latency:
-                time.sleep(self.latency)
+                extra = self.slowed[api].pop(0) if self.slowed.get(api) else 0.0
+            if self.latency or extra:
+                time.sleep(self.latency + extra)
             if n:
                 raise T.IOError(message=f"injected failure of {api} (HBase test double)")
             return fn(*args)
@@ -904,7 +944,10 @@ class _Server(TThreadedServer):
         finally:
             with self.clients_lock:
                 self.clients.discard(client)
-            itrans.close()
+            try:
+                itrans.close()
+            except (AttributeError, OSError):  # close() closed it at the same moment (not thread-safe)
+                pass
 
     def close(self):
         self.closed = True

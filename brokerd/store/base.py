@@ -41,6 +41,7 @@ class Store:
     durable = True
     scheme = ""
     remote = False          # a network service: worth waiting for at start-up
+    pipeline = 1            # write batches the writer may have in flight at once (see ``apply``)
     data_errors: tuple = DATA_ERRORS    # what StoreDataError stands for (see the module docstring)
 
     def __init__(self, url: str):
@@ -99,7 +100,13 @@ class Store:
                 self._executor.shutdown(wait=True)
                 self._executor = None
 
-    async def apply(self, ops: list) -> None:
+    async def apply(self, ops: list, prepared=None) -> None:
+        """Make ``ops`` durable. A backend with ``pipeline`` > 1 takes the next
+        batch while this one is in flight: it resolves the future ``prepared``
+        once the next may be prepared, keeps batches applied in the order of
+        their calls where they touch the same rows, and fails a batch whose
+        predecessor it depends on failed (the writer then writes both again,
+        in order)."""
         if ops:
             await self._run(self._apply, ops)
 

@@ -47,7 +47,22 @@ default 10000), ``transport`` (``buffered`` | ``framed``), ``protocol``
 ``parallel`` (default 4): the connections a write batch uses at once -- a
 table's rows of one batch, ``PART_ROWS`` or more a part, go as that many
 ``mutateRows`` in parallel (``_send``), and the sequence is reserved beside
-the existence read (``_reserve_aside``).
+the existence read (``_reserve_aside``); ``pipeline`` (default 2): write
+batches in flight at once.
+
+Pipelining. A write batch is prepared on the store thread -- which sessions
+exist, its sequence numbers, its rows folded (``_prepare``) -- and sent on a
+delivery thread (``_deliver``), so the next batch is prepared and sent while
+the previous one is in flight (``StoreWriter`` commits them in order). The
+store thread prepares batches one at a time, in order: a later batch's
+sequence numbers are higher. A batch that reads or writes a row an earlier
+batch in flight writes -- a session row it changes, a queue row it writes or
+deletes (an acknowledgement of a message still being written), the queue of a
+session it deletes -- waits until that batch is written, so rows change in
+batch order and no delete overtakes the write it deletes; a 2 ms delete guard
+(below) applies as before. If that batch failed, or any batch failed since,
+batches are refused until the writer has written the failed ones again one
+at a time (``_broken``).
 
 HBase masks a put by a delete marker with the same millisecond timestamp.
 Operations of a batch are folded per row first, row deletes are sent before
@@ -65,7 +80,7 @@ import zlib
 from collections import defaultdict
 from urllib.parse import parse_qs, urlsplit
 
-from .base import DATA_ERRORS, Store
+from .base import DATA_ERRORS, Store, StoreError
 from .records import (
     DelayedMessage,
     QueueEntry,
@@ -116,6 +131,8 @@ SEEDED = 1 << 56              # a counter below this has not been seeded (a new 
 SALTS = 64                    # the queue table's salt byte: crc32(session key) % SALTS
 PURGE_PACE = 5000             # rows a second the purge scans, at most (URL option purge_pace)
 PART_ROWS = 64                # rows of one table a write batch sends per call, at least, when it sends several
+PIPELINE = 2                  # write batches in flight at once (URL option pipeline)
+EARLIER_FAILED = "an earlier write batch failed: this one is written again after it"
 
 
 def _seed() -> int:
@@ -175,9 +192,68 @@ class _Row:
         self.dels.clear()
 
 
+class _Batch:
+    """A write batch folded per row (``_fold``), to send (``_send_batch``), and
+    what it writes, for the batches prepared after it while it is in flight:
+    ``keys`` -- (table, row) of the sessions and retained rows it changes;
+    ``qtouch`` -- (session key, seq) of the queue rows it writes or deletes."""
+
+    __slots__ = ("rows", "cleared", "keys", "qtouch", "qsessions", "before", "done", "failed")
+
+    def __init__(self, rows: dict, cleared: list, qtouch: set):
+        self.rows = rows
+        self.cleared = cleared
+        self.keys = {(name, key) for name, table in rows.items() if name != "queue"
+                     for key, change in table.items() if change.delete or change.puts or change.dels}
+        self.qtouch = qtouch
+        self.qsessions = {skey for skey, _ in qtouch}
+        self.before: list = []                 # the batches in flight when it was prepared
+        self.done = threading.Event()
+        self.failed = False
+
+    def conflicts(self, rows: set, qtouch: set, dropped: set) -> bool:
+        """Must a batch that reads or writes these wait until this one is written?"""
+        # (a session this one deletes is in ``keys``: any later operation of that
+        # session reads its row; a session the later one deletes, in ``dropped``)
+        return (not self.keys.isdisjoint(rows) or not self.qtouch.isdisjoint(qtouch)
+                or not self.qsessions.isdisjoint(dropped))
+
+
+def _queue_only(rows: dict) -> bool:
+    """Does a folded batch change queue rows only, none both deleted and written?"""
+    for name, table in rows.items():
+        for change in table.values():
+            if name != "queue":
+                if change.delete or change.puts or change.dels:
+                    return False
+            elif change.delete and (change.puts or change.dels):
+                return False
+    return True
+
+
+def _touches(ops) -> tuple[set, set, set]:
+    """What a batch reads or writes, before it is folded: (table, row) of the
+    sessions and retained rows; (session key, seq) of queue rows already
+    numbered; the sessions it deletes (with their queues)."""
+    rows, qtouch, dropped = set(), set(), set()
+    for op in ops:
+        kind = op[0]
+        if kind in ("retain", "retain_del"):
+            rows.add(("retained", session_key(op[1], op[2])))
+            continue
+        skey = session_key(op[1], op[2])
+        rows.add(("sessions", skey))
+        if kind == "session_del":
+            dropped.add(skey)
+        elif kind in ("q", "q_state", "q_del") and op[3].seq:
+            qtouch.add((skey, op[3].seq))
+    return rows, qtouch, dropped
+
+
 class HBaseStore(Store):
     scheme = "hbase"
     remote = True
+    pipeline = PIPELINE
 
     def __init__(self, url: str):
         super().__init__(url)
@@ -196,11 +272,13 @@ class HBaseStore(Store):
             self.regions = int(opts.pop("regions", "16"))
             self.purge_pace = float(opts.pop("purge_pace", str(PURGE_PACE)))
             self.parallel = int(opts.pop("parallel", "4"))
+            self.pipeline = int(opts.pop("pipeline", str(PIPELINE)))
         except ValueError:
-            self.regions = self.purge_pace = self.parallel = 0
-        if not 1 <= self.regions <= SALTS or not self.purge_pace > 0 or not 1 <= self.parallel <= 16:
+            self.regions = self.purge_pace = self.parallel = self.pipeline = 0
+        if not 1 <= self.regions <= SALTS or not self.purge_pace > 0 or not 1 <= self.parallel <= 16 \
+                or not 1 <= self.pipeline <= 8:
             raise ValueError(f"bad store URL {url!r}: regions is 1..{SALTS}, purge_pace a number > 0, "
-                             f"parallel 1..16")
+                             f"parallel 1..16, pipeline 1..8")
         if opts:
             raise ValueError(f"bad store URL {url!r}: unknown option(s) {', '.join(opts)}")
         self.pool = None
@@ -208,6 +286,10 @@ class HBaseStore(Store):
         self._recent: dict[tuple, float] = {}     # (table, row) -> monotonic time of our delete
         self._recent_lock = threading.Lock()
         self._senders: concurrent.futures.ThreadPoolExecutor | None = None
+        self._delivery: concurrent.futures.ThreadPoolExecutor | None = None    # sends prepared batches
+        self._flight: list[_Batch] = []           # batches prepared and not yet written, oldest first
+        self._flight_lock = threading.Lock()
+        self._broken = False                      # a batch failed: refuse pipelined ones (``_prepare``)
         self._purge_from: dict[str, bytes] = {}   # table -> where an interrupted purge pass resumes
         self._stopping = False
         self._purge_stop = False
@@ -225,12 +307,17 @@ class HBaseStore(Store):
                                             timeout=self.timeout, transport=self.transport,
                                             protocol=self.protocol, autoconnect=False)
 
-        # the store thread's connection, and one per sender thread (``_send``)
-        self.pool = pool(self.parallel)
+        # a connection for the store thread, each delivery thread (a batch in
+        # flight) and each sender thread (a batch's other parts, ``_send``; one
+        # more for the sequence reserved beside the existence read)
+        senders = self.pipeline * (self.parallel - 1) + 1 if self.parallel > 1 else 0
+        self.pool = pool(1 + self.pipeline + senders)
         self.purge_pool = pool(1)
-        if self.parallel > 1:
-            self._senders = concurrent.futures.ThreadPoolExecutor(self.parallel - 1,
-                                                                  thread_name_prefix="store-hbase-send")
+        if self._delivery is None:
+            self._delivery = concurrent.futures.ThreadPoolExecutor(self.pipeline,
+                                                                   thread_name_prefix="store-hbase-deliver")
+        if senders and self._senders is None:
+            self._senders = concurrent.futures.ThreadPoolExecutor(senders, thread_name_prefix="store-hbase-send")
         with self.pool.connection() as conn:
             existing = {t.decode() if isinstance(t, bytes) else t for t in conn.tables()}
             for name, fams in families(self.compression).items():
@@ -248,9 +335,10 @@ class HBaseStore(Store):
 
     def _close(self):
         self.pool = self.purge_pool = None
-        if self._senders is not None:
-            self._senders.shutdown(wait=False)
-            self._senders = None
+        for executor in (self._senders, self._delivery):
+            if executor is not None:
+                executor.shutdown(wait=False)
+        self._senders = self._delivery = None
 
     async def close(self) -> None:
         self._stopping = True                      # a purge pass under way stops at its next page
@@ -270,21 +358,92 @@ class HBaseStore(Store):
 
     # --------------------------------------------------------------- write
 
+    async def apply(self, ops: list, prepared=None) -> None:
+        """Prepare the batch on the store thread (reads, numbering, folding: in
+        batch order), then send its mutations on a delivery thread, so the next
+        batch can be prepared and sent while this one is in flight (module
+        docstring, "Pipelining"). ``prepared`` (a future) is resolved once the
+        store thread is done with this batch."""
+        if not ops:
+            return
+        try:
+            batch = await self._run(self._prepare, ops, prepared is not None)
+        finally:
+            if prepared is not None and not prepared.done():
+                prepared.set_result(None)
+        if batch is not None:
+            await self._run_in(self._delivery, self._deliver, batch)
+
     def _apply(self, ops):
         # Exceptions must leave the pool's context as they are: on a Thrift or
         # socket error happybase replaces the connection (Store._run turns
         # them into StoreError afterwards).
-        with self.pool.connection() as conn:
-            self._write(conn, ops)
+        batch = self._prepare(ops)
+        if batch is not None:
+            self._deliver(batch)
+
+    def _prepare(self, ops, pipelined: bool = False) -> "_Batch | None":
+        """Wait for the batches in flight this one depends on, then fold it (its
+        reads and numbering included); -> the batch to send, registered in flight.
+        After a failure, pipelined batches are refused until the writer writes
+        the failed ones again, one batch at a time (``pipelined`` False)."""
+        if not pipelined:
+            self._broken = False
+        elif self._broken:
+            raise StoreError(EARLIER_FAILED)
+        try:
+            touches = _touches(ops)
+            with self._flight_lock:
+                before = list(self._flight)
+            for f in before:
+                if f.conflicts(*touches):
+                    f.done.wait()
+                    if f.failed:
+                        raise StoreError(EARLIER_FAILED)
+            with self.pool.connection() as conn:
+                batch = self._fold(conn, ops)
+        except BaseException:
+            self._broken = True
+            raise
+        if batch is None:
+            return None
+        batch.before = before
+        with self._flight_lock:
+            self._flight.append(batch)
+        return batch
+
+    def _deliver(self, batch: "_Batch") -> None:
+        """Send a prepared batch on this delivery thread's own connection."""
+        try:
+            if self._broken or any(f.failed for f in batch.before):
+                raise StoreError(EARLIER_FAILED)
+            with self.pool.connection() as conn:
+                self._send_batch(conn, batch)
+        except BaseException:
+            batch.failed = self._broken = True
+            raise
+        finally:
+            with self._flight_lock:
+                self._flight.remove(batch)
+            batch.before = []
+            batch.done.set()
 
     def _write(self, conn, ops):
-        """Fold the batch per row, then: number the appends, delete, write."""
-        from Hbase_thrift import BatchMutation, Mutation  # the IDL module happybase loads
+        """Fold the batch per row, then: number the appends, delete, write
+        (the purge's deletions: not pipelined)."""
+        batch = self._fold(conn, ops)
+        if batch is not None:
+            self._send_batch(conn, batch)
+
+    def _fold(self, conn, ops) -> "_Batch | None":
+        """Read which sessions exist, number the appends, fold the operations
+        per row: -> what to send (None: nothing)."""
         rows: dict[str, dict[bytes, _Row]] = {name: defaultdict(_Row) for name in FAMILIES}
         sessions, queue, retained = rows["sessions"], rows["queue"], rows["retained"]
         appends: dict[bytes, list] = defaultdict(list)   # session key -> [(prefix, entry)] in order
         in_batch: dict[int, bytes] = {}                  # id(entry) -> session key, for appends of this batch
         cleared: list[bytes] = []                        # queue prefixes of sessions deleted in this batch
+        qtouch: set[tuple] = set()                       # (session key, seq) of the queue rows it writes
         reserved = self._reserve_aside(ops)              # the sequence numbers, meanwhile
         try:
             alive, gens = self._alive(conn, ops)         # session key -> exists / its generation (as the batch goes on)
@@ -359,6 +518,7 @@ class HBaseStore(Store):
                         owner = in_batch.pop(id(e))
                         appends[owner] = [a for a in appends[owner] if a[1] is not e]
                 elif e.seq:
+                    qtouch.add((skey, e.seq))
                     key = queue_prefix(op[1], op[2]) + e.seq.to_bytes(8, "big")
                     if kind == "q_del":
                         queue[key].drop()
@@ -372,6 +532,7 @@ class HBaseStore(Store):
         for skey, items in appends.items():
             gen = gens.get(skey)
             for prefix, e in items:
+                qtouch.add((skey, e.seq))
                 row = queue[prefix + e.seq.to_bytes(8, "big")]
                 # a new key (sequences are never reused; a retry writes the same
                 # cells again): puts only -- deleting the columns it does not
@@ -395,6 +556,17 @@ class HBaseStore(Store):
         missing = self._missing_queue_rows(conn, queue, appends)
         for key in missing:
             del queue[key]
+        if not cleared and not any(rows.values()):
+            return None
+        return _Batch(rows, cleared, qtouch)
+
+    def _send_batch(self, conn, batch: "_Batch") -> None:
+        """Deletes, then puts, as ``_fold`` left them."""
+        from Hbase_thrift import BatchMutation, Mutation  # the IDL module happybase loads
+        rows, cleared = batch.rows, batch.cleared
+        if not cleared and _queue_only(rows):
+            self._send_queue(conn, rows["queue"])
+            return
         # 1. deletes, children before parents: the rows of the deleted sessions'
         # queues, then the session rows. HBase applies the
         # rows of a call one by one; a failure (or a crash) between two rows
@@ -435,6 +607,31 @@ class HBaseStore(Store):
                         removed.append((name, key))
                     bms.append(BatchMutation(row=key, mutations=muts))
             self._send(conn, name, bms)
+        self._note_deleted(removed)
+
+    def _send_queue(self, conn, queue: dict) -> None:
+        """A batch that changes queue rows only -- acknowledgements and new
+        messages, the steady state: its deletes and puts in one round of
+        ``mutateRows`` (no row is in both; the rows are independent, and queue
+        keys are never written again after a delete, so no order or delete
+        guard applies between them)."""
+        from Hbase_thrift import BatchMutation, Mutation  # the IDL module happybase loads
+        family = [Mutation(isDelete=True, column=b"m")]
+        bms, removed = [], []
+        wait = 0.0
+        for key, change in queue.items():
+            if change.delete:
+                bms.append(BatchMutation(row=key, mutations=family))
+            elif change.puts or change.dels:
+                muts = [Mutation(column=c, value=v) for c, v in change.puts.items()]
+                if change.dels:
+                    muts += [Mutation(isDelete=True, column=c) for c in change.dels]
+                    removed.append(("queue", key))
+                wait = max(wait, self._since_delete("queue", key))
+                bms.append(BatchMutation(row=key, mutations=muts))
+        if wait > 0:
+            time.sleep(wait)
+        self._send(conn, "queue", bms)
         self._note_deleted(removed)
 
     def _send(self, conn, name: str, bms: list) -> None:

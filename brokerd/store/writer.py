@@ -22,9 +22,21 @@ Prometheus) -- and the rest is written in order; the batch's callbacks hear
 "durable" (what was dropped never could be). Nothing is dropped because the
 store is down: a single operation is dropped only when it fails by itself
 with a data error.
+
+Pipelining. A store with ``pipeline`` > 1 (HBase: a batch is a few network
+round trips) gets the next batch once the previous one is prepared, while it
+is still being sent, up to ``pipeline`` batches in flight. Batches finish in
+any order; they are committed in the order they were taken (``committed``
+only moves forward, callbacks run batch by batch). When one fails, every
+batch taken after it fails with it -- their callbacks hear False, however
+their own writes went: no acknowledgement is released ahead of an earlier
+batch's -- and all of them are written again, in order, one batch at a time
+(the retry above; a data error is isolated the same way) until the store
+takes them; then pipelining resumes.
 """
 
 import asyncio
+import collections
 import logging
 
 from .base import StoreDataError, StoreError
@@ -45,6 +57,7 @@ class StoreWriter:
         self._idle = asyncio.Event()
         self._idle.set()
         self._retry: list = []
+        self._delay = RETRY_MIN                # the next retry's backoff
         self._task: asyncio.Task | None = None
         self.batches = 0
         self.ops_written = 0
@@ -63,8 +76,11 @@ class StoreWriter:
 
     async def _run(self) -> None:
         journal = self.journal
-        delay = RETRY_MIN
+        depth = max(1, int(getattr(self.store, "pipeline", 1)))
         while True:
+            if depth > 1 and not self._retry:
+                await self._pipelined(depth)         # returns after a failure, with _retry set
+                continue
             await self._event.wait()
             self._event.clear()
             if not journal and not self._retry:
@@ -75,35 +91,98 @@ class StoreWriter:
             try:
                 await self._write(batch)
             except _Unwritten as failed:
-                exc = failed.error
-                if journal.healthy:
-                    log.error("session store unavailable: %s; refusing QoS 1/2 messages that need it", exc)
-                journal.healthy = False
-                journal.error = str(exc)
-                self._retry = failed.ops
-                self._call(waiters, False)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX)
-                self._event.set()
+                await self._failed(failed, waiters)
                 continue
-            self._retry = []
-            delay = RETRY_MIN
-            self.batches += 1
-            self.ops_written += len(batch)
-            if not journal.healthy:
-                log.warning("session store available again")
-                journal.healthy = True
-                journal.error = None
-            journal.committed = gen
-            try:
-                self.broker.commit_done(gen, self.loop.time())
-            except Exception:
-                log.exception("sending after commit failed")
-            self._call(waiters, True)
+            self._committed(gen, batch, waiters)
             if journal:
                 self._event.set()
             else:
                 self._idle.set()
+
+    async def _pipelined(self, depth: int) -> None:
+        """Up to ``depth`` batches in flight, committed in order (module docstring)."""
+        journal = self.journal
+        flight: collections.deque = collections.deque()     # _InFlight, oldest first
+        while True:
+            self._event.clear()
+            while len(flight) < depth and journal and (not flight or flight[-1].prepared.done()):
+                gen, ops, waiters = journal.take()
+                prepared = self.loop.create_future()
+                flight.append(_InFlight(gen, ops, waiters, prepared,
+                                        self.loop.create_task(self.store.apply(ops, prepared))))
+            if not flight:
+                self._idle.set()
+                await self._event.wait()
+                continue
+            wake = [flight[0].task]
+            if len(flight) < depth:
+                # room for another batch: once the last one is prepared and there is something to take
+                wake.append(flight[-1].task if flight[-1].prepared.done() else flight[-1].prepared)
+                waiting = self.loop.create_task(self._event.wait())
+                wake.append(waiting)
+            else:
+                waiting = None
+            await asyncio.wait(wake, return_when=asyncio.FIRST_COMPLETED)
+            if waiting is not None:
+                waiting.cancel()
+            while flight and flight[0].task.done():
+                done = flight.popleft()
+                exc = done.task.exception()
+                if exc is None:
+                    self._committed(done.gen, done.ops, done.waiters)
+                    continue
+                # it failed: so do the batches after it, whatever became of them
+                later = list(flight)
+                flight.clear()
+                if later:
+                    await asyncio.wait([b.task for b in later])
+                    for b in later:
+                        b.task.exception()           # (retrieved: they count as failed)
+                failed = [done, *later]
+                ops = [op for b in failed for op in b.ops]
+                waiters = [fn for b in failed for fn in b.waiters]
+                if not isinstance(exc, StoreDataError):
+                    error = exc if isinstance(exc, StoreError) else StoreError(f"{type(exc).__name__}: {exc}")
+                    await self._failed(_Unwritten(ops, error), waiters)
+                    return
+                try:
+                    await self._write(ops)         # one at a time: isolates what can never be written
+                except _Unwritten as unwritten:
+                    await self._failed(unwritten, waiters)
+                    return
+                self._committed(failed[-1].gen, ops, waiters)
+
+    async def _failed(self, failed: "_Unwritten", waiters: list) -> None:
+        """The store did not take a batch: tell its waiters, retry it after a backoff."""
+        journal = self.journal
+        exc = failed.error
+        if journal.healthy:
+            log.error("session store unavailable: %s; refusing QoS 1/2 messages that need it", exc)
+        journal.healthy = False
+        journal.error = str(exc)
+        self._retry = failed.ops
+        self._call(waiters, False)
+        await asyncio.sleep(self._delay)
+        self._delay = min(self._delay * 2, RETRY_MAX)
+        self._event.set()
+
+    def _committed(self, gen: int, batch: list, waiters: list) -> None:
+        """Batch ``gen`` (and every one before it) is durable."""
+        journal = self.journal
+        self._retry = []
+        self._delay = RETRY_MIN
+        self.batches += 1
+        self.ops_written += len(batch)
+        if not journal.healthy:
+            log.warning("session store available again")
+            journal.healthy = True
+            journal.error = None
+        journal.committed = gen
+        try:
+            self.broker.commit_done(gen, self.loop.time())
+        except Exception:
+            log.exception("sending after commit failed")
+        self._call(waiters, True)
 
     async def _write(self, batch: list) -> None:
         """Apply ``batch`` in order, dropping the operations the store can never
@@ -154,6 +233,15 @@ class StoreWriter:
             except asyncio.CancelledError:
                 pass
             self._task = None
+
+
+class _InFlight:
+    """A batch the writer took and the store is writing (pipelining)."""
+
+    __slots__ = ("gen", "ops", "waiters", "prepared", "task")
+
+    def __init__(self, gen, ops, waiters, prepared, task):
+        self.gen, self.ops, self.waiters, self.prepared, self.task = gen, ops, waiters, prepared, task
 
 
 class _Unwritten(Exception):

@@ -171,3 +171,20 @@ def test_sigkill_with_faults_between_rows_of_batches_hbase(tmp_path):
                                  min_acked=TOTAL // 20)
         assert result["acked"] < TOTAL
         assert gateway.calls()["row_faults"] > 0, "no batch failed between its rows"
+
+
+@pytest.mark.slow
+def test_sigkill_with_pipelined_batches_and_faults_between_rows_hbase(tmp_path):
+    """The same with write batches pipelined -- up to 4 in flight (``pipeline=4``),
+    the gateway 3 ms a call away so that they overlap -- and every 4th multi-row
+    ``mutateRows`` failing halfway: a failed batch fails the batches in flight
+    after it (their publishers get negative acks too) and all are written again
+    in order. After the SIGKILL every acknowledged message is delivered, in
+    order, repeats only with DUP."""
+    from ..hbase_double import HBaseDoubleProcess
+
+    with HBaseDoubleProcess(tmp_path / "hbase.db", delete_markers=True, fault_rows=4, latency_ms=3) as gateway:
+        result = crash_and_check(f"hbase://{gateway.address}?table_prefix=pipe&pipeline=4", pub_version=V5,
+                                 min_acked=TOTAL // 20)
+        assert result["acked"] < TOTAL
+        assert gateway.calls()["row_faults"] > 0, "no batch failed between its rows"

@@ -111,6 +111,8 @@ def test_a_queue_table_that_is_not_pre_split_is_reported_at_start(double, caplog
 def test_bad_store_options_are_refused():
     from brokerd.store import open_store
 
-    for bad in ("regions=0", "regions=65", "purge_pace=0", "purge_pace=x", "parallel=0", "parallel=17", "parallel=x"):
+    for bad in ("regions=0", "regions=65", "purge_pace=0", "purge_pace=x", "parallel=0", "parallel=17", "parallel=x",
+                "pipeline=0", "pipeline=9", "pipeline=x"):
         with pytest.raises(ValueError, match="bad store URL"):
             open_store(f"hbase://127.0.0.1:9090?{bad}")
+    assert open_store("hbase://127.0.0.1:9090?pipeline=4").pipeline == 4
