@@ -756,6 +756,8 @@ class _Faults:
         self._every = 0
         self._multi = 0                        # multi-row mutateRows calls seen (for fail_rows_every)
         self.row_faults = 0                    # between-rows faults injected so far
+        self.running: dict[str, int] = {}      # api -> calls of it being served now
+        self.most_at_once: dict[str, int] = {}  # api -> the most calls of it ever served at once
         handler.row_fault = self._row_fault
 
     def fail(self, api: str, times: int = 1) -> None:
@@ -820,11 +822,17 @@ class _Faults:
                 if api in ("mutateRows", "mutateRowsTs") and len(args) > 1 and len(args[1] or ()) > 1:
                     self._multi += 1
                 extra = self.slowed[api].pop(0) if self.slowed.get(api) else 0.0
-            if self.latency or extra:
-                time.sleep(self.latency + extra)
-            if n:
-                raise T.IOError(message=f"injected failure of {api} (HBase test double)")
-            return fn(*args)
+                self.running[api] = running = self.running.get(api, 0) + 1
+                self.most_at_once[api] = max(self.most_at_once.get(api, 0), running)
+            try:
+                if self.latency or extra:
+                    time.sleep(self.latency + extra)
+                if n:
+                    raise T.IOError(message=f"injected failure of {api} (HBase test double)")
+                return fn(*args)
+            finally:
+                with self.lock:
+                    self.running[api] -= 1
         return call
 
 
