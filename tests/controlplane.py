@@ -40,7 +40,7 @@ print("SECRETS " + json.dumps(out))
 
 
 _TEMPLATE: dict[str, str] = {}      # this process's migrated console database, to copy
-_PROVISIONED: dict[str, tuple[str, dict]] = {}   # plan (JSON) -> (a copy of the database it made, its secrets)
+_PROVISIONED: dict[str, tuple[str, dict]] = {}   # test file + plan -> (a copy of the database it made, its secrets)
 
 
 def migrated_sqlite(url: str, env: dict) -> None:
@@ -94,10 +94,12 @@ class ControlPlane:
     def provision(self, plan: list[dict]) -> dict[str, str]:
         """Tenants (with ACL rules, quotas and devices) in one go; -> {"tenant/device": secret}.
 
-        The same plan on a fresh SQLite database gives a copy of the database that plan
-        made earlier in this test process (the same rows and secrets; a copy costs
-        milliseconds, a Django start-up 1-3 s): each test still has its own database."""
-        key = json.dumps(plan, sort_keys=True)
+        The same plan on a fresh SQLite database (no manage command, no node yet) gives a
+        copy of the database that plan made earlier in the same test file (the same rows
+        and secrets, created at most a test file's run ago; a copy costs milliseconds, a
+        Django start-up 1-3 s): each test still has its own database."""
+        test_file = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0]
+        key = test_file + " " + json.dumps(plan, sort_keys=True)
         db = self.url[len("sqlite:///"):]
         if self.pristine and key in _PROVISIONED:
             copy, secrets = _PROVISIONED[key]
@@ -186,4 +188,5 @@ class ControlPlane:
             return cur.fetchall() if cur.description else []
 
     def broker(self, *flags: str, anonymous: bool = False) -> BrokerProcess:
+        self.pristine = False
         return BrokerProcess("--sys-interval", "0", *flags, anonymous=anonymous, env=self.env).start()
