@@ -38,6 +38,17 @@ for t in plan:
 print("SECRETS " + json.dumps(out))
 """
 
+TOKENS = r"""
+import json, sys
+from console.models import ApiToken
+plan = json.loads(sys.stdin.read())
+out = {}
+for name, scope in plan["scopes"].items():
+    t, out[name] = ApiToken.issue(name, scope)
+ApiToken.objects.filter(name__in=plan["revoked"]).update(revoked=True)
+print("SECRETS " + json.dumps(out))
+"""
+
 
 _TEMPLATE: dict[str, str] = {}      # this process's migrated console database, to copy
 _PROVISIONED: dict[str, tuple[str, dict]] = {}   # test file + plan -> (a copy of the database it made, its secrets)
@@ -148,15 +159,21 @@ class ControlPlane:
         """Admin API tokens ({name: scope}) made as the console makes them, those named in
         ``revoked`` revoked at once, in one ``manage.py`` (each costs a Django start-up);
         -> {name: secret}."""
-        out = self.shell("import json, sys\nfrom console.models import ApiToken\n"
-                         "plan = json.loads(sys.stdin.read())\nout = {}\n"
-                         "for name, scope in plan['scopes'].items():\n"
-                         "    t, out[name] = ApiToken.issue(name, scope)\n"
-                         "ApiToken.objects.filter(name__in=plan['revoked']).update(revoked=True)\n"
-                         "print('SECRETS', json.dumps(out))",
-                         stdin=json.dumps({"scopes": scopes, "revoked": list(revoked)}))
+        out = self.shell(TOKENS, stdin=json.dumps({"scopes": scopes, "revoked": list(revoked)}))
         line = [ln for ln in out.splitlines() if ln.startswith("SECRETS ")][-1]
         return json.loads(line[len("SECRETS "):])
+
+    def provision_with_tokens(self, plan: list[dict], scopes: dict[str, str],
+                              revoked: tuple[str, ...] = ()) -> tuple[dict[str, str], dict[str, str]]:
+        """``provision(plan)`` and ``issue_tokens(scopes, revoked)`` in one Django process;
+        -> (device secrets, token secrets)."""
+        code = ("import json, sys\nBOTH = json.loads(sys.stdin.read())\n"
+                + PROVISION.replace("json.loads(sys.stdin.read())", "BOTH['provision']")
+                + TOKENS.replace("json.loads(sys.stdin.read())", "BOTH['tokens']"))
+        out = self.shell(code, stdin=json.dumps({"provision": plan,
+                                                 "tokens": {"scopes": scopes, "revoked": list(revoked)}}))
+        devices, tokens = (json.loads(ln[len("SECRETS "):]) for ln in out.splitlines() if ln.startswith("SECRETS "))
+        return devices, tokens
 
     def revoke_token(self, name: str) -> None:
         self.shell("from console.models import ApiToken\n"
