@@ -38,8 +38,20 @@ for t in plan:
 print("SECRETS " + json.dumps(out))
 """
 
+TOKENS = r"""
+import json, sys
+from console.models import ApiToken
+plan = json.loads(sys.stdin.read())
+out = {}
+for name, scope in plan["scopes"].items():
+    t, out[name] = ApiToken.issue(name, scope)
+ApiToken.objects.filter(name__in=plan["revoked"]).update(revoked=True)
+print("SECRETS " + json.dumps(out))
+"""
+
 
 _TEMPLATE: dict[str, str] = {}      # this process's migrated console database, to copy
+_PROVISIONED: dict[str, tuple[str, dict]] = {}   # test file + plan -> (a copy of the database it made, its secrets)
 
 
 def migrated_sqlite(url: str, env: dict) -> None:
@@ -61,6 +73,13 @@ def migrated_sqlite(url: str, env: dict) -> None:
     shutil.copyfile(template, path)
 
 
+def _copy_sqlite(src: str, dst: str) -> None:
+    """A closed SQLite database file, with its write-ahead log if one was left."""
+    shutil.copyfile(src, dst)
+    if os.path.exists(src + "-wal"):
+        shutil.copyfile(src + "-wal", dst + "-wal")
+
+
 class ControlPlane:
     def __init__(self, directory, database_url: str | None = None):
         self.dir = directory
@@ -68,12 +87,15 @@ class ControlPlane:
         self.url = database_url or f"sqlite:///{directory}/console.sqlite3"
         self.kind = "sqlite" if self.url.startswith("sqlite:") else "pg"
         self.env = dict(os.environ, DATABASE_URL=self.url, VAR_DIR=str(directory), PYTHONUNBUFFERED="1")
+        self.pristine = False           # a freshly migrated SQLite database nothing has run on yet
         if self.kind == "sqlite":
             migrated_sqlite(self.url, self.env)
+            self.pristine = True
         else:
             self.manage("migrate", "-v", "0")
 
     def manage(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
+        self.pristine = False
         proc = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, input=stdin,
                               capture_output=True, text=True, timeout=120)
         if check and proc.returncode != 0:
@@ -81,14 +103,49 @@ class ControlPlane:
         return proc
 
     def provision(self, plan: list[dict]) -> dict[str, str]:
-        """Tenants (with ACL rules, quotas and devices) in one go; -> {"tenant/device": secret}."""
+        """Tenants (with ACL rules, quotas and devices) in one go; -> {"tenant/device": secret}.
+
+        The same plan on a fresh SQLite database (no manage command, no node yet) gives a
+        copy of the database that plan made earlier in the same test file (the same rows
+        and secrets, created at most a test file's run ago; a copy costs milliseconds, a
+        Django start-up 1-3 s): each test still has its own database."""
+        test_file = os.environ.get("PYTEST_CURRENT_TEST", "").split("::")[0]
+        key = test_file + " " + json.dumps(plan, sort_keys=True)
+        db = self.url[len("sqlite:///"):]
+        if self.pristine and key in _PROVISIONED:
+            copy, secrets = _PROVISIONED[key]
+            _copy_sqlite(copy, db)
+            self.pristine = False
+            return dict(secrets)
+        pristine = self.pristine
         proc = self.manage("shell", "-c", PROVISION, stdin=json.dumps(plan))
         line = [ln for ln in proc.stdout.splitlines() if ln.startswith("SECRETS ")][-1]
-        return json.loads(line[len("SECRETS "):])
+        secrets = json.loads(line[len("SECRETS "):])
+        if pristine:
+            copy = os.path.join(os.path.dirname(_TEMPLATE["path"]), f"provisioned-{len(_PROVISIONED)}.sqlite3")
+            _copy_sqlite(db, copy)
+            _PROVISIONED[key] = (copy, dict(secrets))
+        return secrets
 
     def device(self, tenant: str, name: str) -> str:
         """``manage.py devices create``: the secret is alone on the last line."""
         return self.manage("devices", "create", tenant, name).stdout.strip().splitlines()[-1]
+
+    def manage_each(self, *commands: tuple[str, ...]) -> list[str]:
+        """Several management commands (each an argv tuple, as for ``manage``) run in one
+        Django process through ``call_command`` -- the same commands and parsers, one
+        start-up (1-3 s) instead of one each; -> the standard output of each. For
+        commands expected to succeed: an error fails the whole call."""
+        out = self.shell("import io, json, sys\nfrom django.core.management import call_command\n"
+                         "outs = []\n"
+                         "for argv in json.loads(sys.stdin.read()):\n"
+                         "    buf = io.StringIO()\n"
+                         "    call_command(*argv, stdout=buf)\n"
+                         "    outs.append(buf.getvalue())\n"
+                         "print('OUTPUTS', json.dumps(outs))",
+                         stdin=json.dumps([list(c) for c in commands]))
+        line = [ln for ln in out.splitlines() if ln.startswith("OUTPUTS ")][-1]
+        return json.loads(line[len("OUTPUTS "):])
 
     def shell(self, code: str, stdin: str | None = None) -> str:
         """``manage.py shell -c CODE``; -> its standard output."""
@@ -102,15 +159,21 @@ class ControlPlane:
         """Admin API tokens ({name: scope}) made as the console makes them, those named in
         ``revoked`` revoked at once, in one ``manage.py`` (each costs a Django start-up);
         -> {name: secret}."""
-        out = self.shell("import json, sys\nfrom console.models import ApiToken\n"
-                         "plan = json.loads(sys.stdin.read())\nout = {}\n"
-                         "for name, scope in plan['scopes'].items():\n"
-                         "    t, out[name] = ApiToken.issue(name, scope)\n"
-                         "ApiToken.objects.filter(name__in=plan['revoked']).update(revoked=True)\n"
-                         "print('SECRETS', json.dumps(out))",
-                         stdin=json.dumps({"scopes": scopes, "revoked": list(revoked)}))
+        out = self.shell(TOKENS, stdin=json.dumps({"scopes": scopes, "revoked": list(revoked)}))
         line = [ln for ln in out.splitlines() if ln.startswith("SECRETS ")][-1]
         return json.loads(line[len("SECRETS "):])
+
+    def provision_with_tokens(self, plan: list[dict], scopes: dict[str, str],
+                              revoked: tuple[str, ...] = ()) -> tuple[dict[str, str], dict[str, str]]:
+        """``provision(plan)`` and ``issue_tokens(scopes, revoked)`` in one Django process;
+        -> (device secrets, token secrets)."""
+        code = ("import json, sys\nBOTH = json.loads(sys.stdin.read())\n"
+                + PROVISION.replace("json.loads(sys.stdin.read())", "BOTH['provision']")
+                + TOKENS.replace("json.loads(sys.stdin.read())", "BOTH['tokens']"))
+        out = self.shell(code, stdin=json.dumps({"provision": plan,
+                                                 "tokens": {"scopes": scopes, "revoked": list(revoked)}}))
+        devices, tokens = (json.loads(ln[len("SECRETS "):]) for ln in out.splitlines() if ln.startswith("SECRETS "))
+        return devices, tokens
 
     def revoke_token(self, name: str) -> None:
         self.shell("from console.models import ApiToken\n"
@@ -142,4 +205,5 @@ class ControlPlane:
             return cur.fetchall() if cur.description else []
 
     def broker(self, *flags: str, anonymous: bool = False) -> BrokerProcess:
+        self.pristine = False
         return BrokerProcess("--sys-interval", "0", *flags, anonymous=anonymous, env=self.env).start()

@@ -48,16 +48,23 @@ def plane(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tokens(plane):
+def _made(plane):
+    """What ``tokens`` and ``secrets`` hand out, made in one manage.py (each is a Django start-up)."""
+    return plane.provision_with_tokens([{"slug": "acme", "default_acl": "allow", "devices": ["d0", "d1", "d2", "d3"]}],
+                                       {"grafana": "read", "ops": "write", "old": "write"}, revoked=("old",))
+
+
+@pytest.fixture(scope="module")
+def tokens(_made):
     """A read and a write token made in the console, and one revoked at once."""
-    made = plane.issue_tokens({"grafana": "read", "ops": "write", "old": "write"}, revoked=("old",))
+    made = _made[1]
     return {"read": made["grafana"], "write": made["ops"], "revoked": made["old"]}
 
 
 @pytest.fixture(scope="module")
-def secrets(plane):
+def secrets(_made):
     """Tenant "acme" (everything allowed) with devices d0..d3: {"acme/d0": secret, ...}."""
-    return plane.provision([{"slug": "acme", "default_acl": "allow", "devices": ["d0", "d1", "d2", "d3"]}])
+    return _made[0]
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,16 @@ def client(node, secrets, who, cid, version=V5) -> PahoClient:
     return c
 
 
+def add_each(plane, tenant, *rules: tuple[str, ...]) -> list[int]:
+    """``rules add`` for each rule's arguments, in one Django process; -> their ids."""
+    return [int(out.strip()) for out in plane.manage_each(*(("rules", "add", tenant, *r) for r in rules))]
+
+
+def delete_each(plane, tenant, rule_ids) -> None:
+    """``rules delete`` of each rule, in one Django process."""
+    plane.manage_each(*(("rules", "delete", tenant, str(rid)) for rid in rule_ids))
+
+
 def rules_api(node, token, tenant) -> dict:
     req = urllib.request.Request(f"{node.admin_url}/api/v1/tenants/{tenant}/rules",
                                  headers={"Authorization": f"Bearer {token}"})

@@ -9,7 +9,7 @@ import pytest
 
 from ..controlplane import ControlPlane
 from ..mqtt import V5, V311
-from .nodes import client, loaded, rules_api, wait_for
+from .nodes import add_each, client, delete_each, loaded, rules_api, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -94,8 +94,8 @@ def test_a_rule_cannot_republish_into_another_tenant_or_past_the_acl(scene):
     spy.subscribe("#", qos=1)
     acme_watch = client(node, secrets, "acme/watch", "w-acl")
     acme_watch.subscribe("#", qos=1)
-    inside = add(plane, "acme", "--sql", 'SELECT * FROM "sensors/leak/#"', "--republish", "alerts/leak")
-    forbidden = add(plane, "acme", "--sql", 'SELECT * FROM "sensors/leak/#"', "--republish", "secret/${clientid}")
+    inside, forbidden = add_each(plane, "acme", ("--sql", 'SELECT * FROM "sensors/leak/#"', "--republish", "alerts/leak"),
+                                 ("--sql", 'SELECT * FROM "sensors/leak/#"', "--republish", "secret/${clientid}"))
     loaded(node, token, "acme", forbidden)
     dev = client(node, secrets, "acme/d1", "d1-acl")
     dev.publish("sensors/leak/1", b"x", qos=1)
@@ -114,8 +114,7 @@ def test_a_rule_cannot_republish_into_another_tenant_or_past_the_acl(scene):
     assert done.returncode == 1 and done.stderr.startswith("error: republish: the topic may not start with $")
     for c in (dev, spy, acme_watch):
         c.disconnect()
-    for rid in (inside, forbidden):
-        plane.manage("rules", "delete", "acme", str(rid))
+    delete_each(plane, "acme", (inside, forbidden))
 
 
 def test_a_malformed_statement_is_refused_with_its_position(scene):
@@ -134,8 +133,8 @@ def test_a_delayed_message_runs_the_rules_on_its_release_as_its_publishers_publi
     sees the publisher's client id and user name, and a republish is checked against its ACL."""
     plane, node, secrets, token = scene
     sql = 'SELECT payload.temp AS t, clientid, username FROM "sensors/+/late" WHERE t > 30'
-    ok = add(plane, "acme", "--sql", sql, "--republish", "alerts/${clientid}/late", "--qos", "1")
-    denied = add(plane, "acme", "--sql", sql, "--republish", "forbidden/${clientid}")
+    ok, denied = add_each(plane, "acme", ("--sql", sql, "--republish", "alerts/${clientid}/late", "--qos", "1"),
+                          ("--sql", sql, "--republish", "forbidden/${clientid}"))
     for rid in (ok, denied):
         loaded(node, token, "acme", rid)
     watch = client(node, secrets, "acme/watch", "w-delayed")

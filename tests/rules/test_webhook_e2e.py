@@ -16,7 +16,7 @@ import trustme
 
 from ..controlplane import ControlPlane
 from ..procs import free_port
-from .nodes import client, loaded, rule_view, wait_for
+from .nodes import add_each, client, delete_each, loaded, rule_view, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -106,12 +106,13 @@ def test_a_webhook_is_delivered_with_the_rendered_request(scene):
     plane, node, secrets, token = scene
     hook = Hook()
     try:
-        shaped = add(plane, "acme", "--sql", 'SELECT payload.temp AS t, clientid FROM "sensors/+/temp" WHERE t > 30',
-                     "--webhook", hook.url("/hook/${clientid}?t=${t}"), "--method", "PUT",
-                     "--header", "X-Device: ${clientid}", "--header", "Authorization: Bearer s3cret",
-                     "--body", "device=${clientid} temp=${t}")
-        plain = add(plane, "acme", "--sql", 'SELECT payload.temp AS t, topic FROM "sensors/+/hum"',
-                    "--webhook", hook.url("/plain"))
+        shaped, plain = add_each(
+            plane, "acme",
+            ("--sql", 'SELECT payload.temp AS t, clientid FROM "sensors/+/temp" WHERE t > 30',
+             "--webhook", hook.url("/hook/${clientid}?t=${t}"), "--method", "PUT",
+             "--header", "X-Device: ${clientid}", "--header", "Authorization: Bearer s3cret",
+             "--body", "device=${clientid} temp=${t}"),
+            ("--sql", 'SELECT payload.temp AS t, topic FROM "sensors/+/hum"', "--webhook", hook.url("/plain")))
         loaded(node, token, "acme", shaped)
         loaded(node, token, "acme", plain)
         dev = client(node, secrets, "acme/d1", "d1-hook")
@@ -132,8 +133,7 @@ def test_a_webhook_is_delivered_with_the_rendered_request(scene):
                         what="sent counted")
         assert (view["matched"], view["passed"], view["no_result"], view["failed"], view["dropped"]) == (2, 1, 1, 0, 0)
         dev.disconnect()
-        for rid in (shaped, plain):
-            plane.manage("rules", "delete", "acme", str(rid))
+        delete_each(plane, "acme", (shaped, plain))
     finally:
         hook.close()
 
@@ -166,10 +166,11 @@ def test_a_webhook_failing_past_its_retries_is_counted_with_its_error(scene):
     hook = Hook(status=503)
     refused = free_port()
     try:
-        busy = add(plane, "acme", "--sql", 'SELECT clientid FROM "sensors/+/gas"', "--webhook", hook.url("/gas"),
-                   "--retries", "2")
-        dead = add(plane, "acme", "--sql", 'SELECT clientid FROM "sensors/+/gas"', "--webhook",
-                   f"http://127.0.0.1:{refused}/gas", "--retries", "0")
+        busy, dead = add_each(
+            plane, "acme",
+            ("--sql", 'SELECT clientid FROM "sensors/+/gas"', "--webhook", hook.url("/gas"), "--retries", "2"),
+            ("--sql", 'SELECT clientid FROM "sensors/+/gas"', "--webhook", f"http://127.0.0.1:{refused}/gas",
+             "--retries", "0"))
         loaded(node, token, "acme", busy)
         loaded(node, token, "acme", dead)
         dev = client(node, secrets, "acme/d1", "d1-fail")
@@ -184,8 +185,7 @@ def test_a_webhook_failing_past_its_retries_is_counted_with_its_error(scene):
                         what="the refused connection counted")
         assert "ConnectionRefusedError" in view["last_error"] and view["retried"] == 0
         dev.disconnect()
-        for rid in (busy, dead):
-            plane.manage("rules", "delete", "acme", str(rid))
+        delete_each(plane, "acme", (busy, dead))
     finally:
         hook.close()
 
@@ -198,8 +198,8 @@ def test_a_destination_outside_the_allowance_is_refused_and_counted(scene):
         "http://127.0.0.2:8080/": "127.0.0.2 (127.0.0.2) is not an allowed destination",
         f"http://127.0.0.1:{node.port()}/": f"127.0.0.1:{node.port()} (127.0.0.1) is this node's own port",
     }
-    rids = {url: add(plane, "globex", "--sql", 'SELECT clientid FROM "sensors/#"', "--webhook", url, "--retries", "3")
-            for url in targets}
+    rids = dict(zip(targets, add_each(plane, "globex", *(("--sql", 'SELECT clientid FROM "sensors/#"', "--webhook",
+                                                          url, "--retries", "3") for url in targets)), strict=True))
     for rid in rids.values():
         loaded(node, token, "globex", rid)
     dev = client(node, secrets, "globex/d1", "d1-ssrf")
@@ -213,8 +213,7 @@ def test_a_destination_outside_the_allowance_is_refused_and_counted(scene):
                         check=False)
     assert done.returncode == 1 and done.stderr.startswith("error: webhook: the URL must start with http://")
     dev.disconnect()
-    for rid in rids.values():
-        plane.manage("rules", "delete", "globex", str(rid))
+    delete_each(plane, "globex", rids.values())
 
 
 def test_tls_is_verified_a_certificate_the_node_does_not_trust_fails_the_webhook(scene):

@@ -53,12 +53,12 @@ def test_a_deny_rule_with_an_unusable_client_id_still_denies(acme, client_id):
         assert w.expect().topic == "tele/1"
         # subscribe: "{client_id}/secret" in the first level -> every filter is denied it
         assert [c.value for c in d.subscribe("anything/#", 1)] == [0x87]
-    assert cp.manage("acl", "check", "acme", "dev1", client_id, "publish", "cmd/other/reboot").stdout.startswith(
-        "denied by rule")
-    assert cp.manage("acl", "check", "acme", "dev1", client_id, "subscribe", "anything/#").stdout.startswith(
-        "denied by rule")
-    assert cp.manage("acl", "check", "acme", "dev1", client_id, "publish", "tele/1").stdout.startswith(
-        "allowed by the tenant's default")
+    cmd, sub, tele = cp.manage_each(("acl", "check", "acme", "dev1", client_id, "publish", "cmd/other/reboot"),
+                                    ("acl", "check", "acme", "dev1", client_id, "subscribe", "anything/#"),
+                                    ("acl", "check", "acme", "dev1", client_id, "publish", "tele/1"))
+    assert cmd.startswith("denied by rule")
+    assert sub.startswith("denied by rule")
+    assert tele.startswith("allowed by the tenant's default")
 
 
 def test_a_client_id_that_fits_gets_the_rule_as_written(acme):

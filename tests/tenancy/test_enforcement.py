@@ -7,7 +7,7 @@ import time
 import pytest
 
 from ..admin.conftest import Http
-from ..mqtt import V5, V311, PahoClient
+from ..mqtt import TIMEOUT, V5, V311, PahoClient
 from ..procs import BrokerProcess
 
 RULES = [  # each device publishes and reads its own subtree; every device reads "broadcast/#"
@@ -26,11 +26,21 @@ def client(secrets, who, version=V5, client_id=None, clean=True):
 V3_AS_V5 = {0: 0, 1: 0x84, 2: 0x85, 3: 0x88, 4: 0x86, 5: 0x87}
 
 
-def connack_code(c: PahoClient, port: int) -> int:
-    """The CONNACK code: a 5.0 reason code, or for 3.1.1 the 3.1.1 return code."""
-    c.connect(port, wait=False)
-    flags, code, _ = c.connack_result()
-    c.client.loop_stop()
+def connack_code(c: PahoClient, port: int, timeout: float = TIMEOUT) -> int:
+    """The CONNACK code: a 5.0 reason code, or for 3.1.1 the 3.1.1 return code; then
+    the connection is closed (a DISCONNECT if it was accepted).
+
+    The calling thread drives paho's loop: stopping a network thread (``loop_start``)
+    waits out its 1 s select when the connection is open, or its 1 s reconnect pause
+    after a refusal -- up to a second a call, in tests that make dozens."""
+    c.client.connect("127.0.0.1", port, keepalive=60, **({"clean_start": c.clean} if c.version == V5 else {}))
+    deadline = time.monotonic() + timeout
+    while c.connack.empty() and c.client.socket() is not None and time.monotonic() < deadline:
+        c.client.loop(timeout=0.05)
+    flags, code, _ = c.connack_result(timeout=0)
+    c.client.disconnect()
+    while c.client.socket() is not None and time.monotonic() < deadline:
+        c.client.loop(timeout=0.05)
     if c.version == V5:
         return code.value
     return {v: k for k, v in V3_AS_V5.items()}[code.value]
