@@ -264,6 +264,17 @@ def tenant_costs(spark, root: str, days: int, tenants: int) -> None:
               flush=True)
 
 
+def cds_note() -> str:
+    """What the driver JVM started with (spark_reports.cds): the archive it maps, or one it writes at exit."""
+    from spark_reports.spark import cds_plan
+
+    plan = cds_plan()
+    if plan.use:
+        return f"class-data sharing archive {plan.use.name}"
+    return "no class-data sharing archive yet (this JVM writes one at exit)" if plan.part else \
+        "class-data sharing off"
+
+
 def child(argv: list[str]) -> int:
     """In a fresh process: ``compact ROOT``, ``report CODE ROOT DAYS TENANTS``, ``history ROOT DAYS``,
     ``tenants ROOT DAYS TENANTS`` or ``into-lake ROOT ROWS DAYS TENANTS``."""
@@ -299,7 +310,7 @@ def child(argv: list[str]) -> int:
         print(f"{code} report {attempt}{label}: {took:.1f} s", flush=True)
         save(root, code if mode == "rollups" else f"{code}-raw", result)
         rows = result["rows"]
-        note = f"session start {start:.1f} s included; " if attempt == "cold" else ""
+        note = f"session start {start:.1f} s included, {cds_note()}; " if attempt == "cold" else ""
         print(f"  ({note}"
               f"{rows['traffic']:,} traffic + {rows['connections']:,} connection rows; "
               f"{result['totals']['messages']:,} messages; {peak_rss(spark)})", flush=True)

@@ -229,6 +229,8 @@ SPARK_MASTER = envstr("SPARK_MASTER", "local[*]")
 SPARK_SHUFFLE_PARTITIONS = envint("SPARK_SHUFFLE_PARTITIONS", 4)
 SPARK_DRIVER_MEMORY = envstr("SPARK_DRIVER_MEMORY", "1g")
 SPARK_CONF = envstr("SPARK_CONF", "")      # more Spark properties: spark.NAME=VALUE;spark.NAME=VALUE
+# the driver JVM's class-data sharing archives (spark_reports/cds.py); "off": none
+SPARK_CDS_DIR = envstr("SPARK_CDS_DIR", str(VAR_DIR / "spark-cds"))
 try:
     spark_conf(SPARK_CONF)
 except ValueError as exc:

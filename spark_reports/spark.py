@@ -18,7 +18,10 @@ environment, so bench/ and plain scripts work without Django):
 - ``USAGE_DIR``: the usage log brokerd writes (``VAR_DIR/usage``); any URI a
   Hadoop filesystem reads (``hdfs://...``, ``s3a://...``) in production;
 - ``USAGE_LAKE``: the Parquet lake compaction writes (``USAGE_DIR/lake``), a
-  path or a Hadoop URI (spark_reports.lake).
+  path or a Hadoop URI (spark_reports.lake);
+- ``SPARK_CDS_DIR``: the driver JVM's class-data sharing archives
+  (``VAR_DIR/spark-cds``, ``off``: none; spark_reports.cds): the first session
+  writes one at its exit, later ones start from it.
 
 ``SPARK_LOCAL_IP`` defaults to 127.0.0.1 so a local session never looks
 for a routable interface; the web UI is off.
@@ -30,8 +33,11 @@ import sys
 import threading
 from pathlib import Path
 
+from . import cds
+
 _lock = threading.Lock()
 _session = None
+_cds_plan = cds.Plan()
 
 
 def setting(name: str, default: str) -> str:
@@ -47,10 +53,24 @@ def setting(name: str, default: str) -> str:
     return os.environ.get(name) or default
 
 
+def var_dir() -> str:
+    return setting("VAR_DIR", str(Path(__file__).resolve().parent.parent / "var"))
+
+
+def cds_dir() -> Path | None:
+    """Where the driver JVM's class-data sharing archives live (spark_reports.cds); None: off."""
+    value = setting("SPARK_CDS_DIR", str(Path(var_dir()) / "spark-cds"))
+    return None if value.strip().lower() in ("off", "none", "0", "false") else Path(value)
+
+
+def cds_plan() -> cds.Plan:
+    """What this process's driver JVM was started with: the archive it maps, or the one it writes at exit."""
+    return _cds_plan
+
+
 def usage_dir() -> str:
     """The usage log's root: a local path or a Hadoop filesystem URI."""
-    var = setting("VAR_DIR", str(Path(__file__).resolve().parent.parent / "var"))
-    return setting("USAGE_DIR", str(Path(var) / "usage"))
+    return setting("USAGE_DIR", str(Path(var_dir()) / "usage"))
 
 
 def lake_dir() -> str:
@@ -71,6 +91,14 @@ def spark_conf(text: str) -> list[tuple[str, str]]:
     return out
 
 
+def driver_settings() -> dict[str, str]:
+    """The settings that reach the driver JVM's command line (its class-data sharing archive's key)."""
+    extra = dict(spark_conf(setting("SPARK_CONF", "")))
+    driver = {k: v for k, v in extra.items() if k.startswith("spark.driver.")}
+    driver["spark.driver.memory"] = extra.get("spark.driver.memory", setting("SPARK_DRIVER_MEMORY", "1g"))
+    return driver
+
+
 def spark_running() -> bool:
     """Has this process a live SparkSession (the next report starts at once)?"""
     s = _session
@@ -79,7 +107,7 @@ def spark_running() -> bool:
 
 def get_spark():
     """This process's SparkSession, started on first use."""
-    global _session
+    global _session, _cds_plan
     with _lock:
         if _session is not None and _session._jsc is not None and not _session._jsc.sc().isStopped():
             return _session
@@ -87,6 +115,8 @@ def get_spark():
         logging.getLogger("py4j").setLevel(logging.WARNING)
         # executors (local or remote) run the Python of this virtualenv
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        from pyspark import SparkContext
+        from pyspark.find_spark_home import _find_spark_home
         from pyspark.sql import SparkSession
 
         master = setting("SPARK_MASTER", "local[*]")
@@ -100,12 +130,21 @@ def get_spark():
             .config("spark.sql.session.timeZone", "UTC")
             .config("spark.driver.memory", setting("SPARK_DRIVER_MEMORY", "1g"))
         )
-        for key, value in spark_conf(setting("SPARK_CONF", "")):
+        extra = dict(spark_conf(setting("SPARK_CONF", "")))
+        for key, value in extra.items():
             builder = builder.config(key, value)
+        launches = SparkContext._gateway is None         # this call starts the driver JVM
+        if launches:
+            _cds_plan = cds.plan(cds_dir(), _find_spark_home(), driver_settings())
+            options = " ".join([*_cds_plan.options, extra.get("spark.driver.extraJavaOptions", "")]).strip()
+            if options:
+                builder = builder.config("spark.driver.extraJavaOptions", options)
         if master.startswith("local"):
             builder = builder.config("spark.driver.host", os.environ["SPARK_LOCAL_IP"]).config(
                 "spark.driver.bindAddress", os.environ["SPARK_LOCAL_IP"])
         _session = builder.getOrCreate()
+        if launches:
+            cds.after_start(_cds_plan, getattr(SparkContext._gateway, "proc", None), stop_spark)
         _session.sparkContext.setLogLevel(setting("SPARK_LOG_LEVEL", "ERROR"))
         return _session
 

@@ -14,6 +14,10 @@ _ids = itertools.count()
 # a loaded 2-core machine). Production keeps Spark's defaults; tests/deploy's roles and the standalone
 # cluster test build their own environment and run with them too.
 os.environ.setdefault("SPARK_CONF", "spark.sql.codegen.wholeStage=false;spark.sql.codegen.factoryMode=NO_CODEGEN")
+# No class-data sharing archive (spark_reports/cds.py) for the suite's sessions: a test process would
+# write ~150 MB at its exit and wait ~10-20 s for its JVM to do so; tests/reports/test_cds.py runs
+# sessions of its own with one.
+os.environ.setdefault("SPARK_CDS_DIR", "off")
 
 
 # ------------------------------------------------------------------ the order of the files (tests/filetimes.py)
