@@ -65,8 +65,9 @@ from .records import (
 # and bytes included -- it first looks for an adapter by raising and clearing AttributeErrors
 # (``__adapt__``, ``__conform__``): a tenth of the store thread's instructions under load, five
 # such values a queue row. Registered, these two are found in its table at once and bound as they
-# are (the same values: NULL, a BLOB).
-sqlite3.register_adapter(bytes, bytes)
+# are (the same values: NULL, a BLOB). ``bytes.__bytes__`` (a C method: the object itself) rather
+# than ``bytes`` (a constructor call, its arguments parsed): a third of the adapter's cost.
+sqlite3.register_adapter(bytes, bytes.__bytes__)
 sqlite3.register_adapter(type(None), lambda v: v)
 
 SCHEMA_VERSION = "2"
@@ -372,7 +373,7 @@ def _apply_queue(db, queue: tuple[list, list, list, list]) -> None:
         _number(db, appends, numbered)
         rows, plain = _append_rows(appends)
         if plain:
-            db.executemany(_SQL["q_plain"], plain)
+            _many(db, _plain_appends, plain, 11)
         if rows:
             db.executemany(_SQL["q"], rows)
         appends.clear()
@@ -380,13 +381,58 @@ def _apply_queue(db, queue: tuple[list, list, list, list]) -> None:
         db.executemany(_SQL["q_state"], [(op[3].state, op[1], op[2], op[3].seq) for op in states])
         states.clear()
     if deletes:
-        db.executemany(_SQL["q_del"], [(op[1], op[2], op[3].seq) for op in deletes])
+        keys = []
+        add = keys.extend
+        for op in deletes:
+            add((op[1], op[2], op[3].seq))
+        _many(db, _deletes, keys, 3)
         deletes.clear()
 
 
+# Multi-row statements. ``executemany`` runs its statement once per row: each run opens
+# its cursors, binds, steps, halts and resets -- for the queue's append and delete, half
+# of SQLite's work per message. One statement of k rows runs that once per k rows; its
+# text is made for k in chunks of 64 and the binary digits of the rest (64, 32, ..., 1):
+# a few statements, each prepared once (the connection's statement cache).
+CHUNK = 64
+
+
+def _plain_appends(k: int) -> str:
+    """The append of ``k`` entries without properties (``q_plain``), only for sessions that exist."""
+    return ("INSERT OR REPLACE INTO queue SELECT v.column1, v.column2, v.column3, v.column4, v.column5, v.column6, "
+            "v.column7, NULL, NULL, v.column8, v.column9, NULL, NULL, v.column10, v.column11 FROM (VALUES "
+            + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * k) + ") AS v "
+            "WHERE EXISTS (SELECT 1 FROM sessions s WHERE s.tenant = v.column1 AND s.client_id = v.column2)")
+
+
+def _deletes(k: int) -> str:
+    """The delete of ``k`` queue entries by key (each found through ``queue_key``)."""
+    return ("DELETE FROM queue WHERE rowid IN (SELECT q.rowid FROM (VALUES "
+            + ", ".join(["(?, ?, ?)"] * k) + ") AS v JOIN queue q "
+            "ON q.tenant = v.column1 AND q.client_id = v.column2 AND q.seq = v.column3)")
+
+
+_TEXTS: dict = {}
+
+
+def _many(db, make, values: list, width: int) -> None:
+    """Run ``make(k)`` over ``values`` (``width`` a row, flat), ``CHUNK`` rows a statement at most."""
+    rows = len(values) // width
+    at = 0
+    while rows:
+        k = CHUNK if rows >= CHUNK else 1 << (rows.bit_length() - 1)
+        sql = _TEXTS.get((make, k))
+        if sql is None:
+            sql = _TEXTS[(make, k)] = make(k)
+        db.execute(sql, values[at:at + k * width])
+        at += k * width
+        rows -= k
+
+
 def _append_rows(appends: list) -> tuple[list, list]:
-    """-> (rows of the "q" statement, rows of "q_plain": entries without properties,
-    expiry, subscription ids or share group -- nearly all -- bound without their NULLs)."""
+    """-> (rows of the "q" statement, the values of "q_plain"'s rows one after the other:
+    entries without properties, expiry, subscription ids or share group -- nearly all --
+    bound without their NULLs)."""
     rows, plain = [], []
     for op in appends:
         e = op[3]
@@ -397,7 +443,7 @@ def _append_rows(appends: list) -> tuple[list, list]:
                          pack_props(props) if props else None, expiry, e.qos, int(e.retain),
                          pack_ids(ids) if ids else None, pack_share(share) if share else None, e.pid, e.state))
         else:
-            plain.append((op[1], op[2], e.seq, m.topic, m.payload, m.qos, int(m.retain), e.qos, int(e.retain),
+            plain.extend((op[1], op[2], e.seq, m.topic, m.payload, m.qos, int(m.retain), e.qos, int(e.retain),
                           e.pid, e.state))
     return rows, plain
 
