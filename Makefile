@@ -4,9 +4,9 @@
 VENV ?= .venv
 # pytest-xdist processes for make test (auto: one per core), each test file kept on one of them,
 # the files that take longest handed out first (tests/filetimes.py; --no-loadscope-reorder keeps that order).
-# (One more than the cores ran the suite in 13.7 min instead of ~17 here, but the Spark/Celery and
-# HBase-double tests then failed on timing in 2 runs of 2: not yet.)
-PYTEST_WORKERS ?= auto
+# One process more than the cores: the suite's tests mostly wait (brokers, JVMs, browsers), and on this
+# 2-core machine 3 processes ran it in 14.3 and 14.6 min (two clean runs, 2026-11-26) where 2 took 16.0.
+PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 PY := $(VENV)/bin/python
 
 setup:
