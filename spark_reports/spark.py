@@ -91,11 +91,16 @@ def spark_conf(text: str) -> list[tuple[str, str]]:
     return out
 
 
+def driver_memory() -> str:
+    """``SPARK_DRIVER_MEMORY``: the driver JVM's heap."""
+    return setting("SPARK_DRIVER_MEMORY", "1g")
+
+
 def driver_settings() -> dict[str, str]:
     """The settings that reach the driver JVM's command line (its class-data sharing archive's key)."""
     extra = dict(spark_conf(setting("SPARK_CONF", "")))
     driver = {k: v for k, v in extra.items() if k.startswith("spark.driver.")}
-    driver["spark.driver.memory"] = extra.get("spark.driver.memory", setting("SPARK_DRIVER_MEMORY", "1g"))
+    driver["spark.driver.memory"] = extra.get("spark.driver.memory", driver_memory())
     return driver
 
 
@@ -128,7 +133,7 @@ def get_spark():
             .config("spark.sql.shuffle.partitions", setting("SPARK_SHUFFLE_PARTITIONS", "4"))
             .config("spark.sql.adaptive.enabled", "false")
             .config("spark.sql.session.timeZone", "UTC")
-            .config("spark.driver.memory", setting("SPARK_DRIVER_MEMORY", "1g"))
+            .config("spark.driver.memory", driver_memory())
         )
         extra = dict(spark_conf(setting("SPARK_CONF", "")))
         for key, value in extra.items():

@@ -20,11 +20,13 @@ import tempfile
 
 from .procs import ROOT, BrokerProcess
 
-PROVISION = r"""
-import json, sys
+# Script bodies for ``manage.py shell -c``: each reads its ``plan`` (set by _READ_PLAN or by
+# provision_with_tokens) and prints its secrets on a ``SECRETS`` line.
+_READ_PLAN = "import json, sys\nplan = json.loads(sys.stdin.read())\n"
+
+_PROVISION_BODY = r"""
+import json
 from tenants import services
-from tenants.models import Tenant
-plan = json.loads(sys.stdin.read())
 out = {}
 for t in plan:
     tenant = services.create_tenant(t["slug"], name=t.get("name", t["slug"]), default_acl=t.get("default_acl", "deny"))
@@ -38,16 +40,18 @@ for t in plan:
 print("SECRETS " + json.dumps(out))
 """
 
-TOKENS = r"""
-import json, sys
+_TOKENS_BODY = r"""
+import json
 from console.models import ApiToken
-plan = json.loads(sys.stdin.read())
 out = {}
 for name, scope in plan["scopes"].items():
     t, out[name] = ApiToken.issue(name, scope)
 ApiToken.objects.filter(name__in=plan["revoked"]).update(revoked=True)
 print("SECRETS " + json.dumps(out))
 """
+
+PROVISION = _READ_PLAN + _PROVISION_BODY
+TOKENS = _READ_PLAN + _TOKENS_BODY
 
 
 _TEMPLATE: dict[str, str] = {}      # this process's migrated console database, to copy
@@ -168,8 +172,8 @@ class ControlPlane:
         """``provision(plan)`` and ``issue_tokens(scopes, revoked)`` in one Django process;
         -> (device secrets, token secrets)."""
         code = ("import json, sys\nBOTH = json.loads(sys.stdin.read())\n"
-                + PROVISION.replace("json.loads(sys.stdin.read())", "BOTH['provision']")
-                + TOKENS.replace("json.loads(sys.stdin.read())", "BOTH['tokens']"))
+                "plan = BOTH['provision']\n" + _PROVISION_BODY
+                + "plan = BOTH['tokens']\n" + _TOKENS_BODY)
         out = self.shell(code, stdin=json.dumps({"provision": plan,
                                                  "tokens": {"scopes": scopes, "revoked": list(revoked)}}))
         devices, tokens = (json.loads(ln[len("SECRETS "):]) for ln in out.splitlines() if ln.startswith("SECRETS "))
