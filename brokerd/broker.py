@@ -321,9 +321,11 @@ class Broker:
             code = self._publish_quota(ns, msg, quota)
             if code:
                 return code
-        rules = self.rules.get(ns.name)
-        if rules is not None:
-            rules.message(self, ns, msg, channel, now)
+        rules = self.rules
+        if rules:
+            rules = rules.get(ns.name)
+            if rules is not None:
+                rules.message(self, ns, msg, channel, now)
         sampler = self.sampler
         if sampler is not None:
             sampler.n += 1

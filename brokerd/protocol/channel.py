@@ -267,7 +267,7 @@ class Channel:
                 # read (a publisher at a steady rate): decoded here, without the decoder's
                 # loop and list. Anything it would refuse, or not decode alike, goes to it.
                 last = self._last_pub
-                if last is not None and last[0] == n and data.startswith(last[1]):
+                if last is not None and last[0] == n and data[:last[2]] == last[1]:
                     # the fixed header and topic of this client's last such PUBLISH (a publisher
                     # at a steady rate sends the same): its topic, decoded and checked then
                     i = last[2]
