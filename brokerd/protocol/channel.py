@@ -244,7 +244,13 @@ class Channel:
                 return
         elif self.limit_in is None and self._held is None and not self.decoder._buf:
             n = len(data)
-            if n == 4 and data[0] == 0x40 and data[1] == 2:
+            last = self._last_pub
+            if last is not None and last[0] == n and data[:last[2]] == last[1]:
+                # One QoS 1 PUBLISH with the fixed header and topic of this client's last one (a
+                # publisher at a steady rate sends the same), alone in its read: its topic was
+                # decoded and checked then
+                topic = last[3]
+            elif n == 4 and data[0] == 0x40 and data[1] == 2:
                 # One PUBACK, alone in its read (a subscriber at a steady rate): acknowledged
                 # here, without a packet object -- unless the decoder holds an error, or the
                 # packet id is 0 (the decoder's error). (_puback and Session.puback, written out.)
@@ -262,70 +268,66 @@ class Channel:
                         if queue._q0 or queue._q12 or self._stored:
                             self._pump(now)
                     return
+                topic = None
             elif n > 6 and data[0] == 0x32:
                 # One QoS 1 PUBLISH (no DUP, no retain; 5.0: no properties), alone in its
                 # read (a publisher at a steady rate): decoded here, without the decoder's
                 # loop and list. Anything it would refuse, or not decode alike, goes to it.
-                last = self._last_pub
-                if last is not None and last[0] == n and data[:last[2]] == last[1]:
-                    # the fixed header and topic of this client's last such PUBLISH (a publisher
-                    # at a steady rate sends the same): its topic, decoded and checked then
-                    i = last[2]
-                    topic = last[3]
+                topic = None
+                b = data[1]
+                if b < 0x80:
+                    s, end = 2, 2 + b
+                elif 0 < data[2] < 0x80:            # 2 bytes of length, in their shortest form
+                    s, end = 3, 3 + ((b & 0x7F) | (data[2] << 7))
                 else:
-                    topic = None
-                    b = data[1]
-                    if b < 0x80:
-                        s, end = 2, 2 + b
-                    elif 0 < data[2] < 0x80:            # 2 bytes of length, in their shortest form
-                        s, end = 3, 3 + ((b & 0x7F) | (data[2] << 7))
+                    s, end = 3, 0
+                i = s + 2 + ((data[s] << 8) | data[s + 1])         # the packet id's offset
+                if end == n and i + 2 <= n and n <= self.decoder.max_packet_size:
+                    try:
+                        topic = data[s + 2:i].decode("utf-8")
+                    except UnicodeDecodeError:
+                        topic = None
+                    # a topic the decoder or _on_publish would refuse goes to them
+                    if topic and ("\x00" in topic or "+" in topic or "#" in topic):
+                        topic = None
+                    if topic:
+                        # head31: a 3.x PUBLISH as received up to its packet id, what 3.x subscribers get
+                        head = data[:i]
+                        last = self._last_pub = (n, head, i, topic, None if self.version == MQTT5 else head)
+                        if self.qos_in is _ZEROS:
+                            self.qos_in = [0, 0, 0]
                     else:
-                        s, end = 3, 0
-                    i = s + 2 + ((data[s] << 8) | data[s + 1])         # the packet id's offset
-                    if end == n and i + 2 <= n and n <= self.decoder.max_packet_size:
-                        try:
-                            topic = data[s + 2:i].decode("utf-8")
-                        except UnicodeDecodeError:
-                            topic = None
-                        # a topic the decoder or _on_publish would refuse goes to them
-                        if topic and ("\x00" in topic or "+" in topic or "#" in topic):
-                            topic = None
-                        if topic:
-                            self._last_pub = (n, data[:i], i, topic)
+                        topic = None
+            else:
+                topic = None
+            if topic is not None:
+                i = last[2]
+                pid = (data[i] << 8) | data[i + 1]
+                head31 = last[4]
+                j = i + 2
+                if head31 is None:                      # 5.0: a property length of 0
+                    j = i + 3 if j < n and not data[j] else n + 1
+                if pid and j <= n and self.decoder.error is None:
+                    self.last_rx = now
+                    p = Publish(topic, data[j:], 1, False, False, pid, None, None, None, None, None, None, head31)
+                    # _on_publish for a QoS 1 PUBLISH without properties, its topic checked above
+                    self.msgs_in += 1
+                    self.qos_in[1] += 1                 # (a list since the PUBLISH that made ``last``)
+                    try:
+                        if (head31 is None       # 5.0: Receive Maximum
+                                and self.inbound_pending + len(self.session.awaiting_rel) >= self.limits.max_inflight):
+                            raise RemoteProtocolError("Receive Maximum exceeded", rc.RECEIVE_MAXIMUM_EXCEEDED)
+                        code = self.broker.publish(p, self, now)
+                        if code == 0 and not self._acks:
+                            out = self.out
+                            if not out:
+                                self.hooks.wake()
+                            out.append(_puback_bytes(0x4002, pid))
                         else:
-                            topic = None
-                if topic is not None:
-                    pid = (data[i] << 8) | data[i + 1]
-                    j = i + 2
-                    if self.version == MQTT5:
-                        j = i + 3 if j < n and not data[j] else n + 1
-                    if pid and j <= n and self.decoder.error is None:
-                        self.last_rx = now
-                        # head31: a 3.x PUBLISH as received up to its packet id, for 3.x subscribers
-                        p = Publish(topic, data[j:], 1, False, False, pid, None, None, None, None, None, None,
-                                    self._last_pub[1] if j == i + 2 else None)
-                        # _on_publish for a QoS 1 PUBLISH without properties, its topic checked above
-                        self.msgs_in += 1
-                        counts = self.qos_in
-                        if counts is _ZEROS:
-                            counts = self.qos_in = [0, 0, 0]
-                        counts[1] += 1
-                        try:
-                            if (j != i + 2       # 5.0: Receive Maximum
-                                    and self.inbound_pending + len(self.session.awaiting_rel)
-                                    >= self.limits.max_inflight):
-                                raise RemoteProtocolError("Receive Maximum exceeded", rc.RECEIVE_MAXIMUM_EXCEEDED)
-                            code = self.broker.publish(p, self, now)
-                            if code == 0 and not self._acks:
-                                out = self.out
-                                if not out:
-                                    self.hooks.wake()
-                                out.append(_puback_bytes(0x4002, pid))
-                            else:
-                                self._answer_q1(p, code)
-                        except RemoteProtocolError as exc:
-                            self._peer_error(exc, now)
-                        return
+                            self._answer_q1(p, code)
+                    except RemoteProtocolError as exc:
+                        self._peer_error(exc, now)
+                    return
         try:
             pkts = self.decoder.feed(data)
         except RemoteProtocolError as exc:
