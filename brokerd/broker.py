@@ -315,15 +315,17 @@ class Broker:
         if acl is not None and not acl.can_publish(topic):
             self.acct.publish_denied(ns, topic)
             return rc.NOT_AUTHORIZED
-        session = msg.origin = channel.session
+        session = channel.session
         quota = channel.quota
         if quota is not None:
             code = self._publish_quota(ns, msg, quota)
             if code:
                 return code
-        rules = self.rules.get(ns.name)
-        if rules is not None:
-            rules.message(self, ns, msg, channel, now)
+        rules = self.rules
+        if rules:
+            rules = rules.get(ns.name)
+            if rules is not None:
+                rules.message(self, ns, msg, channel, now)
         sampler = self.sampler
         if sampler is not None:
             sampler.n += 1
@@ -336,10 +338,46 @@ class Broker:
         if (journal is None or not msg.qos) and self.cluster is None:
             if msg.retain:
                 self._retain(ns, msg)
-            if self._dispatch(ns, msg, now):
+            # _dispatch, written out for a client's PUBLISH on a node without a cluster (its
+            # publisher, for No Local, is ``session``: msg.origin is not needed)
+            topic = msg.topic
+            found = ns.cache.get(topic)
+            if found is None:
+                found = ns.route(topic)
+            entries, groups = found
+            mqos = msg.qos
+            mretain = msg.retain
+            delivered = 0
+            for sub, qos, no_local, rap, ids in entries:
+                if no_local and sub is session:
+                    if no_local is True:
+                        continue
+                    qos, rap, ids = no_local
+                read_acl = sub.read_acl
+                if read_acl is not None and not read_acl.can_read(topic):
+                    continue
+                if mqos < qos:
+                    qos = mqos
+                if qos and sub.durable:
+                    self._deliver_stored(sub, Delivery(msg, qos, mretain if rap else False, ids), msg)
+                else:
+                    ch = sub.channel
+                    if ch is not None:
+                        ch.deliver(msg, qos, mretain if rap else False, ids, now)
+                    else:
+                        self._enqueue_offline(sub, Delivery(msg, qos, mretain if rap else False, ids))
+                delivered += 1
+            if groups:
+                for group in groups:
+                    if self._deliver_shared(ns, group, msg, now):
+                        delivered += 1
+            if delivered:
+                if usage is not None:
+                    usage.delivered(ns.name, topic, delivered, len(msg.payload))
                 return rc.SUCCESS
             self._no_subscribers(ns, msg, channel, now)
             return rc.NO_MATCHING_SUBSCRIBERS
+        msg.origin = session                # for No Local, in _dispatch
         if journal is None or not msg.qos:
             return self._publish_clustered(ns, msg, channel, now)
         if not journal.healthy and self._needs_store(ns, msg, session, rel):

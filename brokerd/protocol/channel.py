@@ -162,7 +162,7 @@ class Channel:
         "close_reason",
         "msgs_in", "msgs_out", "bytes_in", "bytes_out", "qos_in", "qos_out", "tenant", "identity",
         "acl", "quota", "limit_in", "limit_out", "throttled_since", "shaping",
-        "_rate_held", "_rare",
+        "_rate_held", "_rare", "_last_pub",
         "__weakref__",
     )
 
@@ -191,6 +191,8 @@ class Channel:
         self.shaping = False            # outbound over its rate: deliveries wait
         self._rare = None               # the fields of _RARE, once one differs from its default
         self._rate_held = None          # packets waiting for the inbound rate limit
+        self._last_pub = None           # (length, bytes up to the packet id, their length, topic) of the
+                                        # last QoS 1 PUBLISH read alone: a steady publisher's next is alike
         self.will = None
         self.keepalive = 0
         self.created_at = now
@@ -242,19 +244,36 @@ class Channel:
                 return
         elif self.limit_in is None and self._held is None and not self.decoder._buf:
             n = len(data)
-            if n == 4 and data[0] == 0x40 and data[1] == 2:
+            last = self._last_pub
+            if last is not None and last[0] == n and data[:last[2]] == last[1]:
+                # One QoS 1 PUBLISH with the fixed header and topic of this client's last one (a
+                # publisher at a steady rate sends the same), alone in its read: its topic was
+                # decoded and checked then
+                topic = last[3]
+            elif n == 4 and data[0] == 0x40 and data[1] == 2:
                 # One PUBACK, alone in its read (a subscriber at a steady rate): acknowledged
                 # here, without a packet object -- unless the decoder holds an error, or the
-                # packet id is 0 (the decoder's error).
+                # packet id is 0 (the decoder's error). (_puback and Session.puback, written out.)
                 pid = (data[2] << 8) | data[3]
                 if pid and self.decoder.error is None:
                     self.last_rx = now
-                    self._puback(pid, now)
+                    session = self.session
+                    inflight = session.inflight
+                    d = inflight.get(pid)
+                    if d is not None and d.qos == 1:
+                        del inflight[pid]
+                        if d.entry:
+                            self.broker.acked(session, d)
+                        queue = session.queue
+                        if queue._q0 or queue._q12 or self._stored:
+                            self._pump(now)
                     return
+                topic = None
             elif n > 6 and data[0] == 0x32:
                 # One QoS 1 PUBLISH (no DUP, no retain; 5.0: no properties), alone in its
                 # read (a publisher at a steady rate): decoded here, without the decoder's
                 # loop and list. Anything it would refuse, or not decode alike, goes to it.
+                topic = None
                 b = data[1]
                 if b < 0x80:
                     s, end = 2, 2 + b
@@ -263,27 +282,52 @@ class Channel:
                 else:
                     s, end = 3, 0
                 i = s + 2 + ((data[s] << 8) | data[s + 1])         # the packet id's offset
-                if end == n and i + 2 <= n:
-                    pid = (data[i] << 8) | data[i + 1]
-                    j = i + 2
-                    if self.version == MQTT5:
-                        j = i + 3 if j < n and not data[j] else n + 1
-                    decoder = self.decoder
-                    if pid and j <= n and n <= decoder.max_packet_size and decoder.error is None:
-                        try:
-                            topic = data[s + 2:i].decode("utf-8")
-                        except UnicodeDecodeError:
-                            topic = "\x00"
-                        if "\x00" not in topic:
-                            self.last_rx = now
-                            p = Publish(topic, data[j:], 1, False, False, pid, None)
-                            if j == i + 2:                  # 3.x: what a 3.x subscriber gets, up to the id
-                                p.head31 = data[:i]
-                            try:
-                                self._on_publish(p, now)
-                            except RemoteProtocolError as exc:
-                                self._peer_error(exc, now)
-                            return
+                if end == n and i + 2 <= n and n <= self.decoder.max_packet_size:
+                    try:
+                        topic = data[s + 2:i].decode("utf-8")
+                    except UnicodeDecodeError:
+                        topic = None
+                    # a topic the decoder or _on_publish would refuse goes to them
+                    if topic and ("\x00" in topic or "+" in topic or "#" in topic):
+                        topic = None
+                    if topic:
+                        # head31: a 3.x PUBLISH as received up to its packet id, what 3.x subscribers get
+                        head = data[:i]
+                        last = self._last_pub = (n, head, i, topic, None if self.version == MQTT5 else head)
+                        if self.qos_in is _ZEROS:
+                            self.qos_in = [0, 0, 0]
+                    else:
+                        topic = None
+            else:
+                topic = None
+            if topic is not None:
+                i = last[2]
+                pid = (data[i] << 8) | data[i + 1]
+                head31 = last[4]
+                j = i + 2
+                if head31 is None:                      # 5.0: a property length of 0
+                    j = i + 3 if j < n and not data[j] else n + 1
+                if pid and j <= n and self.decoder.error is None:
+                    self.last_rx = now
+                    p = Publish(topic, data[j:], 1, False, False, pid, None, None, None, None, None, None, head31)
+                    # _on_publish for a QoS 1 PUBLISH without properties, its topic checked above
+                    self.msgs_in += 1
+                    self.qos_in[1] += 1                 # (a list since the PUBLISH that made ``last``)
+                    try:
+                        if (head31 is None       # 5.0: Receive Maximum
+                                and self.inbound_pending + len(self.session.awaiting_rel) >= self.limits.max_inflight):
+                            raise RemoteProtocolError("Receive Maximum exceeded", rc.RECEIVE_MAXIMUM_EXCEEDED)
+                        code = self.broker.publish(p, self, now)
+                        if code == 0 and not self._acks:
+                            out = self.out
+                            if not out:
+                                self.hooks.wake()
+                            out.append(_puback_bytes(0x4002, pid))
+                        else:
+                            self._answer_q1(p, code)
+                    except RemoteProtocolError as exc:
+                        self._peer_error(exc, now)
+                    return
         try:
             pkts = self.decoder.feed(data)
         except RemoteProtocolError as exc:
@@ -614,25 +658,14 @@ class Channel:
                     and self.inbound_pending + len(self.session.awaiting_rel) >= self.limits.max_inflight):
                 raise RemoteProtocolError("Receive Maximum exceeded", rc.RECEIVE_MAXIMUM_EXCEEDED)
             code = self.broker.publish(p, self, now)
-            if code is None:
-                self.inbound_pending += 1
-            elif code == 0 and not self._acks:
+            if code == 0 and not self._acks:
                 # the common case, written out: a plain PUBACK
-                pid = p.packet_id
                 out = self.out
                 if not out:
                     self.hooks.wake()
-                out.append(_puback_bytes(0x4002, pid))
+                out.append(_puback_bytes(0x4002, p.packet_id))
                 return
-            elif code & AFTER_COMMIT:
-                # waits for the store's next commit (acks_committed), in line with the others
-                self.inbound_pending += 1
-                acks = self._acks
-                if acks is None:
-                    acks = self._acks = deque()
-                acks.append([PUBACK, p.packet_id, None, code ^ AFTER_COMMIT])
-                return
-            self._queue_ack(PUBACK, p.packet_id, code)
+            self._answer_q1(p, code)
             return
         # QoS 2, method B: route on PUBLISH, remember the id until PUBREL
         pid = p.packet_id
@@ -650,6 +683,27 @@ class Channel:
                 awaiting = self.session.awaiting_rel = set()
             awaiting.add(pid)
         self._queue_ack(PUBREC, pid, code)
+
+    def _answer_q1(self, p: Publish, code: int | None) -> None:
+        """The broker's answer to a QoS 1 PUBLISH: its PUBACK, now or once known."""
+        if code is None:
+            # the broker finishes it later (publish_done): its PUBACK waits in line
+            self.inbound_pending += 1
+            self._queue_ack(PUBACK, p.packet_id, None)
+        elif code == 0 and not self._acks:
+            out = self.out
+            if not out:
+                self.hooks.wake()
+            out.append(_puback_bytes(0x4002, p.packet_id))
+        elif code & AFTER_COMMIT:
+            # waits for the store's next commit (acks_committed), in line with the others
+            self.inbound_pending += 1
+            acks = self._acks
+            if acks is None:
+                acks = self._acks = deque()
+            acks.append([PUBACK, p.packet_id, None, code ^ AFTER_COMMIT])
+        else:
+            self._queue_ack(PUBACK, p.packet_id, code)
 
     def publish_done(self, packet_id: int, qos: int, code: int) -> None:
         """The broker finished a PUBLISH it answered ``None`` for: its ack may go."""
@@ -888,21 +942,45 @@ class Channel:
                 return
             self._write_publish(msg, 0, retain, 0, False, sub_ids, now)
             return
-        d = Delivery(msg, qos, retain, sub_ids, share)
         session = self.session
         inflight = session.inflight
         if len(inflight) >= self.send_window:
-            self._enqueue(d)
+            self._enqueue(Delivery(msg, qos, retain, sub_ids, share))
             return
         # _send_inflight, written out for a new delivery (not stored: no entry; not a DUP)
         if msg.expiry_at is not None and now > msg.expiry_at:
-            self.broker.discarded(session, d, True)
+            self.broker.discarded(session, Delivery(msg, qos, retain, sub_ids, share), True)
             return
-        pid = session.take_pid(d)
-        if self._write_publish(msg, qos, retain, pid, False, sub_ids, now):
-            if inflight is NO_INFLIGHT:
-                inflight = session.inflight = {}
-            inflight[pid] = d
+        # Session.take_pid for a delivery with no reserved id, written out
+        pid = session.next_pid
+        reserved = session.reserved
+        if pid in inflight or (reserved is not None and pid in reserved):
+            pid = session.allocate_pid()
+        else:
+            session.next_pid = pid + 1 if pid < 65535 else 1
+        d = Delivery(msg, qos, retain, sub_ids, share, pid)
+        head = msg.head31
+        if head is not None and qos == 1 and not retain and self.version != MQTT5 and self.limit_out is None:
+            # _write_publish of a 3.x QoS 1 PUBLISH to a 3.x client, written out: the bytes it came
+            # in, with our packet id
+            head += _pid_bytes(pid)
+            payload = msg.payload
+            counts = self.qos_out
+            if counts is _ZEROS:
+                counts = self.qos_out = [0, 0, 0]
+            counts[1] += 1
+            out = self.out
+            if not out:
+                self.hooks.wake()
+            out.append(head)
+            out.append(payload)
+            self.pending += len(head) + len(payload)
+            self.msgs_out += 1
+        elif not self._write_publish(msg, qos, retain, pid, False, sub_ids, now):
+            return
+        if inflight is NO_INFLIGHT:
+            inflight = session.inflight = {}
+        inflight[pid] = d
 
     def _enqueue(self, d) -> None:
         self.blocked = True

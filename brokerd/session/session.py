@@ -39,12 +39,12 @@ class Delivery:
 
     __slots__ = ("msg", "qos", "retain", "sub_ids", "pid", "state", "share", "entry", "gen", "dup")
 
-    def __init__(self, msg, qos, retain, sub_ids, share=None):
+    def __init__(self, msg, qos, retain, sub_ids, share=None, pid=0):
         self.msg = msg
         self.qos = qos
         self.retain = retain
         self.sub_ids = sub_ids      # tuple of subscription identifiers or None
-        self.pid = 0
+        self.pid = pid              # its packet id once sent (or reserved for it when stored), else 0
         self.state = AWAIT_ACK
         self.share = share          # the SharedGroup when delivered through a shared subscription
         self.entry = None           # its row in the stored queue (a QueueEntry), if stored

@@ -560,3 +560,33 @@ def test_a_forwarded_311_qos1_publish_is_resent_with_dup_on_resume(net):
     data = _raw_out(again)
     assert data[:4] == b"\x20\x02\x01\x00"         # CONNACK, session present
     assert data[4:] == encode(Publish("t/a", b"m" * 200, 1, False, True, first.packet_id), MQTT311)
+
+
+@BOTH
+def test_a_steady_publishers_next_publish_is_read_for_what_it_says(net, version):
+    # A publisher at a steady rate sends PUBLISHes with the same fixed header and topic; the
+    # channel remembers the last one's. What differs -- another topic of the same length, a
+    # wildcard, a DUP or retain flag, properties (5.0), another size -- is read as sent.
+    pub, sub = pair(net, version, qos=1)
+    for topic in ("t/a", "t/a", "t/b", "t/a"):
+        ack = pub.publish(topic, b"x" * 50, qos=1)
+        assert isinstance(ack, Puback) and ack.reason_code == 0
+        [p] = sub.publishes()
+        assert (p.topic, p.payload, p.qos, p.retain) == (topic, b"x" * 50, 1, False)
+        sub.send(Puback(p.packet_id))
+    pub.publish("t/a", b"y" * 50, qos=1, retain=True)
+    [p] = sub.publishes()
+    assert (p.topic, p.payload, p.retain) == ("t/a", b"y" * 50, False)     # (Retain As Published: 0)
+    sub.send(Puback(p.packet_id))
+    pub.publish("t/a", b"z" * 49, qos=1)
+    [p] = sub.publishes()
+    assert (p.topic, p.payload) == ("t/a", b"z" * 49)
+    sub.send(Puback(p.packet_id))
+    if version == MQTT5:
+        pub.publish("t/a", b"x" * 50, qos=1, properties={P.USER_PROPERTY: [("k", "v")]})
+        [p] = sub.publishes()
+        assert (p.topic, p.payload, p.properties) == ("t/a", b"x" * 50, {P.USER_PROPERTY: [("k", "v")]})
+        sub.send(Puback(p.packet_id))
+    pub.publish("t/+", b"x" * 50, qos=1)
+    assert pub.closed
+    assert sub.publishes() == []
