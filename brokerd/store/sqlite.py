@@ -26,14 +26,21 @@ attempt at a batch that fails is rolled back, counter included: the entries
 it numbered get seq 0 again, so a later ``q_del`` of an entry that was never
 written (dropped by the writer) cannot delete the entry that took its number.
 
-Schema 2. A file of schema 1 is upgraded when it is opened, in one
-transaction: its counter starts past every number it holds, and the
-sessions' old per-session counter column is renamed (``last_seq_v1``), so a
-brokerd of schema 1 still running on the file fails its next queue write
+Schema 3: an entry's number is the queue row's rowid (``seq INTEGER PRIMARY
+KEY``), so the acknowledgements of a batch delete their rows by number alone,
+one lookup each -- under load the deletes were found through an index on
+(tenant, client id, number) by a join, a quarter of the store thread's work.
+A file of schema 1 or 2 is upgraded when it is opened, in one transaction: its
+queue table is rebuilt, every entry numbered again past every number the file
+gave (each session's entries keep their order), and the counter starts after
+them. Schema 1's per-session counter column is also renamed (``last_seq_v1``),
+so a brokerd of schema 1 still running on the file fails its next queue write
 ("no such column": the store unavailable, its publishers get negative
 acknowledgements) instead of numbering entries that collide with the new
-ones. An older brokerd refuses to open a schema-2 file; any brokerd refuses a
-schema it does not know. Stop every node sharing a file before upgrading them.
+ones; a brokerd of schema 2 still running on it would redeliver (its entries'
+numbers are no longer the rows'). An older brokerd refuses to open a file of a
+newer schema; any brokerd refuses a schema it does not know. Stop every node
+sharing a file before upgrading them.
 """
 
 import os
@@ -70,7 +77,8 @@ from .records import (
 sqlite3.register_adapter(bytes, bytes.__bytes__)
 sqlite3.register_adapter(type(None), lambda v: v)
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
+KNOWN = (None, "1", "2", SCHEMA_VERSION)
 COUNTER = "queue_seq"
 
 SCHEMA = """
@@ -85,14 +93,6 @@ CREATE TABLE IF NOT EXISTS subscriptions (
     tenant TEXT NOT NULL, client_id TEXT NOT NULL, filter TEXT NOT NULL,
     qos INTEGER NOT NULL, no_local INTEGER NOT NULL, rap INTEGER NOT NULL, rh INTEGER NOT NULL, sub_id INTEGER,
     PRIMARY KEY (tenant, client_id, filter)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS queue (
-    tenant TEXT NOT NULL, client_id TEXT NOT NULL, seq INTEGER NOT NULL,
-    topic TEXT NOT NULL, payload BLOB NOT NULL, msg_qos INTEGER NOT NULL, msg_retain INTEGER NOT NULL,
-    props BLOB, expiry_at REAL,
-    qos INTEGER NOT NULL, retain INTEGER NOT NULL, sub_ids TEXT, share TEXT, pid INTEGER NOT NULL,
-    state INTEGER NOT NULL);
-CREATE UNIQUE INDEX IF NOT EXISTS queue_key ON queue (tenant, client_id, seq);
-CREATE INDEX IF NOT EXISTS queue_expiry ON queue (expiry_at) WHERE expiry_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS awaiting_rel (
     tenant TEXT NOT NULL, client_id TEXT NOT NULL, pid INTEGER NOT NULL,
     PRIMARY KEY (tenant, client_id, pid)) WITHOUT ROWID;
@@ -106,6 +106,23 @@ CREATE TABLE IF NOT EXISTS delayed (
 CREATE INDEX IF NOT EXISTS delayed_due ON delayed (due);
 CREATE INDEX IF NOT EXISTS delayed_tenant ON delayed (tenant);
 """
+
+# The queue (schema 3): an entry's number -- from the file's one counter, never reused -- is its
+# rowid, so a delete finds its row by number alone; ``queue_session`` (the entries of a session,
+# in the order of their numbers: an index entry ends with the rowid) serves loading and purging.
+# Made (or rebuilt from an older layout) by ``_upgrade``, in its transaction.
+QUEUE = """
+CREATE TABLE {name} (
+    tenant TEXT NOT NULL, client_id TEXT NOT NULL, seq INTEGER PRIMARY KEY,
+    topic TEXT NOT NULL, payload BLOB NOT NULL, msg_qos INTEGER NOT NULL, msg_retain INTEGER NOT NULL,
+    props BLOB, expiry_at REAL,
+    qos INTEGER NOT NULL, retain INTEGER NOT NULL, sub_ids TEXT, share TEXT, pid INTEGER NOT NULL,
+    state INTEGER NOT NULL)
+"""
+QUEUE_INDEXES = ("CREATE INDEX queue_session ON queue (tenant, client_id)",
+                 "CREATE INDEX queue_expiry ON queue (expiry_at) WHERE expiry_at IS NOT NULL")
+QUEUE_COLUMNS = ("tenant, client_id, seq, topic, payload, msg_qos, msg_retain, props, expiry_at, qos, retain, "
+                 "sub_ids, share, pid, state")
 
 _SQL = {
     "session": "INSERT INTO sessions (tenant, client_id, expiry_interval, disconnected_at, will, will_due, device) "
@@ -123,7 +140,6 @@ _SQL = {
                "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)",
     "q_state": "UPDATE queue SET state = ? WHERE tenant = ? AND client_id = ? AND seq = ?",
     "seq": f"UPDATE counters SET value = value + ? WHERE name = '{COUNTER}' RETURNING value",
-    "q_del": "DELETE FROM queue WHERE tenant = ? AND client_id = ? AND seq = ?",
     "rel": "INSERT OR IGNORE INTO awaiting_rel SELECT ?1, ?2, ?3 "
            "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)",
     "rel_del": "DELETE FROM awaiting_rel WHERE tenant = ? AND client_id = ? AND pid = ?",
@@ -380,11 +396,7 @@ def _apply_queue(db, queue: tuple[list, list, list, list]) -> None:
         db.executemany(_SQL["q_state"], [(op[3].state, op[1], op[2], op[3].seq) for op in states])
         states.clear()
     if deletes:
-        keys = []
-        add = keys.extend
-        for op in deletes:
-            add((op[1], op[2], op[3].seq))
-        _many(db, _deletes, keys, 3)
+        _many(db, _deletes, [op[3].seq for op in deletes], 1)
         deletes.clear()
 
 
@@ -405,11 +417,10 @@ def _plain_appends(k: int) -> str:
 
 
 def _deletes(k: int) -> str:
-    """The delete of ``k`` queue entries by key, each found through ``queue_key``: an OR of
-    ``k`` equalities (SQLite's OR-by-union plan: one index lookup a term). A join of the same
-    keys given as ``VALUES`` (a co-routine, then a join, then a rowid list) cost a quarter more
-    of the store thread's time per message."""
-    return "DELETE FROM queue WHERE " + " OR ".join(["(tenant = ? AND client_id = ? AND seq = ?)"] * k)
+    """The delete of ``k`` queue entries by number: rowids, each found at once. (Its
+    number is the entry's alone in the file: the counter never gives one twice, and an
+    entry whose batch failed was set back to 0, which no row has.)"""
+    return "DELETE FROM queue WHERE seq IN (" + ", ".join(["?"] * k) + ")"
 
 
 _TEXTS: dict = {}
@@ -485,27 +496,48 @@ def _wal(db, timeout: float = 30.0) -> None:
 def _check_version(db, path: str) -> str | None:
     row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
     version = None if row is None else row[0]
-    if version not in (None, "1", SCHEMA_VERSION):
-        raise StoreError(f"{path}: schema version {version}, this brokerd knows 1 and {SCHEMA_VERSION} -- written "
+    if version not in KNOWN:
+        raise StoreError(f"{path}: schema version {version}, this brokerd knows 1, 2 and {SCHEMA_VERSION} -- written "
                          f"by a newer brokerd? (a file is upgraded when opened, never downgraded)")
     return version
 
 
 def _upgrade(db, path: str) -> None:
     """Mark a new file with the schema, upgrade one of schema 1 (numbered per
-    session), refuse any other. In the caller's transaction (another node may
-    be opening the file too)."""
+    session) or 2 (numbers not the rowid), refuse any other. In the caller's
+    transaction (another node may be opening the file too)."""
     version = _check_version(db, path)
     if version == SCHEMA_VERSION and db.execute("SELECT 1 FROM counters WHERE name = ?", (COUNTER,)).fetchone():
         return
-    start = db.execute("SELECT coalesce(max(seq), 0) FROM queue").fetchone()[0]
+    row = db.execute("SELECT value FROM counters WHERE name = ?", (COUNTER,)).fetchone()
+    start = row[0] if row else 0
     columns = {r[1] for r in db.execute("PRAGMA table_info(sessions)")}
     if "last_seq" in columns:
         # schema 1: numbered per session, up to last_seq (past the rows of entries since deleted);
         # renamed so that a schema-1 brokerd still running on the file fails its next append
         start = max(start, db.execute("SELECT coalesce(max(last_seq), 0) FROM sessions").fetchone()[0])
         db.execute("ALTER TABLE sessions RENAME COLUMN last_seq TO last_seq_v1")
-    db.execute("INSERT OR IGNORE INTO counters VALUES (?, ?)", (COUNTER, start))
+    layout = {r[1]: r for r in db.execute("PRAGMA table_info(queue)")}
+    if layout:
+        start = max(start, db.execute("SELECT coalesce(max(seq), 0) FROM queue").fetchone()[0])
+    if not layout:                                       # a new file
+        db.execute(QUEUE.format(name="queue"))
+        for ddl in QUEUE_INDEXES:
+            db.execute(ddl)
+    elif not layout["seq"][5]:
+        # schema 1 or 2: the entries are numbered again, past every number the file gave (schema
+        # 1 numbered each session from 1), in the order of their session's queue, as rowids
+        db.execute(QUEUE.format(name="queue_v3"))
+        moved = db.execute(
+            f"INSERT INTO queue_v3 ({QUEUE_COLUMNS}) SELECT tenant, client_id, "
+            f"? + row_number() OVER (ORDER BY tenant, client_id, seq), topic, payload, msg_qos, msg_retain, props, "
+            f"expiry_at, qos, retain, sub_ids, share, pid, state FROM queue", (start,)).rowcount
+        start += max(moved, 0)
+        db.execute("DROP TABLE queue")
+        db.execute("ALTER TABLE queue_v3 RENAME TO queue")
+        for ddl in QUEUE_INDEXES:
+            db.execute(ddl)
+    db.execute("INSERT OR REPLACE INTO counters VALUES (?, ?)", (COUNTER, start))
     db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
 
 
