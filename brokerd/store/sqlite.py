@@ -43,6 +43,8 @@ newer schema; any brokerd refuses a schema it does not know. Stop every node
 sharing a file before upgrading them.
 """
 
+import asyncio
+import logging
 import os
 import sqlite3
 import time
@@ -76,6 +78,17 @@ from .records import (
 # than ``bytes`` (a constructor call, its arguments parsed): a third of the adapter's cost.
 sqlite3.register_adapter(bytes, bytes.__bytes__)
 sqlite3.register_adapter(type(None), lambda v: v)
+
+log = logging.getLogger("brokerd.store")
+
+# Checkpoints (WAL frames copied into the file, both synced: the only fsyncs of synchronous=normal)
+# run on the store's thread right after a batch's commit has been reported, while the event loop
+# sends what that commit released -- not inside the next COMMIT (SQLite's automatic checkpoint),
+# which made the loop wait for two fsyncs every thousand pages. About every CHECKPOINT_FRAMES
+# frames: the number of batch operations between two checkpoints follows the frames the last one
+# found. SQLite's own checkpoint stays, at BACKSTOP_FRAMES, for what outruns that estimate.
+CHECKPOINT_FRAMES = 1000          # SQLite's default wal_autocheckpoint
+BACKSTOP_FRAMES = 4000
 
 SCHEMA_VERSION = "3"
 KNOWN = (None, "1", "2", SCHEMA_VERSION)
@@ -184,6 +197,54 @@ class SQLiteStore(Store):
         if opts:
             raise ValueError(f"bad store URL {url!r}: unknown option(s) {', '.join(opts)}")
         self.db: sqlite3.Connection | None = None
+        self._since = 0                      # batch operations since the last checkpoint
+        self._every = 2000                   # ... between two checkpoints (follows the frames they find)
+        self._checkpoint_task: asyncio.Future | None = None
+        self._checkpoint_ok = True
+
+    async def apply(self, ops: list, prepared=None) -> None:
+        if not ops:
+            return
+        await self._run(self._apply, ops)
+        if self._checkpoint_due(len(ops)) and self._checkpoint_task is None:
+            # queued on the store's thread behind this batch, ahead of the next: the writer
+            # reports this commit meanwhile
+            task = self._checkpoint_task = asyncio.ensure_future(self._run(self._checkpoint))
+            task.add_done_callback(self._checkpointed)
+
+    async def close(self) -> None:
+        if self._checkpoint_task is not None:
+            await asyncio.wait([self._checkpoint_task])
+        await super().close()
+
+    def _checkpoint_due(self, ops: int) -> bool:
+        self._since += ops
+        if self._since < self._every:
+            return False
+        self._since = 0
+        return True
+
+    def _checkpointed(self, task) -> None:
+        self._checkpoint_task = None
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            if self._checkpoint_ok:
+                log.warning("session store: checkpoint failed (SQLite's own checkpoint remains): %s", exc)
+            self._checkpoint_ok = False
+            return
+        self._checkpoint_ok = True
+        self._calibrate(task.result())
+
+    def _calibrate(self, frames: int) -> None:
+        if frames > 0:
+            self._every = min(max(int(self._every * CHECKPOINT_FRAMES / frames), 64), 1_000_000)
+
+    def _checkpoint(self) -> int:
+        """Copy the WAL's frames into the file (PASSIVE: never waits for another node's
+        readers or writers) -> the frames the WAL held."""
+        return self.db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
 
     def _open(self):
         directory = os.path.dirname(self.path)
@@ -196,6 +257,7 @@ class SQLiteStore(Store):
             db.close()
             raise
         db.execute(f"PRAGMA synchronous = {self.synchronous}")
+        db.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_FRAMES}")
         db.execute("PRAGMA busy_timeout = 30000")
         try:
             if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone():
