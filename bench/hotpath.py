@@ -251,8 +251,11 @@ class HandCommit:
         if not journal:
             return
         gen, ops, waiters = journal.take()
-        if self.store is not None and ops:
-            self.store._apply(ops)
+        store = self.store
+        if store is not None and ops:
+            store._apply(ops)
+            if store._checkpoint_due(len(ops)):          # SQLiteStore.apply's checkpoints, counted too
+                store._calibrate(store._checkpoint())
         journal.committed = gen
         self.broker.commit_done(gen, now)
         for fn in waiters:

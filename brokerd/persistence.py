@@ -67,7 +67,9 @@ class Persistence:
     # --------------------------------------------------------------- queues
 
     def stored_message(self, msg: Publish) -> StoredMessage:
-        return StoredMessage(msg.topic, msg.payload, msg.qos, msg.retain, msg.properties, self.wall(msg.expiry_at))
+        expiry = msg.expiry_at
+        return StoredMessage(msg.topic, msg.payload, msg.qos, msg.retain, msg.properties,
+                             None if expiry is None else expiry + self.wall_offset)
 
     def enqueue(self, session, tenant: str, d: Delivery, stored: StoredMessage) -> None:
         """Write ``d`` to the session's stored queue, with a packet identifier

@@ -1054,14 +1054,25 @@ class Channel:
         if stored:
             # stored deliveries older than anything queued, in the order of their batches
             sent = 0
+            reserved = session.reserved
             for d in stored:
                 if d.gen > committed:
                     self.broker.gate(self)            # its write is not durable yet
                     break
                 if self.congested or self.pending > limit or self.shaping or len(inflight) >= window:
                     break
-                self._send_inflight(d, now)
                 sent += 1
+                # _send_inflight, written out: a stored delivery has its packet id (reserved when stored)
+                msg = d.msg
+                if msg.expiry_at is not None and now > msg.expiry_at:
+                    self.broker.discarded(session, d, True)
+                    continue
+                pid = d.pid
+                reserved.discard(pid)
+                if self._write_publish(msg, d.qos, d.retain, pid, d.dup, d.sub_ids, now):
+                    inflight[pid] = d
+                elif d.entry:
+                    self.broker.acked(session, d)     # too large: as if delivered
             if sent == len(stored):
                 stored.clear()
             else:

@@ -26,16 +26,25 @@ attempt at a batch that fails is rolled back, counter included: the entries
 it numbered get seq 0 again, so a later ``q_del`` of an entry that was never
 written (dropped by the writer) cannot delete the entry that took its number.
 
-Schema 2. A file of schema 1 is upgraded when it is opened, in one
-transaction: its counter starts past every number it holds, and the
-sessions' old per-session counter column is renamed (``last_seq_v1``), so a
-brokerd of schema 1 still running on the file fails its next queue write
+Schema 3: an entry's number is the queue row's rowid (``seq INTEGER PRIMARY
+KEY``), so the acknowledgements of a batch delete their rows by number alone,
+one lookup each -- under load the deletes were found through an index on
+(tenant, client id, number) by a join, a quarter of the store thread's work.
+A file of schema 1 or 2 is upgraded when it is opened, in one transaction: its
+queue table is rebuilt, every entry numbered again past every number the file
+gave (each session's entries keep their order), and the counter starts after
+them. Schema 1's per-session counter column is also renamed (``last_seq_v1``),
+so a brokerd of schema 1 still running on the file fails its next queue write
 ("no such column": the store unavailable, its publishers get negative
 acknowledgements) instead of numbering entries that collide with the new
-ones. An older brokerd refuses to open a schema-2 file; any brokerd refuses a
-schema it does not know. Stop every node sharing a file before upgrading them.
+ones; a brokerd of schema 2 still running on it would redeliver (its entries'
+numbers are no longer the rows'). An older brokerd refuses to open a file of a
+newer schema; any brokerd refuses a schema it does not know. Stop every node
+sharing a file before upgrading them.
 """
 
+import asyncio
+import logging
 import os
 import sqlite3
 import time
@@ -70,7 +79,19 @@ from .records import (
 sqlite3.register_adapter(bytes, bytes.__bytes__)
 sqlite3.register_adapter(type(None), lambda v: v)
 
-SCHEMA_VERSION = "2"
+log = logging.getLogger("brokerd.store")
+
+# Checkpoints (WAL frames copied into the file, both synced: the only fsyncs of synchronous=normal)
+# run on the store's thread right after a batch's commit has been reported, while the event loop
+# sends what that commit released -- not inside the next COMMIT (SQLite's automatic checkpoint),
+# which made the loop wait for two fsyncs every thousand pages. About every CHECKPOINT_FRAMES
+# frames: the number of batch operations between two checkpoints follows the frames the last one
+# found. SQLite's own checkpoint stays, at BACKSTOP_FRAMES, for what outruns that estimate.
+CHECKPOINT_FRAMES = 1000          # SQLite's default wal_autocheckpoint
+BACKSTOP_FRAMES = 4000
+
+SCHEMA_VERSION = "3"
+KNOWN = (None, "1", "2", SCHEMA_VERSION)
 COUNTER = "queue_seq"
 
 SCHEMA = """
@@ -85,14 +106,6 @@ CREATE TABLE IF NOT EXISTS subscriptions (
     tenant TEXT NOT NULL, client_id TEXT NOT NULL, filter TEXT NOT NULL,
     qos INTEGER NOT NULL, no_local INTEGER NOT NULL, rap INTEGER NOT NULL, rh INTEGER NOT NULL, sub_id INTEGER,
     PRIMARY KEY (tenant, client_id, filter)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS queue (
-    tenant TEXT NOT NULL, client_id TEXT NOT NULL, seq INTEGER NOT NULL,
-    topic TEXT NOT NULL, payload BLOB NOT NULL, msg_qos INTEGER NOT NULL, msg_retain INTEGER NOT NULL,
-    props BLOB, expiry_at REAL,
-    qos INTEGER NOT NULL, retain INTEGER NOT NULL, sub_ids TEXT, share TEXT, pid INTEGER NOT NULL,
-    state INTEGER NOT NULL);
-CREATE UNIQUE INDEX IF NOT EXISTS queue_key ON queue (tenant, client_id, seq);
-CREATE INDEX IF NOT EXISTS queue_expiry ON queue (expiry_at) WHERE expiry_at IS NOT NULL;
 CREATE TABLE IF NOT EXISTS awaiting_rel (
     tenant TEXT NOT NULL, client_id TEXT NOT NULL, pid INTEGER NOT NULL,
     PRIMARY KEY (tenant, client_id, pid)) WITHOUT ROWID;
@@ -106,6 +119,23 @@ CREATE TABLE IF NOT EXISTS delayed (
 CREATE INDEX IF NOT EXISTS delayed_due ON delayed (due);
 CREATE INDEX IF NOT EXISTS delayed_tenant ON delayed (tenant);
 """
+
+# The queue (schema 3): an entry's number -- from the file's one counter, never reused -- is its
+# rowid, so a delete finds its row by number alone; ``queue_session`` (the entries of a session,
+# in the order of their numbers: an index entry ends with the rowid) serves loading and purging.
+# Made (or rebuilt from an older layout) by ``_upgrade``, in its transaction.
+QUEUE = """
+CREATE TABLE {name} (
+    tenant TEXT NOT NULL, client_id TEXT NOT NULL, seq INTEGER PRIMARY KEY,
+    topic TEXT NOT NULL, payload BLOB NOT NULL, msg_qos INTEGER NOT NULL, msg_retain INTEGER NOT NULL,
+    props BLOB, expiry_at REAL,
+    qos INTEGER NOT NULL, retain INTEGER NOT NULL, sub_ids TEXT, share TEXT, pid INTEGER NOT NULL,
+    state INTEGER NOT NULL)
+"""
+QUEUE_INDEXES = ("CREATE INDEX queue_session ON queue (tenant, client_id)",
+                 "CREATE INDEX queue_expiry ON queue (expiry_at) WHERE expiry_at IS NOT NULL")
+QUEUE_COLUMNS = ("tenant, client_id, seq, topic, payload, msg_qos, msg_retain, props, expiry_at, qos, retain, "
+                 "sub_ids, share, pid, state")
 
 _SQL = {
     "session": "INSERT INTO sessions (tenant, client_id, expiry_interval, disconnected_at, will, will_due, device) "
@@ -123,7 +153,6 @@ _SQL = {
                "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)",
     "q_state": "UPDATE queue SET state = ? WHERE tenant = ? AND client_id = ? AND seq = ?",
     "seq": f"UPDATE counters SET value = value + ? WHERE name = '{COUNTER}' RETURNING value",
-    "q_del": "DELETE FROM queue WHERE tenant = ? AND client_id = ? AND seq = ?",
     "rel": "INSERT OR IGNORE INTO awaiting_rel SELECT ?1, ?2, ?3 "
            "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)",
     "rel_del": "DELETE FROM awaiting_rel WHERE tenant = ? AND client_id = ? AND pid = ?",
@@ -168,6 +197,54 @@ class SQLiteStore(Store):
         if opts:
             raise ValueError(f"bad store URL {url!r}: unknown option(s) {', '.join(opts)}")
         self.db: sqlite3.Connection | None = None
+        self._since = 0                      # batch operations since the last checkpoint
+        self._every = 2000                   # ... between two checkpoints (follows the frames they find)
+        self._checkpoint_task: asyncio.Future | None = None
+        self._checkpoint_ok = True
+
+    async def apply(self, ops: list, prepared=None) -> None:
+        if not ops:
+            return
+        await self._run(self._apply, ops)
+        if self._checkpoint_due(len(ops)) and self._checkpoint_task is None:
+            # queued on the store's thread behind this batch, ahead of the next: the writer
+            # reports this commit meanwhile
+            task = self._checkpoint_task = asyncio.ensure_future(self._run(self._checkpoint))
+            task.add_done_callback(self._checkpointed)
+
+    async def close(self) -> None:
+        if self._checkpoint_task is not None:
+            await asyncio.wait([self._checkpoint_task])
+        await super().close()
+
+    def _checkpoint_due(self, ops: int) -> bool:
+        self._since += ops
+        if self._since < self._every:
+            return False
+        self._since = 0
+        return True
+
+    def _checkpointed(self, task) -> None:
+        self._checkpoint_task = None
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            if self._checkpoint_ok:
+                log.warning("session store: checkpoint failed (SQLite's own checkpoint remains): %s", exc)
+            self._checkpoint_ok = False
+            return
+        self._checkpoint_ok = True
+        self._calibrate(task.result())
+
+    def _calibrate(self, frames: int) -> None:
+        if frames > 0:
+            self._every = min(max(int(self._every * CHECKPOINT_FRAMES / frames), 64), 1_000_000)
+
+    def _checkpoint(self) -> int:
+        """Copy the WAL's frames into the file (PASSIVE: never waits for another node's
+        readers or writers) -> the frames the WAL held."""
+        return self.db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
 
     def _open(self):
         directory = os.path.dirname(self.path)
@@ -180,6 +257,7 @@ class SQLiteStore(Store):
             db.close()
             raise
         db.execute(f"PRAGMA synchronous = {self.synchronous}")
+        db.execute(f"PRAGMA wal_autocheckpoint = {BACKSTOP_FRAMES}")
         db.execute("PRAGMA busy_timeout = 30000")
         try:
             if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone():
@@ -237,8 +315,8 @@ class SQLiteStore(Store):
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
-            for e in numbered:               # the counter went back: their numbers will be given again
-                e.seq = 0
+            for op in numbered:              # the counter went back: their numbers will be given again
+                op[3].seq = 0
             raise
 
     def _load(self):
@@ -370,8 +448,7 @@ def _apply_queue(db, queue: tuple[list, list, list, list]) -> None:
     nothing, in any order.)"""
     appends, states, deletes, numbered = queue
     if appends:
-        _number(db, appends, numbered)
-        rows, plain = _append_rows(appends)
+        rows, plain = _append_rows(appends, _number(db, appends, numbered))
         if plain:
             _many(db, _plain_appends, plain, 11)
         if rows:
@@ -381,11 +458,7 @@ def _apply_queue(db, queue: tuple[list, list, list, list]) -> None:
         db.executemany(_SQL["q_state"], [(op[3].state, op[1], op[2], op[3].seq) for op in states])
         states.clear()
     if deletes:
-        keys = []
-        add = keys.extend
-        for op in deletes:
-            add((op[1], op[2], op[3].seq))
-        _many(db, _deletes, keys, 3)
+        _many(db, _deletes, [op[3].seq for op in deletes], 1)
         deletes.clear()
 
 
@@ -406,10 +479,10 @@ def _plain_appends(k: int) -> str:
 
 
 def _deletes(k: int) -> str:
-    """The delete of ``k`` queue entries by key (each found through ``queue_key``)."""
-    return ("DELETE FROM queue WHERE rowid IN (SELECT q.rowid FROM (VALUES "
-            + ", ".join(["(?, ?, ?)"] * k) + ") AS v JOIN queue q "
-            "ON q.tenant = v.column1 AND q.client_id = v.column2 AND q.seq = v.column3)")
+    """The delete of ``k`` queue entries by number: rowids, each found at once. (Its
+    number is the entry's alone in the file: the counter never gives one twice, and an
+    entry whose batch failed was set back to 0, which no row has.)"""
+    return "DELETE FROM queue WHERE seq IN (" + ", ".join(["?"] * k) + ")"
 
 
 _TEXTS: dict = {}
@@ -429,39 +502,39 @@ def _many(db, make, values: list, width: int) -> None:
         rows -= k
 
 
-def _append_rows(appends: list) -> tuple[list, list]:
-    """-> (rows of the "q" statement, the values of "q_plain"'s rows one after the other:
-    entries without properties, expiry, subscription ids or share group -- nearly all --
-    bound without their NULLs)."""
+def _append_rows(appends: list, seq: int) -> tuple[list, list]:
+    """Number the appended entries ``seq + 1``, ``seq + 2``, ... in order (``entry.seq``) ->
+    (rows of the "q" statement, the values of "q_plain"'s rows one after the other: entries
+    without properties, expiry, subscription ids or share group -- nearly all -- bound
+    without their NULLs). One pass over the batch's appends."""
     rows, plain = [], []
+    add = plain.extend
     for op in appends:
-        e = op[3]
-        m = e.msg
-        props, ids, share, expiry = m.properties, e.sub_ids, e.share, m.expiry_at
-        if props or ids or share or expiry is not None:
-            rows.append((op[1], op[2], e.seq, m.topic, m.payload, m.qos, int(m.retain),
-                         pack_props(props) if props else None, expiry, e.qos, int(e.retain),
-                         pack_ids(ids) if ids else None, pack_share(share) if share else None, e.pid, e.state))
-        else:
-            plain.extend((op[1], op[2], e.seq, m.topic, m.payload, m.qos, int(m.retain), e.qos, int(e.retain),
-                          e.pid, e.state))
-    return rows, plain
-
-
-def _number(db, run: list, numbered: list) -> None:
-    """Give the appended entries their sequence numbers from the file's counter,
-    inside the batch's transaction: ordered across the nodes that share the
-    file, never reused; each entry numbered also goes on ``numbered`` (reset if
-    the batch fails). (An entry of a session that no longer exists is numbered
-    too, and not written.)"""
-    last = db.execute(_SQL["seq"], (len(run),)).fetchone()[0]
-    seq = last - len(run)
-    add = numbered.append
-    for op in run:
         e = op[3]
         seq += 1
         e.seq = seq
-        add(e)
+        m = e.msg
+        props, ids, share, expiry = m.properties, e.sub_ids, e.share, m.expiry_at
+        if props or ids or share or expiry is not None:
+            rows.append((op[1], op[2], seq, m.topic, m.payload, m.qos, 1 if m.retain else 0,
+                         pack_props(props) if props else None, expiry, e.qos, 1 if e.retain else 0,
+                         pack_ids(ids) if ids else None, pack_share(share) if share else None, e.pid, e.state))
+        else:
+            add((op[1], op[2], seq, m.topic, m.payload, m.qos, 1 if m.retain else 0, e.qos,
+                 1 if e.retain else 0, e.pid, e.state))
+    return rows, plain
+
+
+def _number(db, run: list, numbered: list) -> int:
+    """Take numbers for the appended entries from the file's counter, inside the
+    batch's transaction: ordered across the nodes that share the file, never
+    reused -> the number before the first (``_append_rows`` gives them out).
+    The operations go on ``numbered`` (their entries reset if the batch fails).
+    (An entry of a session that no longer exists is numbered too, and not written.)"""
+    n = len(run)
+    last = db.execute(_SQL["seq"], (n,)).fetchone()[0]
+    numbered += run
+    return last - n
 
 
 def _wal(db, timeout: float = 30.0) -> None:
@@ -485,27 +558,48 @@ def _wal(db, timeout: float = 30.0) -> None:
 def _check_version(db, path: str) -> str | None:
     row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
     version = None if row is None else row[0]
-    if version not in (None, "1", SCHEMA_VERSION):
-        raise StoreError(f"{path}: schema version {version}, this brokerd knows 1 and {SCHEMA_VERSION} -- written "
+    if version not in KNOWN:
+        raise StoreError(f"{path}: schema version {version}, this brokerd knows 1, 2 and {SCHEMA_VERSION} -- written "
                          f"by a newer brokerd? (a file is upgraded when opened, never downgraded)")
     return version
 
 
 def _upgrade(db, path: str) -> None:
     """Mark a new file with the schema, upgrade one of schema 1 (numbered per
-    session), refuse any other. In the caller's transaction (another node may
-    be opening the file too)."""
+    session) or 2 (numbers not the rowid), refuse any other. In the caller's
+    transaction (another node may be opening the file too)."""
     version = _check_version(db, path)
     if version == SCHEMA_VERSION and db.execute("SELECT 1 FROM counters WHERE name = ?", (COUNTER,)).fetchone():
         return
-    start = db.execute("SELECT coalesce(max(seq), 0) FROM queue").fetchone()[0]
+    row = db.execute("SELECT value FROM counters WHERE name = ?", (COUNTER,)).fetchone()
+    start = row[0] if row else 0
     columns = {r[1] for r in db.execute("PRAGMA table_info(sessions)")}
     if "last_seq" in columns:
         # schema 1: numbered per session, up to last_seq (past the rows of entries since deleted);
         # renamed so that a schema-1 brokerd still running on the file fails its next append
         start = max(start, db.execute("SELECT coalesce(max(last_seq), 0) FROM sessions").fetchone()[0])
         db.execute("ALTER TABLE sessions RENAME COLUMN last_seq TO last_seq_v1")
-    db.execute("INSERT OR IGNORE INTO counters VALUES (?, ?)", (COUNTER, start))
+    layout = {r[1]: r for r in db.execute("PRAGMA table_info(queue)")}
+    if layout:
+        start = max(start, db.execute("SELECT coalesce(max(seq), 0) FROM queue").fetchone()[0])
+    if not layout:                                       # a new file
+        db.execute(QUEUE.format(name="queue"))
+        for ddl in QUEUE_INDEXES:
+            db.execute(ddl)
+    elif not layout["seq"][5]:
+        # schema 1 or 2: the entries are numbered again, past every number the file gave (schema
+        # 1 numbered each session from 1), in the order of their session's queue, as rowids
+        db.execute(QUEUE.format(name="queue_v3"))
+        moved = db.execute(
+            f"INSERT INTO queue_v3 ({QUEUE_COLUMNS}) SELECT tenant, client_id, "
+            f"? + row_number() OVER (ORDER BY tenant, client_id, seq), topic, payload, msg_qos, msg_retain, props, "
+            f"expiry_at, qos, retain, sub_ids, share, pid, state FROM queue", (start,)).rowcount
+        start += max(moved, 0)
+        db.execute("DROP TABLE queue")
+        db.execute("ALTER TABLE queue_v3 RENAME TO queue")
+        for ddl in QUEUE_INDEXES:
+            db.execute(ddl)
+    db.execute("INSERT OR REPLACE INTO counters VALUES (?, ?)", (COUNTER, start))
     db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
 
 

@@ -1,13 +1,14 @@
 """The SQLite file's schema across brokerd versions.
 
 Schema 1 numbered each session's queue from a counter in its ``sessions`` row;
-schema 2 numbers every queue from one counter for the file. A schema-1 file is
-upgraded when a newer brokerd opens it: what it holds is delivered, in order,
-and the numbering goes on past every number it gave. A file of a schema this
-brokerd does not know is refused, untouched, with a message naming it.
+schema 2 numbers every queue from one counter for the file; schema 3 makes that
+number the queue row's rowid. A file of schema 1 or 2 is upgraded when a newer
+brokerd opens it: what it holds is delivered, in order, and the numbering goes
+on past every number it gave. A file of a schema this brokerd does not know is
+refused, untouched, with a message naming it.
 
-The schema-1 files here are written the way brokerd of schema 1 wrote them: its
-DDL and its statements, copied below (it is not importable any more).
+The schema-1 and schema-2 files here are written the way brokerd of that schema
+wrote them: its DDL and its statements, copied below (not importable any more).
 """
 
 import sqlite3
@@ -52,6 +53,14 @@ CREATE TABLE retained (
     PRIMARY KEY (tenant, topic));
 INSERT INTO meta VALUES ('schema', '1');
 """
+# schema 2: SCHEMA_1's tables with one counter for the file (sessions without last_seq)
+SCHEMA_2 = SCHEMA_1.replace("last_seq INTEGER NOT NULL DEFAULT 0, ", "").replace(
+    "INSERT INTO meta VALUES ('schema', '1');",
+    "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;\n"
+    "INSERT INTO counters VALUES ('queue_seq', 0);\nINSERT INTO meta VALUES ('schema', '2');")
+V2_SEQ = "UPDATE counters SET value = value + ? WHERE name = 'queue_seq' RETURNING value"
+V2_Q_DEL = ("DELETE FROM queue WHERE rowid IN (SELECT q.rowid FROM (VALUES (?, ?, ?)) AS v JOIN queue q "
+            "ON q.tenant = v.column1 AND q.client_id = v.column2 AND q.seq = v.column3)")
 V1_SEQ = "UPDATE sessions SET last_seq = last_seq + ? WHERE tenant = ? AND client_id = ? RETURNING last_seq"
 V1_Q = "INSERT OR REPLACE INTO queue VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 V1_Q_DEL = "DELETE FROM queue WHERE tenant = ? AND client_id = ? AND seq = ?"
@@ -94,6 +103,28 @@ class V1Node:
         self.db.close()
 
 
+class V2Node(V1Node):
+    """brokerd of schema 2 on a file: numbered from the file's counter, rows found by (tenant, client id, seq)."""
+
+    def create(self):
+        self.db.executescript(SCHEMA_2)
+        return self
+
+    def append(self, tenant, cid, topic, payload, pid) -> int:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            seq = self.db.execute(V2_SEQ, (1,)).fetchone()[0]
+            self.db.execute(V1_Q, (tenant, cid, seq, topic, payload, 1, 0, None, None, 1, 0, None, None, pid, 0))
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return seq
+
+    def delete(self, tenant, cid, seq):
+        self.db.execute(V2_Q_DEL, (tenant, cid, seq))
+
+
 @pytest.fixture
 def path(tmp_path):
     return tmp_path / "v1.db"
@@ -120,10 +151,12 @@ def test_a_schema_1_file_is_upgraded_its_queues_kept_and_numbering_goes_on(path)
 
     store = SyncStore(f"sqlite:///{path}")
     try:
-        assert schema_of(path) == "2"
+        assert schema_of(path) == "3"
         qa = store.session(T1, "a")["queue"]
         qb = store.session(T1, "b")["queue"]
-        assert [(e.seq, e.msg.topic, e.pid) for e in qa] == [(1, "a/0", 1), (2, "a/1", 2), (3, "a/2", 3)]
+        assert [(e.msg.topic, e.pid) for e in qa] == [("a/0", 1), ("a/1", 2), ("a/2", 3)]
+        seqs = [e.seq for e in qa + qb]
+        assert seqs == sorted(set(seqs)) and seqs[0] > 5     # numbered again, in order, past schema 1's
         assert [(e.msg.topic, e.msg.payload) for e in qb] == [("b/0", b"0"), ("b/1", b"1"), ("b/2", b"2")]
         new_a, new_b = entry(message("a/new")), entry(message("b/new"))
         store.apply([q("a", new_a), q("b", new_b)])
@@ -182,6 +215,46 @@ def test_two_nodes_opening_a_schema_1_file_at_once_upgrade_it_once(path):
         b.close()
 
 
+def test_a_schema_2_file_is_upgraded_its_queues_kept_in_order_and_deletes_find_their_rows(path):
+    """Schema 2's numbers are not its rows' rowids (and a session's entries interleave with
+    the others'): upgraded, every entry is numbered again past the counter -- each queue in
+    its order, with its packet ids -- and deleting a loaded entry deletes its row, no other."""
+    v2 = V2Node(path).create()
+    v2.session(T1, "a")
+    v2.session(T1, "b")
+    for i in range(4):
+        v2.append(T1, "b", f"b/{i}", b"%d" % i, 10 + i)
+        v2.append(T1, "a", f"a/{i}", b"%d" % i, 20 + i)
+    v2.delete(T1, "a", 2)                                # a/0 acknowledged before the upgrade
+    v2.close()
+
+    store = SyncStore(f"sqlite:///{path}")
+    try:
+        assert schema_of(path) == "3"
+        qa = store.session(T1, "a")["queue"]
+        qb = store.session(T1, "b")["queue"]
+        assert [(e.msg.topic, e.msg.payload, e.pid) for e in qa] == [("a/1", b"1", 21), ("a/2", b"2", 22),
+                                                                      ("a/3", b"3", 23)]
+        assert [(e.msg.topic, e.pid) for e in qb] == [(f"b/{i}", 10 + i) for i in range(4)]
+        assert all(e.seq > 8 for e in qa + qb)               # past the counter: schema 2 gave 1..8
+        assert len({e.seq for e in qa + qb}) == 7
+        store.apply([q_del("a", qa[1]), q_del("b", qb[0])])
+        assert [e.msg.topic for e in store.session(T1, "a")["queue"]] == ["a/1", "a/3"]
+        assert [e.msg.topic for e in store.session(T1, "b")["queue"]] == ["b/1", "b/2", "b/3"]
+        new = entry(message("a/new"))
+        store.apply([q("a", new)])
+        assert new.seq > max(e.seq for e in qa + qb)
+        store.close()
+        store = SyncStore(f"sqlite:///{path}")                # opened again: nothing upgraded twice
+        assert [(e.seq, e.msg.topic) for e in store.session(T1, "a")["queue"]] == [
+            (qa[0].seq, "a/1"), (qa[2].seq, "a/3"), (new.seq, "a/new")]
+        later = entry(message("a/later"))
+        store.apply([q("a", later)])
+        assert later.seq > new.seq
+    finally:
+        store.close()
+
+
 OPEN_AT_ONCE = """
 import sys, time
 from brokerd.store.sqlite import SQLiteStore
@@ -212,28 +285,28 @@ def test_a_hosts_workers_opening_a_new_file_at_once_all_open_it(tmp_path):
             out, _ = p.communicate(timeout=60)
             if p.returncode:
                 failures.append(out.strip())
-        assert schema_of(path) == "2"
+        assert schema_of(path) == "3"
     assert failures == []
 
 
 def test_a_file_of_an_unknown_newer_schema_is_refused_untouched(path):
     db = sqlite3.connect(path)
     db.executescript("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-                     "INSERT INTO meta VALUES ('schema', '3');")
+                     "INSERT INTO meta VALUES ('schema', '4');")
     db.close()
-    with pytest.raises(StoreError, match=r"v1\.db: schema version 3, this brokerd knows 1 and 2"):
+    with pytest.raises(StoreError, match=r"v1\.db: schema version 4, this brokerd knows 1, 2 and 3"):
         SyncStore(f"sqlite:///{path}")
     db = sqlite3.connect(path)
     try:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert tables == {"meta"} and schema_of(path) == "3"
+        assert tables == {"meta"} and schema_of(path) == "4"
     finally:
         db.close()
     # brokerd says so and exits with status 2 (a configuration error: not restarted in a loop)
     proc = subprocess.run([sys.executable, "-m", "brokerd", "--allow-anonymous", "--listen", "mqtt://127.0.0.1:0",
                            "--store", f"sqlite:///{path}"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
-    assert "schema version 3, this brokerd knows 1 and 2" in proc.stdout + proc.stderr
+    assert "schema version 4, this brokerd knows 1, 2 and 3" in proc.stdout + proc.stderr
 
 
 def test_brokerd_delivers_what_a_schema_1_file_queued_then_what_comes_after(path):
