@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 from brokerd.broker import Broker, BrokerConfig  # noqa: E402
 from brokerd.budget import QueuePacer  # noqa: E402
 from brokerd.server import _tune_gc  # noqa: E402
-from brokerd.transports.connection import Flusher, MqttConnection  # noqa: E402
+from brokerd.transports.connection import Flusher, MqttConnection, TimeoutWheel  # noqa: E402
 
 RULES = [{"topic": f"other/{i}/#", "action": "both", "allow": i % 2 == 0} for i in range(19)] + [
     {"topic": "bench/#", "action": "both", "allow": True}]
@@ -144,6 +144,7 @@ class FakeServer:
         self.pacer = QueuePacer(broker.budget, self.connections, self.loop.call_later)
         self.flusher = Flusher(self.loop, self.pacer.after_writes)
         self.write_high = broker.limits.max_pending
+        self.timeouts = TimeoutWheel(0.5, self.loop.now)
 
 
 def make_broker(args) -> tuple[Broker, FakeServer]:

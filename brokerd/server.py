@@ -47,7 +47,7 @@ from .supervisor import supervise
 from .sys_topics import SysTopics
 from .tenancy.control import TenantControl
 from .tenancy.source import AuditSink, PolicySource
-from .transports.connection import Flusher, MqttConnection
+from .transports.connection import Flusher, MqttConnection, TimeoutWheel
 from .transports.ws import WsMqttConnection
 
 log = logging.getLogger("brokerd")
@@ -149,6 +149,7 @@ class Server:
         self.loop_monitor = LoopMonitor(self.loop)
         self.history = None
         self.connections: set[MqttConnection] = set()
+        self.timeouts = TimeoutWheel(SWEEP_INTERVAL, now)    # when each one's keepalive is next looked at
         # the queue budget's policy (brokerd.budget): whom to pause when the queues pass it
         self.pacer = QueuePacer(self.broker.budget, self.connections, self.loop.call_later)
         self.flusher = Flusher(self.loop, self.pacer.after_writes)
@@ -336,11 +337,19 @@ class Server:
         now = self.loop.time()
         try:
             self.pacer.sweep()
-            for conn in list(self.connections):
+            timeouts = self.timeouts
+            for conn in timeouts.due(now):
+                if conn.closed:
+                    if timeouts.dead:
+                        timeouts.dead -= 1
+                    continue
+                ch = conn.channel
                 if conn.paused:
                     # Its pings wait unread in the socket: not the client's fault.
-                    conn.channel.last_rx = now
-                conn.channel.handle_timeout(now)
+                    ch.last_rx = now
+                again = ch.handle_timeout(now)
+                if again is not None:
+                    timeouts.add(conn, again)
             self.broker.tick(now)
             self.sys.tick(now)
             self._log_preauth()

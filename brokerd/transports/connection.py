@@ -11,7 +11,7 @@ import logging
 import sys
 
 from ..budget import PAUSE_BUDGET as _BUDGET
-from ..protocol.channel import Channel
+from ..protocol.channel import LOOK_AGAIN, Channel
 
 log = logging.getLogger("brokerd.connection")
 
@@ -48,6 +48,71 @@ class Flusher:
             conn.flush()
         if self.after is not None:
             self.after()
+
+
+class TimeoutWheel:
+    """When each connection's CONNECT timeout or keepalive is next looked at.
+
+    Connections wait in slots of ``step`` seconds (the server's sweep) and
+    the sweep looks only at those whose slot is due -- not at every
+    connection every time: an idle client with keepalive 60 is looked at
+    once in its 90 s, not 180 times (at 100,000 connections the sweep was
+    a loop over all of them twice a second). Looked at, a connection says
+    when to look next (``Channel.handle_timeout``). A connection that closed
+    stays in its slot until then, unless too many have: past 1,024 and a
+    quarter of those held, the slots are rebuilt without them."""
+
+    __slots__ = ("step", "slots", "at", "held", "dead")
+
+    def __init__(self, step: float, now: float):
+        self.step = step
+        self.slots: dict[int, list] = {}
+        self.at = int(now / step)       # the last slot served
+        self.held = 0                   # connections in the slots
+        self.dead = 0                   # of which closed (at most: see gone)
+
+    def add(self, conn, when: float) -> None:
+        """Look at ``conn`` at the first sweep at or after ``when`` (the next one at the earliest)."""
+        k = -int(-when // self.step)            # the first slot at or after ``when``
+        if k <= self.at:
+            k = self.at + 1
+        slot = self.slots.get(k)
+        if slot is None:
+            self.slots[k] = [conn]
+        else:
+            slot.append(conn)
+        self.held += 1
+
+    def gone(self) -> None:
+        """A connection closed (one not in the slots counts too: a rebuild comes a little sooner)."""
+        self.dead += 1
+        if self.dead > 1024 and 4 * self.dead > self.held:
+            slots = {}
+            held = 0
+            for k, conns in self.slots.items():
+                live = [c for c in conns if not c.closed]
+                if live:
+                    slots[k] = live
+                    held += len(live)
+            self.slots = slots
+            self.held = held
+            self.dead = 0
+
+    def due(self, now: float) -> list:
+        """The connections whose slot came, taken out of the wheel (closed ones included)."""
+        end = int(now / self.step)
+        slots = self.slots
+        out: list = []
+        for k in range(self.at + 1, end + 1):
+            conns = slots.pop(k, None)
+            if conns is not None:
+                out += conns
+        self.at = max(self.at, end)
+        self.held -= len(out)
+        return out
+
+    def __len__(self) -> int:
+        return self.held
 
 
 DRAIN_SECONDS = 2.0            # a closed connection's input is read and dropped this long at most ...
@@ -166,6 +231,7 @@ class MqttConnection(asyncio.Protocol):
                         if key == "commonName":
                             ch.cert_cn = value
         server.connections.add(self)
+        server.timeouts.add(self, ch.created_at + min(LOOK_AGAIN, server.limits.connect_timeout))
         transport.set_write_buffer_limits(high=server.write_high, low=server.write_high // 4)
 
     def data_received(self, data: bytes) -> None:
@@ -184,7 +250,9 @@ class MqttConnection(asyncio.Protocol):
         if self.rate_timer is not None:
             self.rate_timer.cancel()
             self.rate_timer = None
-        self.server.connections.discard(self)
+        server = self.server
+        server.connections.discard(self)
+        server.timeouts.gone()
         ch = self.channel
         ch.out.clear()
         ch.connection_lost(self.time())
@@ -258,6 +326,8 @@ class MqttConnection(asyncio.Protocol):
         self.paused &= ~why
         if not self.paused and self.transport is not None and not self.closed:
             self.transport.resume_reading()
+            # the time it was not read does not count against its keepalive (its pings waited unread)
+            self.channel.last_rx = max(self.channel.last_rx, self.time())
 
     def throttle(self, wait: float) -> None:
         """Over the inbound rate: do not read this socket for ``wait`` seconds,
