@@ -25,10 +25,7 @@ from .admin.endpoints import AdminApi, AdminTokens
 from .admin.http import HttpLimits
 from .broker import Broker, BrokerConfig
 from .budget import QueuePacer
-from .cluster.bus import Bus
-from .cluster.node import ClusterError, ClusterNode
-from .cluster.peers import LinkSettings
-from .cluster.purge import purge_under_lease
+from .cluster.ports import ClusterError  # the rest of the cluster (redis-py: 10 MB) only by a node in one
 from .config import Config, ConfigError, Listener, load
 from .delayed import DelayedQueue
 from .integrations.telemetry import TelemetryWriter
@@ -161,7 +158,7 @@ class Server:
         self._sweeper: asyncio.TimerHandle | None = None
         self.stopped = asyncio.Event()
         self.store = None
-        self.cluster: ClusterNode | None = None
+        self.cluster = None                  # brokerd.cluster.node.ClusterNode, in a cluster
         self.writer: StoreWriter | None = None
         self._purger: asyncio.Task | None = None
         self.delayed: DelayedRunner | None = None
@@ -230,6 +227,8 @@ class Server:
             await asyncio.sleep(STORE_PURGE_INTERVAL)
             try:
                 if self.cluster is not None:       # one node at a time (brokerd.cluster.purge)
+                    from .cluster.purge import purge_under_lease
+
                     n = await purge_under_lease(self.store, self.cluster.bus, time.time(), STORE_PURGE_LEASE)
                 else:
                     n = await self.store.purge(time.time())
@@ -308,6 +307,10 @@ class Server:
                                   shared=self.worker is not None)
             await self.admin.start()
         if self.config.cluster:
+            from .cluster.bus import Bus
+            from .cluster.node import ClusterNode
+            from .cluster.peers import LinkSettings
+
             host, _, port = self.config.cluster_listen.rpartition(":")
             self.cluster = ClusterNode(
                 self.config.node_id, Bus(self.config.cluster, self.config.node_id, ttl=5.0), self.broker,
