@@ -771,9 +771,8 @@ class Broker:
                     if check and not acl.can_read(msg.topic):
                         continue
                     retained.append((msg, min(msg.qos, req.qos), ids))
-        cache = ns.cache
-        if cache or cache.held:
-            cache.clear()
+        if ns.cache:
+            ns.cache.clear()
         return codes, retained
 
     def auto_subscribe(self, channel, entries, now: float) -> None:

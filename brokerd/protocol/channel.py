@@ -491,6 +491,7 @@ class Channel:
         session.channel = self
         session.queue.attach_budget(session.budget)
         self.connected_at = now
+        self.created_at = now          # (read only before the CONNECT: one float object, not two, from now on)
         self.state = CONNECTED
         if assigned_client_id:
             self.client_id = assigned_client_id

@@ -197,30 +197,28 @@ _CLOSED = _Closed()
 
 
 class MqttConnection(asyncio.Protocol):
-    __slots__ = ("server", "listener", "transport", "channel", "time", "flusher", "closed", "paused", "ws_free",
-                 "rate_timer", "fed")
+    # 8 slots: 96 bytes a connection (the listener, the flusher and ws_free were 3 more, 24 bytes)
+    __slots__ = ("server", "transport", "channel", "time", "closed", "paused", "rate_timer", "fed")
+
+    ws_free = True                     # bytes go to the transport as they are (WsMqttConnection: framed)
 
     def __init__(self, server, listener):
         self.server = server
-        self.listener = listener
         self.transport = None
-        self.channel = None
-        self.flusher = flusher = server.flusher
-        self.time = flusher.time
+        self.time = server.flusher.time
         self.closed = False
         self.paused = 0
-        self.ws_free = not listener.websocket     # bytes go to the transport as they are
         self.rate_timer = None
         self.fed = -1 << 30            # the server's sweep in which a message of ours was last queued
+        # the listener's URL: one string for all its connections
+        self.channel = Channel(server.broker, server.limits, self, self.time(), None, sys.intern(listener.url))
 
     # ----------------------------------------------------------- asyncio side
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         server = self.server
-        # the listener's URL: one string for all its connections
-        self.channel = ch = Channel(server.broker, server.limits, self, self.time(), None,
-                                    sys.intern(self.listener.url))
+        ch = self.channel
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is not None:
             ch.cert = ssl_object.getpeercert(binary_form=True)
@@ -273,7 +271,7 @@ class MqttConnection(asyncio.Protocol):
 
     def wake(self) -> None:
         # Flusher.add, written out (twice per QoS 1 message: the PUBACK out, the PUBLISH out)
-        flusher = self.flusher
+        flusher = self.server.flusher
         pending = flusher.pending
         if not pending:
             flusher.call_soon(flusher.flush)

@@ -27,10 +27,13 @@ SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 
 
 class WsMqttConnection(MqttConnection):
-    __slots__ = ("ws", "open")
+    __slots__ = ("ws", "open", "listener")
+
+    ws_free = False                    # MQTT bytes go out in WebSocket frames (write)
 
     def __init__(self, server, listener):
         super().__init__(server, listener)
+        self.listener = listener
         self.ws = WSConnection(ConnectionType.SERVER)
         self.open = False
 
