@@ -1198,6 +1198,11 @@ class Channel:
     def connection_lost(self, now: float) -> None:
         """The transport is gone (network error, peer closed, or after our close)."""
         self._preauth_release()
+        # nothing more is read: a partial packet (up to the maximum packet size) and packets that waited
+        # go now, not when the last reference to the channel does (the server's timeout wheel holds it
+        # until its slot comes)
+        self.decoder.discard()
+        self._held = self._rate_held = None
         if self.congested:
             self.congested = False
             self.broker.congestion(-self.max_pending)

@@ -498,6 +498,10 @@ class FrameDecoder:
     def buffered(self) -> int:
         return len(self._buf)
 
+    def discard(self) -> None:
+        """Let go of the bytes of an incomplete packet (nothing more will be fed)."""
+        self._buf = b""
+
     def peek_connect_level(self, data: bytes) -> int:
         """The protocol level of the CONNECT that the buffered bytes and ``data``
         begin (0: not yet known, or not a CONNECT), without decoding it."""

@@ -200,8 +200,6 @@ class MqttConnection(asyncio.Protocol):
     # 8 slots: 96 bytes a connection (the listener, the flusher and ws_free were 3 more, 24 bytes)
     __slots__ = ("server", "transport", "channel", "time", "closed", "paused", "rate_timer", "fed")
 
-    ws_free = True                     # bytes go to the transport as they are (WsMqttConnection: framed)
-
     def __init__(self, server, listener):
         self.server = server
         self.transport = None
@@ -291,10 +289,7 @@ class MqttConnection(asyncio.Protocol):
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
         ch.bytes_out += len(data)
-        if self.ws_free:
-            self.transport.write(data)
-        else:
-            self.write(data)
+        self.transport.write(data)             # (WsMqttConnection.flush frames it: write)
         ch.pending = 0
         if ch.blocked:
             ch.flushed(self.time())
