@@ -19,6 +19,8 @@ Scenarios, shaped like ``bench/run.py``'s:
   per loop iteration;
 - ``q0``: pairs at QoS 0, ``--per-read`` PUBLISHes in each read (a2);
 - ``fan``: one publisher, ``--clients`` subscribers of one topic (c1);
+- ``conn``: a connect storm: each "message" is a new client's CONNECT,
+  CONNACK, SUBSCRIBE (a topic of its own) and SUBACK, and it stays idle;
 - ``p1``: pairs at QoS 1 with persistent sessions (clean session 0: p1 of
   ``bench/run.py``), ``--batch`` publishers per journal batch; ``--store``
   says what a commit does: ``none`` (memory://: no journal at all),
@@ -47,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 from brokerd.broker import Broker, BrokerConfig  # noqa: E402
 from brokerd.budget import QueuePacer  # noqa: E402
 from brokerd.server import _tune_gc  # noqa: E402
-from brokerd.transports.connection import Flusher, MqttConnection  # noqa: E402
+from brokerd.transports.connection import Flusher, MqttConnection, TimeoutWheel  # noqa: E402
 
 RULES = [{"topic": f"other/{i}/#", "action": "both", "allow": i % 2 == 0} for i in range(19)] + [
     {"topic": "bench/#", "action": "both", "allow": True}]
@@ -142,6 +144,7 @@ class FakeServer:
         self.pacer = QueuePacer(broker.budget, self.connections, self.loop.call_later)
         self.flusher = Flusher(self.loop, self.pacer.after_writes)
         self.write_high = broker.limits.max_pending
+        self.timeouts = TimeoutWheel(0.5, self.loop.now)
 
 
 def make_broker(args) -> tuple[Broker, FakeServer]:
@@ -316,7 +319,35 @@ def scenario_p1(args, server):
     return run
 
 
-SCENARIOS = {"q1": scenario_q1, "q0": scenario_q0, "fan": scenario_fan, "p1": scenario_p1}
+def scenario_conn(args, server):
+    """One "message" is one new client: connection_made, CONNECT (clean, keepalive 60), CONNACK,
+    SUBSCRIBE to a topic of its own (QoS 0), SUBACK -- then it stays connected, idle (the
+    connect storm of bench/conns.py, without the sockets)."""
+    made = [0]
+    held = []
+    # frames for every client of the run, made before it (as many in callgrind's M and 2M runs)
+    cids = [f"c{i}" for i in range(args.prepare or 2 * args.messages + max(args.messages // 10, 1000))]
+    reads = [connect(cid) for cid in cids]
+    subs = [subscribe(f"bench/idle/{cid}", 0) for cid in cids]
+    listener = Listener()
+    loop = server.loop
+
+    def run(messages):
+        for _ in range(messages):
+            i = made[0]
+            made[0] = i + 1
+            conn = MqttConnection(server, listener)
+            conn.connection_made(FakeTransport())
+            conn.data_received(reads[i])
+            loop.run_ready()
+            conn.data_received(subs[i])
+            loop.run_ready()
+            held.append(conn)
+        return messages
+    return run
+
+
+SCENARIOS = {"q1": scenario_q1, "q0": scenario_q0, "fan": scenario_fan, "p1": scenario_p1, "conn": scenario_conn}
 
 
 def callgrind(args, argv: list[str]) -> int:
@@ -327,7 +358,8 @@ def callgrind(args, argv: list[str]) -> int:
         for m in (args.messages, 2 * args.messages):
             out = Path(tmp) / f"cg.{m}"
             cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, __file__, *rest,
-                   "--messages", str(m), "--count-only"]
+                   "--messages", str(m), "--count-only",
+                   "--prepare", str(3 * args.messages + max(args.messages // 10, 1000))]
             subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "PYTHONHASHSEED": "0"})
             totals = [ln for ln in out.read_text().splitlines() if ln.startswith(("summary:", "totals:"))]
             counts.append(int(totals[-1].split()[1]))
@@ -353,6 +385,7 @@ def main(argv=None) -> int:
                     help="instructions per message: runs itself under callgrind with --messages M and 2M and "
                          "prints the difference over M (start-up and warming cancel out)")
     ap.add_argument("--count-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--prepare", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.callgrind:
         return callgrind(args, argv if argv is not None else sys.argv[1:])
@@ -366,6 +399,8 @@ def main(argv=None) -> int:
     _tune_gc()                                   # as brokerd.server does
     if args.count_only:
         run(args.messages)
+        if args.scenario == "conn":
+            os._exit(0)                # not the exit's collection and freeing of the clients it holds
         return 0
     t0 = time.perf_counter()
     done = run(args.messages)

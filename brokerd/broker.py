@@ -88,6 +88,8 @@ class AnonymousAuth:
         self.allow_anonymous = allow_anonymous
         self.tenant = tenant
 
+    throttling = False                  # it throttles no address: ``admit`` refuses nobody
+
     def admit(self, peer: str, now: float) -> tuple[int, str] | None:
         return None
 
@@ -269,7 +271,10 @@ class Broker:
     def admit(self, channel, now: float) -> tuple[int, str] | None:
         """Before anything a connection sent is decoded: (reason code, reason) to
         refuse it with (the failed-login throttle of its address), or None."""
-        refusal = self.auth.admit(channel.peer, now)
+        auth = self.auth
+        if not auth.throttling:
+            return None              # no address failed a login lately: its address is not even needed
+        refusal = auth.admit(channel.peer, now)
         if refusal is not None:
             self.acct.throttled()
         return refusal
@@ -804,7 +809,8 @@ class Broker:
                     if check and not acl.can_read(msg.topic):
                         continue
                     retained.append((msg, min(msg.qos, req.qos), ids))
-        ns.cache.clear()
+        if ns.cache:
+            ns.cache.clear()
         return codes, retained
 
     def auto_subscribe(self, channel, entries, now: float) -> None:

@@ -25,10 +25,7 @@ from .admin.endpoints import AdminApi, AdminTokens
 from .admin.http import HttpLimits
 from .broker import Broker, BrokerConfig
 from .budget import QueuePacer
-from .cluster.bus import Bus
-from .cluster.node import ClusterError, ClusterNode
-from .cluster.peers import LinkSettings
-from .cluster.purge import purge_under_lease
+from .cluster.ports import ClusterError  # the rest of the cluster (redis-py: 10 MB) only by a node in one
 from .config import Config, ConfigError, Listener, load
 from .delayed import DelayedQueue
 from .integrations.telemetry import TelemetryWriter
@@ -47,7 +44,7 @@ from .supervisor import supervise
 from .sys_topics import SysTopics
 from .tenancy.control import TenantControl
 from .tenancy.source import AuditSink, PolicySource
-from .transports.connection import Flusher, MqttConnection
+from .transports.connection import Flusher, MqttConnection, TimeoutWheel
 from .transports.ws import WsMqttConnection
 
 log = logging.getLogger("brokerd")
@@ -149,6 +146,7 @@ class Server:
         self.loop_monitor = LoopMonitor(self.loop)
         self.history = None
         self.connections: set[MqttConnection] = set()
+        self.timeouts = TimeoutWheel(SWEEP_INTERVAL, now)    # when each one's keepalive is next looked at
         # the queue budget's policy (brokerd.budget): whom to pause when the queues pass it
         self.pacer = QueuePacer(self.broker.budget, self.connections, self.loop.call_later)
         self.flusher = Flusher(self.loop, self.pacer.after_writes)
@@ -160,7 +158,7 @@ class Server:
         self._sweeper: asyncio.TimerHandle | None = None
         self.stopped = asyncio.Event()
         self.store = None
-        self.cluster: ClusterNode | None = None
+        self.cluster = None                  # brokerd.cluster.node.ClusterNode, in a cluster
         self.writer: StoreWriter | None = None
         self._purger: asyncio.Task | None = None
         self.delayed: DelayedRunner | None = None
@@ -229,6 +227,8 @@ class Server:
             await asyncio.sleep(STORE_PURGE_INTERVAL)
             try:
                 if self.cluster is not None:       # one node at a time (brokerd.cluster.purge)
+                    from .cluster.purge import purge_under_lease
+
                     n = await purge_under_lease(self.store, self.cluster.bus, time.time(), STORE_PURGE_LEASE)
                 else:
                     n = await self.store.purge(time.time())
@@ -307,6 +307,10 @@ class Server:
                                   shared=self.worker is not None)
             await self.admin.start()
         if self.config.cluster:
+            from .cluster.bus import Bus
+            from .cluster.node import ClusterNode
+            from .cluster.peers import LinkSettings
+
             host, _, port = self.config.cluster_listen.rpartition(":")
             self.cluster = ClusterNode(
                 self.config.node_id, Bus(self.config.cluster, self.config.node_id, ttl=5.0), self.broker,
@@ -336,11 +340,19 @@ class Server:
         now = self.loop.time()
         try:
             self.pacer.sweep()
-            for conn in list(self.connections):
+            timeouts = self.timeouts
+            for conn in timeouts.due(now):
+                if conn.closed:
+                    if timeouts.dead:
+                        timeouts.dead -= 1
+                    continue
+                ch = conn.channel
                 if conn.paused:
                     # Its pings wait unread in the socket: not the client's fault.
-                    conn.channel.last_rx = now
-                conn.channel.handle_timeout(now)
+                    ch.last_rx = now
+                again = ch.handle_timeout(now)
+                if again is not None:
+                    timeouts.add(conn, again)
             self.broker.tick(now)
             self.sys.tick(now)
             self._log_preauth()

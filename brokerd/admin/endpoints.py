@@ -37,7 +37,6 @@ from urllib.parse import unquote, urlencode
 import h11
 
 from .. import metrics
-from ..metrics import prometheus
 from ..store import StoreError
 from . import api
 from .api import ApiError
@@ -217,6 +216,8 @@ class AdminApi:
         if token is None:                 # admit() lets no such request through
             return json_response(401, {"error": "a valid bearer token is required"})
         if path == "/metrics":
+            from ..metrics import prometheus  # here: prometheus_client is 5 MB of a node's memory
+
             if self._registry is None:
                 self._registry = prometheus.registry_for(self.server)
             return 200, [("content-type", prometheus.CONTENT_TYPE_LATEST)], prometheus.exposition(self._registry)

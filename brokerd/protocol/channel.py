@@ -71,6 +71,10 @@ NEW, CONNECTING, CONNECTED, CLOSED = 0, 1, 2, 3
 # a client over its inbound rate for this long is disconnected (0x96)
 ABUSE_SECONDS = 10.0
 
+# A channel not connected yet asks (handle_timeout) to be looked at again within this many seconds:
+# once connected, its keepalive says when (at least 1.5 s after its CONNECT, keepalive 1 being the least).
+LOOK_AGAIN = 1.0
+
 _PINGRESP = b"\xd0\x00"
 _puback_bytes = Struct(">HH").pack      # (0x4002, pid): a 3.x / 5.0 success PUBACK, one C call
 _pid_bytes = Struct(">H").pack
@@ -531,6 +535,7 @@ class Channel:
         session.channel = self
         session.queue.attach_budget(session.budget)
         self.connected_at = now
+        self.created_at = now          # (read only before the CONNECT: one float object, not two, from now on)
         self.state = CONNECTED
         if assigned_client_id:
             self.client_id = assigned_client_id
@@ -1282,6 +1287,11 @@ class Channel:
     def connection_lost(self, now: float) -> None:
         """The transport is gone (network error, peer closed, or after our close)."""
         self._preauth_release()
+        # nothing more is read: a partial packet (up to the maximum packet size) and packets that waited
+        # go now, not when the last reference to the channel does (the server's timeout wheel holds it
+        # until its slot comes)
+        self.decoder.discard()
+        self._held = self._rate_held = None
         if self.congested:
             self.congested = False
             self.broker.congestion(-self.max_pending)
@@ -1306,18 +1316,31 @@ class Channel:
             session.channel = None
         return session
 
-    def handle_timeout(self, now: float) -> None:
-        """Called periodically: CONNECT timeout and keepalive."""
+    def handle_timeout(self, now: float) -> float | None:
+        """CONNECT timeout and keepalive. -> when to call it again at the earliest (before then
+        nothing can have timed out; None: nothing will -- closed, or connected without keepalive)."""
         state = self.state
         if state == CONNECTED:
             ka = self.keepalive
-            if ka and now - self.last_rx > ka * 1.5:
+            if not ka:
+                return None
+            due = self.last_rx + ka * 1.5
+            if now > due:
                 self.disconnect(rc.KEEP_ALIVE_TIMEOUT, "keep alive timeout", now)
-        elif state == NEW and now - self.created_at > self.limits.connect_timeout:
-            self._preauth_release()
-            self.close_reason = (rc.MAXIMUM_CONNECT_TIME, "no CONNECT in time")
-            self.state = CLOSED
-            self.hooks.close()
+                return None
+            return due
+        if state == NEW:
+            due = self.created_at + self.limits.connect_timeout
+            if now > due:
+                self._preauth_release()
+                self.close_reason = (rc.MAXIMUM_CONNECT_TIME, "no CONNECT in time")
+                self.state = CLOSED
+                self.hooks.close()
+                return None
+            return min(due, now + LOOK_AGAIN)
+        if state == CONNECTING:
+            return now + LOOK_AGAIN
+        return None
 
 
 for _name in _RARE:

@@ -249,20 +249,30 @@ def connect_level(buf, start: int, end: int) -> int:
 # ----------------------------------------------------------------------------
 
 def _d_connect(dec, flags, buf, i, end):
-    name, i = _utf8(buf, i, end)
-    level, i = _u8(buf, i, end)
-    if name == "MQTT":
+    if i + 10 <= end and buf[i:i + 6] == b"\x00\x04MQTT":
+        # the usual header (3.1.1, 5.0) at once: the name, the level, the flags, the keepalive
+        name = "MQTT"
+        level = buf[i + 6]
         if level not in (MQTT311, MQTT5):
             raise UnsupportedProtocolVersion(level)
-    elif name == "MQIsdp":
-        if level != MQTT31:
-            raise UnsupportedProtocolVersion(level)
+        cflags = buf[i + 7]
+        keepalive = (buf[i + 8] << 8) | buf[i + 9]
+        i += 10
     else:
-        raise RemoteProtocolError(f"unknown protocol name {name!r}")
-    cflags, i = _u8(buf, i, end)
+        name, i = _utf8(buf, i, end)
+        level, i = _u8(buf, i, end)
+        if name == "MQTT":
+            if level not in (MQTT311, MQTT5):
+                raise UnsupportedProtocolVersion(level)
+        elif name == "MQIsdp":
+            if level != MQTT31:
+                raise UnsupportedProtocolVersion(level)
+        else:
+            raise RemoteProtocolError(f"unknown protocol name {name!r}")
+        cflags, i = _u8(buf, i, end)
+        keepalive, i = _u16(buf, i, end)
     if cflags & 0x01:
         raise MalformedPacket("CONNECT reserved flag is set")
-    keepalive, i = _u16(buf, i, end)
     dec.version = level
     props = None
     if level == MQTT5:
@@ -487,6 +497,10 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         return len(self._buf)
+
+    def discard(self) -> None:
+        """Let go of the bytes of an incomplete packet (nothing more will be fed)."""
+        self._buf = b""
 
     def peek_connect_level(self, data: bytes) -> int:
         """The protocol level of the CONNECT that the buffered bytes and ``data``

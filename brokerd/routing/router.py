@@ -265,7 +265,8 @@ class Router:
                     route.groups = {}
                 g = route.groups[sub.group] = SharedGroup(sub.group, inner)
             g.add(session, sub)
-        ns.cache.clear()
+        if ns.cache:                 # (an empty cache holds nothing to let go of)
+            ns.cache.clear()
         if self.on_change is not None:
             self.on_change(ns.name, inner)
 
@@ -285,7 +286,8 @@ class Router:
                     del route.groups[sub.group]
         if not route:
             ns.trie.discard(inner)
-        ns.cache.clear()
+        if ns.cache:                 # (an empty cache holds nothing to let go of)
+            ns.cache.clear()
         if self.on_change is not None:
             self.on_change(ns.name, inner)
 

@@ -80,6 +80,11 @@ class TenantControl:
 
     # ------------------------------------------------------ authentication
 
+    @property
+    def throttling(self) -> bool:
+        """Whether ``admit`` may refuse anyone: some address or user name failed logins lately."""
+        return bool(self._failures)
+
     def admit(self, peer: str, now: float) -> tuple[int, str] | None:
         """Before a CONNECT is decoded: an address with FAIL_LIMIT refused
         credentials within FAIL_WINDOW is refused (0x9F) without its CONNECT

@@ -11,7 +11,7 @@ import logging
 import sys
 
 from ..budget import PAUSE_BUDGET as _BUDGET
-from ..protocol.channel import Channel
+from ..protocol.channel import LOOK_AGAIN, Channel
 
 log = logging.getLogger("brokerd.connection")
 
@@ -62,6 +62,71 @@ class Flusher:
                 conn.flush()
         if self.after is not None:
             self.after()
+
+
+class TimeoutWheel:
+    """When each connection's CONNECT timeout or keepalive is next looked at.
+
+    Connections wait in slots of ``step`` seconds (the server's sweep) and
+    the sweep looks only at those whose slot is due -- not at every
+    connection every time: an idle client with keepalive 60 is looked at
+    once in its 90 s, not 180 times (at 100,000 connections the sweep was
+    a loop over all of them twice a second). Looked at, a connection says
+    when to look next (``Channel.handle_timeout``). A connection that closed
+    stays in its slot until then, unless too many have: past 1,024 and a
+    quarter of those held, the slots are rebuilt without them."""
+
+    __slots__ = ("step", "slots", "at", "held", "dead")
+
+    def __init__(self, step: float, now: float):
+        self.step = step
+        self.slots: dict[int, list] = {}
+        self.at = int(now / step)       # the last slot served
+        self.held = 0                   # connections in the slots
+        self.dead = 0                   # of which closed (at most: see gone)
+
+    def add(self, conn, when: float) -> None:
+        """Look at ``conn`` at the first sweep at or after ``when`` (the next one at the earliest)."""
+        k = -int(-when // self.step)            # the first slot at or after ``when``
+        if k <= self.at:
+            k = self.at + 1
+        slot = self.slots.get(k)
+        if slot is None:
+            self.slots[k] = [conn]
+        else:
+            slot.append(conn)
+        self.held += 1
+
+    def gone(self) -> None:
+        """A connection closed (one not in the slots counts too: a rebuild comes a little sooner)."""
+        self.dead += 1
+        if self.dead > 1024 and 4 * self.dead > self.held:
+            slots = {}
+            held = 0
+            for k, conns in self.slots.items():
+                live = [c for c in conns if not c.closed]
+                if live:
+                    slots[k] = live
+                    held += len(live)
+            self.slots = slots
+            self.held = held
+            self.dead = 0
+
+    def due(self, now: float) -> list:
+        """The connections whose slot came, taken out of the wheel (closed ones included)."""
+        end = int(now / self.step)
+        slots = self.slots
+        out: list = []
+        for k in range(self.at + 1, end + 1):
+            conns = slots.pop(k, None)
+            if conns is not None:
+                out += conns
+        self.at = max(self.at, end)
+        self.held -= len(out)
+        return out
+
+    def __len__(self) -> int:
+        return self.held
 
 
 DRAIN_SECONDS = 2.0            # a closed connection's input is read and dropped this long at most ...
@@ -146,30 +211,26 @@ _CLOSED = _Closed()
 
 
 class MqttConnection(asyncio.Protocol):
-    __slots__ = ("server", "listener", "transport", "channel", "time", "flusher", "closed", "paused", "ws_free",
-                 "rate_timer", "fed")
+    # 8 slots: 96 bytes a connection (the listener, the flusher and ws_free were 3 more, 24 bytes)
+    __slots__ = ("server", "transport", "channel", "time", "closed", "paused", "rate_timer", "fed")
 
     def __init__(self, server, listener):
         self.server = server
-        self.listener = listener
         self.transport = None
-        self.channel = None
-        self.flusher = flusher = server.flusher
-        self.time = flusher.time
+        self.time = server.flusher.time
         self.closed = False
         self.paused = 0
-        self.ws_free = not listener.websocket     # bytes go to the transport as they are
         self.rate_timer = None
         self.fed = -1 << 30            # the server's sweep in which a message of ours was last queued
+        # the listener's URL: one string for all its connections
+        self.channel = Channel(server.broker, server.limits, self, self.time(), None, sys.intern(listener.url))
 
     # ----------------------------------------------------------- asyncio side
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         server = self.server
-        # the listener's URL: one string for all its connections
-        self.channel = ch = Channel(server.broker, server.limits, self, self.time(), None,
-                                    sys.intern(self.listener.url))
+        ch = self.channel
         ssl_object = transport.get_extra_info("ssl_object")
         if ssl_object is not None:
             ch.cert = ssl_object.getpeercert(binary_form=True)
@@ -180,6 +241,7 @@ class MqttConnection(asyncio.Protocol):
                         if key == "commonName":
                             ch.cert_cn = value
         server.connections.add(self)
+        server.timeouts.add(self, ch.created_at + min(LOOK_AGAIN, server.limits.connect_timeout))
         transport.set_write_buffer_limits(high=server.write_high, low=server.write_high // 4)
 
     def data_received(self, data: bytes) -> None:
@@ -198,7 +260,9 @@ class MqttConnection(asyncio.Protocol):
         if self.rate_timer is not None:
             self.rate_timer.cancel()
             self.rate_timer = None
-        self.server.connections.discard(self)
+        server = self.server
+        server.connections.discard(self)
+        server.timeouts.gone()
         ch = self.channel
         ch.out.clear()
         ch.connection_lost(self.time())
@@ -219,7 +283,7 @@ class MqttConnection(asyncio.Protocol):
 
     def wake(self) -> None:
         # Flusher.add, written out (twice per QoS 1 message: the PUBACK out, the PUBLISH out)
-        flusher = self.flusher
+        flusher = self.server.flusher
         pending = flusher.pending
         if not pending:
             flusher.call_soon(flusher.flush)
@@ -239,10 +303,7 @@ class MqttConnection(asyncio.Protocol):
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
         ch.bytes_out += len(data)
-        if self.ws_free:
-            self.transport.write(data)
-        else:
-            self.write(data)
+        self.transport.write(data)             # (WsMqttConnection.flush frames it: write)
         ch.pending = 0
         if ch.blocked:
             ch.flushed(self.time())
@@ -272,6 +333,8 @@ class MqttConnection(asyncio.Protocol):
         self.paused &= ~why
         if not self.paused and self.transport is not None and not self.closed:
             self.transport.resume_reading()
+            # the time it was not read does not count against its keepalive (its pings waited unread)
+            self.channel.last_rx = max(self.channel.last_rx, self.time())
 
     def throttle(self, wait: float) -> None:
         """Over the inbound rate: do not read this socket for ``wait`` seconds,

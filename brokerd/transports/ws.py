@@ -27,10 +27,11 @@ SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 
 
 class WsMqttConnection(MqttConnection):
-    __slots__ = ("ws", "open")
+    __slots__ = ("ws", "open", "listener")
 
     def __init__(self, server, listener):
         super().__init__(server, listener)
+        self.listener = listener
         self.ws = WSConnection(ConnectionType.SERVER)
         self.open = False
 
@@ -79,6 +80,20 @@ class WsMqttConnection(MqttConnection):
             return
         self.transport.write(self.ws.send(AcceptConnection(subprotocol=offered[0] if offered else None)))
         self.open = True
+
+    def flush(self) -> None:
+        """MqttConnection.flush, the bytes framed (``write``)."""
+        ch = self.channel
+        out = ch.out
+        if not out or self.transport is None:
+            return
+        data = out[0] if len(out) == 1 else b"".join(out)
+        out.clear()
+        ch.bytes_out += len(data)
+        self.write(data)
+        ch.pending = 0
+        if ch.blocked:
+            ch.flushed(self.time())
 
     def write(self, data: bytes) -> None:
         if self.open:

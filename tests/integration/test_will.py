@@ -101,6 +101,21 @@ def test_pings_keep_connection_alive(broker, client_id):
             assert c.expect(raw.PINGRESP).type == raw.PINGRESP
 
 
+def test_a_client_that_pings_for_a_while_is_cut_from_its_last_ping(broker, client_id, topic, watcher):
+    """Keepalive 1: pinging every 0.5 s keeps the connection up for 4 s (several keepalive periods);
+    once silent it is cut about 1.5 s after its last packet, not after its CONNECT, and its will goes."""
+    with RawClient(broker.port()) as c:
+        c.connect(client_id, version=4, keepalive=1, will=(topic + "/will", b"quiet", 1, False, None))
+        for _ in range(8):
+            time.sleep(0.5)
+            c.send(b"\xc0\x00")
+            assert c.expect(raw.PINGRESP).type == raw.PINGRESP
+        last = time.monotonic()
+        assert c.expect_closed(timeout=5) == []
+        assert 1.4 <= time.monotonic() - last <= 3.0
+    assert watcher.expect().payload == b"quiet"
+
+
 def test_will_retained_flag(broker, client_id, topic, watcher):
     c = will_client(broker.port(), client_id, topic + "/will", V311, payload=b"dead", retain=True)
     c.drop()
