@@ -45,7 +45,7 @@ class Flusher:
         pending = self.pending
         self.pending = []
         for conn in pending:
-            if conn.__class__ is MqttConnection and conn.ws_free:
+            if conn.__class__ is MqttConnection:       # (not WsMqttConnection: it frames)
                 # MqttConnection.flush, written out (two per QoS 1 message at a steady rate)
                 ch = conn.channel
                 out = ch.out
