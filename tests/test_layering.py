@@ -97,6 +97,16 @@ LAZY = {
     ("spark_reports.delivery", "spark_reports.mailchart"):
         "the emailed chart imports matplotlib (~1 s, ~60 MiB): loaded by the worker that sends, not by every "
         "console process (the pages import delivery to say where email goes)",
+    ("brokerd.server", "brokerd.cluster.bus"):
+        "the cluster imports redis-py (~8 MB of RSS): loaded only by a node started with --cluster",
+    ("brokerd.server", "brokerd.cluster.node"):
+        "the cluster imports redis-py (~8 MB of RSS): loaded only by a node started with --cluster",
+    ("brokerd.server", "brokerd.cluster.peers"):
+        "the cluster imports redis-py (~8 MB of RSS): loaded only by a node started with --cluster",
+    ("brokerd.server", "brokerd.cluster.purge"):
+        "the cluster imports redis-py (~8 MB of RSS): loaded only by a node started with --cluster",
+    ("brokerd.admin.endpoints", "brokerd.metrics.prometheus"):
+        "prometheus_client is imported with the first /metrics request, not by every node at start",
 }
 
 
