@@ -68,10 +68,27 @@ if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
 return 0
 """
 CLAIMS_PER_CALL = 500       # a burst of CONNECTs larger than this goes in several calls (a script blocks Redis)
-_HDEL_IF = """
-if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
-return 0
+# the connections closed here in one event-loop iteration, in one call (see Bus.gone): KEYS are wills:{node},
+# owned:{node}, then clients:{tenant} per connection; ARGV the node, then per connection its flags ('w': its
+# will is no longer owed, 'e': its session ended), "tenant\0client id" and the client id. Each one, in order:
+# the will dropped, then -- session ended -- the client id let go if this node still holds it, and the
+# stored-session mark removed. -> the number of connections done
+_GONE = """
+local node = ARGV[1]
+local n = 0
+for i = 3, #KEYS do
+  local a = (i - 3) * 3 + 2
+  local flags, member, cid = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  if string.find(flags, 'w', 1, true) then redis.call('HDEL', KEYS[1], member) end
+  if string.find(flags, 'e', 1, true) then
+    if redis.call('HGET', KEYS[i], cid) == node then redis.call('HDEL', KEYS[i], cid) end
+    redis.call('SREM', KEYS[2], member)
+  end
+  n = n + 1
+end
+return n
 """
+GONE_PER_CALL = 500         # a disconnect wave larger than this goes in several calls (a script blocks Redis)
 
 
 def redacted(url: str) -> str:
@@ -116,7 +133,9 @@ class Bus:
         self._claim_call: asyncio.Task | None = None
         self._unlock = self.redis.register_script(_UNLOCK)
         self._lease = self.redis.register_script(_LEASE)
-        self._hdel_if = self.redis.register_script(_HDEL_IF)
+        self._gone = self.redis.register_script(_GONE)
+        self._gones: list[tuple[str, str, str, asyncio.Future]] = []   # queued, sent by _send_gones
+        self._going = False                 # a call is scheduled or on its way (see gone)
 
     def k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -286,12 +305,60 @@ class Bus:
 
     async def gone(self, tenant: str, client_id: str, ended: bool, had_will: bool) -> None:
         """A connection closed here: its will is no longer owed; if its session
-        ended, the client id is nobody's any more (unless another node took it)."""
-        if had_will:
-            await self.redis.hdel(self.k("wills", self.node), key_of(tenant, client_id))
-        if ended:
-            await self._hdel_if(keys=[self.k("clients", tenant)], args=[client_id, self.node])
-            await self.redis.srem(self.k("owned", self.node), key_of(tenant, client_id))
+        ended, the client id is nobody's any more (unless another node took it).
+
+        The connections that close in one event-loop iteration go to Redis in
+        one call, as claims do (``try_claim``): a wave of disconnects (a
+        network cut, a fleet going offline) was three round trips each. Those
+        closed while a call is on its way go in the next, as soon as it is back.
+        Each connection's updates are the same as alone, in the order closed;
+        each caller gets the call's error, if any."""
+        if not (ended or had_will):
+            return
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._gones.append((("w" if had_will else "") + ("e" if ended else ""), tenant, client_id, fut))
+        if not self._going:
+            self._going = True
+            loop.call_soon(self._send_gones)
+        await fut
+
+    def _send_gones(self) -> None:
+        batch = self._gones[:GONE_PER_CALL]
+        del self._gones[:GONE_PER_CALL]
+        if not batch:
+            self._going = False
+            return
+        asyncio.ensure_future(self._gone_batch(batch)).add_done_callback(self._gones_sent)
+
+    def _gones_sent(self, task: asyncio.Task) -> None:
+        if not task.cancelled():
+            task.exception()        # retrieved: every waiter got it
+        self._send_gones()          # what closed meanwhile (or no call in flight any more)
+
+    async def _gone_batch(self, batch: list[tuple[str, str, str, asyncio.Future]]) -> None:
+        keys = [self.k("wills", self.node), self.k("owned", self.node)]
+        args = [self.node]
+        for flags, tenant, client_id, _ in batch:
+            keys.append(self.k("clients", tenant))
+            args += (flags, key_of(tenant, client_id), client_id)
+        try:
+            done = await self._gone(keys=keys, args=args)
+            if done != len(batch):
+                raise RuntimeError(f"{done} of {len(batch)} closed connections let go")
+        except BaseException as exc:
+            for *_, fut in batch:
+                if not fut.done():
+                    if isinstance(exc, asyncio.CancelledError):
+                        fut.cancel()
+                    else:
+                        fut.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for *_, fut in batch:
+            if not fut.done():
+                fut.set_result(None)
 
     async def owned(self, node: str) -> list[tuple[str, str]]:
         members = await self.redis.smembers(self.k("owned", node))

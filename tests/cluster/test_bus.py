@@ -107,3 +107,44 @@ def test_the_bus_parses_redis_replies_in_c():
     bus = Bus("redis://127.0.0.1:1/0", "n1")
     conn = bus.redis.connection_pool.make_connection()
     assert isinstance(conn._parser, _AsyncHiredisParser)
+
+
+def test_a_wave_of_disconnects_frees_every_client_id_in_a_few_redis_calls(cluster, redis_server, tag):
+    """200 clean-session clients of one node drop at once (a network cut, a fleet going offline):
+    every client id is nobody's again and no will is owed for them, as one at a time, and the node
+    told Redis so in a few calls (those closed in one event-loop iteration go together), not three
+    round trips each."""
+    n1, n2 = cluster.start(2)
+    r = redis_server.client()
+    clients, wills = f"{cluster.prefix}:clients:*", f"{cluster.prefix}:wills:n1"
+
+    def held() -> int:
+        ids = sum(sum(1 for c in r.hkeys(k) if c.decode().startswith(f"{tag}-")) for k in r.keys(clients))
+        return ids + sum(1 for k in r.hkeys(wills) if f"{tag}-" in k.decode())
+
+    def calls() -> int:
+        # scripts called (Redis counts the commands a script runs as calls of their own): one per
+        # closed connection before, besides a plain HDEL and SREM each
+        stats = r.info("commandstats")
+        return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("evalsha", "eval"))
+
+    n = 200
+    socks = [socket.create_connection(("127.0.0.1", n1.port()), timeout=10) for _ in range(n)]
+    try:
+        for i, s in enumerate(socks):
+            s.sendall(connect_packet(f"{tag}-{i}", 5))
+        for s in socks:
+            raw = RawClient(0, sock=s, timeout=10)
+            raw.version = 5
+            assert raw.expect(CONNACK).code == 0
+        wait_until(lambda: held() == n, timeout=10, message="the connections' client ids are not in Redis")
+        before = calls()
+    finally:
+        for s in socks:
+            s.close()
+    wait_until(lambda: held() == 0, timeout=10,
+               message="client ids or wills of the closed connections are still held in Redis")
+    assert calls() - before < 40, f"{calls() - before} Redis scripts run to let go of {n} closed connections"
+    again = connect(n2.port(), f"{tag}-7", V5)          # the id is free: the other node takes it at once
+    assert again.client.is_connected()
+    assert "fences" not in n1.log + n2.log
