@@ -15,7 +15,9 @@ generator's start to the last one's end), the broker's CPU per connect, and
 its RSS -- summed over the broker process and every process under it (with
 ``--workers`` the supervisor and its workers) -- as the growth per
 connection from before the first connect to the peak while they are held,
-and as the total per connection. Mosquitto is one process: it runs with at
+and as the total per connection; then the broker's CPU per connection for
+the disconnect wave when the generators close them all (until the broker is
+quiet again). Mosquitto is one process: it runs with at
 most ``--mosquitto-max`` connections (its descriptor limit), and the table
 says how many it held.
 
@@ -231,11 +233,22 @@ def run_one(name: str, n: int, args, tmp: Path) -> dict:
             if m["rss"] > peak["rss"]:
                 peak = m
         redis1 = memory(redis.pid)["rss"] if redis else 0
+        # the disconnect wave: every generator closes its connections at the end of its duration; the
+        # broker's CPU from before then until it is quiet again (no 10 ms of CPU in half a second)
+        cpu2 = cpu(broker.pid)
         results += finish(gens)
+        cpu3, quiet_by = cpu(broker.pid), time.monotonic() + 60
+        while time.monotonic() < quiet_by:
+            time.sleep(0.5)
+            c = cpu(broker.pid)
+            if c - cpu3 < 0.01:
+                break
+            cpu3 = c
         alive = sum(r.get("alive_after_hold", 0) for r in results)
         res = {"broker": name, "clients": n, "generators": len(gens), "connected": ok, "alive": alive,
                "connect_s": round(t1 - t0, 3), "connect_rate": round(ok / (t1 - t0), 1) if t1 > t0 else None,
                "broker_cpu_us_per_connect": round(1e6 * (cpu1 - cpu0) / ok, 1) if ok else None,
+               "broker_cpu_us_per_disconnect": round(1e6 * (cpu3 - cpu2) / ok, 1) if ok else None,
                "rss_before_mb": round(mem0["rss"] / 2**20, 1), "rss_held_mb": round(peak["rss"] / 2**20, 1),
                "pss_held_mb": round(peak["pss"] / 2**20, 1), "processes": peak["procs"],
                "errors": {k: v for r in results for k, v in r.get("errors", {}).items()}}
@@ -301,6 +314,7 @@ def finish(gens: list) -> list:
 
 METRICS = [("connected", "connections held"), ("connect_rate", "connects/s (CONNECT + SUBSCRIBE)"),
            ("broker_cpu_us_per_connect", "broker CPU µs per connect"),
+           ("broker_cpu_us_per_disconnect", "broker CPU µs per disconnect (the generators closing all)"),
            ("bytes_per_conn", "RSS growth per connection, bytes"), ("total_bytes_per_conn", "total RSS / connections"),
            ("pss_bytes_per_conn", "PSS growth per connection"), ("processes", "broker processes"),
            ("redis_bytes_per_conn", "Redis RSS growth per connection")]
