@@ -101,6 +101,68 @@ def redacted(url: str) -> str:
     return urlunsplit(parts._replace(netloc=user + host))
 
 
+class Batches:
+    """Requests to Redis sent together, as group commit does: the first one
+    schedules a call (``loop.call_soon``: the requests made in the same
+    event-loop iteration go with it); those made while a call is on its way
+    go in the next, as soon as it is back. ``send(items)`` makes one call of
+    at most ``per_call`` items and returns one answer per item; each caller
+    gets its own answer, or the call's error. ``drop_given_up``: a request
+    whose caller gave up before its call (its task cancelled) is not sent."""
+
+    def __init__(self, send, per_call: int, drop_given_up: bool):
+        self.send = send
+        self.per_call = per_call
+        self.drop_given_up = drop_given_up
+        self.queued: list[tuple[tuple, asyncio.Future]] = []
+        self.busy = False                   # a call is scheduled or on its way
+
+    def add(self, item: tuple) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self.queued.append((item, fut))
+        if not self.busy:
+            self.busy = True
+            loop.call_soon(self._next)
+        return fut
+
+    def _next(self) -> None:
+        batch: list = []
+        while self.queued and not batch:
+            batch = self.queued[:self.per_call]
+            del self.queued[:self.per_call]
+            if self.drop_given_up:
+                batch = [b for b in batch if not b[1].done()]
+        if not batch:
+            self.busy = False
+            return
+        asyncio.ensure_future(self._call(batch)).add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task) -> None:
+        if not task.cancelled():
+            task.exception()        # retrieved: every waiter got it
+        self._next()                # what was asked meanwhile (or no call in flight any more)
+
+    async def _call(self, batch: list[tuple[tuple, asyncio.Future]]) -> None:
+        try:
+            answers = await self.send([item for item, _ in batch])
+            if len(answers) != len(batch):
+                raise RuntimeError(f"{len(answers)} answers to {len(batch)} requests")
+        except BaseException as exc:
+            for _, fut in batch:
+                if not fut.done():
+                    if isinstance(exc, asyncio.CancelledError):
+                        fut.cancel()
+                    else:
+                        fut.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for (_, fut), answer in zip(batch, answers, strict=True):
+            if not fut.done():
+                fut.set_result(answer)
+
+
 def key_of(tenant: str, client_id: str) -> str:
     return f"{tenant}\0{client_id}"
 
@@ -128,14 +190,11 @@ class Bus:
         self.redis = aioredis.Redis(connection_pool=pool)
         self._try_claim = self.redis.register_script(_TRY_CLAIM)
         self._try_claims = self.redis.register_script(_TRY_CLAIMS)
-        self._claims: list[tuple[str, str, asyncio.Future]] = []     # queued, sent by _send_claims
-        self._claiming = False              # a claim call is scheduled or on its way (see try_claim)
-        self._claim_call: asyncio.Task | None = None
+        self._claims = Batches(self._claim_batch, CLAIMS_PER_CALL, drop_given_up=True)
         self._unlock = self.redis.register_script(_UNLOCK)
         self._lease = self.redis.register_script(_LEASE)
         self._gone = self.redis.register_script(_GONE)
-        self._gones: list[tuple[str, str, str, asyncio.Future]] = []   # queued, sent by _send_gones
-        self._going = False                 # a call is scheduled or on its way (see gone)
+        self._gones = Batches(self._gone_batch, GONE_PER_CALL, drop_given_up=False)
 
     def k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -223,67 +282,22 @@ class Bus:
         """In one round trip: the client id is now this node's if it was free or
         already here (-> None); else the node holding it, or "!" when locked.
 
-        Claims go to Redis together, as group commit does: the first one
-        schedules a call (``loop.call_soon``: the claims made in the same
-        event-loop iteration go with it); those made while a call is on its
-        way go in the next, as soon as it is back. A call is one script
-        (``_TRY_CLAIMS``, at most ``CLAIMS_PER_CALL``): each claim is the same
-        atomic check-and-set as alone, in the order they were made; each
-        caller gets its own answer, or the call's error."""
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        self._claims.append((tenant, client_id, fut))
-        if not self._claiming:
-            self._claiming = True
-            loop.call_soon(self._send_claims)
-        return await fut
+        Claims go to Redis together (``Batches``): a call is one script
+        (``_TRY_CLAIMS``, at most ``CLAIMS_PER_CALL``) in which each claim is
+        the same atomic check-and-set as alone, in the order they were made."""
+        return await self._claims.add((tenant, client_id))
 
-    def _send_claims(self) -> None:
-        batch: list = []
-        while self._claims and not batch:
-            # a claim whose CONNECT gave up meanwhile (its task cancelled) is not made
-            batch = [c for c in self._claims[:CLAIMS_PER_CALL] if not c[2].done()]
-            del self._claims[:CLAIMS_PER_CALL]
-        if not batch:
-            self._claiming = False
-            return
-        task = asyncio.ensure_future(self._claim_batch(batch))
-        self._claim_call = task
-        task.add_done_callback(self._claims_sent)
-
-    def _claims_sent(self, task: asyncio.Task) -> None:
-        self._claim_call = None
-        if not task.cancelled():
-            task.exception()        # retrieved: every waiter got it
-        self._send_claims()         # what was claimed meanwhile (or no call in flight any more)
-
-    async def _claim_batch(self, batch: list[tuple[str, str, asyncio.Future]]) -> None:
-        try:
-            if len(batch) == 1:
-                tenant, client_id, _ = batch[0]
-                answers = [await self._try_claim(keys=[self.k("clients", tenant), self.k("lock", tenant, client_id)],
-                                                 args=[client_id, self.node])]
-            else:
-                keys = []
-                for tenant, client_id, _ in batch:
-                    keys += (self.k("clients", tenant), self.k("lock", tenant, client_id))
-                answers = await self._try_claims(keys=keys, args=[self.node, *(cid for _, cid, _ in batch)])
-            if len(answers) != len(batch):
-                raise RuntimeError(f"{len(answers)} answers to {len(batch)} client-id claims")
-        except BaseException as exc:
-            for _, _, fut in batch:
-                if not fut.done():
-                    if isinstance(exc, asyncio.CancelledError):
-                        fut.cancel()
-                    else:
-                        fut.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        for (_, _, fut), res in zip(batch, answers, strict=True):
-            if not fut.done():
-                res = res.decode() if isinstance(res, bytes) else res
-                fut.set_result(res or None)
+    async def _claim_batch(self, batch: list[tuple[str, str]]) -> list[str | None]:
+        if len(batch) == 1:
+            tenant, client_id = batch[0]
+            answers = [await self._try_claim(keys=[self.k("clients", tenant), self.k("lock", tenant, client_id)],
+                                             args=[client_id, self.node])]
+        else:
+            keys = []
+            for tenant, client_id in batch:
+                keys += (self.k("clients", tenant), self.k("lock", tenant, client_id))
+            answers = await self._try_claims(keys=keys, args=[self.node, *(cid for _, cid in batch)])
+        return [(a.decode() if isinstance(a, bytes) else a) or None for a in answers]
 
     async def mark_owned(self, tenant: str, client_id: str) -> None:
         await self.redis.sadd(self.k("owned", self.node), key_of(tenant, client_id))
@@ -307,58 +321,24 @@ class Bus:
         """A connection closed here: its will is no longer owed; if its session
         ended, the client id is nobody's any more (unless another node took it).
 
-        The connections that close in one event-loop iteration go to Redis in
-        one call, as claims do (``try_claim``): a wave of disconnects (a
-        network cut, a fleet going offline) was three round trips each. Those
-        closed while a call is on its way go in the next, as soon as it is back.
-        Each connection's updates are the same as alone, in the order closed;
-        each caller gets the call's error, if any."""
+        The connections that close together go to Redis together, as claims do
+        (``Batches``; a wave of disconnects -- a network cut, a fleet going
+        offline -- was three round trips each): a call is one script (``_GONE``)
+        doing each connection's updates as alone, in the order closed."""
         if not (ended or had_will):
             return
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
-        self._gones.append((("w" if had_will else "") + ("e" if ended else ""), tenant, client_id, fut))
-        if not self._going:
-            self._going = True
-            loop.call_soon(self._send_gones)
-        await fut
+        await self._gones.add((("w" if had_will else "") + ("e" if ended else ""), tenant, client_id))
 
-    def _send_gones(self) -> None:
-        batch = self._gones[:GONE_PER_CALL]
-        del self._gones[:GONE_PER_CALL]
-        if not batch:
-            self._going = False
-            return
-        asyncio.ensure_future(self._gone_batch(batch)).add_done_callback(self._gones_sent)
-
-    def _gones_sent(self, task: asyncio.Task) -> None:
-        if not task.cancelled():
-            task.exception()        # retrieved: every waiter got it
-        self._send_gones()          # what closed meanwhile (or no call in flight any more)
-
-    async def _gone_batch(self, batch: list[tuple[str, str, str, asyncio.Future]]) -> None:
+    async def _gone_batch(self, batch: list[tuple[str, str, str]]) -> list[None]:
         keys = [self.k("wills", self.node), self.k("owned", self.node)]
         args = [self.node]
-        for flags, tenant, client_id, _ in batch:
+        for flags, tenant, client_id in batch:
             keys.append(self.k("clients", tenant))
             args += (flags, key_of(tenant, client_id), client_id)
-        try:
-            done = await self._gone(keys=keys, args=args)
-            if done != len(batch):
-                raise RuntimeError(f"{done} of {len(batch)} closed connections let go")
-        except BaseException as exc:
-            for *_, fut in batch:
-                if not fut.done():
-                    if isinstance(exc, asyncio.CancelledError):
-                        fut.cancel()
-                    else:
-                        fut.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        for *_, fut in batch:
-            if not fut.done():
-                fut.set_result(None)
+        done = await self._gone(keys=keys, args=args)
+        if done != len(batch):
+            raise RuntimeError(f"{done} of {len(batch)} closed connections let go")
+        return [None] * done
 
     async def owned(self, node: str) -> list[tuple[str, str]]:
         members = await self.redis.smembers(self.k("owned", node))
