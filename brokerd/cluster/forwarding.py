@@ -68,8 +68,11 @@ class Forwarder:
         """Send ``msg`` to the other nodes that want it and decide the shared
         groups cluster-wide (local members through the broker). -> (deliveries
         counted, [request ids whose ACK the publisher waits for])."""
-        if not groups and not self._moving and ns.name not in self.routes.tries:
-            return 0, ()                 # no other node has a route of this tenant (a one-node cluster)
+        if not groups and not self._moving:
+            routes = self.routes
+            tenant = ns.name
+            if tenant not in routes.tries and tenant not in routes.exact:
+                return 0, ()             # no other node has a route of this tenant (a one-node cluster)
         if self.fence.fenced or msg.topic.startswith("$SYS/"):
             return self._local_groups(ns, msg, groups, now), []
         nodes, rgroups = self.routes.match(ns.name, msg.topic)
