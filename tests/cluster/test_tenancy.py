@@ -8,7 +8,7 @@ import pytest
 
 from ..controlplane import ControlPlane
 from ..mqtt import V5, PahoClient
-from .conftest import Cluster, wait_until
+from .conftest import Cluster, settle, wait_until
 
 
 @pytest.fixture
@@ -49,4 +49,31 @@ def test_connection_quota_counts_devices_on_every_node(redis_server, tmp_path, p
     finally:
         for d in devs:
             d.disconnect()
+        c.stop_all()
+
+
+@pytest.mark.parametrize("qos", [0, 1])
+def test_a_tenant_whose_only_subscription_on_another_node_has_no_wildcard_gets_its_messages(
+        redis_server, tmp_path, plane, tag, qos):
+    """Tenant acme's one subscriber is on n2, on a topic without wildcards (no wildcard route of the
+    tenant anywhere in the cluster): what a device on n1 publishes there reaches it, once each, in order."""
+    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "devices": ["d1", "d2"]}])
+    c = Cluster(redis_server, tmp_path, env=plane.env)
+    clients = []
+    try:
+        n1, n2 = c.start(2)
+        sub = PahoClient(f"{tag}-sub", version=V5, username="acme/d2", password=secrets["acme/d2"]).connect(n2.port())
+        clients.append(sub)
+        sub.subscribe("plant/line1", qos=1)
+        pub = PahoClient(f"{tag}-pub", version=V5, username="acme/d1", password=secrets["acme/d1"]).connect(n1.port())
+        clients.append(pub)
+        settle(pub, "plant/line1", sub)
+        for n in range(20):
+            pub.publish("plant/line1", b"%d" % n, qos=qos)
+        msgs = sub.expect_n(20)
+        assert [int(m.payload) for m in msgs] == list(range(20))
+        sub.expect_none(0.3)
+    finally:
+        for cl in clients:
+            cl.disconnect()
         c.stop_all()
