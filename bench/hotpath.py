@@ -30,8 +30,11 @@ Scenarios, shaped like ``bench/run.py``'s:
   thread's work counted with it).
 
 ``--acl`` gives every client the ACL of a tenant with 20 rules (the bench
-tenant of ``bench/run.py``'s brokerd-full); ``--usage DIR`` attaches the
-usage log. Nothing here asserts a speed; it is a measuring tool.
+tenant of ``bench/run.py``'s brokerd-full); ``--full`` (q0, q1, fan) is
+brokerd-full itself: every client authenticated as that tenant's device
+through a real ``TenantControl``, a store's journal and a one-node cluster
+(``ClusterNode`` wired as the server does, its bus never started: nothing
+per message reaches it); ``--usage DIR`` attaches the usage log. Nothing here asserts a speed; it is a measuring tool.
 """
 
 import argparse
