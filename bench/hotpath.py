@@ -30,8 +30,11 @@ Scenarios, shaped like ``bench/run.py``'s:
   thread's work counted with it).
 
 ``--acl`` gives every client the ACL of a tenant with 20 rules (the bench
-tenant of ``bench/run.py``'s brokerd-full); ``--usage DIR`` attaches the
-usage log. Nothing here asserts a speed; it is a measuring tool.
+tenant of ``bench/run.py``'s brokerd-full); ``--full`` (q0, q1, fan) is
+brokerd-full itself: every client authenticated as that tenant's device
+through a real ``TenantControl``, a store's journal and a one-node cluster
+(``ClusterNode`` wired as the server does, its bus never started: nothing
+per message reaches it); ``--usage DIR`` attaches the usage log. Nothing here asserts a speed; it is a measuring tool.
 """
 
 import argparse
@@ -68,8 +71,10 @@ def _packet(b0: int, body: bytes) -> bytes:
             return bytes((b0,)) + rl + body
 
 
-def connect(cid: str, clean: bool = True) -> bytes:
-    return _packet(0x10, _s(b"MQTT") + bytes((4, 2 if clean else 0)) + struct.pack(">H", 60) + _s(cid.encode()))
+def connect(cid: str, clean: bool = True, username: str | None = None, password: bytes | None = None) -> bytes:
+    flags = (2 if clean else 0) | (0xC0 if username else 0)
+    creds = _s(username.encode()) + _s(password) if username else b""
+    return _packet(0x10, _s(b"MQTT") + bytes((4, flags)) + struct.pack(">H", 60) + _s(cid.encode()) + creds)
 
 
 def subscribe(topic: str, qos: int) -> bytes:
@@ -96,6 +101,9 @@ class FakeLoop:
 
     def time(self):
         return self.now
+
+    def create_task(self, coro, name=None):
+        coro.close()
 
     def run_ready(self):
         ready, self.ready = self.ready, []
@@ -145,11 +153,50 @@ class FakeServer:
         self.flusher = Flusher(self.loop, self.pacer.after_writes)
         self.write_high = broker.limits.max_pending
         self.timeouts = TimeoutWheel(0.5, self.loop.now)
+        self.full = False
+
+
+SECRET = b"bench-secret"
+
+
+def full_snapshot() -> dict:
+    """brokerd-full's tenant as the console publishes it: 20 ACL rules (the one that allows the
+    benchmark's topics last), default deny, one device d0 with a secret, no quota."""
+    import hashlib
+
+    cred = {"id": 1, "hash": "sha256$" + hashlib.sha256(SECRET).hexdigest(), "enabled": True}
+    acl = [{"id": i + 1, "position": i, "who": "all", **r} for i, r in enumerate(RULES)]
+    return {"schema": 1, "tenant": "bench", "status": "active", "default_acl": "deny",
+            "devices": {"d0": {"enabled": True, "credentials": [cred]}}, "acl": acl, "quota": {}, "rules": []}
+
+
+class NoBus:
+    """A one-node cluster's bus, never started (nothing per message reaches it)."""
+
+
+def attach_full(broker: Broker, server: "FakeServer") -> None:
+    """--full, after the clients connected: a store's journal (nothing is written for clean
+    sessions: commits by hand, none due) and a one-node cluster (brokerd-full's --cluster)."""
+    from brokerd.cluster.node import ClusterNode
+    from brokerd.cluster.peers import LinkSettings
+    from brokerd.persistence import Persistence
+    from brokerd.store import Journal
+
+    broker.use_store(Persistence(Journal()))
+    node = ClusterNode("bench", NoBus(), broker, loop=server.loop, clock=server.loop.time,
+                       links=LinkSettings("127.0.0.1", 0, b"s" * 32), flusher=server.flusher, budget=broker.budget)
+    broker.attach_cluster(node)
 
 
 def make_broker(args) -> tuple[Broker, FakeServer]:
     broker = Broker(BrokerConfig(allow_anonymous=True))
     server = FakeServer(broker)
+    server.full = args.full
+    if args.full:
+        from brokerd.tenancy.control import TenantControl
+
+        broker.auth = TenantControl(allow_anonymous=False)
+        broker.auth.apply("bench", 1, full_snapshot())
     if args.usage:
         from brokerd.metrics.usage import UsageLog
 
@@ -161,8 +208,11 @@ def client(server: FakeServer, cid: str, sub: str | None = None, qos: int = 0, a
            clean: bool = True) -> MqttConnection:
     conn = MqttConnection(server, Listener())
     conn.connection_made(FakeTransport())
-    conn.data_received(connect(cid, clean))
-    if acl:
+    full = server.full
+    conn.data_received(connect(cid, clean, *(("bench/d0", SECRET) if full else ())))
+    if full:
+        assert conn.channel.acl is not None and conn.channel.ns.name == "bench", "not authenticated"
+    elif acl:
         from brokerd.tenancy.acl import ClientAcl
 
         conn.channel.acl = ClientAcl(RULES, False, "d0", cid)
@@ -380,6 +430,10 @@ def main(argv=None) -> int:
     ap.add_argument("--store", choices=("none", "journal", "sqlite"), default="journal",
                     help="p1: what a commit does (none: memory://, no journal)")
     ap.add_argument("--acl", action="store_true", help="every client has the 20-rule ACL of brokerd-full's tenant")
+    ap.add_argument("--full", action="store_true",
+                    help="q0, q1, fan: brokerd-full's features: every client authenticated as device d0 of a "
+                         "tenant with the 20 rules of --acl (TenantControl), a store's journal and a one-node "
+                         "cluster")
     ap.add_argument("--usage", metavar="DIR", help="attach the usage log (nothing is written)")
     ap.add_argument("--callgrind", action="store_true",
                     help="instructions per message: runs itself under callgrind with --messages M and 2M and "
@@ -387,6 +441,8 @@ def main(argv=None) -> int:
     ap.add_argument("--count-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--prepare", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.full and args.scenario not in ("q0", "q1", "fan"):
+        ap.error("--full: q0, q1 or fan")
     if args.callgrind:
         return callgrind(args, argv if argv is not None else sys.argv[1:])
     if args.scenario == "fan" and args.clients == 100:
@@ -395,6 +451,8 @@ def main(argv=None) -> int:
         args.payload = 100 if args.payload == 1024 else args.payload
     broker, server = make_broker(args)
     run = SCENARIOS[args.scenario](args, server)
+    if args.full:
+        attach_full(broker, server)
     run(max(args.messages // 10, 1000))          # warm: caches, specialised bytecode, pid counters
     _tune_gc()                                   # as brokerd.server does
     if args.count_only:

@@ -317,7 +317,8 @@ class Broker:
             if acl is not None and topic.startswith("$SYS/"):
                 self.acct.publish_denied(ns, topic)
                 return rc.NOT_AUTHORIZED
-        if acl is not None and not acl.can_publish(topic):
+        # (ClientAcl.allowed: the last topic this client was allowed to publish to)
+        if acl is not None and topic != acl.allowed and not acl.can_publish(topic):
             self.acct.publish_denied(ns, topic)
             return rc.NOT_AUTHORIZED
         session = channel.session
@@ -340,17 +341,21 @@ class Broker:
         if usage is not None:
             usage.published(ns.name, msg.topic, msg.qos, len(msg.payload))
         journal = self.journal
-        if (journal is None or not msg.qos) and self.cluster is None:
+        mqos = msg.qos
+        if journal is None or not mqos or (not rel and journal.healthy):
+            # _dispatch, written out for a client's PUBLISH (its publisher, for No Local, is
+            # ``session``: msg.origin is not needed). With a store, the store writes a QoS 1
+            # message causes (deliveries to stored sessions, a retained message) are counted
+            # from ``before``; a QoS 2 one's PUBREL id, and a store that refuses writes, go
+            # the other way below.
+            before = len(journal.ops) if mqos and journal is not None else 0
             if msg.retain:
                 self._retain(ns, msg)
-            # _dispatch, written out for a client's PUBLISH on a node without a cluster (its
-            # publisher, for No Local, is ``session``: msg.origin is not needed)
             topic = msg.topic
             found = ns.cache.get(topic)
             if found is None:
                 found = ns.route(topic)
             entries, groups = found
-            mqos = msg.qos
             mretain = msg.retain
             delivered = 0
             for sub, qos, no_local, rap, ids in entries:
@@ -372,19 +377,48 @@ class Broker:
                     else:
                         self._enqueue_offline(sub, Delivery(msg, qos, mretain if rap else False, ids))
                 delivered += 1
-            if groups:
-                for group in groups:
-                    if self._deliver_shared(ns, group, msg, now):
-                        delivered += 1
-            if delivered:
-                if usage is not None:
+            cluster = self.cluster
+            if cluster is None or not (groups or cluster.moving or ns.name in cluster.remote_tenants):
+                # no cluster, or nothing for it to do (Forwarder.forward's own first test: no shared
+                # group matched, no other node has a route in this tenant, no session is moving)
+                if groups:
+                    for group in groups:
+                        if self._deliver_shared(ns, group, msg, now):
+                            delivered += 1
+                if delivered:
+                    if usage is not None:
+                        usage.delivered(ns.name, topic, delivered, len(msg.payload))
+                    code = rc.SUCCESS
+                else:
+                    self._no_subscribers(ns, msg, channel, now)
+                    code = rc.NO_MATCHING_SUBSCRIBERS
+                if not mqos or journal is None:
+                    return code
+                waits = ()
+            else:
+                # a node of a cluster: the local plain subscribers are counted in the usage log
+                # here, the other nodes' by them; the cluster forwards the message and decides
+                # the shared groups; QoS 1/2 waits for the nodes that store it
+                if usage is not None and delivered:
                     usage.delivered(ns.name, topic, delivered, len(msg.payload))
-                return rc.SUCCESS
-            self._no_subscribers(ns, msg, channel, now)
-            return rc.NO_MATCHING_SUBSCRIBERS
+                count, waits = cluster.forward(ns, msg, groups, now)
+                if delivered or count:
+                    code = rc.SUCCESS
+                else:
+                    code = rc.NO_MATCHING_SUBSCRIBERS
+                    self._no_subscribers(ns, msg, channel, now)
+                if not mqos:
+                    return code
+                if journal is None:
+                    if waits:
+                        cluster.wait_for(waits, _AckWhenDurable(channel, msg.packet_id, mqos, code, len(waits)))
+                        return None
+                    return code
+            stored = len(journal.ops) > before
+            if not stored and not waits:
+                return code                     # (a clean session's QoS 1: nothing written, no node to wait for)
+            return self._after_store(journal, channel, msg, code, stored, waits, 0)
         msg.origin = session                # for No Local, in _dispatch
-        if journal is None or not msg.qos:
-            return self._publish_clustered(ns, msg, channel, now)
         if not journal.healthy and self._needs_store(ns, msg, session, rel):
             self.acct.store_refused()
             return STORE_UNAVAILABLE
@@ -397,7 +431,12 @@ class Broker:
         code = rc.SUCCESS if self._dispatch(ns, msg, now) else rc.NO_MATCHING_SUBSCRIBERS
         if code:
             self._no_subscribers(ns, msg, channel, now)
-        stored = len(journal.ops) > before
+        return self._after_store(journal, channel, msg, code, len(journal.ops) > before, waits, rel)
+
+    def _after_store(self, journal, channel, msg: Publish, code: int, stored: bool, waits, rel: int) -> int | None:
+        """The ack of a QoS 1/2 PUBLISH on a node with a store: now (nothing was
+        written for it, no node waited for), after the journal's next commit, or
+        once every part (the commit, each node that stores it) answered."""
         if not stored and not waits:
             return code
         if not waits and not rel:
@@ -486,20 +525,6 @@ class Broker:
         rules = self.rules.get(ns.name)
         if rules is not None:
             rules.event("message_dropped", self, ns, channel, now, msg=msg, reason="no_subscribers")
-
-    def _publish_clustered(self, ns: Namespace, msg: Publish, channel, now: float) -> int | None:
-        """A PUBLISH that needs no local store write, on a node of a cluster:
-        QoS 1/2 still waits for the nodes that store it for their sessions."""
-        if msg.retain:
-            self._retain(ns, msg)
-        waits = self._waits = []
-        code = rc.SUCCESS if self._dispatch(ns, msg, now) else rc.NO_MATCHING_SUBSCRIBERS
-        if code:
-            self._no_subscribers(ns, msg, channel, now)
-        if not waits or not msg.qos:
-            return code
-        self.cluster.wait_for(waits, _AckWhenDurable(channel, msg.packet_id, msg.qos, code, len(waits)))
-        return None
 
     def _publish_quota(self, ns: Namespace, msg: Publish, quota: dict) -> int:
         """A tenant quota a PUBLISH breaks: its reason code (0: none)."""

@@ -52,6 +52,7 @@ class Forwarder:
                  orphaned: dict, broker: ClusterBroker, fence: FenceState, clock: Clock):
         self.id = node_id
         self.routes = routes
+        self._tenants = routes.tenants    # tenants with routes on other nodes, plain or wildcard (per message)
         self.requests = requests
         self._ids = requests.ids
         self._send = send                 # send(node, frame): over this node's link to it
@@ -68,11 +69,8 @@ class Forwarder:
         """Send ``msg`` to the other nodes that want it and decide the shared
         groups cluster-wide (local members through the broker). -> (deliveries
         counted, [request ids whose ACK the publisher waits for])."""
-        if not groups and not self._moving:
-            routes = self.routes
-            tenant = ns.name
-            if tenant not in routes.tries and tenant not in routes.exact:
-                return 0, ()             # no other node has a route of this tenant (a one-node cluster)
+        if not groups and not self._moving and ns.name not in self._tenants:
+            return 0, ()                 # no other node has a route of this tenant (a one-node cluster)
         if self.fence.fenced or msg.topic.startswith("$SYS/"):
             return self._local_groups(ns, msg, groups, now), []
         nodes, rgroups = self.routes.match(ns.name, msg.topic)

@@ -100,6 +100,10 @@ class ClusterNode:
                                self.requests, self.announcer, clock)
         # per message: straight to the part that does it
         self.forward = self.forwarding.forward
+        # what the broker reads per message before calling forward at all (Broker.publish): the
+        # tenants with routes on other nodes, and those with sessions moving through this node
+        self.remote_tenants = self.routes.tenants
+        self.moving = self.handoff.moving
         self.wait_for = self.requests.wait_for
         self._on_publish = self.forwarding.on_publish
         self.peers.attach(self)

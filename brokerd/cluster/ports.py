@@ -261,6 +261,10 @@ class Cluster(Protocol):
     fenced: bool
     members: dict[str, dict]
     stats_totals: dict[str, float]
+    # read per message (Broker.publish): ``forward`` has nothing to do for a message of a tenant
+    # not in ``remote_tenants`` (no route on another node) nor ``moving`` that matched no shared group
+    remote_tenants: set[str]
+    moving: dict[str, list]
 
     def forward(self, ns: TenantSpace, msg, groups: list, now: float) -> tuple[int, list]: ...
 

@@ -72,6 +72,9 @@ class ClusterRoutes:
         self.node = node                             # this node: its own entries are kept elsewhere
         self.exact: dict[str, dict] = {}             # tenant -> plain routes on filters without wildcards
         self.tries: dict[str, TopicTrie] = {}        # tenant -> wildcard plain routes and shared groups
+        # every tenant of ``exact`` and ``tries`` (and some that had routes there since the last
+        # clear): a tenant not in it has no route on another node -- one set, read per message
+        self.tenants: set[str] = set()
         self.caches: dict[str, TopicCache] = {}      # tenant -> topic -> (plain targets, group targets)
         self.cache_budget = CacheBudget(ROUTE_CACHE_NODE_BYTES)
         self.rr: dict[tuple, int] = {}               # round robin over nodes of a shared group
@@ -81,6 +84,7 @@ class ClusterRoutes:
         parts of the cluster share this one object)."""
         self.exact = {}
         self.tries = {}
+        self.tenants.clear()                         # (the same set: the forwarder and the node read it)
         self.caches = {}
         self.cache_budget = CacheBudget(ROUTE_CACHE_NODE_BYTES)
         self.rr = {}
@@ -89,6 +93,7 @@ class ClusterRoutes:
         trie = self.tries.get(tenant)
         if trie is None:
             trie = self.tries[tenant] = TopicTrie()
+            self.tenants.add(tenant)
         return trie
 
     # -------------------------------------------------------------- updates
@@ -121,6 +126,7 @@ class ClusterRoutes:
             if subs <= 0:
                 return
             table = self.exact[tenant] = {}
+            self.tenants.add(tenant)
         cur = table.get(filt)
         if subs > 0:
             node = intern(node)

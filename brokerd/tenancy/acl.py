@@ -35,7 +35,7 @@ lookup; topics longer than MAX_CACHED_TOPIC are checked every time.
 
 from fnmatch import fnmatchcase
 
-from ..routing.cache import CacheBudget, TopicCache
+from ..routing.cache import MAX_CACHED_TOPIC, CacheBudget, TopicCache
 from ..routing.topic import matches
 
 PLACEHOLDERS = ("{device}", "{client_id}")
@@ -185,7 +185,7 @@ def rule_applies(rule: dict, device: str | None) -> bool:
 class ClientAcl:
     """The compiled rules of one client and its cached verdicts."""
 
-    __slots__ = ("publish_rules", "subscribe_rules", "default", "_pub", "_read")
+    __slots__ = ("publish_rules", "subscribe_rules", "default", "_pub", "_read", "allowed")
 
     def __init__(self, rules: list[dict], default_allow: bool, device: str | None, client_id: str,
                  budget: CacheBudget | None = None):
@@ -193,6 +193,11 @@ class ClientAcl:
         self.default = default_allow
         self._pub = TopicCache(ACL_CACHE_BYTES, budget)
         self._read = TopicCache(ACL_CACHE_BYTES, budget)
+        # the last topic can_publish allowed (a verdict never changes for one ClientAcl: a new
+        # policy makes a new one), compared first by the publish path (Broker.publish): a device
+        # publishing to one topic again and again pays a string comparison. Cached topics only
+        # (at most MAX_CACHED_TOPIC characters held).
+        self.allowed = None
 
     @property
     def open(self) -> bool:
@@ -205,6 +210,8 @@ class ClientAcl:
         if verdict is None:
             verdict = decide_publish(self.publish_rules, topic, self.default)[0]
             cache.put(topic, verdict, ACL_ENTRY_COST)
+        if verdict and len(topic) <= MAX_CACHED_TOPIC:
+            self.allowed = topic
         return verdict
 
     def can_read(self, topic: str) -> bool:
