@@ -27,7 +27,7 @@ from functools import partial
 from math import ceil
 from struct import Struct
 
-from ..session.session import AWAIT_ACK, NO_IDS, NO_INFLIGHT, Delivery
+from ..session.session import AWAIT_ACK, NO_IDS, NO_INFLIGHT, Delivery, new_delivery
 from . import properties as P
 from . import reason as rc
 from .codec import (
@@ -60,6 +60,7 @@ from .packets import (
     Publish,
     Suback,
     Unsuback,
+    publish_q1,
 )
 from .ports import ChannelBroker, TransportHooks
 from .properties import NEVER
@@ -313,7 +314,7 @@ class Channel:
                     j = i + 3 if j < n and not data[j] else n + 1
                 if pid and j <= n and self.decoder.error is None:
                     self.last_rx = now
-                    p = Publish(topic, data[j:], 1, False, False, pid, None, None, None, None, None, None, head31)
+                    p = publish_q1(topic, data[j:], pid, head31)
                     # _on_publish for a QoS 1 PUBLISH without properties, its topic checked above
                     self.msgs_in += 1
                     self.qos_in[1] += 1                 # (a list since the PUBLISH that made ``last``)
@@ -963,7 +964,7 @@ class Channel:
             pid = session.allocate_pid()
         else:
             session.next_pid = pid + 1 if pid < 65535 else 1
-        d = Delivery(msg, qos, retain, sub_ids, share, pid)
+        d = new_delivery(msg, qos, retain, sub_ids, share, pid)
         head = msg.head31
         if head is not None and qos == 1 and not retain and self.version != MQTT5 and self.limit_out is None:
             # _write_publish of a 3.x QoS 1 PUBLISH to a 3.x client, written out: the bytes it came
