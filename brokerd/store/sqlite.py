@@ -48,8 +48,6 @@ import logging
 import os
 import sqlite3
 import time
-from itertools import groupby
-from operator import itemgetter
 from urllib.parse import parse_qs, urlsplit
 
 from .base import DATA_ERRORS, Store, StoreError
@@ -298,19 +296,32 @@ class SQLiteStore(Store):
         numbered: list = []                  # the entries this attempt gave numbers to
         db.execute("BEGIN IMMEDIATE")
         try:
-            queue = ([], [], [], numbered)       # appends, state changes, deletes
-            for kind, run in groupby(ops, key=_kind):
-                if kind in _QUEUE_KINDS:
-                    queue[_QUEUE_KINDS[kind]].extend(run)
-                    continue
-                if kind in _SESSION_KINDS:
-                    _apply_queue(db, queue)           # what the session operation applies to comes first
-                if kind == "session_del":
-                    keys = [op[1:3] for op in run]
-                    for table in _SESSION_TABLES:
-                        db.executemany(f"DELETE FROM {table} WHERE tenant = ? AND client_id = ?", keys)
+            appends, states, deletes = [], [], []
+            queue = (appends, states, deletes, numbered)
+            append, delete = appends.append, deletes.append
+            run = None                           # the run of another kind being gathered
+            for op in ops:
+                # by kind, in runs of one kind (groupby's runs, without an iterator per run: under
+                # load a batch is appends and deletes interleaved, often one by one)
+                kind = op[0]
+                if kind == "q" or kind == "q_del" or kind == "q_state":
+                    if run is not None:          # (a session operation first: it creates the queue)
+                        _apply_run(db, run, queue)
+                        run = None
+                    if kind == "q":
+                        append(op)
+                    elif kind == "q_del":
+                        delete(op)
+                    else:
+                        states.append(op)
+                elif run is not None and kind == run[0][0]:
+                    run.append(op)
                 else:
-                    db.executemany(_SQL[kind], [_params(op) for op in run])
+                    if run is not None:
+                        _apply_run(db, run, queue)
+                    run = [op]
+            if run is not None:
+                _apply_run(db, run, queue)
             _apply_queue(db, queue)
             db.execute("COMMIT")
         except BaseException:
@@ -432,11 +443,20 @@ class SQLiteStore(Store):
         self.db.execute("INSERT OR REPLACE INTO blobs VALUES (?, ?)", (key, bytes(value)))
 
 
-_kind = itemgetter(0)        # an operation's kind (groupby's key: a C call per operation, not a Python one)
-
-
-_QUEUE_KINDS = {"q": 0, "q_state": 1, "q_del": 2}
 _SESSION_KINDS = frozenset(("session", "session_del"))
+
+
+def _apply_run(db, run: list, queue: tuple) -> None:
+    """A run of operations of one kind other than the queue's, in one ``executemany``."""
+    kind = run[0][0]
+    if kind in _SESSION_KINDS:
+        _apply_queue(db, queue)           # what the session operation applies to comes first
+    if kind == "session_del":
+        keys = [op[1:3] for op in run]
+        for table in _SESSION_TABLES:
+            db.executemany(f"DELETE FROM {table} WHERE tenant = ? AND client_id = ?", keys)
+    else:
+        db.executemany(_SQL[kind], [_params(op) for op in run])
 
 
 def _apply_queue(db, queue: tuple[list, list, list, list]) -> None:
@@ -448,7 +468,9 @@ def _apply_queue(db, queue: tuple[list, list, list, list]) -> None:
     nothing, in any order.)"""
     appends, states, deletes, numbered = queue
     if appends:
-        rows, plain = _append_rows(appends, _number(db, appends, numbered))
+        rows, plain, q1 = _append_rows(appends, _number(db, appends, numbered))
+        if q1:
+            _many(db, _q1_appends, q1, 6)
         if plain:
             _many(db, _plain_appends, plain, 11)
         if rows:
@@ -478,6 +500,16 @@ def _plain_appends(k: int) -> str:
             "WHERE EXISTS (SELECT 1 FROM sessions s WHERE s.tenant = v.column1 AND s.client_id = v.column2)")
 
 
+def _q1_appends(k: int) -> str:
+    """The append of ``k`` plain entries of the usual kind: a QoS 1 message, not retained,
+    delivered at QoS 1 without the retain flag, its PUBLISH owed -- those five values are
+    the statement's constants, not bound for each row (``_plain_appends`` otherwise)."""
+    return ("INSERT OR REPLACE INTO queue SELECT v.column1, v.column2, v.column3, v.column4, v.column5, 1, 0, "
+            "NULL, NULL, 1, 0, NULL, NULL, v.column6, 0 FROM (VALUES "
+            + ", ".join(["(?, ?, ?, ?, ?, ?)"] * k) + ") AS v "
+            "WHERE EXISTS (SELECT 1 FROM sessions s WHERE s.tenant = v.column1 AND s.client_id = v.column2)")
+
+
 def _deletes(k: int) -> str:
     """The delete of ``k`` queue entries by number: rowids, each found at once. (Its
     number is the entry's alone in the file: the counter never gives one twice, and an
@@ -502,13 +534,16 @@ def _many(db, make, values: list, width: int) -> None:
         rows -= k
 
 
-def _append_rows(appends: list, seq: int) -> tuple[list, list]:
+def _append_rows(appends: list, seq: int) -> tuple[list, list, list]:
     """Number the appended entries ``seq + 1``, ``seq + 2``, ... in order (``entry.seq``) ->
-    (rows of the "q" statement, the values of "q_plain"'s rows one after the other: entries
-    without properties, expiry, subscription ids or share group -- nearly all -- bound
-    without their NULLs). One pass over the batch's appends."""
-    rows, plain = [], []
+    (rows of the "q" statement; the values of ``_plain_appends``' rows one after the other:
+    entries without properties, expiry, subscription ids or share group -- nearly all --
+    bound without their NULLs; the values of ``_q1_appends``' rows: the plain ones that are
+    QoS 1 throughout, not retained, their PUBLISH owed -- bound without their constants).
+    One pass over the batch's appends."""
+    rows, plain, q1 = [], [], []
     add = plain.extend
+    add1 = q1.extend
     for op in appends:
         e = op[3]
         seq += 1
@@ -519,10 +554,12 @@ def _append_rows(appends: list, seq: int) -> tuple[list, list]:
             rows.append((op[1], op[2], seq, m.topic, m.payload, m.qos, 1 if m.retain else 0,
                          pack_props(props) if props else None, expiry, e.qos, 1 if e.retain else 0,
                          pack_ids(ids) if ids else None, pack_share(share) if share else None, e.pid, e.state))
+        elif e.qos == 1 and m.qos == 1 and not (m.retain or e.retain or e.state):
+            add1((op[1], op[2], seq, m.topic, m.payload, e.pid))
         else:
             add((op[1], op[2], seq, m.topic, m.payload, m.qos, 1 if m.retain else 0, e.qos,
                  1 if e.retain else 0, e.pid, e.state))
-    return rows, plain
+    return rows, plain, q1
 
 
 def _number(db, run: list, numbered: list) -> int:
