@@ -369,7 +369,7 @@ class Broker:
                 if mqos < qos:
                     qos = mqos
                 if qos and sub.durable:
-                    self._deliver_stored(sub, Delivery(msg, qos, mretain if rap else False, ids), msg)
+                    self._deliver_stored(sub, msg, qos, mretain if rap else False, ids, None)
                 else:
                     ch = sub.channel
                     if ch is not None:
@@ -598,7 +598,7 @@ class Broker:
             if mqos < qos:
                 qos = mqos
             if qos and session.durable:
-                self._deliver_stored(session, Delivery(msg, qos, mretain if rap else False, ids), msg)
+                self._deliver_stored(session, msg, qos, mretain if rap else False, ids, None)
             else:
                 ch = session.channel
                 if ch is not None:
@@ -678,7 +678,7 @@ class Broker:
         retain = msg.retain if sub.rap else False
         ids = (sub.sub_id,) if sub.sub_id else None
         if qos and session.durable:
-            self._deliver_stored(session, Delivery(msg, qos, retain, ids, group), msg)
+            self._deliver_stored(session, msg, qos, retain, ids, group)
             return True
         ch = session.channel
         if ch is not None:
@@ -687,13 +687,10 @@ class Broker:
             self._enqueue_offline(session, Delivery(msg, qos, retain, ids, group))
         return True
 
-    def _deliver_stored(self, session: Session, d: Delivery, msg: Publish) -> None:
+    def _deliver_stored(self, session: Session, msg: Publish, qos: int, retain: bool, ids, group) -> None:
         """A QoS 1/2 delivery to a durable session: written to its stored
         queue, sent once that write is durable."""
-        stored = msg.stored
-        if stored is None:
-            stored = msg.stored = self.persist.stored_message(msg)
-        self.persist.enqueue(session, session.ns.name, d, stored)
+        d = self.persist.enqueue(session, session.ns.name, msg, qos, retain, ids, group)
         ch = session.channel
         if ch is not None:
             ch.queue_delivery(d)

@@ -25,6 +25,8 @@ from .store.records import QueueEntry, StoredMessage, SubscriptionRecord, pack_w
 
 SYS_PREFIX = "$SYS/"
 
+_new = object.__new__
+
 
 class Persistence:
     __slots__ = ("journal", "wall_offset")
@@ -71,10 +73,29 @@ class Persistence:
         return StoredMessage(msg.topic, msg.payload, msg.qos, msg.retain, msg.properties,
                              None if expiry is None else expiry + self.wall_offset)
 
-    def enqueue(self, session, tenant: str, d: Delivery, stored: StoredMessage) -> None:
-        """Write ``d`` to the session's stored queue, with a packet identifier
-        reserved for it. The store gives the row its sequence number when it
-        commits (``d.entry.seq``), so rows from several nodes stay ordered."""
+    def enqueue(self, session, tenant: str, msg: Publish, qos: int, retain: bool, sub_ids, share) -> Delivery:
+        """A QoS 1/2 delivery of ``msg`` to a durable session, written to its
+        stored queue with a packet identifier reserved for it -> the Delivery
+        (sent once that write is durable: ``d.gen``). The store gives the row
+        its sequence number when it commits (``d.entry.seq``), so rows from
+        several nodes stay ordered.
+
+        Once per stored delivery: the message's stored form (made once for all
+        its durable sessions), the Delivery and its QueueEntry are made here
+        without their Python ``__init__`` (a class call runs it in a frame of
+        its own). Every slot is set as their ``__init__`` sets it: a field added
+        to Delivery, QueueEntry or StoredMessage must be added here too
+        (tests/durability/test_stored_delivery.py compares them)."""
+        stored = msg.stored
+        if stored is None:
+            expiry = msg.expiry_at
+            stored = msg.stored = _new(StoredMessage)
+            stored.topic = msg.topic
+            stored.payload = msg.payload
+            stored.qos = msg.qos
+            stored.retain = msg.retain
+            stored.properties = msg.properties
+            stored.expiry_at = None if expiry is None else expiry + self.wall_offset
         journal = self.journal
         reserved = session.reserved
         if reserved is None:
@@ -84,16 +105,33 @@ class Persistence:
             session.next_pid = pid + 1 if pid < 65535 else 1
         else:
             pid = session.allocate_pid()
-        d.pid = pid
         reserved.add(pid)
+        entry = _new(QueueEntry)
+        entry.seq = 0
+        entry.msg = stored
+        entry.qos = qos
+        entry.retain = retain
+        entry.sub_ids = sub_ids
+        entry.share = (share.name, share.filter) if share is not None else None
+        entry.pid = pid
+        entry.state = AWAIT_ACK
+        d = _new(Delivery)
+        d.msg = msg
+        d.qos = qos
+        d.retain = retain
+        d.sub_ids = sub_ids
+        d.pid = pid
+        d.state = AWAIT_ACK
+        d.share = share
+        d.entry = entry
         d.gen = journal.generation
-        share = (d.share.name, d.share.filter) if d.share is not None else None
-        d.entry = entry = QueueEntry(0, stored, d.qos, d.retain, d.sub_ids, share, pid, d.state)
+        d.dup = False
         ops = journal.ops
         if not ops:
             journal.add(("q", tenant, session.client_id, entry))     # (wakes the writer)
         else:
             ops.append(("q", tenant, session.client_id, entry))
+        return d
 
     def done(self, session, tenant: str, d: Delivery) -> None:
         """Acknowledged, expired or dropped: remove it from the stored queue."""

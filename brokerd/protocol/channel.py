@@ -725,6 +725,24 @@ class Channel:
         if self.state != CONNECTED:
             return
         acks = self._acks
+        if ok and self.version != MQTT5:
+            # the usual case, once per batch a publisher had a PUBLISH in: its PUBACKs at the
+            # head of the line, sent as they come off it (what the loop below and _acks_out do)
+            out = self.out
+            while acks:
+                entry = acks[0]
+                if entry[2] is not None or entry[3] is None or entry[0] != PUBACK or entry[3] >= 0x80:
+                    break
+                acks.popleft()
+                self.inbound_pending -= 1
+                if not out:
+                    self.hooks.wake()
+                out.append(_puback_bytes(0x4002, entry[1]))
+                n -= 1
+                if not n:
+                    if acks and acks[0][2] is not None:
+                        self._acks_out(acks)
+                    return
         for entry in acks:
             if entry[2] is None and entry[3] is not None:
                 entry[2] = entry[3] if ok else STORE_UNAVAILABLE

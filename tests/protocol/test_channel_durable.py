@@ -11,7 +11,7 @@ import pytest
 
 from brokerd.persistence import Persistence
 from brokerd.protocol import properties as P
-from brokerd.protocol.packets import PUBACK, Puback, Suback, Subscribe, SubscriptionRequest
+from brokerd.protocol.packets import PUBACK, PUBREC, Puback, Suback, Subscribe, SubscriptionRequest
 from brokerd.protocol.reason import STORE_UNAVAILABLE
 from brokerd.store import Journal
 
@@ -72,6 +72,23 @@ def test_pubacks_wait_for_the_commit_and_leave_in_order(version):
     assert acks(pub) == [(1, 0), (2, 0x10 if version == MQTT5 else 0), (3, 0)]
     assert [p.payload for p in sub.publishes()] == [b"a", b"c"]
 
+
+
+@BOTH
+def test_a_pubrec_that_waits_holds_back_the_pubacks_of_its_batch_behind_it(version):
+    net = durable_net()
+    sub = persistent(net, "sub", version, "d/#")
+    pub = net.client(version)
+    pub.connect("pub")
+    pub.publish("d/1", b"a", qos=1)
+    pub.publish("d/2", b"b", qos=2)           # its PUBREC waits for the commit too, in line
+    pub.publish("d/3", b"c", qos=1)
+    pub.publish("x/4", b"d", qos=1)           # no subscriber: known at once, still behind them
+    assert pub.take() == []
+    commit(net)
+    got = [(p.type, p.packet_id) for p in pub.take()]
+    assert got == [(PUBACK, 1), (PUBREC, 2), (PUBACK, 3), (PUBACK, 4)]
+    assert [p.payload for p in sub.publishes()] == [b"a", b"b", b"c"]
 
 def test_a_failed_commit_refuses_every_ack_of_its_batch_and_the_next_batch_is_acked():
     net = durable_net()
