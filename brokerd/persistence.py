@@ -20,7 +20,7 @@ crash before they land only means a redelivery with DUP set.
 from .protocol import properties as P
 from .protocol.packets import Publish
 from .routing.topic import parse_shared
-from .session.session import AWAIT_ACK, NO_IDS, Delivery, Subscription
+from .session.session import AWAIT_ACK, NO_IDS, Delivery, Subscription, new_delivery
 from .store.records import QueueEntry, StoredMessage, SubscriptionRecord, pack_will
 
 SYS_PREFIX = "$SYS/"
@@ -81,10 +81,10 @@ class Persistence:
         several nodes stay ordered.
 
         Once per stored delivery: the message's stored form (made once for all
-        its durable sessions), the Delivery and its QueueEntry are made here
-        without their Python ``__init__`` (a class call runs it in a frame of
-        its own). Every slot is set as their ``__init__`` sets it: a field added
-        to Delivery, QueueEntry or StoredMessage must be added here too
+        its durable sessions), its QueueEntry and the Delivery (``new_delivery``)
+        are made without their Python ``__init__`` (a class call runs it in a
+        frame of its own). Every slot is set as their ``__init__`` sets it: a
+        field added to QueueEntry or StoredMessage must be added here too
         (tests/durability/test_stored_delivery.py compares them)."""
         stored = msg.stored
         if stored is None:
@@ -115,17 +115,9 @@ class Persistence:
         entry.share = (share.name, share.filter) if share is not None else None
         entry.pid = pid
         entry.state = AWAIT_ACK
-        d = _new(Delivery)
-        d.msg = msg
-        d.qos = qos
-        d.retain = retain
-        d.sub_ids = sub_ids
-        d.pid = pid
-        d.state = AWAIT_ACK
-        d.share = share
+        d = new_delivery(msg, qos, retain, sub_ids, share, pid)
         d.entry = entry
         d.gen = journal.generation
-        d.dup = False
         ops = journal.ops
         if not ops:
             journal.add(("q", tenant, session.client_id, entry))     # (wakes the writer)
