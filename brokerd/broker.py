@@ -147,7 +147,6 @@ class Broker:
         """Mirror durable sessions through ``persist`` (a ``Persistence``)."""
         self.persist = persist
         self.journal = persist.journal
-        self.acked = persist.acked          # (the same, without this class's call in between)
 
     def use_delayed(self, queue) -> None:
         """Take ``$delayed/...`` messages into ``queue`` (a ``delayed.DelayedQueue``);

@@ -136,21 +136,6 @@ class Persistence:
         else:
             ops.append(("q_del", tenant, session.client_id, d.entry))
 
-    def acked(self, session, d: Delivery) -> None:
-        """``Broker.acked`` on a node with a store (``Broker.use_store`` binds it there,
-        one call where the broker's own made two): the client acknowledged a stored
-        delivery (PUBACK / PUBCOMP) -- for a durable session, ``done``."""
-        if not session.durable:
-            return
-        if session.reserved is not None:
-            session.reserved.discard(d.pid)
-        journal = self.journal
-        ops = journal.ops
-        if not ops:
-            journal.add(("q_del", session.ns.name, session.client_id, d.entry))     # (wakes the writer)
-        else:
-            ops.append(("q_del", session.ns.name, session.client_id, d.entry))
-
     def released(self, session, tenant: str, d: Delivery) -> None:
         """QoS 2: PUBREC received, PUBREL owed."""
         d.entry.state = d.state
