@@ -26,21 +26,33 @@ attempt at a batch that fails is rolled back, counter included: the entries
 it numbered get seq 0 again, so a later ``q_del`` of an entry that was never
 written (dropped by the writer) cannot delete the entry that took its number.
 
-Schema 3: an entry's number is the queue row's rowid (``seq INTEGER PRIMARY
+Schema 4: an entry's number is the queue row's rowid (``seq INTEGER PRIMARY
 KEY``), so the acknowledgements of a batch delete their rows by number alone,
-one lookup each -- under load the deletes were found through an index on
-(tenant, client id, number) by a join, a quarter of the store thread's work.
-A file of schema 1 or 2 is upgraded when it is opened, in one transaction: its
-queue table is rebuilt, every entry numbered again past every number the file
-gave (each session's entries keep their order), and the counter starts after
-them. Schema 1's per-session counter column is also renamed (``last_seq_v1``),
-so a brokerd of schema 1 still running on the file fails its next queue write
-("no such column": the store unavailable, its publishers get negative
-acknowledgements) instead of numbering entries that collide with the new
-ones; a brokerd of schema 2 still running on it would redeliver (its entries'
-numbers are no longer the rows'). An older brokerd refuses to open a file of a
-newer schema; any brokerd refuses a schema it does not know. Stop every node
-sharing a file before upgrading them.
+one lookup each (schema 3 did too); and that number starts with its session's:
+``sid << 43 | n``, ``n`` from the file's counter. A session's entries are one
+range of rowids, in the order of their numbers -- loading or deleting a session
+reads that range, with no index: schema 3's index on (tenant, client id) was a
+second b-tree written and erased for every message, 7 % of the messages a
+second a node could take. A session is numbered (``sessions.sid``, unique, 1 to
+``SID_MAX``) when its first entry is appended, and keeps that number until it
+is deleted; a number no session holds is given again (after the counter's
+last), never while any row of it is left. The store's thread remembers the
+numbers it has read; the append's guard checks the number with the session (a
+session another node deleted and made again has a new one), and an append
+the guard refused is numbered again from the file. The limits: ``SID_MAX``
+(1,048,575) sessions with queued entries in one file, and 2**43 (8.8e12)
+entries appended over a file's life -- four years at 70,000 a second.
+
+A file of schema 1, 2 or 3 is upgraded when it is opened, in one transaction:
+its sessions with entries are numbered, its queue table is rebuilt as
+``entries``, every entry numbered again past every number the file gave (each
+session's entries keep their order), and the counter starts after them.
+Schema 1's per-session counter column is also renamed (``last_seq_v1``). A
+brokerd of schema 1, 2 or 3 still running on the file fails its next queue
+write ("no such table: queue": the store unavailable, its publishers get
+negative acknowledgements) instead of writing entries no session would find.
+An older brokerd refuses to open a file of a newer schema; any brokerd refuses
+a schema it does not know. Stop every node sharing a file before upgrading them.
 """
 
 import asyncio
@@ -50,7 +62,7 @@ import sqlite3
 import time
 from urllib.parse import parse_qs, urlsplit
 
-from .base import DATA_ERRORS, Store, StoreError
+from .base import DATA_ERRORS, Store, StoreDataError, StoreError
 from .records import (
     DelayedMessage,
     QueueEntry,
@@ -88,9 +100,13 @@ log = logging.getLogger("brokerd.store")
 CHECKPOINT_FRAMES = 1000          # SQLite's default wal_autocheckpoint
 BACKSTOP_FRAMES = 4000
 
-SCHEMA_VERSION = "3"
-KNOWN = (None, "1", "2", SCHEMA_VERSION)
-COUNTER = "queue_seq"
+SCHEMA_VERSION = "4"
+KNOWN = (None, "1", "2", "3", SCHEMA_VERSION)
+COUNTER = "queue_seq"             # the last entry number given (``n``)
+SID_COUNTER = "session_sid"       # the last session number given
+SEQ_BITS = 43                     # an entry's rowid: its session's number << SEQ_BITS | n
+SEQ_MASK = (1 << SEQ_BITS) - 1
+SID_MAX = (1 << (63 - SEQ_BITS)) - 1
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -98,7 +114,7 @@ CREATE TABLE IF NOT EXISTS blobs (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS sessions (
     tenant TEXT NOT NULL, client_id TEXT NOT NULL, expiry_interval INTEGER NOT NULL,
-    disconnected_at REAL, will BLOB, will_due REAL, device TEXT,
+    disconnected_at REAL, will BLOB, will_due REAL, device TEXT, sid INTEGER,
     PRIMARY KEY (tenant, client_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS subscriptions (
     tenant TEXT NOT NULL, client_id TEXT NOT NULL, filter TEXT NOT NULL,
@@ -118,22 +134,24 @@ CREATE INDEX IF NOT EXISTS delayed_due ON delayed (due);
 CREATE INDEX IF NOT EXISTS delayed_tenant ON delayed (tenant);
 """
 
-# The queue (schema 3): an entry's number -- from the file's one counter, never reused -- is its
-# rowid, so a delete finds its row by number alone; ``queue_session`` (the entries of a session,
-# in the order of their numbers: an index entry ends with the rowid) serves loading and purging.
-# Made (or rebuilt from an older layout) by ``_upgrade``, in its transaction.
-QUEUE = """
-CREATE TABLE {name} (
-    tenant TEXT NOT NULL, client_id TEXT NOT NULL, seq INTEGER PRIMARY KEY,
+# The queue (schema 4): an entry's number -- its session's number << SEQ_BITS | one from the
+# file's counter, never reused -- is its rowid: a delete finds its row by number alone, a
+# session's entries are the range of its number. Made (or rebuilt from an older layout's
+# ``queue``) by ``_upgrade``, in its transaction.
+ENTRIES = """
+CREATE TABLE entries (
+    seq INTEGER PRIMARY KEY,
     topic TEXT NOT NULL, payload BLOB NOT NULL, msg_qos INTEGER NOT NULL, msg_retain INTEGER NOT NULL,
     props BLOB, expiry_at REAL,
     qos INTEGER NOT NULL, retain INTEGER NOT NULL, sub_ids TEXT, share TEXT, pid INTEGER NOT NULL,
     state INTEGER NOT NULL)
 """
-QUEUE_INDEXES = ("CREATE INDEX queue_session ON queue (tenant, client_id)",
-                 "CREATE INDEX queue_expiry ON queue (expiry_at) WHERE expiry_at IS NOT NULL")
-QUEUE_COLUMNS = ("tenant, client_id, seq, topic, payload, msg_qos, msg_retain, props, expiry_at, qos, retain, "
-                 "sub_ids, share, pid, state")
+ENTRIES_INDEX = "CREATE INDEX entries_expiry ON entries (expiry_at) WHERE expiry_at IS NOT NULL"
+ENTRIES_COLUMNS = "seq, topic, payload, msg_qos, msg_retain, props, expiry_at, qos, retain, sub_ids, share, pid, state"
+# a session's entries: the rowids of its number (none for a session without one)
+RANGE = f"BETWEEN ?1 << {SEQ_BITS} AND (?1 << {SEQ_BITS}) | {SEQ_MASK}"
+SESSION_RANGE = (f"BETWEEN (SELECT sid FROM sessions WHERE tenant = ?1 AND client_id = ?2) << {SEQ_BITS} "
+                 f"AND ((SELECT sid FROM sessions WHERE tenant = ?1 AND client_id = ?2) << {SEQ_BITS}) | {SEQ_MASK}")
 
 _SQL = {
     "session": "INSERT INTO sessions (tenant, client_id, expiry_interval, disconnected_at, will, will_due, device) "
@@ -144,13 +162,12 @@ _SQL = {
     "sub": "INSERT OR REPLACE INTO subscriptions SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8 "
            "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)",
     "unsub": "DELETE FROM subscriptions WHERE tenant = ? AND client_id = ? AND filter = ?",
-    # queue entries only for sessions that exist
-    "q": "INSERT OR REPLACE INTO queue SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15 "
-         "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)",
-    "q_plain": "INSERT OR REPLACE INTO queue SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL, NULL, ?8, ?9, NULL, NULL, ?10, ?11 "
-               "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)",
-    "q_state": "UPDATE queue SET state = ? WHERE tenant = ? AND client_id = ? AND seq = ?",
+    # queue entries only for sessions that exist and hold the number the entry starts with
+    "q": "INSERT OR REPLACE INTO entries SELECT ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15 "
+         f"WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2 AND sid = ?3 >> {SEQ_BITS})",
+    "q_state": "UPDATE entries SET state = ? WHERE seq = ?",
     "seq": f"UPDATE counters SET value = value + ? WHERE name = '{COUNTER}' RETURNING value",
+    "sid": f"UPDATE counters SET value = value + 1 WHERE name = '{SID_COUNTER}' RETURNING value",
     "rel": "INSERT OR IGNORE INTO awaiting_rel SELECT ?1, ?2, ?3 "
            "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)",
     "rel_del": "DELETE FROM awaiting_rel WHERE tenant = ? AND client_id = ? AND pid = ?",
@@ -158,7 +175,7 @@ _SQL = {
     "retain_del": "DELETE FROM retained WHERE tenant = ? AND topic = ?",
 }
 
-_SESSION_TABLES = ("sessions", "subscriptions", "queue", "awaiting_rel")
+_SESSION_TABLES = ("sessions", "subscriptions", "awaiting_rel")     # and its entries, first (their range)
 
 
 def _params(op: tuple) -> tuple:
@@ -199,6 +216,9 @@ class SQLiteStore(Store):
         self._every = 2000                   # ... between two checkpoints (follows the frames they find)
         self._checkpoint_task: asyncio.Future | None = None
         self._checkpoint_ok = True
+        # (tenant, client id) -> the session's number, as read or given on the store's thread
+        # (emptied when a batch fails: the numbers it gave are gone)
+        self._sids: dict = {}
 
     async def apply(self, ops: list, prepared=None) -> None:
         if not ops:
@@ -297,7 +317,7 @@ class SQLiteStore(Store):
         db.execute("BEGIN IMMEDIATE")
         try:
             appends, states, deletes = [], [], []
-            queue = (appends, states, deletes, numbered)
+            queue = (appends, states, deletes, numbered, self._sids)
             append, delete = appends.append, deletes.append
             run = None                           # the run of another kind being gathered
             for op in ops:
@@ -328,20 +348,25 @@ class SQLiteStore(Store):
             db.execute("ROLLBACK")
             for op in numbered:              # the counter went back: their numbers will be given again
                 op[3].seq = 0
+            self._sids.clear()               # ... and so did the sessions' it gave
             raise
 
     def _load(self):
         db = self.db
         sessions = {}
-        for t, c, exp, disc, will, due, device in db.execute(
-                "SELECT tenant, client_id, expiry_interval, disconnected_at, will, will_due, device FROM sessions"):
-            sessions[(t, c)] = SessionRecord(t, c, exp, disc, unpack_will(will), due, device=device)
+        numbered = {}                        # session number -> its record
+        for t, c, exp, disc, will, due, device, number in db.execute(
+                "SELECT tenant, client_id, expiry_interval, disconnected_at, will, will_due, device, sid "
+                "FROM sessions"):
+            rec = sessions[(t, c)] = SessionRecord(t, c, exp, disc, unpack_will(will), due, device=device)
+            if number is not None:
+                numbered[number] = rec
         for t, c, f, qos, nl, rap, rh, sid in db.execute("SELECT * FROM subscriptions"):
             rec = sessions.get((t, c))
             if rec is not None:
                 rec.subscriptions.append(SubscriptionRecord(f, qos, bool(nl), bool(rap), rh, sid))
-        for row in db.execute("SELECT * FROM queue ORDER BY tenant, client_id, seq"):
-            rec = sessions.get((row[0], row[1]))
+        for row in db.execute(f"SELECT {ENTRIES_COLUMNS} FROM entries ORDER BY seq"):
+            rec = numbered.get(row[0] >> SEQ_BITS)
             if rec is not None:
                 rec.queue.append(_entry(row))
         for t, c, pid in db.execute("SELECT * FROM awaiting_rel"):
@@ -359,7 +384,7 @@ class SQLiteStore(Store):
     def _load_session(self, tenant, client_id):
         db = self.db
         key = (tenant, client_id)
-        row = db.execute("SELECT tenant, client_id, expiry_interval, disconnected_at, will, will_due, device "
+        row = db.execute("SELECT tenant, client_id, expiry_interval, disconnected_at, will, will_due, device, sid "
                          "FROM sessions WHERE tenant = ? AND client_id = ?", key).fetchone()
         if row is None:
             return None
@@ -367,27 +392,29 @@ class SQLiteStore(Store):
         for _, _, f, qos, nl, rap, rh, sid in db.execute(
                 "SELECT * FROM subscriptions WHERE tenant = ? AND client_id = ?", key):
             rec.subscriptions.append(SubscriptionRecord(f, qos, bool(nl), bool(rap), rh, sid))
-        rec.queue = [_entry(r) for r in db.execute(
-            "SELECT * FROM queue WHERE tenant = ? AND client_id = ? ORDER BY seq", key)]
+        if row[7] is not None:
+            rec.queue = [_entry(r) for r in db.execute(
+                f"SELECT {ENTRIES_COLUMNS} FROM entries WHERE seq {RANGE} ORDER BY seq", (row[7],))]
         rec.awaiting_rel = {r[0] for r in db.execute(
             "SELECT pid FROM awaiting_rel WHERE tenant = ? AND client_id = ?", key)}
         return rec
 
     def _purge(self, now):
         db = self.db
+        self._sids.clear()                   # (sessions it deletes; and another node's, which may be back)
         db.execute("BEGIN IMMEDIATE")
         try:
             gone = db.execute(
                 "SELECT tenant, client_id FROM sessions WHERE disconnected_at IS NOT NULL "
                 "AND expiry_interval != 4294967295 AND disconnected_at + expiry_interval <= ?", (now,)).fetchall()
-            n = 0
-            for table in _SESSION_TABLES:
-                n += db.executemany(f"DELETE FROM {table} WHERE tenant = ? AND client_id = ?", gone).rowcount
-            n += db.execute("DELETE FROM queue WHERE expiry_at IS NOT NULL AND expiry_at <= ?", (now,)).rowcount
+            n = _delete_sessions(db, gone)
+            n += db.execute("DELETE FROM entries WHERE expiry_at IS NOT NULL AND expiry_at <= ?", (now,)).rowcount
             n += db.execute("DELETE FROM retained WHERE expiry_at IS NOT NULL AND expiry_at <= ?", (now,)).rowcount
-            for table in ("subscriptions", "queue", "awaiting_rel"):
+            for table in ("subscriptions", "awaiting_rel"):
                 n += db.execute(f"DELETE FROM {table} WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE "
                                 f"s.tenant = {table}.tenant AND s.client_id = {table}.client_id)").rowcount
+            n += db.execute(f"DELETE FROM entries WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE "
+                            f"s.sid = entries.seq >> {SEQ_BITS})").rowcount
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -453,31 +480,45 @@ def _apply_run(db, run: list, queue: tuple) -> None:
         _apply_queue(db, queue)           # what the session operation applies to comes first
     if kind == "session_del":
         keys = [op[1:3] for op in run]
-        for table in _SESSION_TABLES:
-            db.executemany(f"DELETE FROM {table} WHERE tenant = ? AND client_id = ?", keys)
+        _delete_sessions(db, keys)
+        sids = queue[4]
+        for key in keys:
+            sids.pop(key, None)
     else:
         db.executemany(_SQL[kind], [_params(op) for op in run])
 
 
-def _apply_queue(db, queue: tuple[list, list, list, list]) -> None:
+def _delete_sessions(db, keys: list) -> int:
+    """Delete these sessions (tenant, client id), their entries first (the range of their
+    number) -> the rows deleted."""
+    n = db.executemany(f"DELETE FROM entries WHERE seq {SESSION_RANGE}", keys).rowcount
+    for table in _SESSION_TABLES:
+        n += db.executemany(f"DELETE FROM {table} WHERE tenant = ? AND client_id = ?", keys).rowcount
+    return n
+
+
+def _apply_queue(db, queue: tuple[list, list, list, list, dict]) -> None:
     """The queue operations gathered since the last session operation, emptied:
     appends, then state changes, then deletes -- an entry is appended before
     its state changes or its delete, whatever their order in the batch. (An
     append always takes a number no row has had, so no earlier state change or
     delete can name it; one of a number no row has -- seq 0 included -- changes
     nothing, in any order.)"""
-    appends, states, deletes, numbered = queue
+    appends, states, deletes, numbered, sids = queue
     if appends:
-        rows, plain, q1 = _append_rows(appends, _number(db, appends, numbered))
+        rows, plain, q1, expected = _append_rows(db, appends, _number(db, appends, numbered), sids)
+        written = 0
         if q1:
-            _many(db, _q1_appends, q1, 6)
+            written += _many(db, _q1_appends, q1, 6)
         if plain:
-            _many(db, _plain_appends, plain, 11)
+            written += _many(db, _plain_appends, plain, 11)
         if rows:
-            db.executemany(_SQL["q"], rows)
+            written += db.executemany(_SQL["q"], rows).rowcount
+        if written != expected:
+            _renumber(db, appends, sids)
         appends.clear()
     if states:
-        db.executemany(_SQL["q_state"], [(op[3].state, op[1], op[2], op[3].seq) for op in states])
+        db.executemany(_SQL["q_state"], [(op[3].state, op[3].seq) for op in states])
         states.clear()
     if deletes:
         _many(db, _deletes, [op[3].seq for op in deletes], 1)
@@ -492,74 +533,153 @@ def _apply_queue(db, queue: tuple[list, list, list, list]) -> None:
 CHUNK = 64
 
 
+# an append's guard: its session exists and holds the number its rowid starts with
+_GUARD = ("WHERE EXISTS (SELECT 1 FROM sessions s WHERE s.tenant = v.column1 AND s.client_id = v.column2 "
+          f"AND s.sid = v.column3 >> {SEQ_BITS})")
+
+
 def _plain_appends(k: int) -> str:
-    """The append of ``k`` entries without properties (``q_plain``), only for sessions that exist."""
-    return ("INSERT OR REPLACE INTO queue SELECT v.column1, v.column2, v.column3, v.column4, v.column5, v.column6, "
+    """The append of ``k`` entries without properties, only for sessions that exist (``_GUARD``)."""
+    return ("INSERT OR REPLACE INTO entries SELECT v.column3, v.column4, v.column5, v.column6, "
             "v.column7, NULL, NULL, v.column8, v.column9, NULL, NULL, v.column10, v.column11 FROM (VALUES "
-            + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * k) + ") AS v "
-            "WHERE EXISTS (SELECT 1 FROM sessions s WHERE s.tenant = v.column1 AND s.client_id = v.column2)")
+            + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * k) + ") AS v " + _GUARD)
 
 
 def _q1_appends(k: int) -> str:
     """The append of ``k`` plain entries of the usual kind: a QoS 1 message, not retained,
     delivered at QoS 1 without the retain flag, its PUBLISH owed -- those five values are
     the statement's constants, not bound for each row (``_plain_appends`` otherwise)."""
-    return ("INSERT OR REPLACE INTO queue SELECT v.column1, v.column2, v.column3, v.column4, v.column5, 1, 0, "
+    return ("INSERT OR REPLACE INTO entries SELECT v.column3, v.column4, v.column5, 1, 0, "
             "NULL, NULL, 1, 0, NULL, NULL, v.column6, 0 FROM (VALUES "
-            + ", ".join(["(?, ?, ?, ?, ?, ?)"] * k) + ") AS v "
-            "WHERE EXISTS (SELECT 1 FROM sessions s WHERE s.tenant = v.column1 AND s.client_id = v.column2)")
+            + ", ".join(["(?, ?, ?, ?, ?, ?)"] * k) + ") AS v " + _GUARD)
 
 
 def _deletes(k: int) -> str:
     """The delete of ``k`` queue entries by number: rowids, each found at once. (Its
     number is the entry's alone in the file: the counter never gives one twice, and an
     entry whose batch failed was set back to 0, which no row has.)"""
-    return "DELETE FROM queue WHERE seq IN (" + ", ".join(["?"] * k) + ")"
+    return "DELETE FROM entries WHERE seq IN (" + ", ".join(["?"] * k) + ")"
 
 
 _TEXTS: dict = {}
 
 
-def _many(db, make, values: list, width: int) -> None:
-    """Run ``make(k)`` over ``values`` (``width`` a row, flat), ``CHUNK`` rows a statement at most."""
+def _many(db, make, values: list, width: int) -> int:
+    """Run ``make(k)`` over ``values`` (``width`` a row, flat), ``CHUNK`` rows a statement at
+    most -> the rows they changed."""
     rows = len(values) // width
     at = 0
+    changed = 0
     while rows:
         k = CHUNK if rows >= CHUNK else 1 << (rows.bit_length() - 1)
         sql = _TEXTS.get((make, k))
         if sql is None:
             sql = _TEXTS[(make, k)] = make(k)
-        db.execute(sql, values[at:at + k * width])
+        changed += db.execute(sql, values[at:at + k * width]).rowcount
         at += k * width
         rows -= k
+    return changed
 
 
-def _append_rows(appends: list, seq: int) -> tuple[list, list, list]:
-    """Number the appended entries ``seq + 1``, ``seq + 2``, ... in order (``entry.seq``) ->
-    (rows of the "q" statement; the values of ``_plain_appends``' rows one after the other:
-    entries without properties, expiry, subscription ids or share group -- nearly all --
-    bound without their NULLs; the values of ``_q1_appends``' rows: the plain ones that are
-    QoS 1 throughout, not retained, their PUBLISH owed -- bound without their constants).
-    One pass over the batch's appends."""
+def _append_rows(db, appends: list, seq: int, sids: dict) -> tuple[list, list, list, int]:
+    """Number the appended entries in order: ``n`` = ``seq + 1``, ``seq + 2``, ..., each
+    after its session's number (``entry.seq``) -> (rows of the "q" statement; the values of
+    ``_plain_appends``' rows one after the other: entries without properties, expiry,
+    subscription ids or share group -- nearly all -- bound without their NULLs; the values
+    of ``_q1_appends``' rows: the plain ones that are QoS 1 throughout, not retained, their
+    PUBLISH owed -- bound without their constants; how many rows should be written: those
+    of sessions that exist). One pass over the batch's appends."""
     rows, plain, q1 = [], [], []
     add = plain.extend
     add1 = q1.extend
+    get = sids.get
+    expected = len(appends)
     for op in appends:
         e = op[3]
         seq += 1
-        e.seq = seq
+        sid = get((op[1], op[2]))
+        if sid is None:
+            sid = _sid(db, sids, op[1], op[2])
+            if not sid:
+                expected -= 1            # no such session: numbered, not written (the guard)
+        n = e.seq = sid << SEQ_BITS | seq
         m = e.msg
         props, ids, share, expiry = m.properties, e.sub_ids, e.share, m.expiry_at
         if props or ids or share or expiry is not None:
-            rows.append((op[1], op[2], seq, m.topic, m.payload, m.qos, 1 if m.retain else 0,
-                         pack_props(props) if props else None, expiry, e.qos, 1 if e.retain else 0,
-                         pack_ids(ids) if ids else None, pack_share(share) if share else None, e.pid, e.state))
+            rows.append(_row(op, n))
         elif e.qos == 1 and m.qos == 1 and not (m.retain or e.retain or e.state):
-            add1((op[1], op[2], seq, m.topic, m.payload, e.pid))
+            add1((op[1], op[2], n, m.topic, m.payload, e.pid))
         else:
-            add((op[1], op[2], seq, m.topic, m.payload, m.qos, 1 if m.retain else 0, e.qos,
+            add((op[1], op[2], n, m.topic, m.payload, m.qos, 1 if m.retain else 0, e.qos,
                  1 if e.retain else 0, e.pid, e.state))
-    return rows, plain, q1
+    return rows, plain, q1, expected
+
+
+def _row(op: tuple, n: int) -> tuple:
+    """The values of the "q" statement for an append numbered ``n``."""
+    e = op[3]
+    m = e.msg
+    props, ids, share = m.properties, e.sub_ids, e.share
+    return (op[1], op[2], n, m.topic, m.payload, m.qos, 1 if m.retain else 0,
+            pack_props(props) if props else None, m.expiry_at, e.qos, 1 if e.retain else 0,
+            pack_ids(ids) if ids else None, pack_share(share) if share else None, e.pid, e.state)
+
+
+def _renumber(db, appends: list, sids: dict) -> None:
+    """Some of the appends just made were refused by their guard although their session was
+    thought to exist: another node sharing the file deleted it (perhaps made it again, with
+    another number) since this thread read its number. Each append not written is numbered
+    again after its session's number as the file has it now, and written -- unless that
+    session is gone (the entry is not written, as for any session that no longer exists)."""
+    sids.clear()
+    for op in appends:
+        e = op[3]
+        if db.execute("SELECT 1 FROM entries WHERE seq = ?", (e.seq,)).fetchone() is not None:
+            continue
+        sid = _sid(db, sids, op[1], op[2])
+        e.seq = sid << SEQ_BITS | (e.seq & SEQ_MASK)
+        if sid:
+            db.execute(_SQL["q"], _row(op, e.seq))
+
+
+def _sid(db, sids: dict, tenant: str, client_id: str) -> int:
+    """The session's number, read from the file (given now if it has none) and remembered
+    -> 0 if there is no such session."""
+    row = db.execute("SELECT sid FROM sessions WHERE tenant = ? AND client_id = ?", (tenant, client_id)).fetchone()
+    if row is None:
+        return 0
+    sid = row[0]
+    if sid is None:
+        sid = _free_sid(db, db.execute(_SQL["sid"]).fetchone()[0])
+        db.execute("UPDATE sessions SET sid = ? WHERE tenant = ? AND client_id = ?", (sid, tenant, client_id))
+    sids[(tenant, client_id)] = sid
+    return sid
+
+
+def _free_sid(db, sid: int) -> int:
+    """``sid`` (just taken from the counter) if no session holds it, else the next number
+    no session holds, from there and then from 1 (the counter follows it) -> that number,
+    its range emptied of any entry left over (there should be none: a session's entries are
+    deleted with it, and no append is written for a number its session does not hold)."""
+    taken = "SELECT 1 FROM sessions WHERE sid = ?"
+    if sid > SID_MAX or db.execute(taken, (sid,)).fetchone() is not None:
+        free = None
+        for start in (min(sid, SID_MAX), 1):
+            if not db.execute(taken, (start,)).fetchone():
+                free = start
+                break
+            row = db.execute("SELECT s.sid + 1 FROM sessions s WHERE s.sid >= ? AND NOT EXISTS "
+                             "(SELECT 1 FROM sessions t WHERE t.sid = s.sid + 1) ORDER BY s.sid LIMIT 1",
+                             (start,)).fetchone()
+            if row is not None and row[0] <= SID_MAX:
+                free = row[0]
+                break
+        if free is None:
+            raise StoreDataError(f"{SID_MAX} sessions with queued messages in this file: the most it can number")
+        sid = free
+        db.execute("UPDATE counters SET value = ? WHERE name = ?", (sid, SID_COUNTER))
+        db.execute(f"DELETE FROM entries WHERE seq {RANGE}", (sid,))
+    return sid
 
 
 def _number(db, run: list, numbered: list) -> int:
@@ -570,6 +690,8 @@ def _number(db, run: list, numbered: list) -> int:
     (An entry of a session that no longer exists is numbered too, and not written.)"""
     n = len(run)
     last = db.execute(_SQL["seq"], (n,)).fetchone()[0]
+    if last > SEQ_MASK:
+        raise StoreError(f"the file has given {SEQ_MASK} queue entry numbers, all it can (2**{SEQ_BITS})")
     numbered += run
     return last - n
 
@@ -596,15 +718,16 @@ def _check_version(db, path: str) -> str | None:
     row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
     version = None if row is None else row[0]
     if version not in KNOWN:
-        raise StoreError(f"{path}: schema version {version}, this brokerd knows 1, 2 and {SCHEMA_VERSION} -- written "
+        raise StoreError(f"{path}: schema version {version}, this brokerd knows 1, 2, 3 and {SCHEMA_VERSION} -- written "
                          f"by a newer brokerd? (a file is upgraded when opened, never downgraded)")
     return version
 
 
 def _upgrade(db, path: str) -> None:
     """Mark a new file with the schema, upgrade one of schema 1 (numbered per
-    session) or 2 (numbers not the rowid), refuse any other. In the caller's
-    transaction (another node may be opening the file too)."""
+    session), 2 (numbers not the rowid) or 3 (entries not in their session's
+    range), refuse any other. In the caller's transaction (another node may be
+    opening the file too)."""
     version = _check_version(db, path)
     if version == SCHEMA_VERSION and db.execute("SELECT 1 FROM counters WHERE name = ?", (COUNTER,)).fetchone():
         return
@@ -613,34 +736,49 @@ def _upgrade(db, path: str) -> None:
     columns = {r[1] for r in db.execute("PRAGMA table_info(sessions)")}
     if "last_seq" in columns:
         # schema 1: numbered per session, up to last_seq (past the rows of entries since deleted);
-        # renamed so that a schema-1 brokerd still running on the file fails its next append
+        # renamed (the old queue goes too): a schema-1 brokerd still running on the file fails its next append
         start = max(start, db.execute("SELECT coalesce(max(last_seq), 0) FROM sessions").fetchone()[0])
         db.execute("ALTER TABLE sessions RENAME COLUMN last_seq TO last_seq_v1")
-    layout = {r[1]: r for r in db.execute("PRAGMA table_info(queue)")}
-    if layout:
+    if "sid" not in columns:
+        db.execute("ALTER TABLE sessions ADD COLUMN sid INTEGER")
+    db.execute("CREATE UNIQUE INDEX IF NOT EXISTS sessions_sid ON sessions (sid)")
+    old = bool(db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'queue'").fetchone())
+    if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'entries'").fetchone():
+        db.execute(ENTRIES)
+        db.execute(ENTRIES_INDEX)
+    if old:
+        # schema 1, 2 or 3: each session with entries is numbered (in the order of their keys),
+        # its entries numbered again past every number the file gave (schema 1 numbered each
+        # session from 1), in the order of its queue, after its session's number, as rowids;
+        # the entries of sessions that no longer exist (never loaded) are left behind
         start = max(start, db.execute("SELECT coalesce(max(seq), 0) FROM queue").fetchone()[0])
-    if not layout:                                       # a new file
-        db.execute(QUEUE.format(name="queue"))
-        for ddl in QUEUE_INDEXES:
-            db.execute(ddl)
-    elif not layout["seq"][5]:
-        # schema 1 or 2: the entries are numbered again, past every number the file gave (schema
-        # 1 numbered each session from 1), in the order of their session's queue, as rowids
-        db.execute(QUEUE.format(name="queue_v3"))
+        db.execute(
+            "UPDATE sessions SET sid = n.r FROM (SELECT s.tenant, s.client_id, "
+            "row_number() OVER (ORDER BY s.tenant, s.client_id) AS r FROM sessions s WHERE EXISTS "
+            "(SELECT 1 FROM queue q WHERE q.tenant = s.tenant AND q.client_id = s.client_id)) AS n "
+            "WHERE sessions.tenant = n.tenant AND sessions.client_id = n.client_id")
+        numbered = db.execute("SELECT coalesce(max(sid), 0) FROM sessions").fetchone()[0]
+        if numbered > SID_MAX:
+            raise StoreError(f"{path}: {numbered} sessions with queued messages, more than schema "
+                             f"{SCHEMA_VERSION} can number ({SID_MAX})")
         moved = db.execute(
-            f"INSERT INTO queue_v3 ({QUEUE_COLUMNS}) SELECT tenant, client_id, "
-            f"? + row_number() OVER (ORDER BY tenant, client_id, seq), topic, payload, msg_qos, msg_retain, props, "
-            f"expiry_at, qos, retain, sub_ids, share, pid, state FROM queue", (start,)).rowcount
+            f"INSERT INTO entries ({ENTRIES_COLUMNS}) SELECT (s.sid << {SEQ_BITS}) | "
+            f"(? + row_number() OVER (ORDER BY q.tenant, q.client_id, q.seq)), q.topic, q.payload, q.msg_qos, "
+            f"q.msg_retain, q.props, q.expiry_at, q.qos, q.retain, q.sub_ids, q.share, q.pid, q.state "
+            f"FROM queue q JOIN sessions s ON s.tenant = q.tenant AND s.client_id = q.client_id",
+            (start,)).rowcount
         start += max(moved, 0)
+        if start > SEQ_MASK:
+            raise StoreError(f"{path}: {start} queue entry numbers given, more than schema "
+                             f"{SCHEMA_VERSION} can number ({SEQ_MASK})")
         db.execute("DROP TABLE queue")
-        db.execute("ALTER TABLE queue_v3 RENAME TO queue")
-        for ddl in QUEUE_INDEXES:
-            db.execute(ddl)
+    sids = db.execute("SELECT coalesce(max(sid), 0) FROM sessions").fetchone()[0]
+    db.execute("INSERT OR REPLACE INTO counters VALUES (?, ?)", (SID_COUNTER, sids))
     db.execute("INSERT OR REPLACE INTO counters VALUES (?, ?)", (COUNTER, start))
     db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
 
 
 def _entry(row) -> QueueEntry:
-    (_, _, seq, topic, payload, mqos, mretain, props, exp, qos, retain, ids, share, pid, state) = row
+    (seq, topic, payload, mqos, mretain, props, exp, qos, retain, ids, share, pid, state) = row
     msg = StoredMessage(topic, payload, mqos, bool(mretain), unpack_props(props), exp)
     return QueueEntry(seq, msg, qos, bool(retain), unpack_ids(ids), unpack_share(share), pid, state)

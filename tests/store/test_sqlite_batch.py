@@ -24,6 +24,10 @@ def test_a_batch_of_appends_and_acks_is_a_few_statements_and_each_row_is_right(t
     store = SyncStore(f"sqlite:///{tmp_path}/batch.db")
     try:
         store.apply([session("a"), session("b"), session("a", tenant=T2)])
+        # a session is numbered with its first entry (a few statements, once for its life)
+        firsts = [(t, c, entry(message("first"))) for t, c in ((T1, "a"), (T1, "b"), (T2, "a"))]
+        store.apply([q(c, e, tenant=t) for t, c, e in firsts])
+        store.apply([q_del(c, e, tenant=t) for t, c, e in firsts])
         # 103 appends (64 + 32 + 4 + 2 + 1), interleaved over three sessions, and 4 for a
         # session that does not exist (not written)
         es = {k: [] for k in ("a", "b", "T2a", "gone")}
@@ -36,7 +40,9 @@ def test_a_batch_of_appends_and_acks_is_a_few_statements_and_each_row_is_right(t
         seen = counting(store)
         store.apply(ops)
         inserts = [s for s in seen if s.startswith("INSERT")]
-        assert len(inserts) == 5 and len(seen) == 8, seen      # BEGIN, the counter, 5 inserts, COMMIT
+        # BEGIN, the counter, the 4 appends' session looked up (it does not exist), 5 inserts, COMMIT
+        assert len(inserts) == 5 and len(seen) == 12, seen
+        assert seen.count("SELECT sid FROM") == 4
         assert store.session(T1, "a")["queue"] == es["a"]
         assert store.session(T1, "b")["queue"] == es["b"]
         assert store.session(T2, "a")["queue"] == es["T2a"]
@@ -123,3 +129,70 @@ def test_the_wal_stays_near_a_thousand_pages_under_a_steady_stream_of_batches(tm
     page, sizes, left, last = asyncio.run(stream())
     assert max(sizes) <= 2500 * (page + 24), max(sizes) // (page + 24)
     assert sorted(left) == sorted(e.msg.topic for e in last)
+
+
+def test_a_session_another_node_deleted_and_made_again_gets_the_entries_this_node_appends(tmp_path):
+    """Two nodes on one file (a host's workers). Node A knows the session's number from its
+    earlier appends; node B deletes the session and makes it again (a clean start on B: a
+    new number). A's next appends are refused by their guard under the old number, then
+    numbered again under the new one and written -- not lost, and not left under a number
+    no session holds. Once the session is deleted for good, A's appends are not written."""
+    url = f"sqlite:///{tmp_path}/shared.db"
+    a, b = SyncStore(url), SyncStore(url)
+    try:
+        a.apply([session("dev")])
+        old = entry(message("before"))
+        a.apply([q("dev", old)])
+        b.apply([("session_del", T1, "dev"), session("dev")])
+        mine = [entry(message(f"after/{i}")) for i in range(3)]
+        a.apply([q("dev", e) for e in mine])
+        assert all(e.seq >> 43 != old.seq >> 43 for e in mine)
+        assert [e.msg.topic for e in b.session(T1, "dev")["queue"]] == ["after/0", "after/1", "after/2"]
+        a.apply([q_del("dev", mine[0])])                 # its delete finds the row under the new number
+        assert [e.msg.topic for e in b.session(T1, "dev")["queue"]] == ["after/1", "after/2"]
+
+        b.apply([("session_del", T1, "dev")])
+        lost = entry(message("to no one"))
+        a.apply([q("dev", lost)])
+        assert b.session(T1, "dev") is None
+        assert a.store.db.execute("SELECT count(*) FROM entries").fetchone()[0] == 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_number_of_a_deleted_session_is_given_again_once_the_counter_is_past_the_last(tmp_path, monkeypatch):
+    """A file numbers at most SID_MAX sessions at once (here 3). A deleted session's number
+    is given again, with nothing of the old session in its range; when all are held, an
+    append for one more session is refused as data (its batch's other operations go on),
+    and the sessions that have numbers keep working."""
+    import pytest
+
+    from brokerd.store import StoreError
+    from brokerd.store import sqlite as sqlite_store
+
+    monkeypatch.setattr(sqlite_store, "SID_MAX", 3)
+    store = SyncStore(f"sqlite:///{tmp_path}/few.db")
+    try:
+        es = {}
+        for cid in ("s1", "s2", "s3"):
+            es[cid] = entry(message(f"{cid}/0"))
+            store.apply([session(cid), q(cid, es[cid])])
+        assert sorted(e.seq >> 43 for e in es.values()) == [1, 2, 3]
+        store.apply([("session_del", T1, "s2"), session("s4")])
+        e4 = entry(message("s4/0"))
+        store.apply([q("s4", e4)])
+        assert e4.seq >> 43 == es["s2"].seq >> 43                    # s2's number, given again
+        assert [e.msg.topic for e in store.session(T1, "s4")["queue"]] == ["s4/0"]
+        store.apply([session("s5")])
+        with pytest.raises(StoreError, match="StoreDataError: 3 sessions with queued messages"):
+            store.apply([q("s5", entry(message("s5/0")))])
+        more = entry(message("s1/1"))
+        store.apply([q("s1", more)])
+        assert [e.msg.topic for e in store.session(T1, "s1")["queue"]] == ["s1/0", "s1/1"]
+        store.apply([("session_del", T1, "s3")])
+        store.apply([q("s5", entry(message("s5/1")))])
+        assert [e.msg.topic for e in store.session(T1, "s5")["queue"]] == ["s5/1"]
+        assert store.session(T1, "s3") is None
+    finally:
+        store.close()

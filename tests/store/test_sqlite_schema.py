@@ -2,12 +2,13 @@
 
 Schema 1 numbered each session's queue from a counter in its ``sessions`` row;
 schema 2 numbers every queue from one counter for the file; schema 3 makes that
-number the queue row's rowid. A file of schema 1 or 2 is upgraded when a newer
-brokerd opens it: what it holds is delivered, in order, and the numbering goes
-on past every number it gave. A file of a schema this brokerd does not know is
-refused, untouched, with a message naming it.
+number the queue row's rowid; schema 4 puts the session's own number in front of
+it (a session's entries one range of rowids, no index). A file of schema 1, 2 or
+3 is upgraded when a newer brokerd opens it: what it holds is delivered, in
+order, and the numbering goes on past every number it gave. A file of a schema
+this brokerd does not know is refused, untouched, with a message naming it.
 
-The schema-1 and schema-2 files here are written the way brokerd of that schema
+The files of schemas 1 to 3 here are written the way brokerd of that schema
 wrote them: its DDL and its statements, copied below (not importable any more).
 """
 
@@ -19,6 +20,7 @@ import time
 import pytest
 
 from brokerd.store import StoreError
+from brokerd.store.sqlite import SEQ_MASK
 from brokerd.store.records import pack_will
 
 from ..mqtt import V311, PahoClient
@@ -64,6 +66,14 @@ V2_Q_DEL = ("DELETE FROM queue WHERE rowid IN (SELECT q.rowid FROM (VALUES (?, ?
 V1_SEQ = "UPDATE sessions SET last_seq = last_seq + ? WHERE tenant = ? AND client_id = ? RETURNING last_seq"
 V1_Q = "INSERT OR REPLACE INTO queue VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 V1_Q_DEL = "DELETE FROM queue WHERE tenant = ? AND client_id = ? AND seq = ?"
+# schema 3: SCHEMA_2's tables with the queue numbered by its rowid, an index on its sessions
+SCHEMA_3 = SCHEMA_2.replace("seq INTEGER NOT NULL,", "seq INTEGER PRIMARY KEY,").replace(
+    "CREATE UNIQUE INDEX queue_key ON queue (tenant, client_id, seq);",
+    "CREATE INDEX queue_session ON queue (tenant, client_id);").replace(
+    "INSERT INTO meta VALUES ('schema', '2');", "INSERT INTO meta VALUES ('schema', '3');")
+V3_Q = ("INSERT OR REPLACE INTO queue SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15 "
+        "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)")
+V3_Q_DEL = "DELETE FROM queue WHERE seq IN (?)"
 
 
 class V1Node:
@@ -125,6 +135,33 @@ class V2Node(V1Node):
         self.db.execute(V2_Q_DEL, (tenant, cid, seq))
 
 
+class V3Node(V2Node):
+    """brokerd of schema 3 on a file: numbered from the file's counter, rows found by their rowid."""
+
+    def create(self):
+        self.db.executescript(SCHEMA_3)
+        return self
+
+    def append(self, tenant, cid, topic, payload, pid) -> int:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            seq = self.db.execute(V2_SEQ, (1,)).fetchone()[0]
+            self.db.execute(V3_Q, (tenant, cid, seq, topic, payload, 1, 0, None, None, 1, 0, None, None, pid, 0))
+            self.db.execute("COMMIT")
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        return seq
+
+    def delete(self, tenant, cid, seq):
+        self.db.execute(V3_Q_DEL, (seq,))
+
+
+def n(e) -> int:
+    """An entry's number from the file's counter (after its session's)."""
+    return e.seq & SEQ_MASK
+
+
 @pytest.fixture
 def path(tmp_path):
     return tmp_path / "v1.db"
@@ -151,16 +188,16 @@ def test_a_schema_1_file_is_upgraded_its_queues_kept_and_numbering_goes_on(path)
 
     store = SyncStore(f"sqlite:///{path}")
     try:
-        assert schema_of(path) == "3"
+        assert schema_of(path) == "4"
         qa = store.session(T1, "a")["queue"]
         qb = store.session(T1, "b")["queue"]
         assert [(e.msg.topic, e.pid) for e in qa] == [("a/0", 1), ("a/1", 2), ("a/2", 3)]
         seqs = [e.seq for e in qa + qb]
-        assert seqs == sorted(set(seqs)) and seqs[0] > 5     # numbered again, in order, past schema 1's
+        assert seqs == sorted(set(seqs)) and min(map(n, qa + qb)) > 5     # numbered again, in order, past v1's
         assert [(e.msg.topic, e.msg.payload) for e in qb] == [("b/0", b"0"), ("b/1", b"1"), ("b/2", b"2")]
         new_a, new_b = entry(message("a/new")), entry(message("b/new"))
         store.apply([q("a", new_a), q("b", new_b)])
-        assert new_a.seq > 5 and new_b.seq > 3                # past every number schema 1 gave
+        assert n(new_a) > 5 and n(new_b) > 3                  # past every number schema 1 gave
         assert [e.msg.topic for e in store.session(T1, "a")["queue"]] == ["a/0", "a/1", "a/2", "a/new"]
         assert [e.msg.topic for e in store.session(T1, "b")["queue"]] == ["b/0", "b/1", "b/2", "b/new"]
         store.apply([q_del("a", qa[0]), q_del("a", new_a)])   # an old row and a new one deleted alike
@@ -169,7 +206,7 @@ def test_a_schema_1_file_is_upgraded_its_queues_kept_and_numbering_goes_on(path)
         store = SyncStore(f"sqlite:///{path}")                # opened again: nothing upgraded twice
         later = entry(message("a/later"))
         store.apply([q("a", later)])
-        assert later.seq > new_b.seq
+        assert n(later) > n(new_b)
         assert [e.msg.topic for e in store.session(T1, "a")["queue"]] == ["a/1", "a/2", "a/later"]
     finally:
         store.close()
@@ -207,7 +244,7 @@ def test_two_nodes_opening_a_schema_1_file_at_once_upgrade_it_once(path):
         a.apply([q("dev", es[0])])
         b.apply([q("dev", es[1])])
         a.apply([q("dev", es[2]), q("dev", es[3])])
-        assert [e.seq for e in es] == sorted(set(e.seq for e in es)) and es[0].seq > 4
+        assert [e.seq for e in es] == sorted(set(e.seq for e in es)) and n(es[0]) > 4
         assert [e.msg.topic for e in b.session(T1, "dev")["queue"]] == [f"old/{i}" for i in range(4)] + [
             f"new/{i}" for i in range(4)]
     finally:
@@ -230,20 +267,20 @@ def test_a_schema_2_file_is_upgraded_its_queues_kept_in_order_and_deletes_find_t
 
     store = SyncStore(f"sqlite:///{path}")
     try:
-        assert schema_of(path) == "3"
+        assert schema_of(path) == "4"
         qa = store.session(T1, "a")["queue"]
         qb = store.session(T1, "b")["queue"]
         assert [(e.msg.topic, e.msg.payload, e.pid) for e in qa] == [("a/1", b"1", 21), ("a/2", b"2", 22),
                                                                       ("a/3", b"3", 23)]
         assert [(e.msg.topic, e.pid) for e in qb] == [(f"b/{i}", 10 + i) for i in range(4)]
-        assert all(e.seq > 8 for e in qa + qb)               # past the counter: schema 2 gave 1..8
+        assert all(n(e) > 8 for e in qa + qb)                # past the counter: schema 2 gave 1..8
         assert len({e.seq for e in qa + qb}) == 7
         store.apply([q_del("a", qa[1]), q_del("b", qb[0])])
         assert [e.msg.topic for e in store.session(T1, "a")["queue"]] == ["a/1", "a/3"]
         assert [e.msg.topic for e in store.session(T1, "b")["queue"]] == ["b/1", "b/2", "b/3"]
         new = entry(message("a/new"))
         store.apply([q("a", new)])
-        assert new.seq > max(e.seq for e in qa + qb)
+        assert n(new) > max(n(e) for e in qa + qb)
         store.close()
         store = SyncStore(f"sqlite:///{path}")                # opened again: nothing upgraded twice
         assert [(e.seq, e.msg.topic) for e in store.session(T1, "a")["queue"]] == [
@@ -252,6 +289,69 @@ def test_a_schema_2_file_is_upgraded_its_queues_kept_in_order_and_deletes_find_t
         store.apply([q("a", later)])
         assert later.seq > new.seq
     finally:
+        store.close()
+
+
+def test_a_schema_3_file_is_upgraded_each_session_numbered_its_queue_kept_in_order(path):
+    """Schema 3 found a session's entries through an index; schema 4 numbers the session
+    and its entries after it. Upgraded: every queue in its order with its packet ids, the
+    entries of a session that no longer exists left behind, deletes find their rows, and
+    a session without entries is numbered when its first one comes."""
+    v3 = V3Node(path).create()
+    for cid in ("a", "b", "idle"):
+        v3.session(T1, cid)
+    seqs = {}
+    for i in range(4):
+        seqs[("b", i)] = v3.append(T1, "b", f"b/{i}", b"%d" % i, 10 + i)
+        seqs[("a", i)] = v3.append(T1, "a", f"a/{i}", b"%d" % i, 20 + i)
+    v3.delete(T1, "a", seqs[("a", 0)])
+    v3.db.execute("INSERT INTO queue VALUES ('t1', 'gone', 99, 'x', x'', 1, 0, NULL, NULL, 1, 0, NULL, NULL, 1, 0)")
+    v3.close()
+
+    store = SyncStore(f"sqlite:///{path}")
+    try:
+        assert schema_of(path) == "4"
+        qa = store.session(T1, "a")["queue"]
+        qb = store.session(T1, "b")["queue"]
+        assert [(e.msg.topic, e.msg.payload, e.pid) for e in qa] == [(f"a/{i}", b"%d" % i, 20 + i) for i in (1, 2, 3)]
+        assert [(e.msg.topic, e.pid) for e in qb] == [(f"b/{i}", 10 + i) for i in range(4)]
+        assert all(n(e) > 99 for e in qa + qb)               # past every number schema 3 gave
+        assert len({e.seq >> 43 for e in qa}) == len({e.seq >> 43 for e in qb}) == 1
+        assert qa[0].seq >> 43 != qb[0].seq >> 43
+        db = sqlite3.connect(path)
+        try:
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            assert "queue" not in tables and db.execute("SELECT count(*) FROM entries").fetchone()[0] == 7
+        finally:
+            db.close()
+        store.apply([q_del("a", qa[1]), q_del("b", qb[0])])
+        first = entry(message("idle/0"))
+        store.apply([q("idle", first)])
+        assert first.seq >> 43 not in (qa[0].seq >> 43, qb[0].seq >> 43)
+        store.close()
+        store = SyncStore(f"sqlite:///{path}")                # opened again: nothing upgraded twice
+        assert [e.msg.topic for e in store.session(T1, "a")["queue"]] == ["a/1", "a/3"]
+        assert [e.msg.topic for e in store.session(T1, "b")["queue"]] == ["b/1", "b/2", "b/3"]
+        assert [(e.seq, e.msg.topic) for e in store.session(T1, "idle")["queue"]] == [(first.seq, "idle/0")]
+    finally:
+        store.close()
+
+
+def test_a_schema_3_node_still_running_on_an_upgraded_file_cannot_append(path):
+    """A schema-3 node's entries would be found by no schema-4 session: its queue table is
+    gone with the upgrade, so its next append fails (its publisher is not acknowledged)."""
+    v3 = V3Node(path).create()
+    v3.session(T1, "dev")
+    v3.append(T1, "dev", "before", b"x", 1)
+    store = SyncStore(f"sqlite:///{path}")
+    try:
+        with pytest.raises(sqlite3.OperationalError, match="no such table: queue"):
+            v3.append(T1, "dev", "from the old node", b"y", 2)
+        new = entry(message("new"))
+        store.apply([q("dev", new)])
+        assert [e.msg.topic for e in store.session(T1, "dev")["queue"]] == ["before", "new"]
+    finally:
+        v3.close()
         store.close()
 
 
@@ -285,28 +385,28 @@ def test_a_hosts_workers_opening_a_new_file_at_once_all_open_it(tmp_path):
             out, _ = p.communicate(timeout=60)
             if p.returncode:
                 failures.append(out.strip())
-        assert schema_of(path) == "3"
+        assert schema_of(path) == "4"
     assert failures == []
 
 
 def test_a_file_of_an_unknown_newer_schema_is_refused_untouched(path):
     db = sqlite3.connect(path)
     db.executescript("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
-                     "INSERT INTO meta VALUES ('schema', '4');")
+                     "INSERT INTO meta VALUES ('schema', '5');")
     db.close()
-    with pytest.raises(StoreError, match=r"v1\.db: schema version 4, this brokerd knows 1, 2 and 3"):
+    with pytest.raises(StoreError, match=r"v1\.db: schema version 5, this brokerd knows 1, 2, 3 and 4"):
         SyncStore(f"sqlite:///{path}")
     db = sqlite3.connect(path)
     try:
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert tables == {"meta"} and schema_of(path) == "4"
+        assert tables == {"meta"} and schema_of(path) == "5"
     finally:
         db.close()
     # brokerd says so and exits with status 2 (a configuration error: not restarted in a loop)
     proc = subprocess.run([sys.executable, "-m", "brokerd", "--allow-anonymous", "--listen", "mqtt://127.0.0.1:0",
                            "--store", f"sqlite:///{path}"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
-    assert "schema version 4, this brokerd knows 1, 2 and 3" in proc.stdout + proc.stderr
+    assert "schema version 5, this brokerd knows 1, 2, 3 and 4" in proc.stdout + proc.stderr
 
 
 def test_brokerd_delivers_what_a_schema_1_file_queued_then_what_comes_after(path):
