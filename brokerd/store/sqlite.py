@@ -28,25 +28,27 @@ written (dropped by the writer) cannot delete the entry that took its number.
 
 Schema 4: an entry's number is the queue row's rowid (``seq INTEGER PRIMARY
 KEY``), so the acknowledgements of a batch delete their rows by number alone,
-one lookup each (schema 3 did too); and that number starts with its session's:
-``sid << 43 | n``, ``n`` from the file's counter. A session's entries are one
-range of rowids, in the order of their numbers -- loading or deleting a session
-reads that range, with no index: schema 3's index on (tenant, client id) was a
-second b-tree written and erased for every message, 7 % of the messages a
-second a node could take. A session is numbered (``sessions.sid``, unique, 1 to
-``SID_MAX``) when its first entry is appended, and keeps that number until it
-is deleted; a number no session holds is given again (after the counter's
-last), never while any row of it is left. The store's thread remembers the
-numbers it has read; the append's guard checks the number with the session (a
-session another node deleted and made again has a new one), and an append
-the guard refused is numbered again from the file. The limits: ``SID_MAX``
-(1,048,575) sessions with queued entries in one file, and 2**43 (8.8e12)
-entries appended over a file's life -- four years at 70,000 a second.
+one lookup each, and appends go at the end of the table (schema 3 did both).
+A row names its session by the session's number (``sessions.sid``, an integer
+given once from the file's ``session_sid`` counter and never again), not by its
+tenant and client id: the index that finds a session's entries (``entries_sid``)
+holds an integer and a rowid per entry, where schema 3's held the two strings,
+and an append binds and checks no strings -- its guard is the session's number,
+found in ``sessions_sid``. A session is numbered when its first entry is
+appended and keeps its number until it is deleted; made again, it has a new
+one. The store's thread remembers the numbers it has read; an append whose
+session another node deleted since (the guard finds no session of that number)
+is written under the number the file has for it now, or not at all if the
+session is gone. (Tried and not kept: rowids made of the session's number and
+the counter's, a session's entries one range with no index -- the appends then
+land in as many places in the table as there are sessions, and under load a
+node took 4.5 % fewer messages a second, not more.)
 
 A file of schema 1, 2 or 3 is upgraded when it is opened, in one transaction:
 its sessions with entries are numbered, its queue table is rebuilt as
-``entries``, every entry numbered again past every number the file gave (each
-session's entries keep their order), and the counter starts after them.
+``entries`` -- every entry numbered again past every number the file gave (each
+session's entries keep their order), the counter starting after them -- and
+the rows of sessions that no longer exist are left behind.
 Schema 1's per-session counter column is also renamed (``last_seq_v1``). A
 brokerd of schema 1, 2 or 3 still running on the file fails its next queue
 write ("no such table: queue": the store unavailable, its publishers get
@@ -62,7 +64,7 @@ import sqlite3
 import time
 from urllib.parse import parse_qs, urlsplit
 
-from .base import DATA_ERRORS, Store, StoreDataError, StoreError
+from .base import DATA_ERRORS, Store, StoreError
 from .records import (
     DelayedMessage,
     QueueEntry,
@@ -102,11 +104,8 @@ BACKSTOP_FRAMES = 4000
 
 SCHEMA_VERSION = "4"
 KNOWN = (None, "1", "2", "3", SCHEMA_VERSION)
-COUNTER = "queue_seq"             # the last entry number given (``n``)
+COUNTER = "queue_seq"             # the last entry number given
 SID_COUNTER = "session_sid"       # the last session number given
-SEQ_BITS = 43                     # an entry's rowid: its session's number << SEQ_BITS | n
-SEQ_MASK = (1 << SEQ_BITS) - 1
-SID_MAX = (1 << (63 - SEQ_BITS)) - 1
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -134,24 +133,22 @@ CREATE INDEX IF NOT EXISTS delayed_due ON delayed (due);
 CREATE INDEX IF NOT EXISTS delayed_tenant ON delayed (tenant);
 """
 
-# The queue (schema 4): an entry's number -- its session's number << SEQ_BITS | one from the
-# file's counter, never reused -- is its rowid: a delete finds its row by number alone, a
-# session's entries are the range of its number. Made (or rebuilt from an older layout's
-# ``queue``) by ``_upgrade``, in its transaction.
+# The queue (schema 4): an entry's number -- from the file's one counter, never reused -- is its
+# rowid, so a delete finds its row by number alone; ``entries_sid`` (the entries of a session, in
+# the order of their numbers: an index entry ends with the rowid) serves loading and deleting a
+# session. Made (or rebuilt from an older layout's ``queue``) by ``_upgrade``, in its transaction.
 ENTRIES = """
 CREATE TABLE entries (
-    seq INTEGER PRIMARY KEY,
+    seq INTEGER PRIMARY KEY, sid INTEGER NOT NULL,
     topic TEXT NOT NULL, payload BLOB NOT NULL, msg_qos INTEGER NOT NULL, msg_retain INTEGER NOT NULL,
     props BLOB, expiry_at REAL,
     qos INTEGER NOT NULL, retain INTEGER NOT NULL, sub_ids TEXT, share TEXT, pid INTEGER NOT NULL,
     state INTEGER NOT NULL)
 """
-ENTRIES_INDEX = "CREATE INDEX entries_expiry ON entries (expiry_at) WHERE expiry_at IS NOT NULL"
-ENTRIES_COLUMNS = "seq, topic, payload, msg_qos, msg_retain, props, expiry_at, qos, retain, sub_ids, share, pid, state"
-# a session's entries: the rowids of its number (none for a session without one)
-RANGE = f"BETWEEN ?1 << {SEQ_BITS} AND (?1 << {SEQ_BITS}) | {SEQ_MASK}"
-SESSION_RANGE = (f"BETWEEN (SELECT sid FROM sessions WHERE tenant = ?1 AND client_id = ?2) << {SEQ_BITS} "
-                 f"AND ((SELECT sid FROM sessions WHERE tenant = ?1 AND client_id = ?2) << {SEQ_BITS}) | {SEQ_MASK}")
+ENTRIES_INDEXES = ("CREATE INDEX entries_sid ON entries (sid)",
+                   "CREATE INDEX entries_expiry ON entries (expiry_at) WHERE expiry_at IS NOT NULL")
+ENTRY = "seq, topic, payload, msg_qos, msg_retain, props, expiry_at, qos, retain, sub_ids, share, pid, state"
+SESSION_SID = "(SELECT sid FROM sessions WHERE tenant = ? AND client_id = ?)"
 
 _SQL = {
     "session": "INSERT INTO sessions (tenant, client_id, expiry_interval, disconnected_at, will, will_due, device) "
@@ -162,9 +159,9 @@ _SQL = {
     "sub": "INSERT OR REPLACE INTO subscriptions SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8 "
            "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)",
     "unsub": "DELETE FROM subscriptions WHERE tenant = ? AND client_id = ? AND filter = ?",
-    # queue entries only for sessions that exist and hold the number the entry starts with
-    "q": "INSERT OR REPLACE INTO entries SELECT ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15 "
-         f"WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2 AND sid = ?3 >> {SEQ_BITS})",
+    # queue entries only for sessions that exist (their number: a session made again has another)
+    "q": "INSERT OR REPLACE INTO entries SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14 "
+         "WHERE EXISTS (SELECT 1 FROM sessions WHERE sid = ?2)",
     "q_state": "UPDATE entries SET state = ? WHERE seq = ?",
     "seq": f"UPDATE counters SET value = value + ? WHERE name = '{COUNTER}' RETURNING value",
     "sid": f"UPDATE counters SET value = value + 1 WHERE name = '{SID_COUNTER}' RETURNING value",
@@ -365,10 +362,10 @@ class SQLiteStore(Store):
             rec = sessions.get((t, c))
             if rec is not None:
                 rec.subscriptions.append(SubscriptionRecord(f, qos, bool(nl), bool(rap), rh, sid))
-        for row in db.execute(f"SELECT {ENTRIES_COLUMNS} FROM entries ORDER BY seq"):
-            rec = numbered.get(row[0] >> SEQ_BITS)
+        for row in db.execute(f"SELECT sid, {ENTRY} FROM entries ORDER BY seq"):
+            rec = numbered.get(row[0])
             if rec is not None:
-                rec.queue.append(_entry(row))
+                rec.queue.append(_entry(row[1:]))
         for t, c, pid in db.execute("SELECT * FROM awaiting_rel"):
             rec = sessions.get((t, c))
             if rec is not None:
@@ -394,7 +391,7 @@ class SQLiteStore(Store):
             rec.subscriptions.append(SubscriptionRecord(f, qos, bool(nl), bool(rap), rh, sid))
         if row[7] is not None:
             rec.queue = [_entry(r) for r in db.execute(
-                f"SELECT {ENTRIES_COLUMNS} FROM entries WHERE seq {RANGE} ORDER BY seq", (row[7],))]
+                f"SELECT {ENTRY} FROM entries WHERE sid = ? ORDER BY seq", (row[7],))]
         rec.awaiting_rel = {r[0] for r in db.execute(
             "SELECT pid FROM awaiting_rel WHERE tenant = ? AND client_id = ?", key)}
         return rec
@@ -413,8 +410,8 @@ class SQLiteStore(Store):
             for table in ("subscriptions", "awaiting_rel"):
                 n += db.execute(f"DELETE FROM {table} WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE "
                                 f"s.tenant = {table}.tenant AND s.client_id = {table}.client_id)").rowcount
-            n += db.execute(f"DELETE FROM entries WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE "
-                            f"s.sid = entries.seq >> {SEQ_BITS})").rowcount
+            n += db.execute("DELETE FROM entries WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE "
+                            "s.sid = entries.sid)").rowcount
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -489,9 +486,9 @@ def _apply_run(db, run: list, queue: tuple) -> None:
 
 
 def _delete_sessions(db, keys: list) -> int:
-    """Delete these sessions (tenant, client id), their entries first (the range of their
+    """Delete these sessions (tenant, client id), their entries first (found by their
     number) -> the rows deleted."""
-    n = db.executemany(f"DELETE FROM entries WHERE seq {SESSION_RANGE}", keys).rowcount
+    n = db.executemany(f"DELETE FROM entries WHERE sid = {SESSION_SID}", keys).rowcount
     for table in _SESSION_TABLES:
         n += db.executemany(f"DELETE FROM {table} WHERE tenant = ? AND client_id = ?", keys).rowcount
     return n
@@ -509,13 +506,13 @@ def _apply_queue(db, queue: tuple[list, list, list, list, dict]) -> None:
         rows, plain, q1, expected = _append_rows(db, appends, _number(db, appends, numbered), sids)
         written = 0
         if q1:
-            written += _many(db, _q1_appends, q1, 6)
+            written += _many(db, _q1_appends, q1, 5)
         if plain:
-            written += _many(db, _plain_appends, plain, 11)
+            written += _many(db, _plain_appends, plain, 10)
         if rows:
             written += db.executemany(_SQL["q"], rows).rowcount
         if written != expected:
-            _renumber(db, appends, sids)
+            _rewrite(db, appends, sids)
         appends.clear()
     if states:
         db.executemany(_SQL["q_state"], [(op[3].state, op[3].seq) for op in states])
@@ -533,25 +530,24 @@ def _apply_queue(db, queue: tuple[list, list, list, list, dict]) -> None:
 CHUNK = 64
 
 
-# an append's guard: its session exists and holds the number its rowid starts with
-_GUARD = ("WHERE EXISTS (SELECT 1 FROM sessions s WHERE s.tenant = v.column1 AND s.client_id = v.column2 "
-          f"AND s.sid = v.column3 >> {SEQ_BITS})")
+# an append's guard: its session exists (found by its number: ``sessions_sid``)
+_GUARD = "WHERE EXISTS (SELECT 1 FROM sessions s WHERE s.sid = v.column2)"
 
 
 def _plain_appends(k: int) -> str:
     """The append of ``k`` entries without properties, only for sessions that exist (``_GUARD``)."""
-    return ("INSERT OR REPLACE INTO entries SELECT v.column3, v.column4, v.column5, v.column6, "
-            "v.column7, NULL, NULL, v.column8, v.column9, NULL, NULL, v.column10, v.column11 FROM (VALUES "
-            + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * k) + ") AS v " + _GUARD)
+    return ("INSERT OR REPLACE INTO entries SELECT v.column1, v.column2, v.column3, v.column4, v.column5, "
+            "v.column6, NULL, NULL, v.column7, v.column8, NULL, NULL, v.column9, v.column10 FROM (VALUES "
+            + ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"] * k) + ") AS v " + _GUARD)
 
 
 def _q1_appends(k: int) -> str:
     """The append of ``k`` plain entries of the usual kind: a QoS 1 message, not retained,
     delivered at QoS 1 without the retain flag, its PUBLISH owed -- those five values are
     the statement's constants, not bound for each row (``_plain_appends`` otherwise)."""
-    return ("INSERT OR REPLACE INTO entries SELECT v.column3, v.column4, v.column5, 1, 0, "
-            "NULL, NULL, 1, 0, NULL, NULL, v.column6, 0 FROM (VALUES "
-            + ", ".join(["(?, ?, ?, ?, ?, ?)"] * k) + ") AS v " + _GUARD)
+    return ("INSERT OR REPLACE INTO entries SELECT v.column1, v.column2, v.column3, v.column4, 1, 0, "
+            "NULL, NULL, 1, 0, NULL, NULL, v.column5, 0 FROM (VALUES "
+            + ", ".join(["(?, ?, ?, ?, ?)"] * k) + ") AS v " + _GUARD)
 
 
 def _deletes(k: int) -> str:
@@ -582,13 +578,13 @@ def _many(db, make, values: list, width: int) -> int:
 
 
 def _append_rows(db, appends: list, seq: int, sids: dict) -> tuple[list, list, list, int]:
-    """Number the appended entries in order: ``n`` = ``seq + 1``, ``seq + 2``, ..., each
-    after its session's number (``entry.seq``) -> (rows of the "q" statement; the values of
-    ``_plain_appends``' rows one after the other: entries without properties, expiry,
-    subscription ids or share group -- nearly all -- bound without their NULLs; the values
-    of ``_q1_appends``' rows: the plain ones that are QoS 1 throughout, not retained, their
-    PUBLISH owed -- bound without their constants; how many rows should be written: those
-    of sessions that exist). One pass over the batch's appends."""
+    """Number the appended entries ``seq + 1``, ``seq + 2``, ... in order (``entry.seq``),
+    each row naming its session by the session's number -> (rows of the "q" statement; the
+    values of ``_plain_appends``' rows one after the other: entries without properties,
+    expiry, subscription ids or share group -- nearly all -- bound without their NULLs; the
+    values of ``_q1_appends``' rows: the plain ones that are QoS 1 throughout, not
+    retained, their PUBLISH owed -- bound without their constants; how many rows should
+    be written: those of sessions that exist). One pass over the batch's appends."""
     rows, plain, q1 = [], [], []
     add = plain.extend
     add1 = q1.extend
@@ -597,88 +593,60 @@ def _append_rows(db, appends: list, seq: int, sids: dict) -> tuple[list, list, l
     for op in appends:
         e = op[3]
         seq += 1
+        e.seq = seq
         sid = get((op[1], op[2]))
         if sid is None:
             sid = _sid(db, sids, op[1], op[2])
             if not sid:
                 expected -= 1            # no such session: numbered, not written (the guard)
-        n = e.seq = sid << SEQ_BITS | seq
         m = e.msg
         props, ids, share, expiry = m.properties, e.sub_ids, e.share, m.expiry_at
         if props or ids or share or expiry is not None:
-            rows.append(_row(op, n))
+            rows.append(_row(e, sid))
         elif e.qos == 1 and m.qos == 1 and not (m.retain or e.retain or e.state):
-            add1((op[1], op[2], n, m.topic, m.payload, e.pid))
+            add1((seq, sid, m.topic, m.payload, e.pid))
         else:
-            add((op[1], op[2], n, m.topic, m.payload, m.qos, 1 if m.retain else 0, e.qos,
+            add((seq, sid, m.topic, m.payload, m.qos, 1 if m.retain else 0, e.qos,
                  1 if e.retain else 0, e.pid, e.state))
     return rows, plain, q1, expected
 
 
-def _row(op: tuple, n: int) -> tuple:
-    """The values of the "q" statement for an append numbered ``n``."""
-    e = op[3]
+def _row(e: QueueEntry, sid: int) -> tuple:
+    """The values of the "q" statement for an entry of the session numbered ``sid``."""
     m = e.msg
     props, ids, share = m.properties, e.sub_ids, e.share
-    return (op[1], op[2], n, m.topic, m.payload, m.qos, 1 if m.retain else 0,
+    return (e.seq, sid, m.topic, m.payload, m.qos, 1 if m.retain else 0,
             pack_props(props) if props else None, m.expiry_at, e.qos, 1 if e.retain else 0,
             pack_ids(ids) if ids else None, pack_share(share) if share else None, e.pid, e.state)
 
 
-def _renumber(db, appends: list, sids: dict) -> None:
+def _rewrite(db, appends: list, sids: dict) -> None:
     """Some of the appends just made were refused by their guard although their session was
     thought to exist: another node sharing the file deleted it (perhaps made it again, with
-    another number) since this thread read its number. Each append not written is numbered
-    again after its session's number as the file has it now, and written -- unless that
-    session is gone (the entry is not written, as for any session that no longer exists)."""
+    another number) since this thread read its number. Each append not written is written
+    under its session's number as the file has it now -- unless that session is gone (the
+    entry is not written, as for any session that no longer exists)."""
     sids.clear()
     for op in appends:
         e = op[3]
         if db.execute("SELECT 1 FROM entries WHERE seq = ?", (e.seq,)).fetchone() is not None:
             continue
         sid = _sid(db, sids, op[1], op[2])
-        e.seq = sid << SEQ_BITS | (e.seq & SEQ_MASK)
         if sid:
-            db.execute(_SQL["q"], _row(op, e.seq))
+            db.execute(_SQL["q"], _row(e, sid))
 
 
 def _sid(db, sids: dict, tenant: str, client_id: str) -> int:
-    """The session's number, read from the file (given now if it has none) and remembered
-    -> 0 if there is no such session."""
+    """The session's number, read from the file (given now if it has none: the file's
+    counter, never given twice) and remembered -> 0 if there is no such session."""
     row = db.execute("SELECT sid FROM sessions WHERE tenant = ? AND client_id = ?", (tenant, client_id)).fetchone()
     if row is None:
         return 0
     sid = row[0]
     if sid is None:
-        sid = _free_sid(db, db.execute(_SQL["sid"]).fetchone()[0])
+        sid = db.execute(_SQL["sid"]).fetchone()[0]
         db.execute("UPDATE sessions SET sid = ? WHERE tenant = ? AND client_id = ?", (sid, tenant, client_id))
     sids[(tenant, client_id)] = sid
-    return sid
-
-
-def _free_sid(db, sid: int) -> int:
-    """``sid`` (just taken from the counter) if no session holds it, else the next number
-    no session holds, from there and then from 1 (the counter follows it) -> that number,
-    its range emptied of any entry left over (there should be none: a session's entries are
-    deleted with it, and no append is written for a number its session does not hold)."""
-    taken = "SELECT 1 FROM sessions WHERE sid = ?"
-    if sid > SID_MAX or db.execute(taken, (sid,)).fetchone() is not None:
-        free = None
-        for start in (min(sid, SID_MAX), 1):
-            if not db.execute(taken, (start,)).fetchone():
-                free = start
-                break
-            row = db.execute("SELECT s.sid + 1 FROM sessions s WHERE s.sid >= ? AND NOT EXISTS "
-                             "(SELECT 1 FROM sessions t WHERE t.sid = s.sid + 1) ORDER BY s.sid LIMIT 1",
-                             (start,)).fetchone()
-            if row is not None and row[0] <= SID_MAX:
-                free = row[0]
-                break
-        if free is None:
-            raise StoreDataError(f"{SID_MAX} sessions with queued messages in this file: the most it can number")
-        sid = free
-        db.execute("UPDATE counters SET value = ? WHERE name = ?", (sid, SID_COUNTER))
-        db.execute(f"DELETE FROM entries WHERE seq {RANGE}", (sid,))
     return sid
 
 
@@ -690,8 +658,6 @@ def _number(db, run: list, numbered: list) -> int:
     (An entry of a session that no longer exists is numbered too, and not written.)"""
     n = len(run)
     last = db.execute(_SQL["seq"], (n,)).fetchone()[0]
-    if last > SEQ_MASK:
-        raise StoreError(f"the file has given {SEQ_MASK} queue entry numbers, all it can (2**{SEQ_BITS})")
     numbered += run
     return last - n
 
@@ -745,32 +711,26 @@ def _upgrade(db, path: str) -> None:
     old = bool(db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'queue'").fetchone())
     if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'entries'").fetchone():
         db.execute(ENTRIES)
-        db.execute(ENTRIES_INDEX)
+        for ddl in ENTRIES_INDEXES:
+            db.execute(ddl)
     if old:
         # schema 1, 2 or 3: each session with entries is numbered (in the order of their keys),
         # its entries numbered again past every number the file gave (schema 1 numbered each
-        # session from 1), in the order of its queue, after its session's number, as rowids;
-        # the entries of sessions that no longer exist (never loaded) are left behind
+        # session from 1), in the order of its queue, as rowids; the entries of sessions that
+        # no longer exist (never loaded) are left behind
         start = max(start, db.execute("SELECT coalesce(max(seq), 0) FROM queue").fetchone()[0])
         db.execute(
             "UPDATE sessions SET sid = n.r FROM (SELECT s.tenant, s.client_id, "
             "row_number() OVER (ORDER BY s.tenant, s.client_id) AS r FROM sessions s WHERE EXISTS "
             "(SELECT 1 FROM queue q WHERE q.tenant = s.tenant AND q.client_id = s.client_id)) AS n "
             "WHERE sessions.tenant = n.tenant AND sessions.client_id = n.client_id")
-        numbered = db.execute("SELECT coalesce(max(sid), 0) FROM sessions").fetchone()[0]
-        if numbered > SID_MAX:
-            raise StoreError(f"{path}: {numbered} sessions with queued messages, more than schema "
-                             f"{SCHEMA_VERSION} can number ({SID_MAX})")
         moved = db.execute(
-            f"INSERT INTO entries ({ENTRIES_COLUMNS}) SELECT (s.sid << {SEQ_BITS}) | "
-            f"(? + row_number() OVER (ORDER BY q.tenant, q.client_id, q.seq)), q.topic, q.payload, q.msg_qos, "
+            f"INSERT INTO entries (sid, {ENTRY}) SELECT s.sid, "
+            f"? + row_number() OVER (ORDER BY q.tenant, q.client_id, q.seq), q.topic, q.payload, q.msg_qos, "
             f"q.msg_retain, q.props, q.expiry_at, q.qos, q.retain, q.sub_ids, q.share, q.pid, q.state "
             f"FROM queue q JOIN sessions s ON s.tenant = q.tenant AND s.client_id = q.client_id",
             (start,)).rowcount
         start += max(moved, 0)
-        if start > SEQ_MASK:
-            raise StoreError(f"{path}: {start} queue entry numbers given, more than schema "
-                             f"{SCHEMA_VERSION} can number ({SEQ_MASK})")
         db.execute("DROP TABLE queue")
     sids = db.execute("SELECT coalesce(max(sid), 0) FROM sessions").fetchone()[0]
     db.execute("INSERT OR REPLACE INTO counters VALUES (?, ?)", (SID_COUNTER, sids))

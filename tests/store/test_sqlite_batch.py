@@ -146,7 +146,8 @@ def test_a_session_another_node_deleted_and_made_again_gets_the_entries_this_nod
         b.apply([("session_del", T1, "dev"), session("dev")])
         mine = [entry(message(f"after/{i}")) for i in range(3)]
         a.apply([q("dev", e) for e in mine])
-        assert all(e.seq >> 43 != old.seq >> 43 for e in mine)
+        sids = [r[0] for r in a.store.db.execute("SELECT sid FROM entries ORDER BY seq")]
+        assert len(sids) == 3 and len(set(sids)) == 1            # all under the session's new number
         assert [e.msg.topic for e in b.session(T1, "dev")["queue"]] == ["after/0", "after/1", "after/2"]
         a.apply([q_del("dev", mine[0])])                 # its delete finds the row under the new number
         assert [e.msg.topic for e in b.session(T1, "dev")["queue"]] == ["after/1", "after/2"]
@@ -161,38 +162,30 @@ def test_a_session_another_node_deleted_and_made_again_gets_the_entries_this_nod
         b.close()
 
 
-def test_the_number_of_a_deleted_session_is_given_again_once_the_counter_is_past_the_last(tmp_path, monkeypatch):
-    """A file numbers at most SID_MAX sessions at once (here 3). A deleted session's number
-    is given again, with nothing of the old session in its range; when all are held, an
-    append for one more session is refused as data (its batch's other operations go on),
-    and the sessions that have numbers keep working."""
-    import pytest
+def test_a_session_is_numbered_with_its_first_entry_and_a_number_is_never_given_twice(tmp_path):
+    """The rows name their session by its number: given with the session's first entry, kept
+    while it lives, and a session made again after a delete gets a new one -- the old
+    session's entries are gone with it and none of its rows can be taken for the new one's."""
+    store = SyncStore(f"sqlite:///{tmp_path}/numbers.db")
 
-    from brokerd.store import StoreError
-    from brokerd.store import sqlite as sqlite_store
-
-    monkeypatch.setattr(sqlite_store, "SID_MAX", 3)
-    store = SyncStore(f"sqlite:///{tmp_path}/few.db")
+    def sid(cid):
+        return store.store.db.execute("SELECT sid FROM sessions WHERE client_id = ?", (cid,)).fetchone()[0]
     try:
-        es = {}
-        for cid in ("s1", "s2", "s3"):
-            es[cid] = entry(message(f"{cid}/0"))
-            store.apply([session(cid), q(cid, es[cid])])
-        assert sorted(e.seq >> 43 for e in es.values()) == [1, 2, 3]
-        store.apply([("session_del", T1, "s2"), session("s4")])
-        e4 = entry(message("s4/0"))
-        store.apply([q("s4", e4)])
-        assert e4.seq >> 43 == es["s2"].seq >> 43                    # s2's number, given again
-        assert [e.msg.topic for e in store.session(T1, "s4")["queue"]] == ["s4/0"]
-        store.apply([session("s5")])
-        with pytest.raises(StoreError, match="StoreDataError: 3 sessions with queued messages"):
-            store.apply([q("s5", entry(message("s5/0")))])
-        more = entry(message("s1/1"))
-        store.apply([q("s1", more)])
-        assert [e.msg.topic for e in store.session(T1, "s1")["queue"]] == ["s1/0", "s1/1"]
-        store.apply([("session_del", T1, "s3")])
-        store.apply([q("s5", entry(message("s5/1")))])
-        assert [e.msg.topic for e in store.session(T1, "s5")["queue"]] == ["s5/1"]
-        assert store.session(T1, "s3") is None
+        store.apply([session("s1"), session("s2")])
+        assert sid("s1") is None and sid("s2") is None
+        store.apply([q("s1", entry(message("s1/0"))), q("s2", entry(message("s2/0"))), q("s1", entry(message("s1/1")))])
+        first = {c: sid(c) for c in ("s1", "s2")}
+        assert None not in first.values() and first["s1"] != first["s2"]
+        store.apply([session("s1", expiry=60), q("s1", entry(message("s1/2")))])      # the same session
+        assert sid("s1") == first["s1"]
+        store.apply([("session_del", T1, "s1"), session("s1"), q("s1", entry(message("s1/new")))])
+        assert sid("s1") not in first.values()
+        assert [e.msg.topic for e in store.session(T1, "s1")["queue"]] == ["s1/new"]
+        assert [e.msg.topic for e in store.session(T1, "s2")["queue"]] == ["s2/0"]
+        store.close()
+        store = SyncStore(f"sqlite:///{tmp_path}/numbers.db")          # the same after opening again
+        assert [e.msg.topic for e in store.session(T1, "s1")["queue"]] == ["s1/new"]
+        store.apply([session("s3"), q("s3", entry(message("s3/0")))])
+        assert sid("s3") > max(first["s1"], first["s2"], sid("s1"))
     finally:
         store.close()

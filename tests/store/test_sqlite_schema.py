@@ -20,7 +20,6 @@ import time
 import pytest
 
 from brokerd.store import StoreError
-from brokerd.store.sqlite import SEQ_MASK
 from brokerd.store.records import pack_will
 
 from ..mqtt import V311, PahoClient
@@ -157,11 +156,6 @@ class V3Node(V2Node):
         self.db.execute(V3_Q_DEL, (seq,))
 
 
-def n(e) -> int:
-    """An entry's number from the file's counter (after its session's)."""
-    return e.seq & SEQ_MASK
-
-
 @pytest.fixture
 def path(tmp_path):
     return tmp_path / "v1.db"
@@ -193,11 +187,11 @@ def test_a_schema_1_file_is_upgraded_its_queues_kept_and_numbering_goes_on(path)
         qb = store.session(T1, "b")["queue"]
         assert [(e.msg.topic, e.pid) for e in qa] == [("a/0", 1), ("a/1", 2), ("a/2", 3)]
         seqs = [e.seq for e in qa + qb]
-        assert seqs == sorted(set(seqs)) and min(map(n, qa + qb)) > 5     # numbered again, in order, past v1's
+        assert seqs == sorted(set(seqs)) and min(e.seq for e in qa + qb) > 5     # numbered again, in order, past v1's
         assert [(e.msg.topic, e.msg.payload) for e in qb] == [("b/0", b"0"), ("b/1", b"1"), ("b/2", b"2")]
         new_a, new_b = entry(message("a/new")), entry(message("b/new"))
         store.apply([q("a", new_a), q("b", new_b)])
-        assert n(new_a) > 5 and n(new_b) > 3                  # past every number schema 1 gave
+        assert new_a.seq > 5 and new_b.seq > 3                  # past every number schema 1 gave
         assert [e.msg.topic for e in store.session(T1, "a")["queue"]] == ["a/0", "a/1", "a/2", "a/new"]
         assert [e.msg.topic for e in store.session(T1, "b")["queue"]] == ["b/0", "b/1", "b/2", "b/new"]
         store.apply([q_del("a", qa[0]), q_del("a", new_a)])   # an old row and a new one deleted alike
@@ -206,7 +200,7 @@ def test_a_schema_1_file_is_upgraded_its_queues_kept_and_numbering_goes_on(path)
         store = SyncStore(f"sqlite:///{path}")                # opened again: nothing upgraded twice
         later = entry(message("a/later"))
         store.apply([q("a", later)])
-        assert n(later) > n(new_b)
+        assert later.seq > new_b.seq
         assert [e.msg.topic for e in store.session(T1, "a")["queue"]] == ["a/1", "a/2", "a/later"]
     finally:
         store.close()
@@ -244,7 +238,7 @@ def test_two_nodes_opening_a_schema_1_file_at_once_upgrade_it_once(path):
         a.apply([q("dev", es[0])])
         b.apply([q("dev", es[1])])
         a.apply([q("dev", es[2]), q("dev", es[3])])
-        assert [e.seq for e in es] == sorted(set(e.seq for e in es)) and n(es[0]) > 4
+        assert [e.seq for e in es] == sorted(set(e.seq for e in es)) and es[0].seq > 4
         assert [e.msg.topic for e in b.session(T1, "dev")["queue"]] == [f"old/{i}" for i in range(4)] + [
             f"new/{i}" for i in range(4)]
     finally:
@@ -273,14 +267,14 @@ def test_a_schema_2_file_is_upgraded_its_queues_kept_in_order_and_deletes_find_t
         assert [(e.msg.topic, e.msg.payload, e.pid) for e in qa] == [("a/1", b"1", 21), ("a/2", b"2", 22),
                                                                       ("a/3", b"3", 23)]
         assert [(e.msg.topic, e.pid) for e in qb] == [(f"b/{i}", 10 + i) for i in range(4)]
-        assert all(n(e) > 8 for e in qa + qb)                # past the counter: schema 2 gave 1..8
+        assert all(e.seq > 8 for e in qa + qb)                # past the counter: schema 2 gave 1..8
         assert len({e.seq for e in qa + qb}) == 7
         store.apply([q_del("a", qa[1]), q_del("b", qb[0])])
         assert [e.msg.topic for e in store.session(T1, "a")["queue"]] == ["a/1", "a/3"]
         assert [e.msg.topic for e in store.session(T1, "b")["queue"]] == ["b/1", "b/2", "b/3"]
         new = entry(message("a/new"))
         store.apply([q("a", new)])
-        assert n(new) > max(n(e) for e in qa + qb)
+        assert new.seq > max(e.seq for e in qa + qb)
         store.close()
         store = SyncStore(f"sqlite:///{path}")                # opened again: nothing upgraded twice
         assert [(e.seq, e.msg.topic) for e in store.session(T1, "a")["queue"]] == [
@@ -315,19 +309,26 @@ def test_a_schema_3_file_is_upgraded_each_session_numbered_its_queue_kept_in_ord
         qb = store.session(T1, "b")["queue"]
         assert [(e.msg.topic, e.msg.payload, e.pid) for e in qa] == [(f"a/{i}", b"%d" % i, 20 + i) for i in (1, 2, 3)]
         assert [(e.msg.topic, e.pid) for e in qb] == [(f"b/{i}", 10 + i) for i in range(4)]
-        assert all(n(e) > 99 for e in qa + qb)               # past every number schema 3 gave
-        assert len({e.seq >> 43 for e in qa}) == len({e.seq >> 43 for e in qb}) == 1
-        assert qa[0].seq >> 43 != qb[0].seq >> 43
+        assert all(e.seq > 99 for e in qa + qb)               # past every number schema 3 gave
         db = sqlite3.connect(path)
         try:
             tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             assert "queue" not in tables and db.execute("SELECT count(*) FROM entries").fetchone()[0] == 7
+            sids = dict(db.execute("SELECT client_id, sid FROM sessions").fetchall())
+            assert sids["idle"] is None and sids["a"] != sids["b"]            # numbered: those with entries
+            assert dict(db.execute("SELECT sid, count(*) FROM entries GROUP BY sid").fetchall()) == {
+                sids["a"]: 3, sids["b"]: 4}
         finally:
             db.close()
         store.apply([q_del("a", qa[1]), q_del("b", qb[0])])
         first = entry(message("idle/0"))
         store.apply([q("idle", first)])
-        assert first.seq >> 43 not in (qa[0].seq >> 43, qb[0].seq >> 43)
+        db = sqlite3.connect(path)
+        try:
+            sids = dict(db.execute("SELECT client_id, sid FROM sessions").fetchall())
+            assert sids["idle"] not in (None, sids["a"], sids["b"])            # numbered with its first entry
+        finally:
+            db.close()
         store.close()
         store = SyncStore(f"sqlite:///{path}")                # opened again: nothing upgraded twice
         assert [e.msg.topic for e in store.session(T1, "a")["queue"]] == ["a/1", "a/3"]
