@@ -115,6 +115,8 @@ class V1Node:
 class V2Node(V1Node):
     """brokerd of schema 2 on a file: numbered from the file's counter, rows found by (tenant, client id, seq)."""
 
+    append_sql = V1_Q
+
     def create(self):
         self.db.executescript(SCHEMA_2)
         return self
@@ -123,7 +125,8 @@ class V2Node(V1Node):
         self.db.execute("BEGIN IMMEDIATE")
         try:
             seq = self.db.execute(V2_SEQ, (1,)).fetchone()[0]
-            self.db.execute(V1_Q, (tenant, cid, seq, topic, payload, 1, 0, None, None, 1, 0, None, None, pid, 0))
+            self.db.execute(self.append_sql,
+                            (tenant, cid, seq, topic, payload, 1, 0, None, None, 1, 0, None, None, pid, 0))
             self.db.execute("COMMIT")
         except BaseException:
             self.db.execute("ROLLBACK")
@@ -137,20 +140,11 @@ class V2Node(V1Node):
 class V3Node(V2Node):
     """brokerd of schema 3 on a file: numbered from the file's counter, rows found by their rowid."""
 
+    append_sql = V3_Q
+
     def create(self):
         self.db.executescript(SCHEMA_3)
         return self
-
-    def append(self, tenant, cid, topic, payload, pid) -> int:
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            seq = self.db.execute(V2_SEQ, (1,)).fetchone()[0]
-            self.db.execute(V3_Q, (tenant, cid, seq, topic, payload, 1, 0, None, None, 1, 0, None, None, pid, 0))
-            self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        return seq
 
     def delete(self, tenant, cid, seq):
         self.db.execute(V3_Q_DEL, (seq,))
