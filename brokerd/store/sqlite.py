@@ -172,7 +172,7 @@ _SQL = {
     "retain_del": "DELETE FROM retained WHERE tenant = ? AND topic = ?",
 }
 
-_SESSION_TABLES = ("sessions", "subscriptions", "awaiting_rel")     # and its entries, first (their range)
+_SESSION_TABLES = ("sessions", "subscriptions", "awaiting_rel")     # and its entries, first (by its number)
 
 
 def _params(op: tuple) -> tuple:
@@ -296,7 +296,7 @@ class SQLiteStore(Store):
                 _upgrade(db, self.path)
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                _rollback(db)
                 raise
         except BaseException:
             db.close()
@@ -342,13 +342,21 @@ class SQLiteStore(Store):
             _apply_queue(db, queue)
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
-            for op in numbered:              # the counter went back: their numbers will be given again
+            # first (whatever the rollback does): the counters went back, so the numbers this
+            # attempt gave its entries and its sessions will be given again
+            for op in numbered:
                 op[3].seq = 0
-            self._sids.clear()               # ... and so did the sessions' it gave
+            self._sids.clear()
+            _rollback(db)
             raise
 
     def _load(self):
+        return _snapshot(self.db, self._read_all)
+
+    def _load_session(self, tenant, client_id):
+        return _snapshot(self.db, self._read_session, tenant, client_id)
+
+    def _read_all(self):
         db = self.db
         sessions = {}
         numbered = {}                        # session number -> its record
@@ -378,7 +386,7 @@ class SQLiteStore(Store):
         return [(t, topic, StoredMessage(topic, payload, qos, True, unpack_props(props), exp))
                 for t, topic, payload, qos, props, exp in self.db.execute("SELECT * FROM retained")]
 
-    def _load_session(self, tenant, client_id):
+    def _read_session(self, tenant, client_id):
         db = self.db
         key = (tenant, client_id)
         row = db.execute("SELECT tenant, client_id, expiry_interval, disconnected_at, will, will_due, device, sid "
@@ -414,7 +422,7 @@ class SQLiteStore(Store):
                             "s.sid = entries.sid)").rowcount
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            _rollback(db)
             raise
         return n
 
@@ -455,7 +463,7 @@ class SQLiteStore(Store):
             out = fn(db)
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            _rollback(db)
             raise
         return out
 
@@ -465,6 +473,24 @@ class SQLiteStore(Store):
 
     def _put_meta(self, key, value):
         self.db.execute("INSERT OR REPLACE INTO blobs VALUES (?, ?)", (key, bytes(value)))
+
+
+def _snapshot(db, fn, *args):
+    """``fn(*args)``'s reads in one read transaction: the sessions and the entries they number
+    as of one moment, whatever another node sharing the file commits meanwhile."""
+    db.execute("BEGIN")
+    try:
+        return fn(*args)
+    finally:
+        _rollback(db)
+
+
+def _rollback(db) -> None:
+    """Roll the transaction back -- unless SQLite already has: on some errors (disk full,
+    I/O) it rolls the whole transaction back itself, and a ROLLBACK then raises "no
+    transaction is active" in place of the error that matters."""
+    if db.in_transaction:
+        db.execute("ROLLBACK")
 
 
 _SESSION_KINDS = frozenset(("session", "session_del"))
@@ -691,9 +717,9 @@ def _check_version(db, path: str) -> str | None:
 
 def _upgrade(db, path: str) -> None:
     """Mark a new file with the schema, upgrade one of schema 1 (numbered per
-    session), 2 (numbers not the rowid) or 3 (entries not in their session's
-    range), refuse any other. In the caller's transaction (another node may be
-    opening the file too)."""
+    session), 2 (numbers not the rowid) or 3 (rows naming their session by
+    tenant and client id), refuse any other. In the caller's transaction
+    (another node may be opening the file too)."""
     version = _check_version(db, path)
     if version == SCHEMA_VERSION and db.execute("SELECT 1 FROM counters WHERE name = ?", (COUNTER,)).fetchone():
         return

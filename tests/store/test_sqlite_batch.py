@@ -189,3 +189,36 @@ def test_a_session_is_numbered_with_its_first_entry_and_a_number_is_never_given_
         assert sid("s3") > max(first["s1"], first["s2"], sid("s1"))
     finally:
         store.close()
+
+
+def test_a_batch_the_full_disk_undid_gives_no_number_twice_and_says_why(tmp_path):
+    """Two nodes on one file. A batch on node A numbers session x with its first entry, then
+    a session with a large will finds the disk full: SQLite undoes the whole transaction
+    itself. Node A forgets the number it gave (the counter went back with the batch), so
+    when node B numbers its own session y with that same number, A's retried append still
+    goes to x -- not to y, another tenant's session -- and the error A reports is the disk's."""
+    import pytest
+
+    from brokerd.protocol.packets import Will
+    from brokerd.store import StoreError
+
+    url = f"sqlite:///{tmp_path}/full.db"
+    a, b = SyncStore(url), SyncStore(url)
+    try:
+        a.apply([session("x"), session("y", tenant=T2)])
+        db = a.store.db
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        db.execute(f"PRAGMA max_page_count = {pages + 2}")              # node A's disk nearly full
+        x1 = entry(message("x/1"))
+        batch = [q("x", x1), session("z", will=Will("last/will", b"w" * 200_000, 1, False, {}))]
+        with pytest.raises(StoreError, match="database or disk is full"):
+            a.apply(batch)
+        assert x1.seq == 0
+        db.execute("PRAGMA max_page_count = 1073741823")                  # space freed
+        b.apply([q("y", entry(message("y/1")), tenant=T2)])
+        a.apply(batch)                                                    # the writer retries it
+        assert [e.msg.topic for e in b.session(T1, "x")["queue"]] == ["x/1"]
+        assert [e.msg.topic for e in b.session(T2, "y")["queue"]] == ["y/1"]
+    finally:
+        a.close()
+        b.close()

@@ -2,8 +2,8 @@
 
 Schema 1 numbered each session's queue from a counter in its ``sessions`` row;
 schema 2 numbers every queue from one counter for the file; schema 3 makes that
-number the queue row's rowid; schema 4 puts the session's own number in front of
-it (a session's entries one range of rowids, no index). A file of schema 1, 2 or
+number the queue row's rowid; schema 4's rows name their session by the session's
+own integer number instead of its tenant and client id. A file of schema 1, 2 or
 3 is upgraded when a newer brokerd opens it: what it holds is delivered, in
 order, and the numbering goes on past every number it gave. A file of a schema
 this brokerd does not know is refused, untouched, with a message naming it.
