@@ -10,6 +10,11 @@ rows do it once per 64. What each row does is unchanged: an append only for a
 session that exists, a delete only of the entry it names.
 """
 
+import pytest
+
+from brokerd.protocol.packets import Will
+from brokerd.store import StoreError
+
 from .test_contract import T1, T2, SyncStore, entry, message, q, q_del, session
 
 
@@ -135,8 +140,7 @@ def test_a_session_another_node_deleted_and_made_again_gets_the_entries_this_nod
     """Two nodes on one file (a host's workers). Node A knows the session's number from its
     earlier appends; node B deletes the session and makes it again (a clean start on B: a
     new number). A's next appends are refused by their guard under the old number, then
-    numbered again under the new one and written -- not lost, and not left under a number
-    no session holds. Once the session is deleted for good, A's appends are not written."""
+    written under the new one -- not lost, and not left under a number no session holds. Once the session is deleted for good, A's appends are not written."""
     url = f"sqlite:///{tmp_path}/shared.db"
     a, b = SyncStore(url), SyncStore(url)
     try:
@@ -197,11 +201,6 @@ def test_a_batch_the_full_disk_undid_gives_no_number_twice_and_says_why(tmp_path
     itself. Node A forgets the number it gave (the counter went back with the batch), so
     when node B numbers its own session y with that same number, A's retried append still
     goes to x -- not to y, another tenant's session -- and the error A reports is the disk's."""
-    import pytest
-
-    from brokerd.protocol.packets import Will
-    from brokerd.store import StoreError
-
     url = f"sqlite:///{tmp_path}/full.db"
     a, b = SyncStore(url), SyncStore(url)
     try:
