@@ -27,6 +27,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 
 _UNLOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -163,6 +164,48 @@ class Batches:
                 fut.set_result(answer)
 
 
+class Line:
+    """One connection of the bus's pool, kept for one caller that has at most
+    one call on its way at a time (a ``Batches``): a call writes the command
+    and reads its reply on that connection, without redis-py's per-command
+    machinery (the pool's checkout and return, the retry wrapper, the
+    response callbacks, the metrics hooks: about 110 µs of CPU per call here,
+    60 without; claims and disconnect waves are a call per few clients).
+
+    Errors keep redis-py's meaning and the pool's policy: the connection
+    closes on any error but a reply from Redis (a timeout, a cancelled call,
+    a broken socket: a late reply can never be read as the next call's),
+    and a call whose connection Redis closed is sent again once on a new
+    one; a timeout is not retried."""
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.conn = None
+
+    async def evalsha(self, script, keys: list, args: list):
+        """``script`` (redis-py's, for its sha and text) on ``keys`` and ``args``; loaded first if Redis
+        does not know it (a restart or a SCRIPT FLUSH)."""
+        n = len(keys)
+        try:
+            return await self.call("EVALSHA", script.sha, n, *keys, *args)
+        except NoScriptError:
+            await self.call("SCRIPT", "LOAD", script.script)
+            return await self.call("EVALSHA", script.sha, n, *keys, *args)
+
+    async def call(self, *command):
+        if self.conn is None:
+            self.conn = await self.pool.get_connection()
+        conn = self.conn
+        packed = conn.pack_command(*command)
+        try:
+            await conn.send_packed_command(packed, check_health=False)
+            return await conn.read_response()
+        except RedisConnectionError:
+            pass                # closed by redis-py: send once more, on a new connection
+        await conn.send_packed_command(packed, check_health=False)
+        return await conn.read_response()
+
+
 def key_of(tenant: str, client_id: str) -> str:
     return f"{tenant}\0{client_id}"
 
@@ -191,10 +234,12 @@ class Bus:
         self._try_claim = self.redis.register_script(_TRY_CLAIM)
         self._try_claims = self.redis.register_script(_TRY_CLAIMS)
         self._claims = Batches(self._claim_batch, CLAIMS_PER_CALL, drop_given_up=True)
+        self._claim_line = Line(pool)
         self._unlock = self.redis.register_script(_UNLOCK)
         self._lease = self.redis.register_script(_LEASE)
         self._gone = self.redis.register_script(_GONE)
         self._gones = Batches(self._gone_batch, GONE_PER_CALL, drop_given_up=False)
+        self._gone_line = Line(pool)
 
     def k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -290,13 +335,13 @@ class Bus:
     async def _claim_batch(self, batch: list[tuple[str, str]]) -> list[str | None]:
         if len(batch) == 1:
             tenant, client_id = batch[0]
-            answers = [await self._try_claim(keys=[self.k("clients", tenant), self.k("lock", tenant, client_id)],
-                                             args=[client_id, self.node])]
+            answers = [await self._claim_line.evalsha(
+                self._try_claim, [self.k("clients", tenant), self.k("lock", tenant, client_id)], [client_id, self.node])]
         else:
             keys = []
             for tenant, client_id in batch:
                 keys += (self.k("clients", tenant), self.k("lock", tenant, client_id))
-            answers = await self._try_claims(keys=keys, args=[self.node, *(cid for _, cid in batch)])
+            answers = await self._claim_line.evalsha(self._try_claims, keys, [self.node, *(cid for _, cid in batch)])
         return [(a.decode() if isinstance(a, bytes) else a) or None for a in answers]
 
     async def mark_owned(self, tenant: str, client_id: str) -> None:
@@ -335,7 +380,7 @@ class Bus:
         for flags, tenant, client_id in batch:
             keys.append(self.k("clients", tenant))
             args += (flags, key_of(tenant, client_id), client_id)
-        done = await self._gone(keys=keys, args=args)
+        done = await self._gone_line.evalsha(self._gone, keys, args)
         if done != len(batch):
             raise RuntimeError(f"{done} of {len(batch)} closed connections let go")
         return [None] * done
