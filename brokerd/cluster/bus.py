@@ -23,6 +23,7 @@ import json
 import time
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
+import hiredis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -196,7 +197,7 @@ class Line:
         if self.conn is None:
             self.conn = await self.pool.get_connection()
         conn = self.conn
-        packed = conn.pack_command(*command)
+        packed = hiredis.pack_command(command)       # in C: redis-py's pack_command is Python, 18 µs for a batch
         try:
             await conn.send_packed_command(packed, check_health=False)
             return await conn.read_response()
