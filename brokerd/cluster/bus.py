@@ -19,6 +19,7 @@ Keys, all under a prefix (``brokerd`` by default, ``?prefix=NAME`` in the URL):
 """
 
 import asyncio
+import codecs
 import json
 import time
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
@@ -29,6 +30,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 _UNLOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -173,15 +175,19 @@ class Line:
     response callbacks, the metrics hooks: about 110 µs of CPU per call here,
     60 without; claims and disconnect waves are a call per few clients).
 
-    Errors keep redis-py's meaning and the pool's policy: the connection
-    closes on any error but a reply from Redis (a timeout, a cancelled call,
-    a broken socket: a late reply can never be read as the next call's),
-    and a call whose connection Redis closed is sent again once on a new
-    one; a timeout is not retried."""
+    Errors keep redis-py's meaning and the pool's retry policy: the
+    connection closes on any error but a reply from Redis (a timeout, a
+    cancelled call, a broken socket), so a late reply is never read as the
+    next call's; a call that timed out or whose connection broke is sent
+    again, at most ``RETRIES`` times, each on a new connection."""
+
+    RETRIES = 2
+    BACKOFF = ExponentialBackoff(cap=0.2, base=0.01)
 
     def __init__(self, pool):
         self.pool = pool
         self.conn = None
+        self.pack = None
 
     async def evalsha(self, script, keys: list, args: list):
         """``script`` (redis-py's, for its sha and text) on ``keys`` and ``args``; loaded first if Redis
@@ -195,16 +201,24 @@ class Line:
 
     async def call(self, *command):
         if self.conn is None:
-            self.conn = await self.pool.get_connection()
+            conn = self.conn = await self.pool.get_connection()
+            enc = conn.encoder
+            if codecs.lookup(enc.encoding).name == "utf-8" and enc.encoding_errors == "strict":
+                self.pack = hiredis.pack_command     # in C: redis-py's pack_command is Python, 18 µs a batch
+            else:                                    # ?encoding=... in the URL: encode as redis-py does
+                self.pack = lambda c: b"".join(conn.pack_command(*c))
         conn = self.conn
-        packed = hiredis.pack_command(command)       # in C: redis-py's pack_command is Python, 18 µs for a batch
-        try:
-            await conn.send_packed_command(packed, check_health=False)
-            return await conn.read_response()
-        except RedisConnectionError:
-            pass                # closed by redis-py: send once more, on a new connection
-        await conn.send_packed_command(packed, check_health=False)
-        return await conn.read_response()
+        packed = self.pack(command)
+        failures = 0
+        while True:
+            try:
+                await conn.send_packed_command(packed, check_health=False)
+                return await conn.read_response()
+            except (RedisConnectionError, RedisTimeoutError):
+                failures += 1                # redis-py closed the connection: the next try opens a new one
+                if failures > self.RETRIES:
+                    raise
+                await asyncio.sleep(self.BACKOFF.compute(failures))
 
 
 def key_of(tenant: str, client_id: str) -> str:
@@ -225,9 +239,10 @@ class Bus:
         self.ttl = ttl
         # a blocking pool: a burst of CONNECTs waits for a connection instead of failing
         # A pooled connection that Redis closed (a restart, a proxy's idle timeout, CLIENT KILL) fails
-        # its next command with ConnectionError: that command is sent again once on a new connection.
-        # Timeouts are not retried, so a Redis that is really gone is still noticed (and fenced) in time.
-        retry = Retry(ExponentialBackoff(cap=0.2, base=0.01), 2)
+        # its next command with ConnectionError: that command is sent again on a new connection, twice at
+        # most. A command that timed out is sent again too (redis-py's Retry covers TimeoutError whatever
+        # retry_on_error says; the timed-out connection is closed first). ``Line`` does the same.
+        retry = Retry(Line.BACKOFF, Line.RETRIES)
         pool = aioredis.BlockingConnectionPool.from_url(self.url, max_connections=64, timeout=5,
                                                         socket_timeout=2.0, socket_connect_timeout=2.0,
                                                         retry=retry, retry_on_error=[RedisConnectionError])
@@ -246,7 +261,7 @@ class Bus:
         return ":".join((self.prefix, *parts))
 
     async def close(self) -> None:
-        await self.redis.aclose()
+        await self.redis.aclose(close_connection_pool=True)   # the pool is the bus's own (and so are its lines)
 
     # ------------------------------------------------------------ membership
 
