@@ -24,6 +24,7 @@ log = logging.getLogger("brokerd.cluster")
 GATHER = 0.01           # seconds a round waits to gather a burst of subscriptions
 PER_ENTRY = 256         # events of a round packed into one entry of the log (a "multi" event)
 RETRY = 0.5             # seconds after a failed round before the next
+_NOTHING = (0, 0, {})   # a filter never announced
 
 
 class Announcer:
@@ -114,24 +115,28 @@ class Announcer:
         records them as announced (``changes`` gets (key, before, now) to undo
         that when the events could not be published)."""
         subs, durable, groups = self.broker.local_route_counts(tenant, filt)
-        before = self.announced.get((tenant, filt), (0, 0, {}))
-        now = (subs, durable, groups)
-        if now == before:
+        key = (tenant, filt)
+        previous = self.announced.get(key)
+        b_subs, b_durable, b_groups = previous if previous is not None else _NOTHING
+        counts_changed = subs != b_subs or durable != b_durable
+        if not counts_changed and groups == b_groups:
             return []
+        now = (subs, durable, groups)
+        alive = subs or durable or groups
         if changes is not None:
-            changes.append(((tenant, filt), self.announced.get((tenant, filt)),
-                            now if (subs or durable or groups) else None))
-        if subs or durable or groups:
-            self.announced[(tenant, filt)] = now
+            changes.append((key, previous, now if alive else None))
+        if alive:
+            self.announced[key] = now
         else:
-            self.announced.pop((tenant, filt), None)
+            self.announced.pop(key, None)
         events = []
-        if (subs, durable) != before[:2]:
+        if counts_changed:
             events.append({"t": "route", "n": self.id, "tn": tenant, "f": filt, "s": subs, "d": durable})
-        for name in set(groups) | set(before[2]):
-            if groups.get(name, 0) != before[2].get(name, 0):
-                events.append({"t": "group", "n": self.id, "tn": tenant, "g": name, "f": filt,
-                               "m": groups.get(name, 0)})
+        if groups or b_groups:
+            for name in set(groups) | set(b_groups):
+                if groups.get(name, 0) != b_groups.get(name, 0):
+                    events.append({"t": "group", "n": self.id, "tn": tenant, "g": name, "f": filt,
+                                   "m": groups.get(name, 0)})
         return events
 
     # ---------------------------------------------------- a session moving

@@ -352,9 +352,11 @@ class Router:
         ns = self.namespaces.get(tenant)
         route = ns.trie.get(filt) if ns is not None else None
         if route is None:
-            return 0, 0, {}
+            return 0, 0, _NO_GROUPS
+        groups = route.groups
+        # no shared group (the usual route): one read-only empty mapping, not a dict per route announced
         return (len(route.subs), sum(1 for s in route.subs if s.durable),
-                {name: len(g.members) for name, g in route.groups.items()})
+                {name: len(g.members) for name, g in groups.items()} if groups else _NO_GROUPS)
 
     def connection_counts(self) -> dict[str, int]:
         return {ns.name: len(ns.channels) for ns in self.namespaces.values()}
