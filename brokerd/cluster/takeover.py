@@ -12,6 +12,7 @@ id's lock. A client without a stored session registers its will, which a
 survivor publishes should this node die (``adoption``).
 """
 
+import asyncio
 import logging
 from typing import Protocol
 
@@ -52,6 +53,9 @@ class Takeover:
         # CONNECTs whose claim is in progress here, and those another node took the id from meanwhile
         self.claiming: dict[tuple[str, str], ClaimingChannel] = {}
         self.lost: set[tuple[str, str]] = set()
+        # the last update each client id's closed connection sent to Redis (until it is done): a new CONNECT
+        # of the id waits for it, as claims and disconnects go to Redis on connections of their own
+        self.going: dict[tuple[str, str], asyncio.Task] = {}
 
     # ========================================================== new owner
 
@@ -69,6 +73,9 @@ class Takeover:
         self.claiming[key] = channel
         self.lost.discard(key)
         try:
+            going = self.going.get(key)
+            if going is not None:               # the id's last connection here is still letting go of it
+                await asyncio.wait((going,))
             # the common case in one round trip: the client id was free, or already here
             owner = await self.bus.try_claim(tenant, cid)
             if owner is not None:
@@ -96,6 +103,9 @@ class Takeover:
             if channel.state != CONNECTING:         # the client went away meanwhile
                 return
             cont(self.clock())
+            going = self.going.get(key)
+            if going is not None:               # cont took over a connection of the id here: its will goes first
+                await asyncio.wait((going,))
             session = channel.session
             if session is not None and session.durable:
                 await self.bus.mark_owned(tenant, cid)
@@ -132,7 +142,15 @@ class Takeover:
                 self.announcer.route_dirty(tenant, filt)
 
     def client_gone(self, tenant: str, cid: str, ended: bool, had_will: bool) -> None:
-        """A connection closed here; ``ended``: its session is over too."""
+        """A connection closed here; ``ended``: its session is over too.
+
+        A CONNECT of the same id being opened here now (it took this
+        connection over) keeps the id: only the old will is let go of. A
+        later CONNECT of the id waits for this update (``going``) before
+        its claim, so that Redis sees the two in the order they happened."""
+        key = (tenant, cid)
+        if key in self.claiming:
+            ended = False
         if self.fence.fenced or not (ended or had_will):
             return
 
@@ -142,7 +160,10 @@ class Takeover:
             except Exception:
                 pass
 
-        self.spawn(update())
+        task = self.spawn(update())
+        going = self.going
+        going[key] = task
+        task.add_done_callback(lambda t: going.pop(key) if going.get(key) is t else None)
 
     # ========================================================== old owner
 
