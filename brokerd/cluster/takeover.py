@@ -53,6 +53,8 @@ class Takeover:
         # CONNECTs whose claim is in progress here, and those another node took the id from meanwhile
         self.claiming: dict[tuple[str, str], ClaimingChannel] = {}
         self.lost: set[tuple[str, str]] = set()
+        # every CONNECT whose claim is in progress here, per client id (two may overlap; ``claiming`` is the last)
+        self.opening: dict[tuple[str, str], list[ClaimingChannel]] = {}
         # the last update each client id's closed connection sent to Redis (until it is done): a new CONNECT
         # of the id waits for it, as claims and disconnects go to Redis on connections of their own
         self.going: dict[tuple[str, str], asyncio.Task] = {}
@@ -72,6 +74,7 @@ class Takeover:
         key = (tenant, cid)
         self.claiming[key] = channel
         self.lost.discard(key)
+        self.opening.setdefault(key, []).append(channel)
         try:
             going = self.going.get(key)
             if going is not None:               # the id's last connection here is still letting go of it
@@ -119,6 +122,10 @@ class Takeover:
             if self.claiming.get(key) is channel:
                 del self.claiming[key]
                 self.lost.discard(key)
+            opening = self.opening[key]
+            opening.remove(channel)
+            if not opening:
+                del self.opening[key]
             self.handoff.done_expecting(tenant, cid)
             self.handoff.flush_arriving(tenant, cid)
             if token is not None:
@@ -144,12 +151,13 @@ class Takeover:
     def client_gone(self, tenant: str, cid: str, ended: bool, had_will: bool) -> None:
         """A connection closed here; ``ended``: its session is over too.
 
-        A CONNECT of the same id being opened here now (it took this
+        A CONNECT of the same id still being opened here (it took this
         connection over) keeps the id: only the old will is let go of. A
         later CONNECT of the id waits for this update (``going``) before
         its claim, so that Redis sees the two in the order they happened."""
         key = (tenant, cid)
-        if key in self.claiming:
+        opening = self.opening.get(key)
+        if opening is not None and any(ch.state == CONNECTING for ch in opening):
             ended = False
         if self.fence.fenced or not (ended or had_will):
             return

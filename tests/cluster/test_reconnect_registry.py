@@ -81,13 +81,33 @@ def test_a_connect_that_takes_over_on_the_same_node_leaves_its_own_will_register
     first = connect(n1.port(), cid, V311, will=(f"{tag}/will", b"first gone", 1, False))
     wait_until(lambda: wills(redis_server, cid), timeout=5, message="the first will was not registered")
     second = connect(n1.port(), cid, V311, will=(f"{tag}/will", b"second gone", 1, False))
-    wait_until(first.client.is_connected, timeout=5, message="the first was not taken over") if False else \
+    taken_over(first, V311, "the first was not taken over")
     time.sleep(0.5)
     got = wills(redis_server, cid)
     assert len(got) == 1 and b"second gone" in got[0], got
     third = connect(n1.port(), cid, V311)                   # no will
-    wait_until(lambda: not second.client.is_connected(), timeout=5, message="the second was not taken over")
+    taken_over(second, V311, "the second was not taken over")
     time.sleep(0.5)
     assert wills(redis_server, cid) == []
     assert owner(redis_server, cid) == b"n1"
     third.disconnect()
+
+
+def test_a_client_that_connects_and_leaves_at_once_leaves_no_client_id_registered(cluster, redis_server, tag):
+    """CONNECT and DISCONNECT in one write: the connection closes while its own claim is still being
+    finished. Its clean session is over, so its id must not stay registered as the node's."""
+    n1, = cluster.start(1)
+    cids = [f"{tag}-brief{i}" for i in range(20)]
+    socks = []
+    for cid in cids:
+        s = socket.create_connection(("127.0.0.1", n1.port()), timeout=5)
+        s.sendall(connect_packet(cid, 4) + disconnect_packet(4))
+        socks.append(s)
+    for s in socks:
+        s.settimeout(5)
+        while s.recv(4096):                                 # CONNACK, then the broker closes
+            pass
+        s.close()
+    time.sleep(0.5)
+    assert [cid for cid in cids if owner(redis_server, cid) is not None] == []
+

@@ -104,8 +104,8 @@ class Fence:
     fenced = False
 
 
-def takeover(broker, sessions, announcer):
-    return Takeover("a", Bus(), broker, sessions, Handoff(), announcer, None, None, lambda: {}, None, Fence(),
+def takeover(broker, sessions, announcer, bus=None):
+    return Takeover("a", bus or Bus(), broker, sessions, Handoff(), announcer, None, None, lambda: {}, None, Fence(),
                     lambda: 0.0, asyncio.ensure_future)
 
 
@@ -145,3 +145,61 @@ def test_a_claim_nobody_contests_opens_the_session():
     broker, opened, channel, t = asyncio.run(scenario())
     assert opened == [0.0] and channel.refused is None and broker.sessions == {("acme", "dev")}
     assert t.claiming == {} and t.lost == set()
+
+
+class GoneBus(Bus):
+    def __init__(self):
+        self.gones: list = []
+
+    async def gone(self, tenant, cid, ended, had_will):
+        self.gones.append((tenant, cid, ended, had_will))
+
+
+def test_a_connection_taken_over_by_the_second_of_two_overlapping_claims_leaves_the_id_registered():
+    """Two CONNECTs of one id claim it here at once: B reads its stored session, C (clean) opens first,
+    then B's open takes C over. C's disconnect must let go of its will only, not of the id B now holds
+    (``claiming`` names only the last claim made: C's, gone by then)."""
+    async def scenario():
+        broker, announcer, bus = Broker(), Announcer(), GoneBus()
+        sessions = Sessions(broker)                     # B's store read waits for the gate
+        t = takeover(broker, sessions, announcer, bus)
+        b, c = Channel(), Channel()
+
+        def open_b(now):
+            t.client_gone("acme", "dev", True, True)   # B's open closes C (a clean session: it ends)
+
+        def open_c(now):
+            c.state = 2                                 # connected
+
+        claim_b = asyncio.ensure_future(t.run_claim(b, "acme", "dev", False, None, open_b))
+        await asyncio.sleep(0)                          # B reads the store
+        await t.run_claim(c, "acme", "dev", True, None, open_c)
+        sessions.gate.set()
+        await claim_b
+        await asyncio.gather(*t.going.values())
+        return bus.gones, t
+
+    gones, t = asyncio.run(scenario())
+    assert gones == [("acme", "dev", False, True)]     # the will dropped, the id kept
+    assert t.claiming == {} and t.opening == {} and t.going == {}
+
+
+def test_a_connection_that_closes_while_its_own_claim_ends_lets_go_of_its_id():
+    """CONNECT and DISCONNECT in one read: the connection closes inside its own open (``cont``). Its
+    clean session is over: the id is let go of."""
+    async def scenario():
+        broker, announcer, bus = Broker(), Announcer(), GoneBus()
+        sessions = Sessions(broker)
+        sessions.gate.set()
+        t = takeover(broker, sessions, announcer, bus)
+        channel = Channel()
+
+        def open_and_close(now):
+            channel.state = 4                           # accepted, then closed by its DISCONNECT
+            t.client_gone("acme", "dev", True, False)
+
+        await t.run_claim(channel, "acme", "dev", True, None, open_and_close)
+        await asyncio.gather(*t.going.values())
+        return bus.gones
+
+    assert asyncio.run(scenario()) == [("acme", "dev", True, False)]
