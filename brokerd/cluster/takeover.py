@@ -50,11 +50,10 @@ class Takeover:
         self.fence = fence
         self.clock = clock
         self.spawn = spawn                # spawn(coroutine): run it as a task
-        # CONNECTs whose claim is in progress here, and those another node took the id from meanwhile
-        self.claiming: dict[tuple[str, str], ClaimingChannel] = {}
-        self.lost: set[tuple[str, str]] = set()
-        # every CONNECT whose claim is in progress here, per client id (two may overlap; ``claiming`` is the last)
-        self.opening: dict[tuple[str, str], list[ClaimingChannel]] = {}
+        # the CONNECTs whose claim is in progress here, per client id (two may overlap), and those of them
+        # whose id another node took meanwhile
+        self.claiming: dict[tuple[str, str], list[ClaimingChannel]] = {}
+        self.lost: set[ClaimingChannel] = set()
         # the last update each client id's closed connection sent to Redis (until it is done): a new CONNECT
         # of the id waits for it, as claims and disconnects go to Redis on connections of their own
         self.going: dict[tuple[str, str], asyncio.Task] = {}
@@ -72,9 +71,7 @@ class Takeover:
             return
         token = None
         key = (tenant, cid)
-        self.claiming[key] = channel
-        self.lost.discard(key)
-        self.opening.setdefault(key, []).append(channel)
+        self.claiming.setdefault(key, []).append(channel)
         try:
             going = self.going.get(key)
             if going is not None:               # the id's last connection here is still letting go of it
@@ -98,7 +95,7 @@ class Takeover:
                 # free in the registry but perhaps stored: Redis may have lost its registry (restarted
                 # empty) before anyone adopted the session -- the store, not the registry, is the truth
                 await self.sessions.load(tenant, cid)
-            if key in self.lost:
+            if channel in self.lost:
                 # another node claimed the id while this one read the session from the store (on_takeover
                 # found nothing to release then, and refused this CONNECT): what was read is theirs
                 self._let_go(tenant, cid)
@@ -119,13 +116,11 @@ class Takeover:
             if channel.state == CONNECTING:
                 channel.refuse(rc.SERVER_UNAVAILABLE, "cluster unavailable")
         finally:
-            if self.claiming.get(key) is channel:
+            self.lost.discard(channel)
+            claims = self.claiming[key]
+            claims.remove(channel)
+            if not claims:
                 del self.claiming[key]
-                self.lost.discard(key)
-            opening = self.opening[key]
-            opening.remove(channel)
-            if not opening:
-                del self.opening[key]
             self.handoff.done_expecting(tenant, cid)
             self.handoff.flush_arriving(tenant, cid)
             if token is not None:
@@ -156,8 +151,8 @@ class Takeover:
         later CONNECT of the id waits for this update (``going``) before
         its claim, so that Redis sees the two in the order they happened."""
         key = (tenant, cid)
-        opening = self.opening.get(key)
-        if opening is not None and any(ch.state == CONNECTING for ch in opening):
+        claims = self.claiming.get(key)
+        if claims is not None and any(ch.state == CONNECTING for ch in claims):
             ended = False
         if self.fence.fenced or not (ended or had_will):
             return
@@ -188,13 +183,14 @@ class Takeover:
                         link.peer)
             link.send(frames.released(req, 2))
             return
-        claiming = self.claiming.get((tenant, cid))
-        if claiming is not None:
+        claims = self.claiming.get((tenant, cid))
+        if claims is not None:
             # a CONNECT of the id is being claimed here too (its claim found the id free, the other's found
             # it here): the other node holds the lock, so this one gives way -- before it opens a second copy
-            self.lost.add((tenant, cid))
-            if claiming.state == CONNECTING:
-                claiming.refuse(rc.SERVER_BUSY, "the client id is being taken over by another node")
+            for claiming in claims:
+                self.lost.add(claiming)
+                if claiming.state == CONNECTING:
+                    claiming.refuse(rc.SERVER_BUSY, "the client id is being taken over by another node")
         holder = None
         if not self.fence.fenced and link.peer:
             filters = self.broker.handoff_filters(tenant, cid)

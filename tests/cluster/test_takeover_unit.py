@@ -181,7 +181,7 @@ def test_a_connection_taken_over_by_the_second_of_two_overlapping_claims_leaves_
 
     gones, t = asyncio.run(scenario())
     assert gones == [("acme", "dev", False, True)]     # the will dropped, the id kept
-    assert t.claiming == {} and t.opening == {} and t.going == {}
+    assert t.claiming == {} and t.going == {}
 
 
 def test_a_connection_that_closes_while_its_own_claim_ends_lets_go_of_its_id():
@@ -203,3 +203,24 @@ def test_a_connection_that_closes_while_its_own_claim_ends_lets_go_of_its_id():
         return bus.gones
 
     assert asyncio.run(scenario()) == [("acme", "dev", True, False)]
+
+
+def test_a_takeover_refuses_every_claim_of_the_id_in_progress_here():
+    async def scenario():
+        broker, announcer = Broker(), Announcer()
+        sessions = Sessions(broker)                     # both claims read the store until the gate opens
+        t = takeover(broker, sessions, announcer)
+        first, second, opened = Channel(), Channel(), []
+        claims = [asyncio.ensure_future(t.run_claim(ch, "acme", "dev", False, None, opened.append))
+                  for ch in (first, second)]
+        await asyncio.sleep(0)
+        await t.on_takeover(Link(), 7, "acme", "dev")   # node b takes the id meanwhile
+        sessions.gate.set()
+        await asyncio.gather(*claims)
+        return broker, opened, first, second, t
+
+    broker, opened, first, second, t = asyncio.run(scenario())
+    busy = (rc.SERVER_BUSY, "the client id is being taken over by another node")
+    assert first.refused == busy and second.refused == busy
+    assert opened == [] and broker.sessions == set()
+    assert t.claiming == {} and t.lost == set()
