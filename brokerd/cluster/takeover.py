@@ -83,6 +83,8 @@ class Takeover:
                 if token is None:
                     channel.refuse(rc.SERVER_BUSY, "the client id is being taken over")
                     return
+                if channel.state != CONNECTING:     # the client went away (or was refused) while it waited:
+                    return                          # nothing to take over from the node that holds the id
                 owner = await self.bus.owner(tenant, cid)
                 if owner is not None and owner != self.id and owner in self.members_of():
                     self.handoff.expect(tenant, cid)

@@ -224,3 +224,46 @@ def test_a_takeover_refuses_every_claim_of_the_id_in_progress_here():
     assert first.refused == busy and second.refused == busy
     assert opened == [] and broker.sessions == set()
     assert t.claiming == {} and t.lost == set()
+
+
+class LockedBus(Bus):
+    """The id is node b's and its lock is held: ``lock`` waits for ``free``."""
+
+    def __init__(self):
+        self.free = asyncio.Event()
+        self.claimed: list = []
+
+    async def try_claim(self, tenant, cid):
+        return "b"
+
+    async def lock(self, tenant, cid, wait=5.0):
+        await self.free.wait()
+        return "a:1"
+
+    async def owner(self, tenant, cid):
+        return "b"
+
+    async def claim(self, tenant, cid, durable, previous):
+        self.claimed.append((tenant, cid))
+
+    async def unlock(self, tenant, cid, token):
+        pass
+
+
+def test_a_claim_whose_client_went_away_while_it_waited_for_the_lock_takes_nothing_over():
+    async def scenario():
+        broker, announcer, bus = Broker(), Announcer(), LockedBus()
+        sessions = Sessions(broker)
+        sessions.gate.set()
+        t = takeover(broker, sessions, announcer, bus)
+        channel, opened = Channel(), []
+        claim = asyncio.ensure_future(t.run_claim(channel, "acme", "dev", False, None, opened.append))
+        await asyncio.sleep(0)                          # waiting for the id's lock
+        channel.state = 4                               # the client closed its connection meanwhile
+        bus.free.set()
+        await claim
+        return broker, bus, opened, t
+
+    broker, bus, opened, t = asyncio.run(scenario())
+    assert bus.claimed == [] and broker.sessions == set() and opened == []
+    assert t.claiming == {}
