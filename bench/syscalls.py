@@ -19,6 +19,7 @@ test suite.
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from run import DEFAULT_MQTTBENCH, SCENARIOS, Broker  # noqa: E402
+from run import DEFAULT_MQTTBENCH, PERSISTENT, SCENARIOS, Broker  # noqa: E402
 
 CALLS = ["read", "write", "writev", "readv", "sendmsg", "recvfrom", "sendto", "epoll_wait", "epoll_pwait",
          "epoll_ctl", "accept4", "close"]
@@ -43,7 +44,7 @@ def cpu_times(pid: int) -> tuple[float, float]:
 
 def measure(broker: Broker, scenario: str, args) -> dict:
     gen_args, _, _ = SCENARIOS[scenario]
-    gen_args = gen_args.replace("--duration 15", f"--duration {args.warmup + args.window + 2:g}")
+    gen_args = re.sub(r"--duration \S+", f"--duration {args.warmup + args.window + 2:g}", gen_args)
     broker.start()
     try:
         gen = subprocess.Popen(["taskset", "-c", args.gen_cpus, args.python, str(args.mqttbench), *gen_args.split(),
@@ -60,6 +61,8 @@ def measure(broker: Broker, scenario: str, args) -> dict:
     finally:
         broker.stop()
     result = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
+    if not result.get("recv_rate"):
+        raise SystemExit(f"{scenario}: no message was delivered, nothing to count per message")
     messages = result["recv_rate"] * args.window
     counts = {}
     for line in perf.stderr.splitlines():
@@ -88,6 +91,11 @@ def main() -> int:
     args = ap.parse_args()
     if shutil.which("perf") is None:
         ap.error("needs perf (Debian: linux-perf)")
+    # messages counted per message: pairs and fan-out, clean sessions (p1's are run.py's own generator's)
+    usable = [k for k, v in SCENARIOS.items() if k not in PERSISTENT and v[0].split()[0] in ("pairs", "fanout")]
+    for scenario in args.scenarios:
+        if scenario not in usable:
+            ap.error(f"{scenario}: one of {', '.join(usable)}")
     brokers = args.brokers.split(",")
     with tempfile.TemporaryDirectory(prefix="syscalls-") as tmp:
         for scenario in args.scenarios:
