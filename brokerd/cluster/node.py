@@ -55,6 +55,11 @@ log = logging.getLogger("brokerd.cluster")
 
 HEARTBEAT = 1.0          # seconds between membership refreshes
 TIMER_ROUND = 0.5        # seconds between rounds of deadlines (links, ACKs, holders, orphans)
+# seconds between the starts of two reads of the event log, at the least: when the other nodes' route
+# rounds come one after another (a connect storm on several workers), a read takes what came in the
+# meantime from all of them in one call instead of one call per entry (with 6 workers, 15,000 CONNECTs
+# were 5,215 reads); a read after a quiet spell is not delayed
+READ_GAP = 0.01
 
 
 class ClusterNode:
@@ -238,7 +243,12 @@ class ClusterNode:
         self.loop.create_task(self.adoption.reap(node))
 
     async def _event_loop(self) -> None:
+        started = -READ_GAP
         while True:
+            wait = started + READ_GAP - self.loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            started = self.loop.time()
             try:
                 await self.eventlog.read(block_ms=1000)
             except asyncio.CancelledError:
