@@ -29,7 +29,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 _UNLOCK = """
@@ -168,12 +168,14 @@ class Batches:
 
 
 class Line:
-    """One connection of the bus's pool, kept for one caller that has at most
-    one call on its way at a time (a ``Batches``): a call writes the command
-    and reads its reply on that connection, without redis-py's per-command
-    machinery (the pool's checkout and return, the retry wrapper, the
-    response callbacks, the metrics hooks: about 110 µs of CPU per call here,
-    60 without; claims and disconnect waves are a call per few clients).
+    """One connection of the bus's pool, kept for one use (a batcher, the event
+    log's reads, its writes): a call writes its command (or several: one
+    write) and reads the replies on that connection, without redis-py's
+    per-command machinery (the pool's checkout and return, the retry wrapper,
+    the response callbacks, the metrics hooks: about 110 µs of CPU per call
+    here, 60 without; claims and disconnect waves are a call per few clients,
+    the event log a read and a write per route round of the nodes). Calls take
+    turns.
 
     Errors keep redis-py's meaning and the pool's retry policy: the
     connection closes on any error but a reply from Redis (a timeout, a
@@ -188,6 +190,7 @@ class Line:
         self.pool = pool
         self.conn = None
         self.pack = None
+        self.lock = asyncio.Lock()
 
     async def evalsha(self, script, keys: list, args: list):
         """``script`` (redis-py's, for its sha and text) on ``keys`` and ``args``; loaded first if Redis
@@ -200,6 +203,16 @@ class Line:
             return await self.call("EVALSHA", script.sha, n, *keys, *args)
 
     async def call(self, *command):
+        return (await self.calls([command]))[0]
+
+    async def calls(self, commands: list[tuple]) -> list:
+        """Several commands in one write, their replies in order. A reply that is an error
+        from Redis is raised once every reply has been read (the first such), so the line
+        stays in step."""
+        async with self.lock:
+            return await self._calls(commands)
+
+    async def _calls(self, commands: list[tuple]) -> list:
         if self.conn is None:
             conn = self.conn = await self.pool.get_connection()
             enc = conn.encoder
@@ -208,12 +221,23 @@ class Line:
             else:                                    # ?encoding=... in the URL: encode as redis-py does
                 self.pack = lambda c: b"".join(conn.pack_command(*c))
         conn = self.conn
-        packed = self.pack(command)
+        pack = self.pack
+        packed = pack(commands[0]) if len(commands) == 1 else b"".join([pack(c) for c in commands])
         failures = 0
         while True:
             try:
                 await conn.send_packed_command(packed, check_health=False)
-                return await conn.read_response()
+                replies = []
+                error = None
+                for _ in commands:
+                    try:
+                        replies.append(await conn.read_response())
+                    except ResponseError as exc:
+                        error = error or exc
+                        replies.append(exc)
+                if error is not None:
+                    raise error
+                return replies
             except (RedisConnectionError, RedisTimeoutError):
                 failures += 1                # redis-py closed the connection: the next try opens a new one
                 if failures > self.RETRIES:
@@ -256,6 +280,9 @@ class Bus:
         self._gone = self.redis.register_script(_GONE)
         self._gones = Batches(self._gone_batch, GONE_PER_CALL, drop_given_up=False)
         self._gone_line = Line(pool)
+        # the event log: read by the node's event loop, written by a few (route rounds, resets); a line each way
+        self._events_in = Line(pool)
+        self._events_out = Line(pool)
 
     def k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -287,17 +314,22 @@ class Bus:
 
     async def publish_events(self, events: list[dict]) -> list[str]:
         """Append to the cluster event log; -> the events' ids."""
-        pipe = self.redis.pipeline(transaction=False)
-        for e in events:
-            pipe.xadd(self.k("events"), {"e": json.dumps(e, separators=(",", ":"))})
-        return [i.decode() if isinstance(i, bytes) else str(i) for i in await pipe.execute()]
+        key = self.k("events")
+        commands = [("XADD", key, "*", "e", json.dumps(e, separators=(",", ":"))) for e in events]
+        ids = await self._events_out.calls(commands)
+        return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
 
     async def read_events(self, after: str, block_ms: int = 1000, count: int = 1000) -> list[tuple[str, dict]]:
-        res = await self.redis.xread({self.k("events"): after}, count=count, block=block_ms)
+        res = await self._events_in.call("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", self.k("events"),
+                                         after)
         out = []
-        for _stream, entries in res or ():
+        if not res:
+            return out
+        # RESP3: {stream: entries}; RESP2: [[stream, entries]]; an entry: [id, [field, value, ...]]
+        for entries in res.values() if isinstance(res, dict) else (r[1] for r in res):
             for eid, fields in entries:
-                out.append((eid.decode(), json.loads(fields[b"e"])))
+                value = next(fields[i + 1] for i in range(0, len(fields), 2) if fields[i] in (b"e", "e"))
+                out.append((eid.decode() if isinstance(eid, bytes) else eid, json.loads(value)))
         return out
 
     async def last_event_id(self) -> str:

@@ -1,11 +1,13 @@
-"""Claims and disconnect waves go to Redis on a connection of their own
-(``bus.Line``), not through redis-py's per-command path. What a node relies
+"""Claims, disconnect waves and the event log go to Redis on connections of
+their own (``bus.Line``), not through redis-py's per-command path. What a node relies
 on must hold there too: a script Redis forgot is loaded again, and a call
 that timed out never hands its late reply to the next call -- which would
 give a client id to the wrong node."""
 
 import asyncio
 import time
+
+import pytest
 
 from brokerd.cluster.bus import Bus, key_of
 
@@ -72,6 +74,72 @@ def test_a_bus_url_with_another_encoding_claims_the_keys_its_other_commands_read
             assert await bus.try_claim("t", "caf\u00e9") is None
             assert await bus.owner("t", "caf\u00e9") == "n1"
             assert await bus.redis.hkeys(bus.k("clients", "t")) == [b"caf\xe9"]
+        finally:
+            await bus.close()
+
+    run(go())
+
+
+def test_the_event_log_is_written_and_read_in_order_with_either_protocol(redis_server, tag):
+    """The event log's reads and writes go on lines of their own too; Redis answers XREAD as a map
+    (RESP3, redis-py's default here) or as a list (``?protocol=2``): both read the same events."""
+    async def go(protocol):
+        writer = Bus(redis_server.url(prefix=f"{tag}p{protocol}") + f"&protocol={protocol}", "n1")
+        reader = Bus(redis_server.url(prefix=f"{tag}p{protocol}") + f"&protocol={protocol}", "n2")
+        try:
+            assert await reader.read_events("0-0", block_ms=50) == []
+            ids = await writer.publish_events([{"t": "route", "n": "n1", "f": "a/b", "s": 1}, {"t": "gone", "of": "x"}])
+            more = await asyncio.gather(*(writer.publish_events([{"t": "route", "n": "n1", "f": f"c/{i}", "s": 1}])
+                                          for i in range(5)))        # writers take turns on the one line
+            ids += [i for group in more for i in group]
+            assert len(set(ids)) == 7
+            events = await reader.read_events("0-0")
+            assert [eid for eid, _ in events] == sorted(ids, key=lambda i: tuple(map(int, i.split("-"))))
+            assert events[0][1] == {"t": "route", "n": "n1", "f": "a/b", "s": 1}
+            assert events[1][1] == {"t": "gone", "of": "x"}
+            assert sorted(e["f"] for _, e in events[2:]) == [f"c/{i}" for i in range(5)]
+            assert await reader.read_events(events[-1][0], block_ms=50) == []
+        finally:
+            await writer.close()
+            await reader.close()
+
+    for protocol in (2, 3):
+        run(go(protocol))
+
+
+def test_a_read_of_the_event_log_cut_short_hands_its_late_reply_to_no_one(redis_server, tag):
+    """The node stopping (or the read's task cancelled) while a read waits on Redis: the line's
+    connection is closed, so the events that read would have got are not taken as the next read's."""
+    async def go():
+        bus = Bus(redis_server.url(prefix=tag), "n1")
+        try:
+            first = await bus.publish_events([{"t": "gone", "of": "a"}])
+            waiting = asyncio.ensure_future(bus.read_events(first[0], block_ms=1000))
+            await asyncio.sleep(0.1)
+            waiting.cancel()
+            second = await bus.publish_events([{"t": "gone", "of": "b"}])
+            assert await bus.read_events(second[0], block_ms=100) == []     # not the cancelled read's "b"
+            assert [e for _, e in await bus.read_events(first[0])] == [{"t": "gone", "of": "b"}]
+        finally:
+            await bus.close()
+
+    run(go())
+
+
+def test_an_error_among_a_lines_replies_is_raised_after_all_are_read(redis_server, tag):
+    """Several commands in one write: an error reply in the middle (WRONGTYPE) is raised once the
+    replies after it have been read, so the next call gets its own reply."""
+    from redis.exceptions import ResponseError
+
+    async def go():
+        bus = Bus(redis_server.url(prefix=tag), "n1")
+        line = bus._events_out
+        try:
+            key = bus.k("plain")
+            with pytest.raises(ResponseError, match="WRONGTYPE"):
+                await line.calls([("SET", key, "v"), ("XADD", key, "*", "e", "{}"), ("GET", key)])
+            assert await line.call("GET", key) == b"v"
+            assert await line.calls([("STRLEN", key), ("EXISTS", key)]) == [1, 1]
         finally:
             await bus.close()
 
