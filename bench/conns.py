@@ -109,6 +109,20 @@ def cpu(pid: int) -> float:
     return sum(_cpu_s(p) for p in tree(pid))
 
 
+def redis_calls(port: int | None) -> dict:
+    """Redis's calls so far by command (``INFO commandstats``; nothing without a Redis)."""
+    if port is None:
+        return {}
+    out = subprocess.run(["redis-cli", "-p", str(port), "INFO", "commandstats"], capture_output=True, text=True,
+                         timeout=10).stdout
+    calls = {}
+    for line in out.splitlines():
+        if line.startswith("cmdstat_"):
+            name, _, rest = line[len("cmdstat_"):].partition(":")
+            calls[name] = int(rest.split(",")[0].split("=")[1])
+    return calls
+
+
 # ------------------------------------------------------------------ processes
 
 class Proc:
@@ -218,9 +232,9 @@ def run_one(name: str, n: int, args, tmp: Path) -> dict:
         cpu0 = None
         while time.time() < start_at:
             time.sleep(0.01)
-        cpu0 = cpu(broker.pid)
+        cpu0, rcpu0, calls0 = cpu(broker.pid), cpu(redis.pid) if redis else 0.0, redis_calls(redis_port)
         phases, results = read_phases(gens, args.setup_timeout + 60)
-        cpu1 = cpu(broker.pid)
+        cpu1, rcpu1, calls1 = cpu(broker.pid), cpu(redis.pid) if redis else 0.0, redis_calls(redis_port)
         ok = sum(p["ok"] for p in phases)
         t0 = min((p["t0"] for p in phases), default=start_at)
         t1 = max((p["t1"] for p in phases), default=time.time())
@@ -258,6 +272,11 @@ def run_one(name: str, n: int, args, tmp: Path) -> dict:
             res["pss_bytes_per_conn"] = round((peak["pss"] - mem0["pss"]) / ok)
             if redis:
                 res["redis_bytes_per_conn"] = round((redis1 - redis0) / ok)
+                # Redis's own CPU and calls while they connected (not in the broker's CPU above)
+                res["redis_cpu_us_per_connect"] = round(1e6 * (rcpu1 - rcpu0) / ok, 1)
+                calls = {c: n - calls0.get(c, 0) for c, n in calls1.items() if n > calls0.get(c, 0) and c != "info"}
+                res["redis_calls_per_connect"] = round(sum(calls.values()) / ok, 3)
+                res["redis_calls"] = dict(sorted(calls.items(), key=lambda kv: -kv[1]))
         return res
     finally:
         for g in gens:
@@ -317,7 +336,9 @@ METRICS = [("connected", "connections held"), ("connect_rate", "connects/s (CONN
            ("broker_cpu_us_per_disconnect", "broker CPU µs per disconnect (the generators closing all)"),
            ("bytes_per_conn", "RSS growth per connection, bytes"), ("total_bytes_per_conn", "total RSS / connections"),
            ("pss_bytes_per_conn", "PSS growth per connection"), ("processes", "broker processes"),
-           ("redis_bytes_per_conn", "Redis RSS growth per connection")]
+           ("redis_bytes_per_conn", "Redis RSS growth per connection"),
+           ("redis_cpu_us_per_connect", "Redis CPU µs per connect"),
+           ("redis_calls_per_connect", "Redis calls per connect (commands run, scripts' inner calls included)")]
 
 
 def fmt(v) -> str:
