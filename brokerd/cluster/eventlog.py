@@ -98,12 +98,18 @@ class EventLog:
         self.applied = applied            # applied() after a read that applied events (SYNCs wait for it)
         self.switched = None              # switched(node, tenant, filters): node moved those routes here
         self.last_event = "0-0"
+        self.epoch = 0                    # reloads begun and ended: a read that overlapped one is dropped
 
     # -------------------------------------------------------------- reading
 
     async def read(self, block_ms: int = 1000) -> None:
         """Apply what the log holds after ``last_event`` (waits up to ``block_ms``; raises when the bus failed)."""
+        epoch = self.epoch
         events = await self.bus.read_events(self.last_event, block_ms=block_ms)
+        if epoch != self.epoch:
+            # the table was reloaded meanwhile (a fenced node rejoining): these events follow the old
+            # position, and taking them would skip those between the snapshot and it
+            return
         for eid, e in events:
             self.last_event = eid
             if e.get("n") == self.id or self.fence.fenced:
@@ -159,9 +165,13 @@ class EventLog:
 
     async def reload(self) -> None:
         """The table afresh: the snapshot, then the log from there (a fenced node rejoins)."""
-        self.routes.clear()
-        self.last_event = "0-0"
-        await self.load_snapshot()
+        self.epoch += 1
+        try:
+            self.routes.clear()
+            self.last_event = "0-0"
+            await self.load_snapshot()
+        finally:
+            self.epoch += 1
 
     def drop_all(self) -> None:
         """Forget every other node's routes (this node fenced itself)."""

@@ -190,11 +190,14 @@ class ClusterNode:
         """Leave the cluster: routes withdrawn, sessions left for adoption."""
         for t in self._tasks:
             t.cancel()
+        pending = set(self._tasks)
+        while pending:
+            _, pending = await asyncio.wait(pending, timeout=0.5)
+            for t in pending:
+                t.cancel()          # again: Python 3.11's wait_for (redis-py's writes) can swallow a cancel
         for t in self._tasks:
-            try:
-                await t
-            except (asyncio.CancelledError, Exception):
-                pass
+            if not t.cancelled():
+                t.exception()       # retrieved: nothing is logged for a task that failed as it stopped
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

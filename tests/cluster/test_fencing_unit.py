@@ -172,3 +172,83 @@ def test_a_fenced_node_answers_route_switches_at_once():
         assert list(net.wire.queue) == [("a", "b", "a", frames.synced(7))] and not a.handoff.syncs
 
     run(go())
+
+
+def test_a_read_of_the_log_in_flight_while_the_node_rejoins_skips_no_event():
+    """A fenced node's event loop reads on (and applies nothing) while it is cut off. When it
+    rejoins, its table is reloaded from the snapshot and read again from there -- but a read already
+    waiting on the bus then comes back with what follows the old position. Taking it skipped every
+    event between the snapshot and that position for good (here: b's route y/#)."""
+    from brokerd.cluster.eventlog import EventLog, event_key
+    from brokerd.cluster.fencing import Fence
+    from brokerd.cluster.routes import ClusterRoutes
+
+    class BlockingLog:                        # XREAD BLOCK on a log in memory
+        def __init__(self):
+            self.events, self.new = [], asyncio.Event()
+
+        def add(self, e):
+            self.events.append((f"{len(self.events) + 1}-0", e))
+            self.new.set()
+
+        async def read_events(self, after, block_ms=1000, count=1000):
+            while True:
+                out = [(i, e) for i, e in self.events if event_key(i) > event_key(after)]
+                if out or not block_ms:
+                    return out
+                self.new.clear()
+                await self.new.wait()
+
+    def route(f):
+        return {"t": "route", "n": "b", "tn": "t", "f": f, "s": 1, "d": 0}
+
+    async def go():
+        bus, fence, routes = BlockingLog(), Fence(), ClusterRoutes("a")
+        log = EventLog("a", bus, routes, None, None, None, fence, None, dict)
+        bus.add(route("x/#"))
+        await log.read()
+        fence.fenced = True                   # a fences itself: b's routes dropped
+        log.drop_all()
+        bus.add(route("y/#"))
+        await log.read()                      # read while fenced: nothing applied, the position moves on
+        waiting = asyncio.ensure_future(log.read())
+        await asyncio.sleep(0)
+        await log.reload()                    # a rejoins (no store: the log from its start)
+        fence.fenced = False
+        bus.add(route("z/#"))                 # the waiting read comes back
+        await waiting
+        await log.read(block_ms=0)            # what the reload left to read
+        assert [f for f in ("x/1", "y/1", "z/1") if routes.match("t", f)[0]] == ["x/1", "y/1", "z/1"]
+
+    run(go())
+
+
+def test_stop_ends_a_task_that_let_a_cancel_go_by():
+    """Python 3.11's wait_for (redis-py wraps each write in one) can swallow a cancel that lands as
+    the write completes: the node's task reads on. Stopping the node cancels it again: stop returns."""
+
+    async def go():
+        net = FakeNet()
+        a = await net.node("a")
+        swallowed = []
+
+        async def reads_on():                  # as the event loop when the cancel was swallowed
+            while True:
+                try:
+                    await asyncio.sleep(0.05)
+                except asyncio.CancelledError:
+                    if swallowed:
+                        raise
+                    swallowed.append(True)
+
+        task = asyncio.ensure_future(reads_on())
+        a._tasks.append(task)
+        await asyncio.sleep(0)
+        stopping = asyncio.ensure_future(a.stop())
+        try:
+            await asyncio.wait_for(asyncio.shield(stopping), 5)     # (shielded: not ended by the wait's end)
+        finally:
+            task.cancel()
+        assert swallowed and task.cancelled()
+
+    run(go())
