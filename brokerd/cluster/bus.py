@@ -21,6 +21,7 @@ Keys, all under a prefix (``brokerd`` by default, ``?prefix=NAME`` in the URL):
 import asyncio
 import codecs
 import json
+import logging
 import time
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
@@ -31,6 +32,8 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+log = logging.getLogger("brokerd.cluster")
 
 _UNLOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -191,6 +194,7 @@ class Line:
         self.conn = None
         self.pack = None
         self.lock = asyncio.Lock()
+        self.closed = False              # the bus closed: a failed call is not sent again
 
     async def evalsha(self, script, keys: list, args: list):
         """``script`` (redis-py's, for its sha and text) on ``keys`` and ``args``; loaded first if Redis
@@ -240,7 +244,7 @@ class Line:
                 return replies
             except (RedisConnectionError, RedisTimeoutError):
                 failures += 1                # redis-py closed the connection: the next try opens a new one
-                if failures > self.RETRIES:
+                if failures > self.RETRIES or self.closed:
                     raise
                 await asyncio.sleep(self.BACKOFF.compute(failures))
 
@@ -288,6 +292,8 @@ class Bus:
         return ":".join((self.prefix, *parts))
 
     async def close(self) -> None:
+        for line in (self._claim_line, self._gone_line, self._events_in, self._events_out):
+            line.closed = True
         await self.redis.aclose(close_connection_pool=True)   # the pool is the bus's own (and so are its lines)
 
     # ------------------------------------------------------------ membership
@@ -328,8 +334,17 @@ class Bus:
         # RESP3: {stream: entries}; RESP2: [[stream, entries]]; an entry: [id, [field, value, ...]]
         for entries in res.values() if isinstance(res, dict) else (r[1] for r in res):
             for eid, fields in entries:
-                value = next(fields[i + 1] for i in range(0, len(fields), 2) if fields[i] in (b"e", "e"))
-                out.append((eid.decode() if isinstance(eid, bytes) else eid, json.loads(value)))
+                eid = eid.decode() if isinstance(eid, bytes) else eid
+                try:
+                    value = next(fields[i + 1] for i in range(0, len(fields), 2) if fields[i] in (b"e", "e"))
+                    e = json.loads(value)
+                    if not isinstance(e, dict):
+                        raise ValueError("not an object")
+                except (StopIteration, ValueError) as exc:
+                    # passed over, not retried for ever: the log goes on after it
+                    log.warning("cluster event %s unreadable, skipped: %s", eid, str(exc) or "no 'e' field")
+                    e = {"t": "unreadable"}
+                out.append((eid, e))
         return out
 
     async def last_event_id(self) -> str:

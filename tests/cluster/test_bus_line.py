@@ -144,3 +144,42 @@ def test_an_error_among_a_lines_replies_is_raised_after_all_are_read(redis_serve
             await bus.close()
 
     run(go())
+
+
+def test_an_unreadable_entry_of_the_event_log_is_passed_over_not_read_for_ever(redis_server, tag, caplog):
+    """An entry without the event field, or whose event is not JSON, is skipped with a warning and the
+    log is read on after it; before, every read failed on it again."""
+    async def go():
+        bus = Bus(redis_server.url(prefix=tag), "n1")
+        try:
+            key = bus.k("events")
+            await bus.redis.xadd(key, {"x": "1"})
+            await bus.redis.xadd(key, {"e": "{not json"})
+            await bus.redis.xadd(key, {"e": "[1]"})
+            good = await bus.publish_events([{"t": "gone", "of": "a"}])
+            events = await bus.read_events("0-0")
+            assert [e for _, e in events] == [{"t": "unreadable"}] * 3 + [{"t": "gone", "of": "a"}]
+            assert events[-1][0] == good[0]
+        finally:
+            await bus.close()
+
+    run(go())
+    assert sum("unreadable, skipped" in r.getMessage() for r in caplog.records) == 3
+
+
+def test_a_call_cut_off_by_the_bus_closing_is_not_sent_again(redis_server, tag):
+    """Closing the bus while a read waits on Redis ends that read with the connection's error; it
+    is not sent again on a new connection that nothing would close."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    async def go():
+        bus = Bus(redis_server.url(prefix=tag), "n1")
+        first = await bus.publish_events([{"t": "gone", "of": "a"}])
+        waiting = asyncio.ensure_future(bus.read_events(first[0], block_ms=1000))
+        await asyncio.sleep(0.1)
+        await bus.close()
+        with pytest.raises(RedisConnectionError):
+            await waiting
+        assert not bus._events_in.conn.is_connected         # and left closed
+
+    run(go())
