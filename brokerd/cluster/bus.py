@@ -275,24 +275,30 @@ class Bus:
                                                         socket_timeout=2.0, socket_connect_timeout=2.0,
                                                         retry=retry, retry_on_error=[RedisConnectionError])
         self.redis = aioredis.Redis(connection_pool=pool)
+        self._lines: list[Line] = []        # each a connection of the pool, for good (closed with the bus)
         self._try_claim = self.redis.register_script(_TRY_CLAIM)
         self._try_claims = self.redis.register_script(_TRY_CLAIMS)
         self._claims = Batches(self._claim_batch, CLAIMS_PER_CALL, drop_given_up=True)
-        self._claim_line = Line(pool)
+        self._claim_line = self._line(pool)
         self._unlock = self.redis.register_script(_UNLOCK)
         self._lease = self.redis.register_script(_LEASE)
         self._gone = self.redis.register_script(_GONE)
         self._gones = Batches(self._gone_batch, GONE_PER_CALL, drop_given_up=False)
-        self._gone_line = Line(pool)
+        self._gone_line = self._line(pool)
         # the event log: read by the node's event loop, written by a few (route rounds, resets); a line each way
-        self._events_in = Line(pool)
-        self._events_out = Line(pool)
+        self._events_in = self._line(pool)
+        self._events_out = self._line(pool)
+
+    def _line(self, pool) -> Line:
+        line = Line(pool)
+        self._lines.append(line)
+        return line
 
     def k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
 
     async def close(self) -> None:
-        for line in (self._claim_line, self._gone_line, self._events_in, self._events_out):
+        for line in self._lines:
             line.closed = True
         await self.redis.aclose(close_connection_pool=True)   # the pool is the bus's own (and so are its lines)
 
