@@ -26,9 +26,27 @@ if [ -n "$missing" ]; then
   fi
 fi
 
-if [ ! -x "$VENV/bin/python" ]; then
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "setup: $PYTHON is not Python 3.11 or later ($("$PYTHON" --version 2>&1 | head -1)); set PYTHON=/path/to/python3.11" >&2
+  exit 1
+fi
+# A virtualenv needs ensurepip, which Debian ships apart (python3.X-venv): without it `python3 -m venv`
+# fails half-way, leaving a .venv with a python and no pip.
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+  if ! "$PYTHON" -c 'import ensurepip' >/dev/null 2>&1; then
+    pkg="python$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')-venv"
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "setup: installing Debian package $pkg (venv's ensurepip)"
+      export DEBIAN_FRONTEND=noninteractive
+      apt-get update -qq || true
+      apt-get install -y -qq --no-install-recommends "$pkg" >/dev/null
+    else
+      echo "setup: $PYTHON cannot make a virtualenv (no ensurepip): run as root or: sudo apt-get install $pkg" >&2
+      exit 1
+    fi
+  fi
   echo "setup: creating $VENV"
-  "$PYTHON" -m venv "$VENV"
+  "$PYTHON" -m venv --clear "$VENV"        # (--clear: the half-made one too, with its stamp)
 fi
 stamp="$VENV/.installed-$(sha256sum pyproject.toml build/constraints-mqtt-codec.txt | sha256sum | cut -c1-16)"
 if [ ! -f "$stamp" ]; then
