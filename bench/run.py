@@ -410,6 +410,8 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=1, help="runs per scenario and broker; the table shows medians")
     ap.add_argument("--mqttbench", default=os.environ.get("MQTTBENCH", str(DEFAULT_MQTTBENCH)))
     ap.add_argument("--python", default=sys.executable, help="interpreter for brokerd and the generator")
+    ap.add_argument("--brokerd-python", help="interpreter for brokerd alone (default: --python), e.g. another "
+                                             "build of CPython under the same generator")
     ap.add_argument("--out", default=str(ROOT / "var" / "bench" / "results.jsonl"))
     ap.add_argument("--brokerd-arg", action="append", default=[], help="extra flag for brokerd (repeatable)")
     ap.add_argument("--workers", metavar="N",
@@ -466,7 +468,7 @@ def bench_all(args, scenarios, brokers, mqttbench, out, results, tmp, redis, ful
         cmd = SCENARIOS[name][0]
         for run in range(args.runs):
             for b in brokers:
-                broker = Broker(b, args.python, tmp, args.brokerd_arg if b.startswith("brokerd") else [],
+                broker = Broker(b, args.brokerd_python or args.python, tmp, args.brokerd_arg if b.startswith("brokerd") else [],
                                 args.broker_cpus, redis, Path(args.brokerd_root), full)
                 t0 = time.time()
                 res = run_one(broker, cmd, mqttbench, args.python, name in PERSISTENT, args.gen_cpus)

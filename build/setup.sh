@@ -32,7 +32,7 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
 fi
 # A virtualenv needs ensurepip, which Debian ships apart (python3.X-venv): without it `python3 -m venv`
 # fails half-way, leaving a .venv with a python and no pip.
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+if [ ! -x "$VENV/bin/python" ] || [ ! -x "$VENV/bin/pip" ]; then
   if ! "$PYTHON" -c 'import ensurepip' >/dev/null 2>&1; then
     pkg="python$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')-venv"
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
