@@ -123,6 +123,8 @@ class Config:
     cluster_tls_cert: str | None = None
     cluster_tls_key: str | None = None
     cluster_tls_ca: str | None = None
+    # in a connect storm, the client-id claims go to Redis in calls at least this far apart (seconds)
+    cluster_claim_gap: float = 0.005
     advertise_host: str | None = None
     server_reference: str | None = None
     anonymous_tenant: str = "default"
@@ -210,6 +212,8 @@ class Config:
             if not host or not port.isdigit():
                 raise ConfigError("--cluster-listen must be HOST:PORT")
             self._validate_link_credentials()
+        if not 0 <= self.cluster_claim_gap <= 1:
+            raise ConfigError(f"--cluster-claim-gap {self.cluster_claim_gap}: seconds, 0 to 1")
         if self.advertise_host is not None and (not self.advertise_host or "/" in self.advertise_host):
             raise ConfigError("--advertise-host must be a host name or address")
         if self.server_reference is not None:
@@ -428,6 +432,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster-tls-key", metavar="PEM", help="its private key")
     p.add_argument("--cluster-tls-ca", metavar="PEM",
                    help="the cluster's CA: a link's other end must present a certificate it signed")
+    p.add_argument("--cluster-claim-gap", type=float, metavar="SECONDS",
+                   help="in a connect storm, claims of client ids go to Redis in calls at least this far apart, "
+                        "each taking more of them: less CPU per CONNECT for up to this much CONNACK latency; a "
+                        "claim after a call that took one goes at once (default 0.005; 0: no gap)")
     p.add_argument("--advertise-host", metavar="HOST",
                    help="name or address the other nodes reach this node's cluster link and admin API at "
                         "(default: the address they are bound to; this host's name when bound to 0.0.0.0 or ::)")

@@ -313,7 +313,8 @@ class Server:
 
             host, _, port = self.config.cluster_listen.rpartition(":")
             self.cluster = ClusterNode(
-                self.config.node_id, Bus(self.config.cluster, self.config.node_id, ttl=5.0), self.broker,
+                self.config.node_id, Bus(self.config.cluster, self.config.node_id, ttl=5.0,
+                                        claim_gap=self.config.cluster_claim_gap), self.broker,
                 loop=self.loop, clock=self.loop.time, links=LinkSettings.from_config(self.config, host, int(port)),
                 store=self.store, writer=self.writer, addresses=self, reference=self.config.server_reference,
                 flusher=self.flusher, budget=self.broker.budget, identity=self.identity())

@@ -183,3 +183,46 @@ def test_a_call_cut_off_by_the_bus_closing_is_not_sent_again(redis_server, tag):
         assert not bus._events_in.conn.is_connected         # and left closed
 
     run(go())
+
+
+def test_in_a_connect_storm_claims_wait_for_the_gap_and_go_together_but_a_lone_claim_goes_at_once(
+        redis_server, tag):
+    """--cluster-claim-gap: after a claim call that carried several claims (a storm), the next starts
+    at least the gap later and takes every claim made meanwhile; after a call of one claim (a client
+    connecting alone), the next claim is not held back."""
+    gap = 1.0
+
+    async def go():
+        bus = Bus(redis_server.url(prefix=tag), "n1", claim_gap=gap)
+        loop = asyncio.get_running_loop()
+        starts = []                            # (loop time, claims carried) of each claim call
+        batch = bus._claims.send
+
+        async def counted(items):
+            starts.append((loop.time(), len(items)))
+            return await batch(items)
+
+        bus._claims.send = counted
+        try:
+            for cid in ("a", "b", "c"):                      # one at a time: no gap
+                t0 = loop.time()
+                assert await bus.try_claim("t", cid) is None
+                assert loop.time() - t0 < gap / 2
+            assert [n for _, n in starts] == [1, 1, 1]
+            starts.clear()
+            first = asyncio.gather(*(bus.try_claim("t", f"s{i}") for i in range(5)))
+            await asyncio.sleep(0)
+            later = []
+            for burst in range(3):                           # more CONNECTs while the storm goes on
+                await asyncio.sleep(0.02)
+                later += [asyncio.ensure_future(bus.try_claim("t", f"l{burst}{i}")) for i in range(4)]
+            assert await first == [None] * 5
+            assert await asyncio.gather(*later) == [None] * 12
+            assert [n for _, n in starts] == [5, 12]
+            assert starts[1][0] - starts[0][0] >= gap
+            owners = await bus.redis.hgetall(bus.k("clients", "t"))
+            assert len(owners) == 20 and set(owners.values()) == {b"n1"}
+        finally:
+            await bus.close()
+
+    run(go())

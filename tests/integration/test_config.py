@@ -170,6 +170,7 @@ def test_environment_variables_set_every_flag(tmp_path, client_id):
     ("BROKERD_MAX_INFLIGHT", "many", "$BROKERD_MAX_INFLIGHT: expected int, not 'many'"),
     ("BROKERD_ALLOW_ANONYMOUS", "perhaps", "$BROKERD_ALLOW_ANONYMOUS: expected true/false"),
     ("BROKERD_SERVER_REFERENCE", "nowhere", "--server-reference must be HOST:PORT"),
+    ("BROKERD_CLUSTER_CLAIM_GAP", "5", "--cluster-claim-gap 5.0: seconds, 0 to 1"),
 ])
 def test_bad_environment_variable_exits_2(var, value, message):
     import os
