@@ -116,10 +116,11 @@ class Batches:
     at most ``per_call`` items and returns one answer per item; each caller
     gets its own answer, or the call's error. ``drop_given_up``: a request
     whose caller gave up before its call (its task cancelled) is not sent.
-    ``gap``: in a burst, calls start at least this many seconds apart, so
-    that a call takes what came during the gap. A burst is when the last
-    call carried several requests: after a call of one (a quiet spell, a
-    client connecting alone), the next goes at once."""
+    ``gap``: in a burst, the requests made while a call was on its way wait
+    until ``gap`` seconds after that call's start, and go with whatever came
+    meanwhile. A burst is when that call carried several requests. A request
+    made when no call is on its way, or after a call of one, goes at once:
+    a device connecting alone, or a steady trickle, is not held back."""
 
     def __init__(self, send, per_call: int, drop_given_up: bool, gap: float = 0.0):
         self.send = send
@@ -137,15 +138,8 @@ class Batches:
         self.queued.append((item, fut))
         if not self.busy:
             self.busy = True
-            self._schedule(loop)
-        return fut
-
-    def _schedule(self, loop) -> None:
-        wait = self.started + self.gap - loop.time() if self.carried > 1 else 0.0
-        if wait > 0:
-            loop.call_later(wait, self._next)
-        else:
             loop.call_soon(self._next)
+        return fut
 
     def _next(self) -> None:
         batch: list = []
@@ -167,7 +161,12 @@ class Batches:
         if not task.cancelled():
             task.exception()        # retrieved: every waiter got it
         if self.queued:             # what was asked meanwhile
-            self._schedule(task.get_loop())
+            loop = task.get_loop()
+            wait = self.started + self.gap - loop.time() if self.carried > 1 else 0.0
+            if wait > 0:
+                loop.call_later(wait, self._next)
+            else:
+                loop.call_soon(self._next)
         else:
             self.busy = False       # no call in flight any more
 
@@ -300,7 +299,7 @@ class Bus:
         self._try_claim = self.redis.register_script(_TRY_CLAIM)
         self._try_claims = self.redis.register_script(_TRY_CLAIMS)
         # in a connect storm claim calls start ``claim_gap`` apart (--cluster-claim-gap), each taking more
-        # claims: fewer round trips and wake-ups of Redis for a little CONNACK latency
+        # claims: fewer round trips and wake-ups of Redis for up to that much more CONNACK latency
         self._claims = Batches(self._claim_batch, CLAIMS_PER_CALL, drop_given_up=True, gap=claim_gap)
         self._claim_line = self._line(pool)
         self._unlock = self.redis.register_script(_UNLOCK)

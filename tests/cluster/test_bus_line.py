@@ -187,9 +187,9 @@ def test_a_call_cut_off_by_the_bus_closing_is_not_sent_again(redis_server, tag):
 
 def test_in_a_connect_storm_claims_wait_for_the_gap_and_go_together_but_a_lone_claim_goes_at_once(
         redis_server, tag):
-    """--cluster-claim-gap: after a claim call that carried several claims (a storm), the next starts
-    at least the gap later and takes every claim made meanwhile; after a call of one claim (a client
-    connecting alone), the next claim is not held back."""
+    """--cluster-claim-gap: the claims made while a call of several was on its way wait until the gap
+    after its start and go in one call; a claim made when no call is on its way, or while a call of
+    one is, is not held back."""
     gap = 1.0
 
     async def go():
@@ -198,30 +198,38 @@ def test_in_a_connect_storm_claims_wait_for_the_gap_and_go_together_but_a_lone_c
         starts = []                            # (loop time, claims carried) of each claim call
         batch = bus._claims.send
 
-        async def counted(items):
+        async def slow(items):                 # a round trip of 50 ms: CONNECTs come in while it lasts
             starts.append((loop.time(), len(items)))
+            await asyncio.sleep(0.05)
             return await batch(items)
 
-        bus._claims.send = counted
+        bus._claims.send = slow
         try:
             for cid in ("a", "b", "c"):                      # one at a time: no gap
                 t0 = loop.time()
                 assert await bus.try_claim("t", cid) is None
                 assert loop.time() - t0 < gap / 2
-            assert [n for _, n in starts] == [1, 1, 1]
+            lone = asyncio.ensure_future(bus.try_claim("t", "d"))
+            await asyncio.sleep(0.01)
+            after_lone = asyncio.ensure_future(bus.try_claim("t", "e"))    # during a call of one claim
+            assert await asyncio.gather(lone, after_lone) == [None, None]
+            assert [n for _, n in starts] == [1, 1, 1, 1, 1]
+            assert starts[4][0] - starts[3][0] < gap / 2
             starts.clear()
             first = asyncio.gather(*(bus.try_claim("t", f"s{i}") for i in range(5)))
-            await asyncio.sleep(0)
             later = []
-            for burst in range(3):                           # more CONNECTs while the storm goes on
-                await asyncio.sleep(0.02)
+            for burst in range(3):                           # more CONNECTs while its call is on its way
+                await asyncio.sleep(0.01)
                 later += [asyncio.ensure_future(bus.try_claim("t", f"l{burst}{i}")) for i in range(4)]
             assert await first == [None] * 5
             assert await asyncio.gather(*later) == [None] * 12
             assert [n for _, n in starts] == [5, 12]
             assert starts[1][0] - starts[0][0] >= gap
+            t0 = loop.time()                                 # the storm over: no call on its way
+            assert await bus.try_claim("t", "z") is None
+            assert loop.time() - t0 < gap / 2
             owners = await bus.redis.hgetall(bus.k("clients", "t"))
-            assert len(owners) == 20 and set(owners.values()) == {b"n1"}
+            assert len(owners) == 23 and set(owners.values()) == {b"n1"}
         finally:
             await bus.close()
 
