@@ -237,6 +237,8 @@ class Line:
             return await self._calls(commands)
 
     async def _calls(self, commands: list[tuple]) -> list:
+        if self.closed:                  # (a call made after: it would open a connection nothing closes)
+            raise RedisConnectionError("the cluster bus is closed")
         if self.conn is None:
             conn = self.conn = await self.pool.get_connection()
             enc = conn.encoder

@@ -185,6 +185,32 @@ def test_a_call_cut_off_by_the_bus_closing_is_not_sent_again(redis_server, tag):
     run(go())
 
 
+def test_a_claim_held_back_by_the_gap_past_the_bus_closing_opens_no_connection(redis_server, tag):
+    """A claim waiting for --cluster-claim-gap when the node stops gets an error, and no new Redis
+    connection is opened for it (nothing would close it)."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    async def go():
+        bus = Bus(redis_server.url(prefix=tag), "n1", claim_gap=0.3)
+        batch = bus._claims.send
+
+        async def slow(items):
+            await asyncio.sleep(0.05)
+            return await batch(items)
+
+        bus._claims.send = slow
+        storm = asyncio.gather(*(bus.try_claim("t", f"s{i}") for i in range(3)))
+        await asyncio.sleep(0.02)
+        held = asyncio.ensure_future(bus.try_claim("t", "late"))      # waits for the gap
+        assert await storm == [None] * 3
+        await bus.close()
+        with pytest.raises(RedisConnectionError):
+            await held
+        assert not bus._claim_line.conn.is_connected
+
+    run(go())
+
+
 def test_in_a_connect_storm_claims_wait_for_the_gap_and_go_together_but_a_lone_claim_goes_at_once(
         redis_server, tag):
     """--cluster-claim-gap: the claims made while a call of several was on its way wait until the gap
