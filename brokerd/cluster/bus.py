@@ -46,8 +46,9 @@ if owner and owner ~= ARGV[2] then return owner end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return ''
 """
-# the claims of one event-loop iteration in one call: KEYS are (clients:{tenant}, lock:{tenant}:{cid}) pairs,
-# ARGV the node then the client ids; each claim is _TRY_CLAIM's, in order -> '!', the owner or '' per claim
+# the claims gathered by ``Batches`` (an event-loop iteration's, a round trip's or a gap's) in one call: KEYS
+# are (clients:{tenant}, lock:{tenant}:{cid}) pairs, ARGV the node then the client ids; each claim is
+# _TRY_CLAIM's, in order -> '!', the owner or '' per claim
 _TRY_CLAIMS = """
 local node = ARGV[1]
 local out = {}
@@ -112,7 +113,8 @@ class Batches:
     """Requests to Redis sent together, as group commit does: the first one
     schedules a call (``loop.call_soon``: the requests made in the same
     event-loop iteration go with it); those made while a call is on its way
-    go in the next, as soon as it is back. ``send(items)`` makes one call of
+    go in the next, as soon as it is back (unless ``gap`` holds them).
+    ``send(items)`` makes one call of
     at most ``per_call`` items and returns one answer per item; each caller
     gets its own answer, or the call's error. ``drop_given_up``: a request
     whose caller gave up before its call (its task cancelled) is not sent.
@@ -160,15 +162,13 @@ class Batches:
     def _sent(self, task: asyncio.Task) -> None:
         if not task.cancelled():
             task.exception()        # retrieved: every waiter got it
-        if self.queued:             # what was asked meanwhile
+        if self.queued and self.gap:
             loop = task.get_loop()
             wait = self.started + self.gap - loop.time() if self.carried > 1 else 0.0
             if wait > 0:
                 loop.call_later(wait, self._next)
-            else:
-                loop.call_soon(self._next)
-        else:
-            self.busy = False       # no call in flight any more
+                return
+        self._next()                # what was asked meanwhile (or no call in flight any more)
 
     async def _call(self, batch: list[tuple[tuple, asyncio.Future]]) -> None:
         try:

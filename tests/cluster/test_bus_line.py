@@ -193,9 +193,12 @@ def test_a_claim_held_back_by_the_gap_past_the_bus_closing_opens_no_connection(r
     async def go():
         bus = Bus(redis_server.url(prefix=tag), "n1", claim_gap=0.3)
         batch = bus._claims.send
+        calls = []
 
-        async def slow(items):
-            await asyncio.sleep(0.05)
+        async def slow(items):                 # the first call: a round trip of 50 ms
+            calls.append(len(items))
+            if len(calls) == 1:
+                await asyncio.sleep(0.05)
             return await batch(items)
 
         bus._claims.send = slow
@@ -203,9 +206,12 @@ def test_a_claim_held_back_by_the_gap_past_the_bus_closing_opens_no_connection(r
         await asyncio.sleep(0.02)
         held = asyncio.ensure_future(bus.try_claim("t", "late"))      # waits for the gap
         assert await storm == [None] * 3
+        await asyncio.sleep(0.05)                                      # still held: the gap is 0.3 s
+        assert calls == [3] and not held.done()
         await bus.close()
         with pytest.raises(RedisConnectionError):
             await held
+        assert calls == [3, 1]                                         # the timer fired after the close
         assert not bus._claim_line.conn.is_connected
 
     run(go())
@@ -250,7 +256,7 @@ def test_in_a_connect_storm_claims_wait_for_the_gap_and_go_together_but_a_lone_c
             assert await first == [None] * 5
             assert await asyncio.gather(*later) == [None] * 12
             assert [n for _, n in starts] == [5, 12]
-            assert starts[1][0] - starts[0][0] >= gap
+            assert starts[1][0] - starts[0][0] >= gap - 0.05   # (recorded an iteration after each start)
             t0 = loop.time()                                 # the storm over: no call on its way
             assert await bus.try_claim("t", "z") is None
             assert loop.time() - t0 < gap / 2
