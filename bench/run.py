@@ -468,7 +468,8 @@ def bench_all(args, scenarios, brokers, mqttbench, out, results, tmp, redis, ful
         cmd = SCENARIOS[name][0]
         for run in range(args.runs):
             for b in brokers:
-                broker = Broker(b, args.brokerd_python or args.python, tmp, args.brokerd_arg if b.startswith("brokerd") else [],
+                broker = Broker(b, args.brokerd_python or args.python, tmp,
+                                args.brokerd_arg if b.startswith("brokerd") else [],
                                 args.broker_cpus, redis, Path(args.brokerd_root), full)
                 t0 = time.time()
                 res = run_one(broker, cmd, mqttbench, args.python, name in PERSISTENT, args.gen_cpus)

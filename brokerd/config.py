@@ -123,7 +123,8 @@ class Config:
     cluster_tls_cert: str | None = None
     cluster_tls_key: str | None = None
     cluster_tls_ca: str | None = None
-    # in a connect storm, the client-id claims go to Redis in calls at least this far apart (seconds)
+    # in a connect storm, the client-id claims made while a claim call of several is on its way to Redis
+    # wait until this long (seconds) after its start, and go together (bus.Batches)
     cluster_claim_gap: float = 0.005
     advertise_host: str | None = None
     server_reference: str | None = None
@@ -433,9 +434,10 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster-tls-ca", metavar="PEM",
                    help="the cluster's CA: a link's other end must present a certificate it signed")
     p.add_argument("--cluster-claim-gap", type=float, metavar="SECONDS",
-                   help="in a connect storm, claims of client ids go to Redis in calls at least this far apart, "
-                        "each taking more of them: less CPU per CONNECT for up to this much CONNACK latency; a "
-                        "claim after a call that took one goes at once (default 0.005; 0: no gap)")
+                   help="in a connect storm, the claims of client ids made while a claim call of several is on "
+                        "its way to Redis wait until this long after its start and go together: less CPU per "
+                        "CONNECT for up to this much CONNACK latency; a claim made when no call is on its way, "
+                        "or after a call of one, goes at once (default 0.005; 0: no gap)")
     p.add_argument("--advertise-host", metavar="HOST",
                    help="name or address the other nodes reach this node's cluster link and admin API at "
                         "(default: the address they are bound to; this host's name when bound to 0.0.0.0 or ::)")

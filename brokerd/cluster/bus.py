@@ -300,8 +300,9 @@ class Bus:
         self._lines: list[Line] = []        # each a connection of the pool, for good (closed with the bus)
         self._try_claim = self.redis.register_script(_TRY_CLAIM)
         self._try_claims = self.redis.register_script(_TRY_CLAIMS)
-        # in a connect storm claim calls start ``claim_gap`` apart (--cluster-claim-gap), each taking more
-        # claims: fewer round trips and wake-ups of Redis for up to that much more CONNACK latency
+        # in a connect storm the claims made while a call of several is on its way wait until ``claim_gap``
+        # after its start (--cluster-claim-gap) and go together: fewer round trips and wake-ups of Redis for
+        # up to that much more CONNACK latency
         self._claims = Batches(self._claim_batch, CLAIMS_PER_CALL, drop_given_up=True, gap=claim_gap)
         self._claim_line = self._line(pool)
         self._unlock = self.redis.register_script(_UNLOCK)
