@@ -33,6 +33,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import mqttbench_load  # noqa: E402
 from run import Broker, Redis  # noqa: E402
 
 # CONNECTs per rate at most, all held to the end: connect() to one address and port has about half the
@@ -40,28 +41,26 @@ from run import Broker, Redis  # noqa: E402
 MAX_CONNECTS = 10_000
 
 
-def connect_packet(client_id: str) -> bytes:
-    cid = client_id.encode()
-    body = b"\x00\x04MQTT\x04\x02\x00\x3c" + len(cid).to_bytes(2, "big") + cid     # 3.1.1, clean, keepalive 60
-    return bytes([0x10, len(body)]) + body
+SLOW = 0.5                  # seconds: a CONNACK (or a TCP connect alone) counted as slow
 
 
 async def probe(port: int, rate: float, duration: float, prefix: str) -> dict:
+    pkt_connect = mqttbench_load.load(mqttbench_load.default_path()).pkt_connect    # the shared generator's
     loop = asyncio.get_running_loop()
     latencies: list[float] = []
-    slow_tcp: list[int] = []           # CONNECTs whose TCP connect alone took over 0.5 s
+    slow_tcp = 0                       # CONNECTs whose TCP connect alone took over SLOW
     failures = 0
     writers = []
 
     async def one(i: int) -> None:
-        nonlocal failures
+        nonlocal failures, slow_tcp
         t0 = time.perf_counter()
         try:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            if time.perf_counter() - t0 > 0.5:
-                slow_tcp.append(i)
+            if time.perf_counter() - t0 > SLOW:
+                slow_tcp += 1
             writers.append(writer)
-            writer.write(connect_packet(f"{prefix}-{i}"))
+            writer.write(pkt_connect(f"{prefix}-{i}", 60, True, None, None, False))     # 3.1.1, clean
             ack = await asyncio.wait_for(reader.readexactly(4), 10)
         except (TimeoutError, OSError, asyncio.IncompleteReadError):
             failures += 1
@@ -98,8 +97,8 @@ async def probe(port: int, rate: float, duration: float, prefix: str) -> dict:
         return round(latencies[min(n - 1, int(p * n))] * 1000, 3) if n else float("nan")
 
     return {"connects": i, "ok": n, "failed": failures, "p50_ms": pct(0.50), "p90_ms": pct(0.90),
-            "p99_ms": pct(0.99), "over_500ms": sum(1 for x in latencies if x > 0.5),
-            "tcp_over_500ms": len(slow_tcp), "mean_ms": round(statistics.fmean(latencies) * 1000, 3) if n else None}
+            "p99_ms": pct(0.99), "over_500ms": sum(1 for x in latencies if x > SLOW),
+            "tcp_over_500ms": slow_tcp, "mean_ms": round(statistics.fmean(latencies) * 1000, 3) if n else None}
 
 
 def main(argv=None) -> int:

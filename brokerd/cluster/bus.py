@@ -114,10 +114,10 @@ class Batches:
     schedules a call (``loop.call_soon``: the requests made in the same
     event-loop iteration go with it); those made while a call is on its way
     go in the next, as soon as it is back (unless ``gap`` holds them).
-    ``send(items)`` makes one call of
-    at most ``per_call`` items and returns one answer per item; each caller
-    gets its own answer, or the call's error. ``drop_given_up``: a request
-    whose caller gave up before its call (its task cancelled) is not sent.
+    ``send(items)`` makes one call of at most ``per_call`` items and returns
+    one answer per item; each caller gets its own answer, or the call's
+    error. ``drop_given_up``: a request whose caller gave up before its call
+    (its task cancelled) is not sent.
     ``gap``: in a burst, the requests made while a call was on its way wait
     until ``gap`` seconds after that call's start, and go with whatever came
     meanwhile. A burst is when that call carried several requests. A request
