@@ -456,17 +456,20 @@ class Bus:
             pipe.srem(self.k("owned", self.node), key_of(tenant, client_id))
         await pipe.execute()
 
-    async def gone(self, tenant: str, client_id: str, ended: bool, had_will: bool) -> None:
+    def gone(self, tenant: str, client_id: str, ended: bool, had_will: bool) -> asyncio.Future:
         """A connection closed here: its will is no longer owed; if its session
         ended, the client id is nobody's any more (unless another node took it).
 
         The connections that close together go to Redis together, as claims do
         (``Batches``; a wave of disconnects -- a network cut, a fleet going
         offline -- was three round trips each): a call is one script (``_GONE``)
-        doing each connection's updates as alone, in the order closed."""
+        doing each connection's updates as alone, in the order closed.
+        -> a future (not a coroutine: a wave of disconnects makes one each)."""
         if not (ended or had_will):
-            return
-        await self._gones.add((("w" if had_will else "") + ("e" if ended else ""), tenant, client_id))
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        return self._gones.add((("w" if had_will else "") + ("e" if ended else ""), tenant, client_id))
 
     async def _gone_batch(self, batch: list[tuple[str, str, str]]) -> list[None]:
         keys = [self.k("wills", self.node), self.k("owned", self.node)]

@@ -17,7 +17,7 @@ never ``time.monotonic()`` or ``loop.time()`` itself.
 API and ``$SYS`` call on a ``ClusterNode``.
 """
 
-from collections.abc import Callable, Sized
+from collections.abc import Awaitable, Callable, Sized
 from typing import Any, Protocol
 
 Clock = Callable[[], float]       # seconds, monotonic: the event loop's clock (a fake one in unit tests)
@@ -229,7 +229,8 @@ class ClientBus(Protocol):
 
     async def set_will(self, tenant: str, client_id: str, blob: bytes | None) -> None: ...
 
-    async def gone(self, tenant: str, client_id: str, ended: bool, had_will: bool) -> None: ...
+    def gone(self, tenant: str, client_id: str, ended: bool, had_will: bool) -> Awaitable[None]:
+        """A connection closed here (the update need not have begun when this returns)."""
 
 
 class ReapBus(ClientBus, LeaseBus, Protocol):

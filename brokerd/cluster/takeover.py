@@ -159,16 +159,19 @@ class Takeover:
         if self.fence.fenced or not (ended or had_will):
             return
 
-        async def update():
-            try:
-                await self.bus.gone(tenant, cid, ended, had_will)
-            except Exception:
-                pass
-
-        task = self.spawn(update())
+        # the bus's future (a wave of disconnects is a future each, not a task each); a failed update is
+        # not retried: the adoption of this node, should it die, clears what is left
+        update = asyncio.ensure_future(self.bus.gone(tenant, cid, ended, had_will))
         going = self.going
-        going[key] = task
-        task.add_done_callback(lambda t: going.pop(key) if going.get(key) is t else None)
+        going[key] = update
+
+        def done(f: asyncio.Future) -> None:
+            if not f.cancelled():
+                f.exception()           # retrieved, not logged as never retrieved
+            if going.get(key) is f:
+                del going[key]
+
+        update.add_done_callback(done)
 
     # ========================================================== old owner
 
