@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
+import mqttbench_load  # noqa: E402
 from run import DEFAULT_MQTTBENCH, free_port, wait_port  # noqa: E402
 
 PROVISION = r"""
@@ -86,22 +86,9 @@ def stop(proc):
 
 # ------------------------------------------------------------ connect storm
 
-def connect_packet(client_id: str, username: str | None, password: str | None) -> bytes:
-    def s(x: bytes) -> bytes:
-        return struct.pack(">H", len(x)) + x
-
-    flags = 0x02 | (0x80 if username else 0) | (0x40 if password else 0)
-    body = s(b"MQTT") + bytes((4, flags)) + struct.pack(">H", 60) + s(client_id.encode())
-    if username:
-        body += s(username.encode())
-    if password:
-        body += s(password.encode())
-    return bytes((0x10, len(body))) + body if len(body) < 128 else bytes((0x10, (len(body) & 0x7F) | 0x80,
-                                                                           len(body) >> 7)) + body
-
-
 async def wave(port: int, creds: list[tuple[str, str | None, str | None]], concurrency: int) -> tuple[float, int]:
     """Connect everyone (bounded concurrency), wait for each CONNACK; -> (seconds, refused)."""
+    pkt_connect = mqttbench_load.load(mqttbench_load.default_path()).pkt_connect    # the shared generator's
     sem = asyncio.Semaphore(concurrency)
     refused = 0
     conns = []
@@ -110,7 +97,7 @@ async def wave(port: int, creds: list[tuple[str, str | None, str | None]], concu
         nonlocal refused
         async with sem:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(connect_packet(cid, user, pw))
+            writer.write(pkt_connect(cid, 60, True, user or None, pw or None, False))   # 3.1.1, clean
             ack = await reader.readexactly(4)
             if ack[3] != 0:
                 refused += 1
