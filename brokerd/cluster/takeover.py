@@ -56,7 +56,7 @@ class Takeover:
         self.lost: set[ClaimingChannel] = set()
         # the last update each client id's closed connection sent to Redis (until it is done): a new CONNECT
         # of the id waits for it, as claims and disconnects go to Redis on connections of their own
-        self.going: dict[tuple[str, str], asyncio.Task] = {}
+        self.going: dict[tuple[str, str], asyncio.Future] = {}
 
     # ========================================================== new owner
 
@@ -161,7 +161,11 @@ class Takeover:
 
         # the bus's future (a wave of disconnects is a future each, not a task each); a failed update is
         # not retried: the adoption of this node, should it die, clears what is left
-        update = asyncio.ensure_future(self.bus.gone(tenant, cid, ended, had_will))
+        try:
+            update = asyncio.ensure_future(self.bus.gone(tenant, cid, ended, had_will))
+        except Exception as exc:        # the connection's close goes on whatever the bus does
+            log.warning("letting go of %s/%s in the cluster failed: %s", tenant, cid, exc)
+            return
         going = self.going
         going[key] = update
 
