@@ -15,8 +15,11 @@ generator's start to the last one's end), the broker's CPU per connect, and
 its RSS -- summed over the broker process and every process under it (with
 ``--workers`` the supervisor and its workers) -- as the growth per
 connection from before the first connect to the peak while they are held,
-and as the total per connection; then the broker's CPU per connection for
-the disconnect wave when the generators close them all (until the broker is
+and as the total per connection; the broker's CPU while they are held idle,
+as a share of one core (from the hold's first second to its end; the
+generators send every client a PINGREQ each 30 s, so a ``--hold`` past 30 s
+includes one round of them); then the broker's CPU per connection for the
+disconnect wave when the generators close them all (until the broker is
 quiet again). Mosquitto is one process: it runs with at
 most ``--mosquitto-max`` connections (its descriptor limit), and the table
 says how many it held.
@@ -238,14 +241,19 @@ def run_one(name: str, n: int, args, tmp: Path) -> dict:
         ok = sum(p["ok"] for p in phases)
         t0 = min((p["t0"] for p in phases), default=start_at)
         t1 = max((p["t1"] for p in phases), default=time.time())
-        # the peak while they are held
+        # the peak while they are held, and the broker's CPU then (from the hold's first second on: what is
+        # left of the connect phase, the routes' announcements among workers, is over by then)
         peak = memory(broker.pid)
         deadline = time.monotonic() + args.hold
+        held_cpu0 = held_t0 = None
         while time.monotonic() < deadline:
             time.sleep(min(1.0, args.hold))
             m = memory(broker.pid)
             if m["rss"] > peak["rss"]:
                 peak = m
+            if held_cpu0 is None:
+                held_cpu0, held_t0 = cpu(broker.pid), time.monotonic()
+        held_cpu1, held_t1 = cpu(broker.pid), time.monotonic()
         redis1 = memory(redis.pid)["rss"] if redis else 0
         # the disconnect wave: every generator closes its connections at the end of its duration; the
         # broker's CPU from before then until it is quiet again (no 10 ms of CPU in half a second)
@@ -263,6 +271,8 @@ def run_one(name: str, n: int, args, tmp: Path) -> dict:
                "connect_s": round(t1 - t0, 3), "connect_rate": round(ok / (t1 - t0), 1) if t1 > t0 else None,
                "broker_cpu_us_per_connect": round(1e6 * (cpu1 - cpu0) / ok, 1) if ok else None,
                "broker_cpu_us_per_disconnect": round(1e6 * (cpu3 - cpu2) / ok, 1) if ok else None,
+               "broker_cpu_pct_held": round(100 * (held_cpu1 - held_cpu0) / (held_t1 - held_t0), 2)
+               if held_t0 is not None and held_t1 - held_t0 >= 1.0 else None,
                "rss_before_mb": round(mem0["rss"] / 2**20, 1), "rss_held_mb": round(peak["rss"] / 2**20, 1),
                "pss_held_mb": round(peak["pss"] / 2**20, 1), "processes": peak["procs"],
                "errors": {k: v for r in results for k, v in r.get("errors", {}).items()}}
@@ -334,6 +344,7 @@ def finish(gens: list) -> list:
 METRICS = [("connected", "connections held"), ("connect_rate", "connects/s (CONNECT + SUBSCRIBE)"),
            ("broker_cpu_us_per_connect", "broker CPU µs per connect"),
            ("broker_cpu_us_per_disconnect", "broker CPU µs per disconnect (the generators closing all)"),
+           ("broker_cpu_pct_held", "broker CPU while they are held idle, % of one core"),
            ("bytes_per_conn", "RSS growth per connection, bytes"), ("total_bytes_per_conn", "total RSS / connections"),
            ("pss_bytes_per_conn", "PSS growth per connection"), ("processes", "broker processes"),
            ("redis_bytes_per_conn", "Redis RSS growth per connection"),
