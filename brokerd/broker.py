@@ -256,11 +256,12 @@ class Broker:
         # (20,000 of them: 0.9 ms, against 2.5 adding into the dict)
         m_in, m_out = st.msgs_received_closed, st.msgs_sent_closed
         b_in, b_out = st.bytes_received_closed, st.bytes_sent_closed
-        for ch in self.channels:
-            m_in += ch.msgs_in
-            m_out += ch.msgs_out
-            b_in += ch.bytes_in
-            b_out += ch.bytes_out
+        for ns in self.router.namespaces.values():
+            for ch in ns.channels:          # not self.channels: that builds a list of them all first
+                m_in += ch.msgs_in
+                m_out += ch.msgs_out
+                b_in += ch.bytes_in
+                b_out += ch.bytes_out
         return {"msgs_received": m_in, "msgs_sent": m_out, "bytes_received": b_in, "bytes_sent": b_out}
 
     # ======================================================= ChannelBroker port
