@@ -11,6 +11,7 @@ position, so the log stays short and a joining node reads little.
 """
 
 import base64
+import ctypes
 import json
 import logging
 import os
@@ -26,6 +27,12 @@ log = logging.getLogger("brokerd.cluster")
 
 COMPACT_EVERY = float(os.environ.get("BROKERD_COMPACT_INTERVAL", "30"))   # seconds between route snapshots
 SNAPSHOT_KEY = "cluster.routes"
+SNAPSHOT_EVENT_KEY = "cluster.routes.event"     # the snapshot's position, kept apart: read without the table
+
+try:                                            # glibc: give the snapshot's freed heap back to the system
+    _malloc_trim = ctypes.CDLL(None).malloc_trim
+except (OSError, AttributeError):               # another C library: what is freed stays in the process
+    _malloc_trim = None
 
 
 def event_key(eid: str) -> tuple[int, int]:
@@ -99,6 +106,9 @@ class EventLog:
         self.switched = None              # switched(node, tenant, filters): node moved those routes here
         self.last_event = "0-0"
         self.epoch = 0                    # reloads begun and ended: a read that overlapped one is dropped
+        self.snapshot_at: str | None = None   # the log's position in the snapshot this node last wrote or loaded
+        self.written: str | None = None       # ... in the one it last wrote
+        self.trimmed: str | None = None       # where it last trimmed the log to
 
     # -------------------------------------------------------------- reading
 
@@ -159,7 +169,7 @@ class EventLog:
         snap = json.loads(blob)
         members = self.members_of()
         self.routes.load(snap, exclude={self.id} | (set(snap.get("nodes", ())) - set(members)))
-        self.last_event = snap.get("event_id", "0-0")
+        self.last_event = self.snapshot_at = snap.get("event_id", "0-0")
         log.info("route snapshot loaded (%d routes, %d shared groups, events after %s)", len(snap.get("routes", ())),
                  len(snap.get("groups", ())), self.last_event)
 
@@ -173,6 +183,18 @@ class EventLog:
         finally:
             self.epoch += 1
 
+    def _snapshot(self, at: str, prev_id: str) -> tuple[int, bytes]:
+        """(routes, the snapshot as JSON): the table's copy is gone when this returns."""
+        snap = self.routes.snapshot()
+        for (tenant, filt), (subs, durable, groups) in self.own.announced.items():
+            snap["routes"].append([self.id, tenant, filt, subs, durable])
+            for name, members in groups.items():
+                snap["groups"].append([self.id, tenant, name, filt, members])
+        snap["event_id"] = at
+        snap["nodes"] = sorted(set(self.members_of()) | {self.id})
+        snap["prev_id"] = prev_id
+        return len(snap["routes"]), json.dumps(snap).encode()
+
     def drop_all(self) -> None:
         """Forget every other node's routes (this node fenced itself)."""
         for node in list(self.routes.nodes()):
@@ -180,26 +202,49 @@ class EventLog:
 
     async def compact(self) -> None:
         """Write the route table as a snapshot and trim the log to the
-        previous snapshot's position -- if this node holds the lease."""
+        previous snapshot's position -- if this node holds the lease, and the
+        log moved since the snapshot this node last wrote or loaded (a table
+        nothing changed in is not written again: 100,000 routes are 5 MB of
+        JSON and ~80 ms of this node's loop). Then, the log is trimmed to the
+        snapshot this node wrote last, a round after writing it, as the next
+        snapshot would have."""
         store = self.store
         if store is None or self.fence.fenced:
+            return
+        if self.last_event == self.snapshot_at:
+            if self.written is not None and self.written == self.snapshot_at and self.trimmed != self.written:
+                try:
+                    if await self.bus.try_lease("compact", int(COMPACT_EVERY * 0.8)):
+                        await self.bus.trim_events(self.written)
+                        self.trimmed = self.written
+                except Exception as exc:
+                    log.warning("cluster event log not trimmed: %s", exc)
             return
         try:
             if not await self.bus.try_lease("compact", int(COMPACT_EVERY * 0.8)):
                 return
-            snap = self.routes.snapshot()
-            for (tenant, filt), (subs, durable, groups) in self.own.announced.items():
-                snap["routes"].append([self.id, tenant, filt, subs, durable])
-                for name, members in groups.items():
-                    snap["groups"].append([self.id, tenant, name, filt, members])
-            old = await store.get_meta(SNAPSHOT_KEY)
-            snap["event_id"] = self.last_event
-            snap["nodes"] = sorted(set(self.members_of()) | {self.id})
-            snap["prev_id"] = json.loads(old).get("event_id", "0-0") if old else "0-0"
-            await store.put_meta(SNAPSHOT_KEY, json.dumps(snap).encode())
-            log.info("route snapshot written (%d routes, events up to %s)", len(snap["routes"]),
-                     snap["event_id"])
-            if snap["prev_id"] != "0-0":
-                await self.bus.trim_events(snap["prev_id"])
+            # the previous snapshot's position, read apart from it (a store from before has only the snapshot)
+            prev = await store.get_meta(SNAPSHOT_EVENT_KEY)
+            if prev is not None:
+                prev_id = prev.decode()
+            else:
+                old = await store.get_meta(SNAPSHOT_KEY)
+                prev_id = json.loads(old).get("event_id", "0-0") if old else "0-0"
+                del old
+            at = self.last_event
+            routes, blob = self._snapshot(at, prev_id)
+            try:
+                await store.put_meta(SNAPSHOT_KEY, blob)
+            finally:
+                del blob
+                if _malloc_trim is not None:
+                    _malloc_trim(0)
+            # after the snapshot: should this node stop in between, the next trims to an older position
+            await store.put_meta(SNAPSHOT_EVENT_KEY, at.encode())
+            self.snapshot_at = self.written = at
+            log.info("route snapshot written (%d routes, events up to %s)", routes, at)
+            if prev_id != "0-0":
+                await self.bus.trim_events(prev_id)
+                self.trimmed = prev_id
         except Exception as exc:
             log.warning("route snapshot failed: %s", exc)

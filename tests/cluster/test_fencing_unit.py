@@ -11,6 +11,7 @@ import asyncio
 import json
 
 from brokerd.cluster import frames
+from brokerd.cluster.eventlog import SNAPSHOT_EVENT_KEY, SNAPSHOT_KEY, event_key
 from brokerd.cluster.fencing import MARGIN
 from brokerd.cluster.node import HEARTBEAT
 from brokerd.protocol import reason as rc
@@ -250,5 +251,53 @@ def test_stop_ends_a_task_that_let_a_cancel_go_by():
         finally:
             task.cancel()
         assert swallowed and task.cancelled()
+
+    run(go())
+
+
+def test_the_route_snapshot_is_written_again_only_once_the_log_moved_and_trims_to_the_last_position():
+    """b compacts: the table as a snapshot and, apart, the log's position in it. Asked again with
+    nothing new in the log, it writes nothing (100,000 routes are 5 MB of JSON a time). One more
+    route, and it writes a new snapshot and trims the log to the first one's position, read from
+    the small key, not from the table; a round later, with nothing new, to the second's."""
+
+    async def go():
+        net, a, b = await two_nodes()
+        await b.eventlog.compact()
+        at = net.store.meta[SNAPSHOT_EVENT_KEY].decode()
+        assert at == b.eventlog.last_event == json.loads(net.store.meta[SNAPSHOT_KEY])["event_id"]
+        put = net.store.put_meta
+        writes = []
+
+        async def counted(key, value):
+            writes.append(key)
+            await put(key, value)
+
+        net.store.put_meta = counted
+        net.state.leases.clear()
+        await b.eventlog.compact()
+        await a.eventlog.compact()              # a loaded no snapshot and wrote none: it may write one
+        assert writes in ([], [SNAPSHOT_KEY, SNAPSHOT_EVENT_KEY])
+        writes.clear()
+        net.state.leases.clear()
+        await b.eventlog.compact()
+        assert writes == []
+        extra = Connecting()
+        net.store.add("t", "dev3", ["z/#"])
+        b.claim(extra, "t", "dev3", False, None, extra.cont)
+        await net.settle()
+        net.state.leases.clear()
+        await b.eventlog.compact()
+        assert writes == [SNAPSHOT_KEY, SNAPSHOT_EVENT_KEY]
+        snap = json.loads(net.store.meta[SNAPSHOT_KEY])
+        assert snap["prev_id"] == at and snap["event_id"] == b.eventlog.last_event != at
+        assert any(r[:3] == ["b", "t", "z/#"] for r in snap["routes"])
+        assert min(event_key(eid) for eid, _ in net.state.events) == event_key(at)
+        # a round later, with nothing new: no snapshot, and the log trimmed to the last one's position
+        writes.clear()
+        net.state.leases.clear()
+        await b.eventlog.compact()
+        assert writes == []
+        assert [eid for eid, _ in net.state.events] == [snap["event_id"]]
 
     run(go())
