@@ -15,6 +15,7 @@ import ctypes
 import json
 import logging
 import os
+import sys
 from typing import Protocol
 
 from ..protocol.codec import decode_properties, encode_properties
@@ -29,10 +30,12 @@ COMPACT_EVERY = float(os.environ.get("BROKERD_COMPACT_INTERVAL", "30"))   # seco
 SNAPSHOT_KEY = "cluster.routes"
 SNAPSHOT_EVENT_KEY = "cluster.routes.event"     # the snapshot's position, kept apart: read without the table
 
-try:                                            # glibc: give the snapshot's freed heap back to the system
-    _malloc_trim = ctypes.CDLL(None).malloc_trim
-except (OSError, AttributeError):               # another C library: what is freed stays in the process
-    _malloc_trim = None
+_malloc_trim = None                             # glibc: give the snapshot's freed heap back to the system
+if sys.platform.startswith("linux"):
+    try:
+        _malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):           # another C library: what is freed stays in the process
+        pass
 
 
 def event_key(eid: str) -> tuple[int, int]:
@@ -220,6 +223,7 @@ class EventLog:
                 except Exception as exc:
                     log.warning("cluster event log not trimmed: %s", exc)
             return
+        epoch = self.epoch
         try:
             if not await self.bus.try_lease("compact", int(COMPACT_EVERY * 0.8)):
                 return
@@ -231,13 +235,24 @@ class EventLog:
                 old = await store.get_meta(SNAPSHOT_KEY)
                 prev_id = json.loads(old).get("event_id", "0-0") if old else "0-0"
                 del old
+            if self.fence.fenced or self.epoch != epoch:
+                return                  # the table was dropped or reloaded meanwhile: not one to store
             at = self.last_event
+            if event_key(prev_id) >= event_key(at):
+                # another node stored this position already (each node would write the same table once
+                # in turn), or a later one: this node reads the log behind it and writes nothing older
+                if prev_id == at:
+                    self.snapshot_at = at
+                return
             routes, blob = self._snapshot(at, prev_id)
             try:
                 await store.put_meta(SNAPSHOT_KEY, blob)
             finally:
                 del blob
                 if _malloc_trim is not None:
+                    # all of it: server.py keeps 16 MB at the heap's top for the message path's bursts, and
+                    # the snapshot's freed heap lies there (measured: with that pad, nothing went back);
+                    # a burst after it faults those pages in again, once per snapshot at most
                     _malloc_trim(0)
             # after the snapshot: should this node stop in between, the next trims to an older position
             await store.put_meta(SNAPSHOT_EVENT_KEY, at.encode())
