@@ -39,6 +39,27 @@ async def two_nodes():
     return net, a, b
 
 
+def counted_writes(store) -> list:
+    """The keys of the store's meta writes from now on, in order."""
+    put = store.put_meta
+    writes: list = []
+
+    async def counted(key, value):
+        writes.append(key)
+        await put(key, value)
+
+    store.put_meta = counted
+    return writes
+
+
+async def one_more_route(net, node) -> None:
+    """A stored session subscribed to z/# connects to ``node``: its route goes on the log."""
+    extra = Connecting()
+    net.store.add("t", "dev3", ["z/#"])
+    node.claim(extra, "t", "dev3", False, None, extra.cont)
+    await net.settle()
+
+
 async def beat_at(net, node, t: float) -> None:
     net.clock.now = t
     await node.heartbeat()
@@ -266,14 +287,7 @@ def test_the_route_snapshot_is_written_again_only_once_the_log_moved_and_trims_t
         await b.eventlog.compact()
         at = net.store.meta[SNAPSHOT_EVENT_KEY].decode()
         assert at == b.eventlog.last_event == json.loads(net.store.meta[SNAPSHOT_KEY])["event_id"]
-        put = net.store.put_meta
-        writes = []
-
-        async def counted(key, value):
-            writes.append(key)
-            await put(key, value)
-
-        net.store.put_meta = counted
+        writes = counted_writes(net.store)
         net.state.leases.clear()
         await b.eventlog.compact()
         await a.eventlog.compact()              # a loaded none, but the store has its position already
@@ -282,10 +296,7 @@ def test_the_route_snapshot_is_written_again_only_once_the_log_moved_and_trims_t
         net.state.leases.clear()
         await b.eventlog.compact()
         assert writes == []
-        extra = Connecting()
-        net.store.add("t", "dev3", ["z/#"])
-        b.claim(extra, "t", "dev3", False, None, extra.cont)
-        await net.settle()
+        await one_more_route(net, b)
         net.state.leases.clear()
         await b.eventlog.compact()
         assert writes == [SNAPSHOT_KEY, SNAPSHOT_EVENT_KEY]
@@ -311,22 +322,12 @@ def test_after_a_change_one_node_of_three_writes_the_snapshot_whoever_holds_the_
         net, a, b = await two_nodes()
         c = await net.node("c")
         await net.settle()
-        put = net.store.put_meta
-        writes = []
-
-        async def counted(key, value):
-            writes.append(key)
-            await put(key, value)
-
-        net.store.put_meta = counted
+        writes = counted_writes(net.store)
         for node in (a, b, c):
             net.state.leases.clear()
             await node.eventlog.compact()
         assert writes.count(SNAPSHOT_KEY) == 1
-        extra = Connecting()
-        net.store.add("t", "dev3", ["z/#"])
-        c.claim(extra, "t", "dev3", False, None, extra.cont)
-        await net.settle()
+        await one_more_route(net, c)
         writes.clear()
         for _ in range(2):
             for node in (b, a, c):
@@ -346,10 +347,7 @@ def test_a_store_written_before_the_position_key_is_compacted_from_the_snapshot_
         net, a, b = await two_nodes()
         await b.eventlog.compact()
         at = net.store.meta.pop(SNAPSHOT_EVENT_KEY).decode()
-        extra = Connecting()
-        net.store.add("t", "dev3", ["z/#"])
-        b.claim(extra, "t", "dev3", False, None, extra.cont)
-        await net.settle()
+        await one_more_route(net, b)
         net.state.leases.clear()
         await b.eventlog.compact()
         assert json.loads(net.store.meta[SNAPSHOT_KEY])["prev_id"] == at
