@@ -225,6 +225,12 @@ class EventLog:
             return
         epoch = self.epoch
         try:
+            stored = await store.get_meta(SNAPSHOT_EVENT_KEY)
+            if stored is not None and stored.decode() == self.last_event:
+                # another node stored this position: nothing to write, and the lease is left to the node
+                # that wrote it, which trims the log to it a round later
+                self.snapshot_at = self.last_event
+                return
             if not await self.bus.try_lease("compact", int(COMPACT_EVERY * 0.8)):
                 return
             # the previous snapshot's position, read apart from it (a store from before has only the snapshot)
