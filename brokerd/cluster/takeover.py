@@ -159,8 +159,8 @@ class Takeover:
         if self.fence.fenced or not (ended or had_will):
             return
 
-        # the bus's future (a wave of disconnects is a future each, not a task each); a failed update is
-        # not retried: the adoption of this node, should it die, clears what is left
+        # the bus's future itself (a wave of disconnects is a future each, not a task each); a failed update
+        # is dropped, as it was
         try:
             update = asyncio.ensure_future(self.bus.gone(tenant, cid, ended, had_will))
         except Exception as exc:        # the connection's close goes on whatever the bus does
