@@ -27,6 +27,7 @@ from .routes import ClusterRoutes
 log = logging.getLogger("brokerd.cluster")
 
 COMPACT_EVERY = float(os.environ.get("BROKERD_COMPACT_INTERVAL", "30"))   # seconds between route snapshots
+COMPACT_LEASE = max(1, int(COMPACT_EVERY * 0.8))   # whole seconds (Redis refuses an expiry of 0)
 SNAPSHOT_KEY = "cluster.routes"
 SNAPSHOT_EVENT_KEY = "cluster.routes.event"     # the snapshot's position, kept apart: read without the table
 
@@ -216,7 +217,7 @@ class EventLog:
         if self.last_event == self.snapshot_at:
             if self.last_event == self.written != self.trimmed:
                 try:
-                    if await self.bus.try_lease("compact", int(COMPACT_EVERY * 0.8)):
+                    if await self.bus.try_lease("compact", COMPACT_LEASE):
                         await self.bus.trim_events(self.written)
                         self.trimmed = self.written
                 except Exception as exc:
@@ -230,7 +231,7 @@ class EventLog:
                 # that wrote it, which trims the log to it a round later
                 self.snapshot_at = self.last_event
                 return
-            if not await self.bus.try_lease("compact", int(COMPACT_EVERY * 0.8)):
+            if not await self.bus.try_lease("compact", COMPACT_LEASE):
                 return
             # the previous snapshot's position, read apart from it (a store from before has only the snapshot)
             prev = await store.get_meta(SNAPSHOT_EVENT_KEY)

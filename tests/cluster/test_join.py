@@ -63,3 +63,17 @@ def test_new_node_routes_10000_existing_subscriptions(redis_server, tmp_path, ta
         assert sorted(few_got) == sorted([f"{tag}/f/{i}" for i in picked] + ["unsubscribed"])
     finally:
         c.stop_all()
+
+
+def test_a_compaction_interval_under_a_second_and_a_quarter_still_writes_snapshots(redis_server, tmp_path, tag):
+    """The lease lasts 0.8 of the interval in whole seconds: with an interval of 1 s that was 0, which
+    Redis refuses ("invalid expire time"), so no snapshot was ever written and the log never trimmed."""
+    c = Cluster(redis_server, tmp_path, env=dict(os.environ, BROKERD_COMPACT_INTERVAL="1"))
+    try:
+        (n1,) = c.start(1)
+        sub = PahoClient(f"{tag}-sub", version=V5).connect(n1.port())
+        sub.subscribe(f"{tag}/a", qos=1)
+        wait_until(lambda: "route snapshot written" in n1.log, timeout=15, message="no route snapshot written")
+        assert "route snapshot failed" not in n1.log
+    finally:
+        c.stop_all()
