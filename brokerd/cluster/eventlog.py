@@ -233,7 +233,8 @@ class EventLog:
                 return
             if not await self.bus.try_lease("compact", COMPACT_LEASE):
                 return
-            # the previous snapshot's position, read apart from it (a store from before has only the snapshot)
+            # the previous snapshot's position, read apart from it (a store from before has only the snapshot),
+            # and again now that the lease is this node's: another node may have written one since
             prev = await store.get_meta(SNAPSHOT_EVENT_KEY)
             if prev is not None:
                 prev_id = prev.decode()
