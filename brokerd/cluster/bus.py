@@ -133,9 +133,12 @@ class Batches:
         self.carried = 0                    # ... and how many requests it carried
         self.queued: list[tuple[tuple, asyncio.Future]] = []
         self.busy = False                   # a call is scheduled or on its way
+        self.loop: asyncio.AbstractEventLoop | None = None      # the first caller's (asked once: a getpid each)
 
     def add(self, item: tuple) -> asyncio.Future:
-        loop = asyncio.get_running_loop()
+        loop = self.loop
+        if loop is None:
+            loop = self.loop = asyncio.get_running_loop()
         fut = loop.create_future()
         self.queued.append((item, fut))
         if not self.busy:
@@ -417,14 +420,15 @@ class Bus:
     async def unlock(self, tenant: str, client_id: str, token: str) -> None:
         await self._unlock(keys=[self.k("lock", tenant, client_id)], args=[token])
 
-    async def try_claim(self, tenant: str, client_id: str) -> str | None:
+    def try_claim(self, tenant: str, client_id: str) -> asyncio.Future:
         """In one round trip: the client id is now this node's if it was free or
         already here (-> None); else the node holding it, or "!" when locked.
 
         Claims go to Redis together (``Batches``): a call is one script
         (``_TRY_CLAIMS``, at most ``CLAIMS_PER_CALL``) in which each claim is
-        the same atomic check-and-set as alone, in the order they were made."""
-        return await self._claims.add((tenant, client_id))
+        the same atomic check-and-set as alone, in the order they were made.
+        -> a future (not a coroutine: a connect storm makes one each)."""
+        return self._claims.add((tenant, client_id))
 
     async def _claim_batch(self, batch: list[tuple[str, str]]) -> list[str | None]:
         if len(batch) == 1:

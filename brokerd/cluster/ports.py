@@ -219,7 +219,8 @@ class ClientBus(Protocol):
 
     async def unlock(self, tenant: str, client_id: str, token: str) -> None: ...
 
-    async def try_claim(self, tenant: str, client_id: str) -> str | None: ...
+    def try_claim(self, tenant: str, client_id: str) -> Awaitable[str | None]:
+        """The client id is now this node's (-> None), or the node holding it, or "!" when locked."""
 
     async def owner(self, tenant: str, client_id: str) -> str | None: ...
 

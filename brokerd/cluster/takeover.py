@@ -62,22 +62,76 @@ class Takeover:
 
     def claim(self, channel: ClaimingChannel, tenant: str, cid: str, clean_start: bool, will, cont) -> None:
         """CONNECT of ``cid`` on this node: take its session over from wherever
-        it is, then ``cont(now)`` opens it here."""
-        self.spawn(self.run_claim(channel, tenant, cid, clean_start, will, cont))
+        it is, then ``cont(now)`` opens it here.
 
-    async def run_claim(self, channel: ClaimingChannel, tenant, cid, clean_start, will, cont) -> None:
-        if self.fence.fenced:
-            channel.refuse(rc.SERVER_UNAVAILABLE, "this node is out of the cluster")
-            return
-        token = None
+        The common case -- the id was free or already here, no session to
+        read from the store, nothing to wait for -- runs in a callback of the
+        claim's future, not in a task of its own (a connect storm made one
+        per CONNECT); anything else goes on in ``run_claim``."""
         key = (tenant, cid)
+        if self.fence.fenced or key in self.going:
+            self.spawn(self.run_claim(channel, tenant, cid, clean_start, will, cont))
+            return
         self.claiming.setdefault(key, []).append(channel)
         try:
-            going = self.going.get(key)
-            if going is not None:               # the id's last connection here is still letting go of it
-                await asyncio.wait((going,))
-            # the common case in one round trip: the client id was free, or already here
-            owner = await self.bus.try_claim(tenant, cid)
+            tried = asyncio.ensure_future(self.bus.try_claim(tenant, cid))
+        except Exception as exc:
+            self._unavailable(channel, tenant, cid, exc)
+            self._claim_over(channel, tenant, cid)
+            return
+        tried.add_done_callback(lambda f: self._tried(f, channel, tenant, cid, clean_start, will, cont))
+
+    def _tried(self, tried: asyncio.Future, channel: ClaimingChannel, tenant, cid, clean_start, will, cont) -> None:
+        """The claim's answer, for ``claim``: the common case here, the rest in ``run_claim``."""
+        if (tried.cancelled() or tried.exception() is not None or tried.result() is not None
+                or not (clean_start or self.broker.holds(tenant, cid))):
+            self.spawn(self.run_claim(channel, tenant, cid, clean_start, will, cont, tried))
+            return
+        later = False
+        try:
+            if channel in self.lost:
+                self._let_go(tenant, cid)
+                return
+            if channel.state != CONNECTING:
+                return
+            cont(self.clock())
+            session = channel.session
+            if (tenant, cid) in self.going or (session is not None and (session.durable or will is not None)):
+                later = True
+                self.spawn(self._opened_later(channel, tenant, cid, will))
+        except Exception as exc:
+            self._unavailable(channel, tenant, cid, exc)
+        finally:
+            if not later:
+                self._claim_over(channel, tenant, cid)
+
+    async def _opened_later(self, channel: ClaimingChannel, tenant, cid, will) -> None:
+        try:
+            await self._opened(channel, tenant, cid, will)
+        except Exception as exc:
+            self._unavailable(channel, tenant, cid, exc)
+        finally:
+            self._claim_over(channel, tenant, cid)
+
+    async def run_claim(self, channel: ClaimingChannel, tenant, cid, clean_start, will, cont,
+                        tried: asyncio.Future | None = None) -> None:
+        """A claim that waits (``tried``: the answer to the claim ``claim`` made already)."""
+        key = (tenant, cid)
+        if tried is None:
+            if self.fence.fenced:
+                channel.refuse(rc.SERVER_UNAVAILABLE, "this node is out of the cluster")
+                return
+            self.claiming.setdefault(key, []).append(channel)
+        token = None
+        try:
+            if tried is None:
+                going = self.going.get(key)
+                if going is not None:               # the id's last connection here is still letting go of it
+                    await asyncio.wait((going,))
+                # the common case in one round trip: the client id was free, or already here
+                owner = await self.bus.try_claim(tenant, cid)
+            else:
+                owner = tried.result()
             if owner is not None:
                 token = await self.bus.lock(tenant, cid)
                 if token is None:
@@ -105,31 +159,43 @@ class Takeover:
             if channel.state != CONNECTING:         # the client went away meanwhile
                 return
             cont(self.clock())
-            going = self.going.get(key)
-            if going is not None:               # cont took over a connection of the id here: its will goes first
-                await asyncio.wait((going,))
-            session = channel.session
-            if session is not None and session.durable:
-                await self.bus.mark_owned(tenant, cid)
-            if will is not None and session is not None and not session.durable:
-                await self.bus.set_will(tenant, cid, pack_will(will))
+            await self._opened(channel, tenant, cid, will)
         except Exception as exc:
-            log.warning("CONNECT of %s/%s refused: cluster unavailable (%s)", tenant, cid, exc)
-            if channel.state == CONNECTING:
-                channel.refuse(rc.SERVER_UNAVAILABLE, "cluster unavailable")
+            self._unavailable(channel, tenant, cid, exc)
         finally:
-            self.lost.discard(channel)
-            claims = self.claiming[key]
-            claims.remove(channel)
-            if not claims:
-                del self.claiming[key]
-            self.handoff.done_expecting(tenant, cid)
-            self.handoff.flush_arriving(tenant, cid)
+            self._claim_over(channel, tenant, cid)
             if token is not None:
                 try:
                     await self.bus.unlock(tenant, cid, token)
                 except Exception:
                     pass
+
+    async def _opened(self, channel: ClaimingChannel, tenant, cid, will) -> None:
+        """What follows opening the session here: the will of a connection it took over goes first; a
+        stored session is marked this node's, a will registered."""
+        going = self.going.get((tenant, cid))
+        if going is not None:               # cont took over a connection of the id here: its will goes first
+            await asyncio.wait((going,))
+        session = channel.session
+        if session is not None and session.durable:
+            await self.bus.mark_owned(tenant, cid)
+        if will is not None and session is not None and not session.durable:
+            await self.bus.set_will(tenant, cid, pack_will(will))
+
+    def _unavailable(self, channel: ClaimingChannel, tenant, cid, exc: Exception) -> None:
+        log.warning("CONNECT of %s/%s refused: cluster unavailable (%s)", tenant, cid, exc)
+        if channel.state == CONNECTING:
+            channel.refuse(rc.SERVER_UNAVAILABLE, "cluster unavailable")
+
+    def _claim_over(self, channel: ClaimingChannel, tenant, cid) -> None:
+        key = (tenant, cid)
+        self.lost.discard(channel)
+        claims = self.claiming[key]
+        claims.remove(channel)
+        if not claims:
+            del self.claiming[key]
+        self.handoff.done_expecting(tenant, cid)
+        self.handoff.flush_arriving(tenant, cid)
 
     async def _request_release(self, node: str, tenant: str, cid: str) -> bool:
         answer = await ask(self.requests, RELEASE, node, lambda r: self.send(node, frames.takeover(r, tenant, cid)),

@@ -17,6 +17,7 @@ import pytest
 from brokerd.cluster.bus import Bus as RealBus
 from brokerd.cluster.takeover import CONNECTING, Takeover
 from brokerd.protocol import reason as rc
+from brokerd.protocol.packets import Will
 
 
 class Channel:
@@ -353,3 +354,86 @@ def test_a_gone_update_on_a_closed_bus_fails_quietly():
 
     t, errors = run_collecting_loop_errors(scenario)
     assert t.going == {} and errors == []
+
+
+# ---- ``claim``, the CONNECT's way in: the common case (the id free, nothing to read from the store) is
+# answered in a callback of the claim's future; the rest goes on in ``run_claim``, with the same outcome
+
+
+class Session:
+    def __init__(self, durable):
+        self.durable = durable
+
+
+class RecordingBus(LockedBus):
+    """The id free (``held_by`` None) or node b's; the will and ownership updates recorded."""
+
+    def __init__(self, held_by=None, fails=False):
+        super().__init__()
+        self.free.set()
+        self.held_by, self.fails = held_by, fails
+        self.wills: list = []
+        self.owned: list = []
+
+    async def try_claim(self, tenant, cid):
+        if self.fails:
+            raise ConnectionError("redis down")
+        return self.held_by
+
+    async def mark_owned(self, tenant, cid):
+        self.owned.append((tenant, cid))
+
+    async def set_will(self, tenant, cid, will):
+        self.wills.append((tenant, cid))
+
+
+@pytest.mark.parametrize("case", ["free", "free with a will", "durable", "held by b", "stored", "bus down",
+                                  "client gone"])
+def test_a_claim_through_claim_ends_as_it_would_in_run_claim(case):
+    async def scenario():
+        broker = Broker()
+        sessions = Sessions(broker)
+        sessions.gate.set()
+        bus = RecordingBus(held_by="b" if case == "held by b" else None, fails=case == "bus down")
+        spawned = []
+
+        def spawn(coro):
+            spawned.append(coro)
+            return asyncio.ensure_future(coro)
+
+        t = Takeover("a", bus, broker, sessions, Handoff(), Announcer(), None, None, lambda: {}, None, Fence(),
+                     lambda: 0.0, spawn)
+        channel, opened = Channel(), []
+
+        def cont(now):
+            opened.append(now)
+            channel.state = 2                               # connected
+            channel.session = Session(durable=case in ("durable", "stored"))
+
+        will = Will("fleet/dev/status", b"offline", 1) if case == "free with a will" else None
+        t.claim(channel, "acme", "dev", case not in ("durable", "stored"), will, cont)
+        if case == "client gone":
+            channel.state = 4
+        for _ in range(10):
+            await asyncio.sleep(0)
+        await asyncio.gather(*(asyncio.ensure_future(c) for c in spawned if asyncio.iscoroutine(c)),
+                             return_exceptions=True)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        return broker, bus, t, channel, opened, spawned
+
+    broker, bus, t, channel, opened, spawned = asyncio.run(scenario())
+    assert t.claiming == {} and t.lost == set()
+    if case == "bus down":
+        assert opened == [] and channel.refused == (rc.SERVER_UNAVAILABLE, "cluster unavailable")
+        return
+    if case == "client gone":
+        assert opened == [] and channel.refused is None
+        return
+    assert opened == [0.0] and channel.refused is None
+    assert bus.wills == ([("acme", "dev")] if case == "free with a will" else [])
+    assert bus.owned == ([("acme", "dev")] if case in ("durable", "stored") else [])
+    assert bus.claimed == ([("acme", "dev")] if case == "held by b" else [])
+    assert broker.sessions == ({("acme", "dev")} if case in ("durable", "stored") else set())
+    # a task only where something is awaited after the answer: the store read, the lock, the will
+    assert (len(spawned) > 0) == (case != "free")
