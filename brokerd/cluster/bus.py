@@ -96,6 +96,7 @@ for i = 3, #KEYS do
 end
 return n
 """
+_dumps = json.JSONEncoder(separators=(",", ":")).encode      # (json.dumps with an option builds one each call)
 GONE_PER_CALL = 500         # a disconnect wave larger than this goes in several calls (a script blocks Redis)
 
 
@@ -353,22 +354,34 @@ class Bus:
     # ---------------------------------------------------------------- events
 
     async def publish_events(self, events: list[dict]) -> list[str]:
-        """Append to the cluster event log; -> the events' ids."""
+        """Append to the cluster event log; -> the events' ids. An event's node
+        (its "n") is also a field of its entry of its own, before the event
+        ("e"), so that the node reads past its own events without parsing them
+        (``read_events``' ``own``)."""
         key = self.k("events")
-        commands = [("XADD", key, "*", "e", json.dumps(e, separators=(",", ":"))) for e in events]
+        commands = [("XADD", key, "*", "n", e["n"], "e", _dumps(e)) if isinstance(e.get("n"), str)
+                    else ("XADD", key, "*", "e", _dumps(e)) for e in events]
         ids = await self._events_out.calls(commands)
         return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
 
-    async def read_events(self, after: str, block_ms: int = 1000, count: int = 1000) -> list[tuple[str, dict]]:
+    async def read_events(self, after: str, block_ms: int = 1000, count: int = 1000,
+                          own: str | None = None) -> list[tuple[str, dict | None]]:
+        """The log's events after ``after``: (id, event); (id, None) for an event of node ``own``
+        (not parsed: the node skips its own)."""
         res = await self._events_in.call("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", self.k("events"),
                                          after)
-        out = []
+        out: list[tuple[str, dict | None]] = []
         if not res:
             return out
+        mine = own.encode() if own is not None else None
         # RESP3: {stream: entries}; RESP2: [[stream, entries]]; an entry: [id, [field, value, ...]]
         for entries in res.values() if isinstance(res, dict) else (r[1] for r in res):
             for eid, fields in entries:
                 eid = eid.decode() if isinstance(eid, bytes) else eid
+                if mine is not None and len(fields) > 2 and fields[0] in (b"n", "n") and \
+                        fields[1] in (mine, own):
+                    out.append((eid, None))
+                    continue
                 try:
                     value = next(fields[i + 1] for i in range(0, len(fields), 2) if fields[i] in (b"e", "e"))
                     e = json.loads(value)

@@ -119,14 +119,14 @@ class EventLog:
     async def read(self, block_ms: int = 1000) -> None:
         """Apply what the log holds after ``last_event`` (waits up to ``block_ms``; raises when the bus failed)."""
         epoch = self.epoch
-        events = await self.bus.read_events(self.last_event, block_ms=block_ms)
+        events = await self.bus.read_events(self.last_event, block_ms=block_ms, own=self.id)
         if epoch != self.epoch:
             # the table was reloaded meanwhile (a fenced node rejoining): these events follow the old
             # position, and taking them would skip those between the snapshot and it
             return
         for eid, e in events:
             self.last_event = eid
-            if e.get("n") == self.id or self.fence.fenced:
+            if e is None or e.get("n") == self.id or self.fence.fenced:       # (None: one of ours, not parsed)
                 continue
             try:
                 self.apply(e)

@@ -199,7 +199,9 @@ class MemberBus(Protocol):
 class EventBus(Protocol):
     async def publish_events(self, events: list[dict]) -> list[str]: ...
 
-    async def read_events(self, after: str, block_ms: int = 1000, count: int = 1000) -> list[tuple[str, dict]]: ...
+    async def read_events(self, after: str, block_ms: int = 1000, count: int = 1000,
+                          own: str | None = None) -> list[tuple[str, dict | None]]:
+        """(id, event) after ``after``; (id, None) for an event of node ``own``, not parsed."""
 
     async def trim_events(self, min_id: str) -> None: ...
 

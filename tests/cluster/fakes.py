@@ -114,10 +114,12 @@ class FakeBus:
             ids.append(eid)
         return ids
 
-    async def read_events(self, after: str, block_ms: int = 1000, count: int = 1000) -> list[tuple[str, dict]]:
+    async def read_events(self, after: str, block_ms: int = 1000, count: int = 1000,
+                          own: str | None = None) -> list[tuple[str, dict | None]]:
         self._check()
         k = event_key(after)
-        return [(eid, json.loads(e)) for eid, e in self.s.events if event_key(eid) > k][:count]
+        out = [(eid, json.loads(e)) for eid, e in self.s.events if event_key(eid) > k][:count]
+        return [(eid, None if own is not None and e.get("n") == own else e) for eid, e in out]
 
     async def trim_events(self, min_id: str) -> None:
         self._check()

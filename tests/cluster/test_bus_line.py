@@ -99,6 +99,15 @@ def test_the_event_log_is_written_and_read_in_order_with_either_protocol(redis_s
             assert events[1][1] == {"t": "gone", "of": "x"}
             assert sorted(e["f"] for _, e in events[2:]) == [f"c/{i}" for i in range(5)]
             assert await reader.read_events(events[-1][0], block_ms=50) == []
+            # a node reads past its own events unparsed (None), anyone else's whole; an entry written
+            # before events named their node in a field of their own is read as before
+            old = (await writer.redis.xadd(writer.k("events"), {"e": '{"t":"route","n":"n1","f":"d","s":1}'})).decode()
+            mine = await writer.read_events("0-0", own="n1")
+            assert [eid for eid, _ in mine] == [eid for eid, _ in events] + [old]
+            assert [e for _, e in mine] == [None, {"t": "gone", "of": "x"}] + [None] * 5 + [
+                {"t": "route", "n": "n1", "f": "d", "s": 1}]
+            assert [e for _, e in await reader.read_events("0-0", own="n2")] == [e for _, e in events] + [
+                {"t": "route", "n": "n1", "f": "d", "s": 1}]
         finally:
             await writer.close()
             await reader.close()

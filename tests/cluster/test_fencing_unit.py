@@ -213,7 +213,7 @@ def test_a_read_of_the_log_in_flight_while_the_node_rejoins_skips_no_event():
             self.events.append((f"{len(self.events) + 1}-0", e))
             self.new.set()
 
-        async def read_events(self, after, block_ms=1000, count=1000):
+        async def read_events(self, after, block_ms=1000, count=1000, own=None):
             while True:
                 out = [(i, e) for i, e in self.events if event_key(i) > event_key(after)]
                 if out or not block_ms:
