@@ -14,6 +14,7 @@ survivor publishes should this node die (``adoption``).
 
 import asyncio
 import logging
+from functools import partial
 from typing import Protocol
 
 from ..protocol import reason as rc
@@ -79,9 +80,9 @@ class Takeover:
             self._unavailable(channel, tenant, cid, exc)
             self._claim_over(channel, tenant, cid)
             return
-        tried.add_done_callback(lambda f: self._tried(f, channel, tenant, cid, clean_start, will, cont))
+        tried.add_done_callback(partial(self._tried, channel, tenant, cid, clean_start, will, cont))
 
-    def _tried(self, tried: asyncio.Future, channel: ClaimingChannel, tenant, cid, clean_start, will, cont) -> None:
+    def _tried(self, channel: ClaimingChannel, tenant, cid, clean_start, will, cont, tried: asyncio.Future) -> None:
         """The claim's answer, for ``claim``: the common case here, the rest in ``run_claim``."""
         if (tried.cancelled() or tried.exception() is not None or tried.result() is not None
                 or not (clean_start or self.broker.holds(tenant, cid))):
