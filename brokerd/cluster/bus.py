@@ -39,11 +39,12 @@ _UNLOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+# (HSETNX first: a free id -- the usual CONNECT -- takes two calls, not three)
 _TRY_CLAIM = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return '!' end
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then return '' end
 local owner = redis.call('HGET', KEYS[1], ARGV[1])
-if owner and owner ~= ARGV[2] then return owner end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if owner ~= ARGV[2] then return owner end
 return ''
 """
 # the claims gathered by ``Batches`` (an event-loop iteration's, a round trip's or a gap's) in one call: KEYS
@@ -56,12 +57,13 @@ for i = 1, #KEYS, 2 do
   local cid = ARGV[(i + 1) / 2 + 1]
   if redis.call('EXISTS', KEYS[i + 1]) == 1 then
     out[#out + 1] = '!'
+  elseif redis.call('HSETNX', KEYS[i], cid, node) == 1 then
+    out[#out + 1] = ''
   else
     local owner = redis.call('HGET', KEYS[i], cid)
-    if owner and owner ~= node then
+    if owner ~= node then
       out[#out + 1] = owner
     else
-      redis.call('HSET', KEYS[i], cid, node)
       out[#out + 1] = ''
     end
   end

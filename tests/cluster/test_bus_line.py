@@ -39,6 +39,34 @@ def test_claims_and_waves_work_after_redis_forgot_its_scripts(redis_server, tag)
     run(go())
 
 
+def test_a_claim_answers_free_here_held_elsewhere_or_locked_alone_and_in_a_batch(redis_server, tag):
+    """A free id becomes this node's, one already here stays so, one another node holds names that
+    node, a locked one answers "!" -- the same whether the claim goes alone (one script) or with others
+    (the batch script)."""
+    async def go():
+        n1, n2 = Bus(redis_server.url(prefix=tag), "n1"), Bus(redis_server.url(prefix=tag), "n2")
+        try:
+            assert await n2.try_claim("t", "theirs") is None
+            assert await n2.lock("t", "locked") is not None
+            for ids in (["free", "theirs", "locked"], ["free2", "free", "theirs2", "locked2"]):
+                if "theirs2" in ids:
+                    assert await n2.try_claim("t", "theirs2") is None
+                    assert await n2.lock("t", "locked2") is not None
+                alone = [await n1.try_claim("t", ids[0])]                       # one claim: one script
+                together = await asyncio.gather(*(n1.try_claim("t", c) for c in ids[1:]))   # the batch
+                answers = dict(zip(ids, alone + together, strict=True))
+                for cid, answer in answers.items():
+                    assert answer == {"fre": None, "the": "n2", "loc": "!"}[cid[:3]], (cid, answer)
+            assert await n1.owner("t", "free") == "n1" and await n1.owner("t", "free2") == "n1"
+            assert await n1.owner("t", "theirs") == "n2"
+            assert await n1.owner("t", "locked") is None
+        finally:
+            await n1.close()
+            await n2.close()
+
+    run(go())
+
+
 def test_calls_that_timed_out_are_sent_again_and_no_late_reply_answers_the_next_claim(redis_server, tag):
     """Redis stalls (CLIENT PAUSE) past the bus's 2 s socket timeout. A claim and a disconnect wave
     made meanwhile are sent again on a new connection and take effect (as redis-py's retry did); the
