@@ -83,13 +83,15 @@ class Takeover:
         tried.add_done_callback(partial(self._tried, channel, tenant, cid, clean_start, will, cont))
 
     def _tried(self, channel: ClaimingChannel, tenant, cid, clean_start, will, cont, tried: asyncio.Future) -> None:
-        """The claim's answer, for ``claim``: the common case here, the rest in ``run_claim``."""
-        if (tried.cancelled() or tried.exception() is not None or tried.result() is not None
-                or not (clean_start or self.broker.holds(tenant, cid))):
-            self.spawn(self.run_claim(channel, tenant, cid, clean_start, will, cont, tried))
-            return
+        """The claim's answer, for ``claim``: the common case here, the rest in ``run_claim``
+        (which then ends the claim: ``later``)."""
         later = False
         try:
+            if (tried.cancelled() or tried.exception() is not None or tried.result() is not None
+                    or not (clean_start or self.broker.holds(tenant, cid))):
+                self.spawn(self.run_claim(channel, tenant, cid, clean_start, will, cont, tried))
+                later = True
+                return
             if channel in self.lost:
                 self._let_go(tenant, cid)
                 return
@@ -98,8 +100,8 @@ class Takeover:
             cont(self.clock())
             session = channel.session
             if (tenant, cid) in self.going or (session is not None and (session.durable or will is not None)):
-                later = True
                 self.spawn(self._opened_later(channel, tenant, cid, will))
+                later = True
         except Exception as exc:
             self._unavailable(channel, tenant, cid, exc)
         finally:
