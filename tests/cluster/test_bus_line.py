@@ -5,6 +5,7 @@ that timed out never hands its late reply to the next call -- which would
 give a client id to the wrong node."""
 
 import asyncio
+import contextlib
 import time
 
 import pytest
@@ -14,6 +15,17 @@ from brokerd.cluster.bus import Bus, key_of
 
 def run(coro):
     return asyncio.run(coro)
+
+
+@contextlib.asynccontextmanager
+async def two_nodes(redis_server, tag):
+    """The buses of nodes n1 and n2 on one Redis, closed after."""
+    n1, n2 = Bus(redis_server.url(prefix=tag), "n1"), Bus(redis_server.url(prefix=tag), "n2")
+    try:
+        yield n1, n2
+    finally:
+        await n1.close()
+        await n2.close()
 
 
 def test_claims_and_waves_work_after_redis_forgot_its_scripts(redis_server, tag):
@@ -44,8 +56,7 @@ def test_a_claim_answers_free_here_held_elsewhere_or_locked_alone_and_in_a_batch
     node, a locked one answers "!" -- the same whether the claim goes alone (one script) or with others
     (the batch script)."""
     async def go():
-        n1, n2 = Bus(redis_server.url(prefix=tag), "n1"), Bus(redis_server.url(prefix=tag), "n2")
-        try:
+        async with two_nodes(redis_server, tag) as (n1, n2):
             assert await n2.try_claim("t", "theirs") is None
             assert await n2.lock("t", "locked") is not None
             for ids in (["free", "theirs", "locked"], ["free2", "free", "theirs2", "locked2"]):
@@ -60,9 +71,6 @@ def test_a_claim_answers_free_here_held_elsewhere_or_locked_alone_and_in_a_batch
             assert await n1.owner("t", "free") == "n1" and await n1.owner("t", "free2") == "n1"
             assert await n1.owner("t", "theirs") == "n2"
             assert await n1.owner("t", "locked") is None
-        finally:
-            await n1.close()
-            await n2.close()
 
     run(go())
 
@@ -72,8 +80,7 @@ def test_calls_that_timed_out_are_sent_again_and_no_late_reply_answers_the_next_
     made meanwhile are sent again on a new connection and take effect (as redis-py's retry did); the
     first attempt's reply, which Redis sends once it resumes, is never read as a later call's answer."""
     async def go():
-        n1, n2 = Bus(redis_server.url(prefix=tag), "n1"), Bus(redis_server.url(prefix=tag), "n2")
-        try:
+        async with two_nodes(redis_server, tag) as (n1, n2):
             assert await n1.try_claim("t", "x") is None
             assert await n1.try_claim("t", "w") is None
             await n1.set_will("t", "w", b"will")
@@ -88,9 +95,6 @@ def test_calls_that_timed_out_are_sent_again_and_no_late_reply_answers_the_next_
             assert await n2.try_claim("t", "y") is None             # y was free: not a late reply's "n1"
             assert await n2.owner("t", "y") == "n2"
             assert await n1.try_claim("t", "z") is None
-        finally:
-            await n1.close()
-            await n2.close()
 
     run(go())
 
