@@ -100,7 +100,7 @@ class Takeover:
             cont(self.clock())
             session = channel.session
             if (tenant, cid) in self.going or (session is not None and (session.durable or will is not None)):
-                self.spawn(self._opened_later(channel, tenant, cid, will))
+                self.spawn(self._opened_later(channel, tenant, cid, will, session))
                 later = True
         except Exception as exc:
             self._unavailable(channel, tenant, cid, exc)
@@ -108,9 +108,9 @@ class Takeover:
             if not later:
                 self._claim_over(channel, tenant, cid)
 
-    async def _opened_later(self, channel: ClaimingChannel, tenant, cid, will) -> None:
+    async def _opened_later(self, channel: ClaimingChannel, tenant, cid, will, session) -> None:
         try:
-            await self._opened(channel, tenant, cid, will)
+            await self._opened(channel, tenant, cid, will, session)
         except Exception as exc:
             self._unavailable(channel, tenant, cid, exc)
         finally:
@@ -162,7 +162,7 @@ class Takeover:
             if channel.state != CONNECTING:         # the client went away meanwhile
                 return
             cont(self.clock())
-            await self._opened(channel, tenant, cid, will)
+            await self._opened(channel, tenant, cid, will, channel.session)
         except Exception as exc:
             self._unavailable(channel, tenant, cid, exc)
         finally:
@@ -173,16 +173,18 @@ class Takeover:
                 except Exception:
                     pass
 
-    async def _opened(self, channel: ClaimingChannel, tenant, cid, will) -> None:
-        """What follows opening the session here: the will of a connection it took over goes first; a
-        stored session is marked this node's, a will registered."""
+    async def _opened(self, channel: ClaimingChannel, tenant, cid, will, session) -> None:
+        """What follows opening ``session`` here (``cont``): the will of a connection it took over goes
+        first; a stored session is marked this node's -- even if its connection closed since: it outlives
+        the connection, and a survivor adopts only what is marked -- and the will of one that is not
+        stored is registered while its connection is still open."""
         going = self.going.get((tenant, cid))
         if going is not None:               # cont took over a connection of the id here: its will goes first
             await asyncio.wait((going,))
-        session = channel.session
         if session is not None and session.durable:
             await self.bus.mark_owned(tenant, cid)
-        if will is not None and session is not None and not session.durable:
+        current = channel.session
+        if will is not None and current is not None and not current.durable:
             await self.bus.set_will(tenant, cid, pack_will(will))
 
     def _unavailable(self, channel: ClaimingChannel, tenant, cid, exc: Exception) -> None:
