@@ -389,7 +389,7 @@ class RecordingBus(LockedBus):
 
 
 @pytest.mark.parametrize("case", ["free", "free with a will", "durable", "held by b", "stored", "bus down",
-                                  "client gone"])
+                                  "client gone", "open fails"])
 def test_a_claim_through_claim_ends_as_it_would_in_run_claim(case):
     async def scenario():
         broker = Broker()
@@ -407,12 +407,15 @@ def test_a_claim_through_claim_ends_as_it_would_in_run_claim(case):
         channel, opened = Channel(), []
 
         def cont(now):
+            if case == "open fails":
+                raise RuntimeError("the session could not be opened")
             opened.append(now)
             channel.state = 2                               # connected
             channel.session = Session(durable=case in ("durable", "stored"))
 
         will = Will("fleet/dev/status", b"offline", 1) if case == "free with a will" else None
-        t.claim(channel, "acme", "dev", case not in ("durable", "stored"), will, cont)
+        # "durable": a clean start with a session expiry (nothing to read); "stored": one to read first
+        t.claim(channel, "acme", "dev", case != "stored", will, cont)
         if case == "client gone":
             channel.state = 4
         for _ in range(10):
@@ -422,7 +425,7 @@ def test_a_claim_through_claim_ends_as_it_would_in_run_claim(case):
 
     broker, bus, t, channel, opened, spawned = asyncio.run(scenario())
     assert t.claiming == {} and t.lost == set()
-    if case == "bus down":
+    if case in ("bus down", "open fails"):
         assert opened == [] and channel.refused == (rc.SERVER_UNAVAILABLE, "cluster unavailable")
         return
     if case == "client gone":
@@ -432,8 +435,8 @@ def test_a_claim_through_claim_ends_as_it_would_in_run_claim(case):
     assert bus.wills == ([("acme", "dev")] if case == "free with a will" else [])
     assert bus.owned == ([("acme", "dev")] if case in ("durable", "stored") else [])
     assert bus.claimed == ([("acme", "dev")] if case == "held by b" else [])
-    assert broker.sessions == ({("acme", "dev")} if case in ("durable", "stored") else set())
-    # a task only where something is awaited after the answer: the store read, the lock, the will
+    assert broker.sessions == ({("acme", "dev")} if case == "stored" else set())
+    # a task only where something is awaited after the answer: the store read, the lock, the will, the mark
     assert (len(spawned) > 0) == (case != "free")
 
 
