@@ -208,6 +208,31 @@ def test_an_unreadable_entry_of_the_event_log_is_passed_over_not_read_for_ever(r
     assert sum("unreadable, skipped" in r.getMessage() for r in caplog.records) == 3
 
 
+def test_an_event_is_read_whole_whatever_its_text_and_what_json_refuses_is_passed_over(redis_server, tag, caplog):
+    """Entries are parsed by the JSON decoder's scanner, not ``json.loads``: an event with text that
+    is not ASCII (a topic's accents, its bytes longer than its characters) or written with spaces
+    around it is read whole, and what ``json.loads`` refuses (text after the object, not an object,
+    not UTF-8) is passed over, in the entries as nodes write them now (``n`` first) and older ones."""
+    async def go():
+        bus = Bus(redis_server.url(prefix=tag), "n1")
+        try:
+            key = bus.k("events")
+            ids = await bus.publish_events([{"t": "route", "n": "n2", "tn": "t", "f": "caf\u00e9/\u6e29\u5ea6", "s": 1}])
+            for text in (' {"t":"gone","of":"a"} ', '{"t":"gone","of":"b"} x', '"gone"', "[]", b"\xff{}",
+                         '{"t":"gone","of":"\u00e9"}'):
+                await bus.redis.xadd(key, {"n": "n2", "e": text})
+            await bus.redis.xadd(key, {"e": '{"t":"gone","of":"c"}\n'})
+            events = await bus.read_events("0-0", own="n1")
+            assert events[0] == (ids[0], {"t": "route", "n": "n2", "tn": "t", "f": "caf\u00e9/\u6e29\u5ea6", "s": 1})
+            assert [e for _, e in events[1:]] == [{"t": "gone", "of": "a"}] + [{"t": "unreadable"}] * 4 + [
+                {"t": "gone", "of": "\u00e9"}, {"t": "gone", "of": "c"}]
+        finally:
+            await bus.close()
+
+    run(go())
+    assert sum("unreadable, skipped" in r.getMessage() for r in caplog.records) == 4
+
+
 def test_a_call_cut_off_by_the_bus_closing_is_not_sent_again(redis_server, tag):
     """Closing the bus while a read waits on Redis ends that read with the connection's error; it
     is not sent again on a new connection that nothing would close."""
