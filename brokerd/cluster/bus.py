@@ -112,7 +112,7 @@ def _event(value) -> dict:
     the scanner does not take whole (whitespace around, another encoding)
     goes to ``json.loads``, which accepts or refuses it as before."""
     try:
-        text = value.decode() if value.__class__ is bytes else value
+        text = value.decode() if isinstance(value, (bytes, bytearray)) else value
         e, end = _raw_decode(text)
         if end != len(text):
             raise ValueError
@@ -407,8 +407,8 @@ class Bus:
                     out.append((eid, None))
                     continue
                 try:
-                    if len(fields) == 4 and fields[2] in (b"e", "e"):         # n, node, e, event: as written now
-                        value = fields[3]
+                    if len(fields) == 4 and fields[2] in (b"e", "e") and fields[0] in (b"n", "n"):
+                        value = fields[3]                                   # n, node, e, event: as written now
                     else:
                         value = next(fields[i + 1] for i in range(0, len(fields), 2) if fields[i] in (b"e", "e"))
                     e = _event(value)

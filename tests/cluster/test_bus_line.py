@@ -210,9 +210,11 @@ def test_an_unreadable_entry_of_the_event_log_is_passed_over_not_read_for_ever(r
 
 def test_an_event_is_read_whole_whatever_its_text_and_what_json_refuses_is_passed_over(redis_server, tag, caplog):
     """Entries are parsed by the JSON decoder's scanner, not ``json.loads``: an event with text that
-    is not ASCII (a topic's accents, its bytes longer than its characters) or written with spaces
-    around it is read whole, and what ``json.loads`` refuses (text after the object, not an object,
-    not UTF-8) is passed over, in the entries as nodes write them now (``n`` first) and older ones."""
+    is not ASCII (a topic's accents, its bytes longer than its characters), written with spaces
+    around it or in another encoding ``json.loads`` detects (UTF-16, a UTF-8 BOM) is read whole, and
+    what ``json.loads`` refuses (text after the object, not an object, not UTF-8) is passed over, in
+    the entries as nodes write them now (``n`` first) and older ones (``e`` alone, or first: of two
+    ``e`` fields the first is the event, as before)."""
     async def go():
         bus = Bus(redis_server.url(prefix=tag), "n1")
         try:
@@ -221,16 +223,22 @@ def test_an_event_is_read_whole_whatever_its_text_and_what_json_refuses_is_passe
             for text in (' {"t":"gone","of":"a"} ', '{"t":"gone","of":"b"} x', '"gone"', "[]", b"\xff{}",
                          '{"t":"gone","of":"\u00e9"}'):
                 await bus.redis.xadd(key, {"n": "n2", "e": text})
+            await bus.redis.xadd(key, {"n": "n2", "e": '{"t":"gone","of":"d"}'.encode("utf-16")})
+            await bus.redis.xadd(key, {"n": "n2", "e": b'\xef\xbb\xbf{"t":"gone","of":"e"}'})
+            await bus.redis.xadd(key, {"n": "n2", "e": b'{"t":"gone","of":"\xff"}'})
             await bus.redis.xadd(key, {"e": '{"t":"gone","of":"c"}\n'})
+            await bus.redis.xadd(key, {"e": '{"t":"gone","of":"c"} x'})
+            await bus.redis.execute_command("XADD", key, "*", "e", '{"t":"gone","of":"f"}', "e", "not json")
             events = await bus.read_events("0-0", own="n1")
             assert events[0] == (ids[0], {"t": "route", "n": "n2", "tn": "t", "f": "caf\u00e9/\u6e29\u5ea6", "s": 1})
             assert [e for _, e in events[1:]] == [{"t": "gone", "of": "a"}] + [{"t": "unreadable"}] * 4 + [
-                {"t": "gone", "of": "\u00e9"}, {"t": "gone", "of": "c"}]
+                {"t": "gone", "of": "\u00e9"}, {"t": "gone", "of": "d"}, {"t": "gone", "of": "e"},
+                {"t": "unreadable"}, {"t": "gone", "of": "c"}, {"t": "unreadable"}, {"t": "gone", "of": "f"}]
         finally:
             await bus.close()
 
     run(go())
-    assert sum("unreadable, skipped" in r.getMessage() for r in caplog.records) == 4
+    assert sum("unreadable, skipped" in r.getMessage() for r in caplog.records) == 6
 
 
 def test_a_call_cut_off_by_the_bus_closing_is_not_sent_again(redis_server, tag):
