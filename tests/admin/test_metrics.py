@@ -106,6 +106,7 @@ def test_tenant_traffic_counted_per_qos_in_json_and_prometheus(world):
 
 def test_drops_and_rejections_counted_by_reason_for_the_right_tenant(world):
     plane, node, token, secrets = world
+    a = device(node, secrets, "acme/s1")        # acme is on the node too (listed even when run alone)
     g = device(node, secrets, "globex/g1", version=V5)
     start = metrics(node, token)["tenants"]["globex"]
     info = g.client.publish("office/door", b"x", qos=1)          # not in globex's ACL: denied
@@ -126,6 +127,7 @@ def test_drops_and_rejections_counted_by_reason_for_the_right_tenant(world):
     assert sample(text, "brokerd_messages_dropped_total", tenant="acme", reason="acl_denied") == \
         acme["dropped"]["acl_denied"] == 0
     g.disconnect()
+    a.disconnect()
 
 
 def test_latency_histogram_fills_from_sampled_messages(world):
