@@ -112,6 +112,14 @@ def beat(plane, worker):
     proc.stop()
 
 
+def _fresh_producers(app) -> None:
+    """Celery keeps its connection pool and, apart from it, the producers made on one of its
+    connections: a task sent before (another test's, on another folder) left producers that
+    would send this module's tasks where its worker does not look."""
+    app._pool = None
+    app.amqp._producer_pool = None
+
+
 @pytest.fixture
 def shared_db(plane, django_db_blocker, settings):
     """This process's default database connection on the plane's file (as the
@@ -130,7 +138,7 @@ def shared_db(plane, django_db_blocker, settings):
     app.conf.update(broker_url="filesystem://", broker_transport_options={
         "data_folder_in": str(broker / "queue"), "data_folder_out": str(broker / "queue"),
         "control_folder": str(broker / "control")})
-    app._pool = None
+    _fresh_producers(app)
     with django_db_blocker.unblock():
         old = connections["default"]
         new = DatabaseWrapper({**old.settings_dict, "NAME": str(plane.dir / "console.sqlite3")}, "default")
@@ -141,7 +149,7 @@ def shared_db(plane, django_db_blocker, settings):
             new.close()
             connections["default"] = old
             app.conf.update(saved_conf)
-            app._pool = None
+            _fresh_producers(app)
 
 
 @pytest.fixture
