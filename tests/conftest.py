@@ -1,5 +1,6 @@
 import itertools
 import os
+import random
 
 import pytest
 
@@ -25,11 +26,17 @@ os.environ.setdefault("SPARK_CDS_DIR", "off")
 def pytest_addoption(parser):
     parser.addoption("--write-file-times", action="store_true",
                      help="bring tests/file_times.json (seconds per test file: make test's order) up to date")
+    parser.addoption("--shuffle", type=int, metavar="SEED",
+                     help="run the tests in an order drawn from SEED (each test must pass in any order); "
+                          "with --dist load a file's tests are spread over the processes too")
 
 
 def pytest_collection_modifyitems(config, items):
     if hasattr(config, "workerinput"):          # a pytest-xdist process: longest files first
         filetimes.longest_first(items, filetimes.load())
+    seed = config.getoption("--shuffle")
+    if seed is not None:                        # (every process draws the same order from the seed)
+        random.Random(seed).shuffle(items)
 
 
 def pytest_configure(config):
