@@ -121,6 +121,8 @@ def _event(value) -> dict:
     if e.__class__ is not dict:
         raise ValueError("not an object")
     return e
+
+
 GONE_PER_CALL = 500         # a disconnect wave larger than this goes in several calls (a script blocks Redis)
 
 
