@@ -58,6 +58,10 @@ class Takeover:
         # the last update each client id's closed connection sent to Redis (until it is done): a new CONNECT
         # of the id waits for it, as claims and disconnects go to Redis on connections of their own
         self.going: dict[tuple[str, str], asyncio.Future] = {}
+        # the will or stored-session mark a CONNECT of the id is sending through redis-py's pool (until it is
+        # done): its connection's disconnect update, on the bus's own line, waits for it -- else the update
+        # could overtake it and leave the will registered (published when this node dies) or the mark set
+        self.opening: dict[tuple[str, str], asyncio.Future] = {}
 
     # ========================================================== new owner
 
@@ -182,10 +186,21 @@ class Takeover:
         if going is not None:               # cont took over a connection of the id here: its will goes first
             await asyncio.wait((going,))
         if session is not None and session.durable:
-            await self.bus.mark_owned(tenant, cid)
+            await self._opening(tenant, cid, self.bus.mark_owned(tenant, cid))
         current = channel.session
         if will is not None and current is not None and not current.durable:
-            await self.bus.set_will(tenant, cid, pack_will(will))
+            await self._opening(tenant, cid, self.bus.set_will(tenant, cid, pack_will(will)))
+
+    async def _opening(self, tenant, cid, update) -> None:
+        """``update`` of ``_opened``, recorded in ``opening`` while it is on its way."""
+        key = (tenant, cid)
+        fut = asyncio.ensure_future(update)
+        self.opening[key] = fut
+        try:
+            await fut
+        finally:
+            if self.opening.get(key) is fut:
+                del self.opening[key]
 
     def _unavailable(self, channel: ClaimingChannel, tenant, cid, exc: Exception) -> None:
         log.warning("CONNECT of %s/%s refused: cluster unavailable (%s)", tenant, cid, exc)
@@ -233,7 +248,11 @@ class Takeover:
         # the bus's future itself (a wave of disconnects is a future each, not a task each); a failed update
         # is dropped, as it was
         try:
-            update = asyncio.ensure_future(self.bus.gone(tenant, cid, ended, had_will))
+            opening = self.opening.get(key)
+            if opening is None:
+                update = asyncio.ensure_future(self.bus.gone(tenant, cid, ended, had_will))
+            else:               # after the will or mark this connection's open is still sending
+                update = asyncio.ensure_future(self._gone_after(opening, tenant, cid, ended, had_will))
         except Exception as exc:        # the connection's close goes on whatever the bus does
             log.warning("letting go of %s/%s in the cluster failed: %s", tenant, cid, exc)
             return
@@ -247,6 +266,10 @@ class Takeover:
                 del going[key]
 
         update.add_done_callback(done)
+
+    async def _gone_after(self, opening: asyncio.Future, tenant, cid, ended, had_will) -> None:
+        await asyncio.wait((opening,))
+        await self.bus.gone(tenant, cid, ended, had_will)
 
     # ========================================================== old owner
 
