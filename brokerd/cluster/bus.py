@@ -78,6 +78,16 @@ if not v then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
 return 0
 """
 CLAIMS_PER_CALL = 500       # a burst of CONNECTs larger than this goes in several calls (a script blocks Redis)
+# the claims waiting for a call, at most (bytes, as ``_claim_size`` counts them): while Redis is slow or
+# stalled a connect storm (clients retrying) made the queue grow without end, each claim held until sent --
+# also those of clients that gave up -- and a CONNECT waited behind all of them; one over is refused at once
+CLAIMS_QUEUED_BYTES = 8 << 20
+
+
+def _claim_size(item: tuple[str, str]) -> int:
+    return 256 + len(item[0]) + len(item[1])      # the tuple, its future and callback, the strings
+
+
 # the connections closed here in one event-loop iteration, in one call (see Bus.gone): KEYS are wills:{node},
 # owned:{node}, then clients:{tenant} per connection; ARGV the node, then per connection its flags ('w': its
 # will is no longer owed, 'e': its session ended), "tenant\0client id" and the client id. Each one, in order:
@@ -151,8 +161,12 @@ class Batches:
     made when no call is on its way, or after a call of one, goes at once:
     a device connecting alone, or a steady trickle, is not held back."""
 
-    def __init__(self, send, per_call: int, drop_given_up: bool, gap: float = 0.0):
+    def __init__(self, send, per_call: int, drop_given_up: bool, gap: float = 0.0, max_bytes: int = 0,
+                 size=None):
         self.send = send
+        self.max_bytes = max_bytes          # 0: unbounded; else a request that would queue more fails at once
+        self.size = size                    # size(item) -> bytes it holds while queued
+        self.queued_bytes = 0
         self.per_call = per_call
         self.drop_given_up = drop_given_up
         self.gap = gap
@@ -167,6 +181,13 @@ class Batches:
         if loop is None:
             loop = self.loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        if self.max_bytes:
+            n = self.size(item)
+            if self.queued_bytes + n > self.max_bytes:
+                fut.set_exception(RedisConnectionError(
+                    f"{self.queued_bytes} bytes of requests wait for the cluster bus already"))
+                return fut
+            self.queued_bytes += n
         self.queued.append((item, fut))
         if not self.busy:
             self.busy = True
@@ -178,6 +199,9 @@ class Batches:
         while self.queued and not batch:
             batch = self.queued[:self.per_call]
             del self.queued[:self.per_call]
+            if self.max_bytes:
+                size = self.size
+                self.queued_bytes -= sum([size(item) for item, _ in batch])
             if self.drop_given_up:
                 batch = [b for b in batch if not b[1].done()]
         if not batch:
@@ -333,7 +357,8 @@ class Bus:
         # in a connect storm the claims made while a call of several is on its way wait until ``claim_gap``
         # after its start (--cluster-claim-gap) and go together: fewer round trips and wake-ups of Redis for
         # up to that much more CONNACK latency
-        self._claims = Batches(self._claim_batch, CLAIMS_PER_CALL, drop_given_up=True, gap=claim_gap)
+        self._claims = Batches(self._claim_batch, CLAIMS_PER_CALL, drop_given_up=True, gap=claim_gap,
+                               max_bytes=CLAIMS_QUEUED_BYTES, size=_claim_size)
         self._claim_line = self._line(pool)
         self._unlock = self.redis.register_script(_UNLOCK)
         self._lease = self.redis.register_script(_LEASE)

@@ -66,3 +66,47 @@ def test_a_will_still_being_registered_when_its_client_drops_is_not_left_behind_
             await bus.close()
 
     asyncio.run(go())
+
+
+def test_while_redis_is_stalled_the_claims_waiting_are_bounded_and_a_connect_over_the_bound_is_refused_at_once(
+        redis_server, tag):
+    """A connect storm while a claim call hangs on a stalled Redis: the claims made meanwhile wait for
+    the next call, but only so many (bytes, ``CLAIMS_QUEUED_BYTES``); a CONNECT over that is answered at
+    once (refused: cluster unavailable, the client retries) instead of queueing without end behind a
+    backlog -- and the node takes claims again once the backlog has gone to Redis."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    async def go():
+        bus = Bus(redis_server.url(prefix=tag), "n1")
+        batch = bus._claims.send
+        stalled = asyncio.Event()
+        calls = []
+
+        async def stalling(items):              # the first call hangs until Redis answers again
+            calls.append(len(items))
+            if len(calls) == 1:
+                await stalled.wait()
+            return await batch(items)
+
+        bus._claims.send = stalling
+        bus._claims.max_bytes = 40 * (256 + len("t") + len("c000"))     # room for 40 such claims
+        try:
+            first = bus.try_claim("t", "first")
+            await asyncio.sleep(0)                                       # its call is on its way (and hangs)
+            storm = [bus.try_claim("t", f"c{i:03}") for i in range(400)]
+            for _ in range(3):
+                await asyncio.sleep(0)
+            refused = [f for f in storm if f.done()]
+            assert len(refused) >= 350, f"{len(refused)} of 400 claims answered while Redis is stalled"
+            assert all(isinstance(f.exception(), RedisConnectionError) for f in refused)
+            stalled.set()
+            assert await first is None
+            waited = [f for f in storm if f not in refused]
+            assert await asyncio.gather(*waited) == [None] * len(waited)
+            assert await bus.try_claim("t", "after") is None             # the backlog gone: claims go again
+            assert await bus.owner("t", "after") == "n1"
+            assert await bus.owner("t", "c399") is None                  # a refused claim took nothing
+        finally:
+            await bus.close()
+
+    asyncio.run(go())
