@@ -101,6 +101,9 @@ class Takeover:
                 return
             if channel.state != CONNECTING:
                 return
+            if self.fence.fenced:       # fenced while the claim was on its way: it refuses CONNECTs now
+                channel.refuse(rc.SERVER_UNAVAILABLE, "this node is out of the cluster")
+                return
             cont(self.clock())
             session = channel.session
             if (tenant, cid) in self.going or (session is not None and (session.durable or will is not None)):
@@ -164,6 +167,13 @@ class Takeover:
                 self._let_go(tenant, cid)
                 return
             if channel.state != CONNECTING:         # the client went away meanwhile
+                return
+            if self.fence.fenced:
+                # the node fenced itself while this claim waited (it dropped every session then): no session
+                # opens here until it rejoins, not even one whose claim Redis answered late
+                if not clean_start:
+                    self._let_go(tenant, cid)
+                channel.refuse(rc.SERVER_UNAVAILABLE, "this node is out of the cluster")
                 return
             cont(self.clock())
             await self._opened(channel, tenant, cid, will, channel.session)

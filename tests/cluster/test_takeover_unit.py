@@ -506,3 +506,40 @@ def test_a_stored_session_opened_here_is_marked_this_nodes_even_if_its_client_dr
     assert opened or when == "with its claim's answer"
     assert bus.owned == ([("acme", "dev")] if opened else [])
     assert t.claiming == {}
+
+
+@pytest.mark.parametrize("stored", [False, True], ids=["clean", "stored"])
+def test_a_claim_answered_after_the_node_fenced_itself_opens_nothing(stored):
+    """A CONNECT's claim is on its way (a batch call to a slow Redis) when the node fences itself (its
+    heartbeats failed): the node has dropped every session and refuses CONNECTs until it rejoins. The
+    claim's late answer must not open a session on it after all: the CONNECT is refused."""
+    async def scenario():
+        bus = RecordingBus()
+        answer = asyncio.get_running_loop().create_future()
+        bus.try_claim = lambda tenant, cid: answer          # as the real bus: the batch's future
+        broker = Broker()
+        sessions = Sessions(broker)
+        sessions.gate.set()
+        fence = Fence()
+        spawned = []
+
+        def spawn(coro):
+            spawned.append(asyncio.ensure_future(coro))
+            return spawned[-1]
+
+        t = Takeover("a", bus, broker, sessions, Handoff(), Announcer(), None, None, lambda: {}, None, fence,
+                     lambda: 0.0, spawn)
+        channel, opened = Channel(), []
+        t.claim(channel, "acme", "dev", not stored, None, opened.append)
+        await asyncio.sleep(0)
+        fence.fenced = True                                  # Fencing.fence: sessions dropped, CONNECTs refused
+        answer.set_result(None)                              # the claim's late answer: the id was free
+        for _ in range(10):
+            await asyncio.sleep(0)
+        await asyncio.gather(*spawned)
+        return t, channel, opened
+
+    t, channel, opened = asyncio.run(scenario())
+    assert opened == []
+    assert channel.refused == (rc.SERVER_UNAVAILABLE, "this node is out of the cluster")
+    assert t.claiming == {}
