@@ -22,7 +22,9 @@ from .ports import ClusterBroker, EventBus, FenceState
 log = logging.getLogger("brokerd.cluster")
 
 GATHER = 0.01           # seconds a round waits to gather a burst of subscriptions
-PER_ENTRY = 256         # events of a round packed into one entry of the log (a "multi" event)
+PER_ENTRY = 256         # events of a round packed into one entry of the log (a "multi" event), at most ...
+ENTRY_BYTES = 1 << 20   # ... and about this many bytes of them (an event larger than that goes alone): retained
+                        # messages of up to --max-packet-size ride in them, and Redis refuses a field over 512 MB
 RETRY = 0.5             # seconds after a failed round before the next
 _NOTHING = (0, 0, {})   # a filter never announced
 
@@ -37,6 +39,9 @@ class Announcer:
         self.announced: dict[tuple, tuple] = {}       # (tenant, filter) -> (subs, durable, {group: members})
         self._dirty: set[tuple] = set()               # (tenant, filter) whose counts changed
         self._outbox: list[dict] = []                 # other events to publish, in order
+        # (tenant, topic) -> the place in ``_outbox`` of its retained message's copy: one a topic, the newest
+        # (while the bus is slow or out of reach the outbox holds no more than the retained messages themselves)
+        self._retain_at: dict[tuple, int] = {}
         self._frozen: set[tuple] = set()              # (tenant, filter) not announced during a handoff
         self.wanted = asyncio.Event()                 # something to announce
 
@@ -47,8 +52,26 @@ class Announcer:
         self.wanted.set()
 
     def queue_event(self, e: dict) -> None:
+        if e.get("t") == "retain":
+            key = (e["tn"], e["tp"])
+            at = self._retain_at.get(key)
+            if at is not None:
+                # a newer retained message (or its clearing) for a topic whose copy is not published yet
+                # replaces it: every node would have applied the two in turn and kept the second
+                self._outbox[at] = e
+                return
+            self._retain_at[key] = len(self._outbox)
         self._outbox.append(e)
         self.wanted.set()
+
+    def _requeue(self, outbox: list[dict]) -> None:
+        """A round's events that could not be published go back before those queued meanwhile (a
+        topic's retained message once: the newest, in the place of the first)."""
+        queued, self._outbox, self._retain_at = self._outbox, [], {}
+        for e in outbox:
+            self.queue_event(e)
+        for e in queued:
+            self.queue_event(e)
 
     def all_dirty(self) -> None:
         """Every local route, announced afresh (joining)."""
@@ -77,7 +100,7 @@ class Announcer:
         """Publish what changed; -> False when the bus failed (retried)."""
         async with self.lock:
             dirty, self._dirty = self._dirty, set()
-            outbox, self._outbox = self._outbox, []
+            outbox, self._outbox, self._retain_at = self._outbox, [], {}
             if self._frozen:
                 held = {item for item in dirty if item in self._frozen}
                 if held:
@@ -105,7 +128,7 @@ class Announcer:
                 if not self.fence.fenced:
                     log.warning("could not announce routes (%s); retrying", exc)
                 self._dirty |= dirty
-                self._outbox[:0] = outbox
+                self._requeue(outbox)
                 self.wanted.set()
                 return False
         return True
@@ -183,10 +206,22 @@ class Announcer:
 
 
 def packed(node: str, events: list[dict]) -> list[dict]:
-    """A round's events, ``PER_ENTRY`` to an entry of the log: a "multi"
-    event, which every node applies whole and in order, as it applies a
-    handoff's switch (one Redis entry to write, read and parse instead of one
-    each -- a burst of CONNECTs announces a route each)."""
+    """A round's events, ``PER_ENTRY`` (and about ``ENTRY_BYTES``) to an entry
+    of the log: a "multi" event, which every node applies whole and in order,
+    as it applies a handoff's switch (one Redis entry to write, read and parse
+    instead of one each -- a burst of CONNECTs announces a route each)."""
     if len(events) == 1:
         return events
-    return [{"t": "multi", "n": node, "e": events[i:i + PER_ENTRY]} for i in range(0, len(events), PER_ENTRY)]
+    out: list[dict] = []
+    part: list[dict] = []
+    size = 0
+    for e in events:
+        p, x = e.get("p"), e.get("x")         # a retained message's payload and properties (base64)
+        n = 128 + (len(p) if p else 0) + (len(x) if x else 0)
+        if part and (len(part) == PER_ENTRY or size + n > ENTRY_BYTES):
+            out.append({"t": "multi", "n": node, "e": part})
+            part, size = [], 0
+        part.append(e)
+        size += n
+    out.append({"t": "multi", "n": node, "e": part})
+    return out
