@@ -117,8 +117,9 @@ class Forwarder:
         """The fields of a PUBLISH frame for ``msg`` (after the request id)."""
         expiry = -1 if msg.expiry_at is None else max(0, int(msg.expiry_at - now))
         raw = msg.enc3
-        if raw is not None and not msg.qos and not msg.retain:
-            # its 3.x wire form goes as it is: the receiving node sends those bytes on
+        if raw is not None and not msg.qos and not msg.retain and msg.properties is None:
+            # its 3.x wire form goes as it is: the receiving node sends those bytes on (not for a
+            # message with 5.0 properties: a 3.x subscriber's delivery made enc3 too, without them)
             return 0, frames.RAW, expiry, ns.name.encode(), msg.topic.encode(), b"", raw
         props = encode_properties(msg.properties) if msg.properties else b""
         return msg.qos, 1 if msg.retain else 0, expiry, ns.name.encode(), msg.topic.encode(), props, msg.payload

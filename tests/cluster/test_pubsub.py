@@ -127,3 +127,26 @@ def test_sys_cluster_counts_clients_of_all_nodes(cluster, tag):
         c.disconnect()
     _sys_value(watcher, "$SYS/cluster/clients/connected", "4")
     _sys_value(watcher, "$SYS/broker/clients/connected", "2")
+
+
+def test_qos0_properties_reach_other_nodes_after_a_local_3x_delivery(cluster, tag):
+    """A 5.0 client's QoS 0 PUBLISH with properties, delivered first to a 3.1.1
+    subscriber on its own node (which caches the message's 3.x wire form), still
+    reaches a 5.0 subscriber on another node with its properties: the 3.x wire
+    form, passed between nodes as it is, carries none."""
+    n1, n2 = cluster.start(2)
+    topic = f"{tag}/p"
+    local3 = connect(n1.port(), f"{tag}-l3", V311)
+    local3.subscribe(topic, qos=0)
+    remote5 = connect(n2.port(), f"{tag}-r5", V5)
+    remote5.subscribe(topic, qos=0)
+    pub = connect(n1.port(), f"{tag}-pub", V5)
+    settle(pub, topic, local3, remote5)
+    up = [("k", "v")]
+    pub.publish(topic, b"x", qos=0, properties=props(PacketTypes.PUBLISH, UserProperty=up,
+                                                     ContentType="text/plain"))
+    assert local3.expect().payload == b"x"
+    msg = remote5.expect()
+    assert msg.payload == b"x"
+    assert getattr(msg.properties, "UserProperty", None) == up
+    assert getattr(msg.properties, "ContentType", None) == "text/plain"
