@@ -117,7 +117,7 @@ class Forwarder:
         """The fields of a PUBLISH frame for ``msg`` (after the request id)."""
         expiry = -1 if msg.expiry_at is None else max(0, int(msg.expiry_at - now))
         raw = msg.enc3
-        if raw is not None and not msg.qos and not msg.retain and msg.properties is None:
+        if raw is not None and not msg.qos and not msg.retain and not msg.properties:
             # its 3.x wire form goes as it is: the receiving node sends those bytes on (not for a
             # message with 5.0 properties: a 3.x subscriber's delivery made enc3 too, without them)
             return 0, frames.RAW, expiry, ns.name.encode(), msg.topic.encode(), b"", raw
