@@ -848,7 +848,19 @@ class Broker:
                          channel.ns.name, entry.id, channel.session.client_id, filt, codes[0])
                 continue
             for msg, qos, sub_ids in retained:
-                channel.deliver(msg, qos, True, sub_ids, now)
+                self.deliver_retained(channel, msg, qos, sub_ids, now)
+
+    def deliver_retained(self, channel, msg: Publish, qos: int, sub_ids, now: float) -> None:
+        """A retained message a subscription matched, sent as it is made. To a stored
+        session a QoS 1/2 one goes through its stored queue, as any delivery to it: it
+        is part of the session's state until acknowledged (sent again with DUP by the
+        node the session moves to, or after a restart) and its packet id is reserved
+        in the store. (Straight to the channel it was in this node's memory alone.)"""
+        session = channel.session
+        if qos and session.durable and self.persist is not None:
+            self._deliver_stored(session, msg, qos, True, sub_ids, None)
+        else:
+            channel.deliver(msg, qos, True, sub_ids, now)
 
     def unsubscribe(self, channel, filters, now: float) -> list:
         session = channel.session
@@ -894,7 +906,7 @@ class Broker:
                                                                              and not existed)):
             for msg in ns.retained.match(inner):
                 if msg.expiry_at is None or now <= msg.expiry_at:
-                    ch.deliver(msg, min(msg.qos, req.qos), True, None, now)
+                    self.deliver_retained(ch, msg, min(msg.qos, req.qos), None, now)
         return req.qos
 
     def admin_unsubscribe(self, session: Session, filt: str, now: float) -> bool:

@@ -908,7 +908,7 @@ class Channel:
         now = self.last_rx if now is None else now
         self._send(encode(Suback(pid, codes), self.version))
         for msg, qos, sub_ids in retained:
-            self.deliver(msg, qos, True, sub_ids, now)
+            self.broker.deliver_retained(self, msg, qos, sub_ids, now)
 
     def _on_unsubscribe(self, p, now):
         codes = self.broker.unsubscribe(self, p.topics, now)

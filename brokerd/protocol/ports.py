@@ -80,6 +80,10 @@ class ChannelBroker(Protocol):
     def unsubscribe(self, channel, filters: list, now: float) -> list:
         """-> reason codes."""
 
+    def deliver_retained(self, channel, msg, qos: int, sub_ids, now: float) -> None:
+        """A retained message the SUBSCRIBE matched, to ``channel`` (QoS 1/2 to a stored
+        session: through its stored queue, like any message it is owed)."""
+
     def durable_pending(self, session) -> bool:
         """Must the ack of what just changed in ``session`` wait for the store?"""
 
