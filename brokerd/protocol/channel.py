@@ -861,7 +861,23 @@ class Channel:
             return
         if released and d.entry:
             self.broker.released(session, d)
+        if d.entry and self.broker.durable_pending(session):
+            # Once PUBREL is sent the PUBLISH must never be sent again ([MQTT-4.3.3-5]: the client
+            # completes the message on it, and takes a PUBLISH of its id after that as a new one).
+            # A stored state still "PUBLISH owed" would be sent again as one after a crash, by
+            # the node that adopts the session: the PUBREL waits until "PUBREL owed" is durable
+            self.broker.after_commit(partial(self._pubrel_stored, p.packet_id))
+            return
         self._send_ack(PUBREL, p.packet_id, 0)
+
+    def _pubrel_stored(self, pid: int, ok: bool) -> None:
+        if self.state != CONNECTED:
+            return                  # the session's next connection sends it (``accept``)
+        if not ok:
+            # the store did not take it (it is retried): no PUBREL yet; the client gets it on its next connection
+            self.disconnect(STORE_UNAVAILABLE, "session store unavailable", self.last_rx)
+            return
+        self._send_ack(PUBREL, pid, 0)
 
     def _on_pubrel(self, p, now):
         pid = p.packet_id

@@ -3,9 +3,8 @@ a node's death): what is in flight is sent again -- a PUBLISH with DUP, or
 the PUBREL owed -- never lost, never delivered again as a new message."""
 
 import sqlite3
-import threading
 
-from ..integration.raw import PUBLISH, PUBREC, PUBREL, RawClient
+from ..integration.raw import PUBCOMP, PUBLISH, PUBREC, PUBREL, Closed, RawClient
 from .test_failover import adopted_by
 
 EXPIRY = 300
@@ -35,3 +34,67 @@ def test_a_retained_qos1_message_in_flight_is_sent_again_by_the_node_the_session
     assert ack.session_present
     p = again.expect(PUBLISH, timeout=5)
     assert (p.payload, p.dup, p.pid) == (b"kept", True, first.pid)
+
+
+class Receiver:
+    """The receiving side of QoS 2 as clients do it (paho's): a PUBLISH is
+    held under its packet id (PUBREC) and delivered on its PUBREL (PUBCOMP);
+    a PUBLISH of an id held is a duplicate, one of an id completed is new."""
+
+    def __init__(self):
+        self.held: dict[int, bytes] = {}
+        self.delivered: list[bytes] = []
+
+    def run(self, c: RawClient, idle: float) -> None:
+        """Answer what comes until ``idle`` seconds pass without a packet (or the connection closes)."""
+        while True:
+            try:
+                p = c.recv(idle)
+            except (TimeoutError, Closed):
+                return
+            if p.type == PUBLISH and p.qos == 2:
+                self.held.setdefault(p.pid, p.payload)
+                c.ack(PUBREC, p.pid)
+            elif p.type == PUBREL:
+                if p.pid in self.held:
+                    self.delivered.append(self.held.pop(p.pid))
+                c.ack(PUBCOMP, p.pid)
+
+
+def test_a_qos2_message_whose_pubrel_was_sent_is_not_sent_again_after_its_node_dies(cluster, tag):
+    """Once the PUBREL of an outgoing QoS 2 message is sent, its PUBLISH must
+    never be sent again ([MQTT-4.3.3-5]): the client completes it on that
+    PUBREL, and a PUBLISH of its packet id after that is a new message. So
+    the state "PUBREL owed" is durable before the PUBREL goes -- here the
+    store's commit is held up (another connection holds its write lock) when
+    the client's PUBREC arrives, and the node is SIGKILLed; the survivor that
+    adopts the session must not deliver the message a second time."""
+    n1, n2 = cluster.start(2)
+    topic = f"{tag}/q2"
+    sub, _ = raw(n1.port(), f"{tag}-sub")
+    sub.subscribe(topic, qos=2)
+    pub = RawClient(n1.port())
+    pub.connect(f"{tag}-pub")
+    pub.publish(topic, b"once", qos=2, pid=1)
+    pub.expect(PUBREC)
+    first = sub.expect(PUBLISH)
+    assert (first.payload, first.qos) == (b"once", 2)
+    receiver = Receiver()
+    receiver.held[first.pid] = first.payload
+
+    lock = sqlite3.connect(cluster.store[len("sqlite:///"):], timeout=10, isolation_level=None)
+    lock.execute("BEGIN IMMEDIATE")          # the nodes' writes wait
+    try:
+        sub.ack(PUBREC, first.pid)
+        receiver.run(sub, idle=1.5)          # a PUBREL now, if the node sends it before the store has its state
+        n1.kill()
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    sub.close()
+    adopted_by([n2], cluster.name(n1))
+
+    again, ack = raw(n2.port(), f"{tag}-sub")
+    assert ack.session_present
+    receiver.run(again, idle=3.0)
+    assert receiver.delivered == [b"once"], f"delivered {receiver.delivered}, holding {receiver.held}"
