@@ -158,6 +158,10 @@ class ChannelLimits:
     max_alias_bytes: int = 64 * 1024   # topic characters behind the aliases we set towards one client
 
 
+def _ignore(ok: bool) -> None:
+    pass
+
+
 class Channel:
     __slots__ = (
         "broker", "limits", "hooks", "_peer", "listener", "decoder", "out", "state", "version",
@@ -792,7 +796,11 @@ class Channel:
     def _final_ack(self, kind: int, pid: int, code: int) -> None:
         if code >= 0x80:
             if kind == PUBREC and pid in self.session.awaiting_rel:
+                # a negative PUBREC ends the flow: the id is the client's to use again -- in the
+                # store too, or the node the session moves to (or this one, restarted) would take
+                # the next message under it for a duplicate of this one, and not deliver it
                 self.session.awaiting_rel.discard(pid)
+                self.broker.rel_done(self.session, pid, _ignore)
             if code == rc.PACKET_TOO_LARGE:
                 self.disconnect(code, "payload above the tenant's maximum", self.last_rx)
                 return

@@ -5,7 +5,10 @@ the PUBREL owed -- never lost, never delivered again as a new message."""
 import sqlite3
 
 from ..integration.raw import PUBCOMP, PUBLISH, PUBREC, PUBREL, Closed, RawClient
-from .test_failover import adopted_by
+from ..integration.helpers import connect
+from ..mqtt import V5, V311
+from .conftest import settle
+from .test_failover import adopted_by, persistent
 
 EXPIRY = 300
 
@@ -98,3 +101,39 @@ def test_a_qos2_message_whose_pubrel_was_sent_is_not_sent_again_after_its_node_d
     assert ack.session_present
     receiver.run(again, idle=3.0)
     assert receiver.delivered == [b"once"], f"delivered {receiver.delivered}, holding {receiver.held}"
+
+
+def test_a_qos2_packet_id_refused_with_a_negative_pubrec_is_free_again_on_the_node_the_session_moves_to(
+        cluster, tag):
+    """A QoS 2 PUBLISH answered with a negative PUBREC (here: a node that holds a
+    stored subscriber was just SIGKILLed, the message could not be stored for
+    it) ends that flow: the packet id is the client's to use again. It must not
+    stay "awaiting PUBREL" in the stored session, or the node the session moves
+    to takes the next message under that id for a duplicate -- PUBREC, and
+    never delivered."""
+    n1, n2, n3 = cluster.start(3)
+    topic = f"{tag}/q2"
+    stored = persistent(n2.port(), f"{tag}-stored", V311)
+    stored.subscribe(topic, qos=2)
+    settle(connect(n1.port(), f"{tag}-probe", V5), topic, stored)
+    stored.disconnect()
+    n2.kill()
+
+    pub, _ = raw(n1.port(), f"{tag}-pub", version=5)
+    pub.publish(topic, b"refused", qos=2, pid=7)
+    rec = pub.expect(PUBREC, timeout=15)
+    assert rec.pid == 7 and rec.code >= 0x80, f"PUBREC {rec.code:#x}: the message was taken, nothing to test"
+    pub.disconnect()
+
+    sub = RawClient(n3.port())
+    sub.connect(f"{tag}-sub", version=5)
+    sub.subscribe(f"{tag}/other", qos=2)
+    again, ack = raw(n3.port(), f"{tag}-pub", version=5)
+    assert ack.session_present
+    again.publish(f"{tag}/other", b"new", qos=2, pid=7)
+    rec = again.expect(PUBREC)
+    assert rec.code < 0x80
+    again.ack(PUBREL, 7)
+    again.expect(PUBCOMP)
+    p = sub.expect(PUBLISH)
+    assert p.payload == b"new"
