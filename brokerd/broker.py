@@ -948,6 +948,14 @@ class Broker:
         self.persist.restore(self, records, [], now)
         return True
 
+    def discard_stored(self, tenant: str, client_id: str) -> None:
+        """A CONNECT with Clean Start of a session this node does not hold (another node let go
+        of it, or it awaits adoption): the stored session -- subscriptions, queue, messages in
+        flight both ways -- is over, before the new one is opened ([MQTT-3.1.2-4]). (Left in
+        the store, the session's next CONNECT without Clean Start on another node loaded it.)"""
+        if self.persist is not None:
+            self.persist.stored_session_ended(tenant, client_id)
+
     def disconnect_clients(self, code: int, reason: str, now: float, server_reference: str | None) -> None:
         """Every client disconnected (v5: DISCONNECT ``code``), no will published (a fenced node)."""
         for ch in list(self.channels):

@@ -59,6 +59,10 @@ class Persistence:
     def session_ended(self, session, tenant: str) -> None:
         self.journal.add(("session_del", tenant, session.client_id))
 
+    def stored_session_ended(self, tenant: str, client_id: str) -> None:
+        """A session not held here, in the store only, is over."""
+        self.journal.add(("session_del", tenant, client_id))
+
     def subscribed(self, session, tenant: str, sub: Subscription) -> None:
         self.journal.add(("sub", tenant, session.client_id,
                           SubscriptionRecord(sub.filter, sub.qos, sub.no_local, sub.rap, sub.rh, sub.sub_id)))

@@ -83,6 +83,9 @@ class ClusterBroker(Protocol):
     def drop_all_sessions(self) -> None:
         """Every session is left to the other nodes (fencing)."""
 
+    def discard_stored(self, tenant: str, client_id: str) -> None:
+        """A CONNECT with Clean Start here of a session not held here: the stored session is over."""
+
     def restore_sessions(self, records: list, now: float) -> bool:
         """Bring stored sessions (``store.records.SessionRecord``) into this node; False: no store."""
 

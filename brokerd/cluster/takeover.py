@@ -155,6 +155,10 @@ class Takeover:
                     await self._request_release(owner, tenant, cid)
                 if not clean_start:
                     await self.sessions.load(tenant, cid)
+                elif not self.broker.holds(tenant, cid):
+                    # Clean Start: the session the other node let go of (or held when it died) is over,
+                    # in the store too -- not loaded again by the next CONNECT without it, elsewhere
+                    self.broker.discard_stored(tenant, cid)
                 self.handoff.flush_arriving(tenant, cid)
                 await self.bus.claim(tenant, cid, False, owner)
             elif not clean_start and not self.broker.holds(tenant, cid):

@@ -370,6 +370,9 @@ class FakeBroker:
     def drop_all_sessions(self) -> None:
         self.sessions.clear()
 
+    def discard_stored(self, tenant, client_id) -> None:
+        pass
+
     def restore_sessions(self, records, now) -> bool:
         for rec in records:
             self.sessions[(rec.tenant, rec.client_id)] = list(rec.filters)

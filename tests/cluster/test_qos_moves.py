@@ -137,3 +137,34 @@ def test_a_qos2_packet_id_refused_with_a_negative_pubrec_is_free_again_on_the_no
     again.expect(PUBCOMP)
     p = sub.expect(PUBLISH)
     assert p.payload == b"new"
+
+
+def test_a_clean_start_on_another_node_discards_the_stored_session_and_what_it_had_in_flight(cluster, tag):
+    """Clean Start on another node than the one holding the session ends that
+    session ([MQTT-3.1.2-4]): its subscriptions and the message it had in
+    flight are gone -- also for the session's next connection (Clean Start 0)
+    on a third node, which loads the session from the store."""
+    n1, n2, n3 = cluster.start(3)
+    topic = f"{tag}/t"
+    old, _ = raw(n1.port(), f"{tag}-dev", version=5)
+    old.subscribe(topic, qos=1)
+    old.publish(topic, b"old", qos=1, pid=1)
+    assert old.expect(PUBLISH).payload == b"old"           # in flight, never acknowledged
+    old.expect(4)                                          # the PUBACK of our own PUBLISH
+
+    fresh = RawClient(n2.port())
+    ack = fresh.connect(f"{tag}-dev", version=5, clean=True, props={0x11: EXPIRY})
+    assert not ack.session_present
+    fresh.disconnect()
+
+    last, ack = raw(n3.port(), f"{tag}-dev", version=5)
+    assert ack.session_present                             # the session Clean Start made on n2
+    last.subscribe(f"{tag}/probe", qos=0)
+    pub = RawClient(n3.port())
+    pub.connect(f"{tag}-pub")
+    pub.publish(topic, b"new")                             # for the old subscription, if it were there
+    pub.publish(f"{tag}/probe", b"probe")
+    got = []
+    while not got or got[-1].payload != b"probe":
+        got.append(last.expect(PUBLISH))
+    assert [p.payload for p in got] == [b"probe"]

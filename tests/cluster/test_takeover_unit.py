@@ -36,6 +36,7 @@ class Broker:
     def __init__(self):
         self.sessions: set = set()
         self.released: list = []
+        self.discarded: list = []       # stored sessions a Clean Start ended
 
     def holds(self, tenant, cid):
         return (tenant, cid) in self.sessions
@@ -48,6 +49,8 @@ class Broker:
         found = (tenant, cid) in self.sessions
         self.sessions.discard((tenant, cid))
         return found
+    def discard_stored(self, tenant, cid):
+        self.discarded.append((tenant, cid))
 
 
 class Sessions:
@@ -435,6 +438,7 @@ def test_a_claim_through_claim_ends_as_it_would_in_run_claim(case):
     assert bus.wills == ([("acme", "dev")] if case == "free with a will" else [])
     assert bus.owned == ([("acme", "dev")] if case in ("durable", "stored") else [])
     assert bus.claimed == ([("acme", "dev")] if case == "held by b" else [])
+    assert broker.discarded == ([("acme", "dev")] if case == "held by b" else [])     # Clean Start
     assert broker.sessions == ({("acme", "dev")} if case == "stored" else set())
     # a task only where something is awaited after the answer: the store read, the lock, the will, the mark
     assert (len(spawned) > 0) == (case != "free")
