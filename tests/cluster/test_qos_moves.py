@@ -168,3 +168,34 @@ def test_a_clean_start_on_another_node_discards_the_stored_session_and_what_it_h
     while not got or got[-1].payload != b"probe":
         got.append(last.expect(PUBLISH))
     assert [p.payload for p in got] == [b"probe"]
+
+
+def test_qos2_flows_in_both_directions_move_with_the_session(cluster, tag):
+    """In: PUBLISH (PUBREC) on n1, the same PUBLISH again with DUP and its
+    PUBREL on n2 -- delivered once, PUBCOMP. Out: PUBREC sent on n1 -- n2
+    sends the PUBREL owed, not the PUBLISH."""
+    n1, n2 = cluster.start(2)
+    topic = f"{tag}/q2"
+    sub, _ = raw(n1.port(), f"{tag}-sub")
+    sub.subscribe(topic, qos=2)
+    sub.subscribe(f"{tag}/probe", qos=0, pid=2)
+    dev, _ = raw(n1.port(), f"{tag}-dev", version=5)
+    dev.publish(topic, b"once", qos=2, pid=9)
+    assert dev.expect(PUBREC).code < 0x80
+    out = sub.expect(PUBLISH)
+    sub.ack(PUBREC, out.pid)
+    assert sub.expect(PUBREL).pid == out.pid
+
+    dev2, ack = raw(n2.port(), f"{tag}-dev", version=5)
+    assert ack.session_present
+    dev2.publish(topic, b"once", qos=2, pid=9, dup=True)
+    assert dev2.expect(PUBREC).code < 0x80
+    dev2.ack(PUBREL, 9)
+    assert dev2.expect(PUBCOMP).code == 0
+    sub2, ack = raw(n2.port(), f"{tag}-sub")
+    assert ack.session_present
+    assert sub2.expect(PUBREL).pid == out.pid
+    sub2.ack(PUBCOMP, out.pid)
+    dev2.publish(f"{tag}/probe", b"probe")
+    p = sub2.expect(PUBLISH)
+    assert p.payload == b"probe", f"got {p}"
