@@ -4,8 +4,8 @@ the PUBREL owed -- never lost, never delivered again as a new message."""
 
 import sqlite3
 
-from ..integration.raw import PUBCOMP, PUBLISH, PUBREC, PUBREL, Closed, RawClient
 from ..integration.helpers import connect
+from ..integration.raw import PUBCOMP, PUBLISH, PUBREC, PUBREL, Closed, RawClient
 from ..mqtt import V5, V311
 from .conftest import settle
 from .test_failover import adopted_by, persistent
