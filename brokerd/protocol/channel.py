@@ -681,8 +681,15 @@ class Channel:
         pid = p.packet_id
         awaiting = self.session.awaiting_rel
         if pid in awaiting:
-            # [MQTT-4.3.3-10]: acknowledge again, do not deliver again
-            self._queue_ack(PUBREC, pid, 0)
+            # [MQTT-4.3.3-10]: acknowledge again, do not deliver again -- with a store, once what
+            # the first copy wrote (its id, its queue rows) is durable: its batch may not have
+            # committed yet (it may be in flight now), and a PUBREC before that, then a crash,
+            # loses the message (the publisher sends PUBREL, never the message again)
+            if self.broker.committed_generation() is not None:
+                self._queue_ack(PUBREC, pid, None)
+                self.broker.after_commit(partial(self._rel_stored, pid, PUBREC))
+            else:
+                self._queue_ack(PUBREC, pid, 0)
             return
         if self.version == MQTT5 and len(awaiting) + self.inbound_pending >= self.limits.max_inflight:
             raise RemoteProtocolError("Receive Maximum exceeded", rc.RECEIVE_MAXIMUM_EXCEEDED)
@@ -821,8 +828,8 @@ class Channel:
                 return
         self._send_ack(kind, pid, code)
 
-    def _rel_stored(self, pid: int, ok: bool) -> None:
-        self._ack_ready(PUBCOMP, pid, 0 if ok else STORE_UNAVAILABLE)
+    def _rel_stored(self, pid: int, kind: int, ok: bool) -> None:
+        self._ack_ready(kind, pid, 0 if ok else STORE_UNAVAILABLE)
 
     def _refuse_publish(self, p: Publish, code: int, reason: str) -> None:
         if p.qos:
@@ -893,7 +900,7 @@ class Channel:
         awaiting = session.awaiting_rel
         if pid in awaiting:
             awaiting.discard(pid)
-            if self.broker.rel_done(session, pid, partial(self._rel_stored, pid)):
+            if self.broker.rel_done(session, pid, partial(self._rel_stored, pid, PUBCOMP)):
                 self._queue_ack(PUBCOMP, pid, None)
             else:
                 self._queue_ack(PUBCOMP, pid, 0)

@@ -1,0 +1,75 @@
+"""Review of the durable path: an acknowledgement a client gets means the store has
+what it acknowledges, also for the acks that answer a packet sent again.
+
+A real brokerd on a real SQLite file. The store is held up by another process's
+write transaction on the file (``BEGIN EXCLUSIVE``: "database is locked" for the
+broker's batches, the state of a store that cannot take writes): while it is held,
+nothing the broker is given can become durable, so an acknowledgement that arrives
+meanwhile was sent for something not in the store. The broker is then SIGKILLed,
+the lock let go, the broker started again on the file, and the clients do what their
+acknowledgements tell them to.
+"""
+
+import sqlite3
+
+from ..integration import raw
+from ..integration.raw import RawClient
+from ..mqtt import V311, PahoClient
+from ..procs import BrokerProcess
+
+
+def node(store):
+    return BrokerProcess("--store", store, "--sys-interval", "0").start()
+
+
+def test_a_qos2_publish_sent_again_is_not_acknowledged_before_its_first_copy_is_stored(tmp_path):
+    """A QoS 2 PUBLISH whose PUBREC has not come yet (its write waits for the store) is
+    sent again, DUP set, on a new connection of the same persistent session. Its packet
+    id is already in the session's ids awaiting PUBREL (in memory: taken when the first
+    copy was routed), so the copy is not routed again -- but its PUBREC must still wait
+    until the first copy's write is durable. Sent at once, a crash before that commit
+    loses the message: the publisher, told PUBREC, sends PUBREL and never the message
+    again; the restarted node has neither the message nor the id."""
+    path = tmp_path / "brokerd.db"
+    store = f"sqlite:///{path}"
+    b = node(store)
+    lock = None
+    try:
+        sub = PahoClient("dup-sub", V311, clean=False).connect(b.port())
+        sub.subscribe("dup/t", qos=2)
+        sub.disconnect()
+        lock = sqlite3.connect(path, isolation_level=None)
+        lock.execute("BEGIN EXCLUSIVE")                 # the store takes no write from here on
+        with RawClient(b.port()) as pub:
+            pub.connect("dup-pub", version=4, clean=False)
+            pub.publish("dup/t", b"exactly-once", qos=2, pid=7)
+        # (connection lost before its PUBREC: the client connects again and sends it again)
+        got_pubrec = False
+        with RawClient(b.port()) as pub:
+            pub.connect("dup-pub", version=4, clean=False)
+            pub.publish("dup/t", b"exactly-once", qos=2, pid=7, dup=True)
+            try:
+                got_pubrec = pub.expect(raw.PUBREC, timeout=1.5).pid == 7
+            except TimeoutError:
+                pass
+        b.kill()                                        # nothing of the above was committed
+        lock.execute("ROLLBACK")
+        lock.close()
+        lock = None
+        b = node(store)
+        with RawClient(b.port()) as pub:
+            pub.connect("dup-pub", version=4, clean=False)
+            if not got_pubrec:
+                # not acknowledged: the client still owns the message and sends it again
+                pub.publish("dup/t", b"exactly-once", qos=2, pid=7, dup=True)
+                assert pub.expect(raw.PUBREC).pid == 7
+            pub.ack(raw.PUBREL, 7)
+            assert pub.expect(raw.PUBCOMP).pid == 7
+        sub = PahoClient("dup-sub", V311, clean=False).connect(b.port())
+        assert sub.expect(timeout=5).payload == b"exactly-once", "an acknowledged QoS 2 message was lost"
+        sub.expect_none(0.5)
+        sub.disconnect()
+    finally:
+        if lock is not None:
+            lock.close()
+        b.stop()
