@@ -585,6 +585,8 @@ class Channel:
                         del session.inflight[d.pid]
                         if d.entry:
                             self.broker.acked(session, d)
+                elif d.entry:
+                    self._pubrel_when_durable(d.pid)      # (its state change may not be durable yet)
                 else:
                     self._send(encode_ack(PUBREL, d.pid, version=self.version))
         if session.queue:
@@ -819,8 +821,8 @@ class Channel:
                 self._send_ack(kind, pid, code & 0xFF, reason)
                 return
             if code == STORE_UNAVAILABLE:
-                if self.version != MQTT5 or kind == PUBCOMP:
-                    # no negative ack in 3.x (nor in PUBCOMP): the client must not
+                if self.version != MQTT5 or kind == PUBCOMP or kind == PUBREL:
+                    # no negative ack in 3.x (nor in PUBCOMP, PUBREL): the client must not
                     # take it as done; it sends again after reconnecting
                     self.disconnect(code, "session store unavailable", self.last_rx)
                     return
@@ -874,25 +876,20 @@ class Channel:
             if session.queue:
                 self._pump(now)
             return
-        if released and d.entry:
-            self.broker.released(session, d)
-        if d.entry and self.broker.durable_pending(session):
-            # Once PUBREL is sent the PUBLISH must never be sent again ([MQTT-4.3.3-5]: the client
-            # completes the message on it, and takes a PUBLISH of its id after that as a new one).
-            # A stored state still "PUBLISH owed" would be sent again as one after a crash, by
-            # the node that adopts the session: the PUBREL waits until "PUBREL owed" is durable
-            self.broker.after_commit(partial(self._pubrel_stored, p.packet_id))
+        if d.entry:
+            if released:
+                self.broker.released(session, d)
+            self._pubrel_when_durable(p.packet_id)
             return
         self._send_ack(PUBREL, p.packet_id, 0)
 
-    def _pubrel_stored(self, pid: int, ok: bool) -> None:
-        if self.state != CONNECTED:
-            return                  # the session's next connection sends it (``accept``)
-        if not ok:
-            # the store did not take it (it is retried): no PUBREL yet; the client gets it on its next connection
-            self.disconnect(STORE_UNAVAILABLE, "session store unavailable", self.last_rx)
-            return
-        self._send_ack(PUBREL, pid, 0)
+    def _pubrel_when_durable(self, pid: int) -> None:
+        """PUBREL for a stored QoS 2 delivery, once its row's state ("PUBREL owed") is durable:
+        sent before, the subscriber completes the flow (PUBCOMP, its id freed) while the row
+        still says "PUBLISH owed", and after a crash the PUBLISH goes again -- a new message
+        to the subscriber, delivered twice."""
+        self._queue_ack(PUBREL, pid, None)
+        self.broker.after_commit(partial(self._rel_stored, pid, PUBREL))
 
     def _on_pubrel(self, p, now):
         pid = p.packet_id

@@ -73,3 +73,74 @@ def test_a_qos2_publish_sent_again_is_not_acknowledged_before_its_first_copy_is_
         if lock is not None:
             lock.close()
         b.stop()
+
+
+class _Qos2Receiver:
+    """A QoS 2 receiver as MQTT specifies it (method B, [MQTT-4.3.3-8..11]): a PUBLISH is
+    delivered to the application unless its packet id awaits PUBREL; PUBREL frees the id
+    (after which a PUBLISH with that id is a new message)."""
+
+    def __init__(self):
+        self.delivered: list = []
+        self.awaiting: set = set()
+
+    def publish(self, c: RawClient, p) -> None:
+        if p.pid not in self.awaiting:
+            self.delivered.append(p.payload)
+            self.awaiting.add(p.pid)
+        c.ack(raw.PUBREC, p.pid)
+
+    def pubrel(self, c: RawClient, p) -> None:
+        self.awaiting.discard(p.pid)
+        c.ack(raw.PUBCOMP, p.pid)
+
+    def run(self, c: RawClient, wait: float) -> None:
+        """Answer what the server sends until it is quiet for ``wait`` seconds."""
+        while True:
+            try:
+                p = c.recv(wait)
+            except TimeoutError:
+                return
+            if p.type == raw.PUBLISH:
+                self.publish(c, p)
+            elif p.type == raw.PUBREL:
+                self.pubrel(c, p)
+
+
+def test_a_qos2_delivery_is_not_sent_again_after_its_pubrel_completed_it(tmp_path):
+    """A stored QoS 2 delivery: its subscriber's PUBREC makes PUBREL owed, a change of the
+    stored row's state. PUBREL must wait until that change is durable: sent at once, the
+    subscriber completes the flow (PUBCOMP, its packet id freed) while the row still says
+    "PUBLISH owed" -- and after a crash the restarted node sends the PUBLISH again, which
+    the subscriber can only take for a new message: delivered twice."""
+    path = tmp_path / "brokerd.db"
+    store = f"sqlite:///{path}"
+    b = node(store)
+    lock = None
+    rx = _Qos2Receiver()
+    try:
+        with RawClient(b.port()) as sub:
+            sub.connect("rel-sub", version=4, clean=False)
+            sub.subscribe("rel/t", qos=2)
+            with PahoClient("rel-pub", V311).connect(b.port()) as pub:
+                pub.publish("rel/t", b"exactly-once", qos=2)
+            p = sub.expect(raw.PUBLISH)
+            assert p.qos == 2 and p.payload == b"exactly-once"
+            lock = sqlite3.connect(path, isolation_level=None)
+            lock.execute("BEGIN EXCLUSIVE")             # the store takes no write from here on
+            rx.publish(sub, p)                          # -> PUBREC
+            rx.run(sub, 1.5)                            # PUBREL -> PUBCOMP, if the server sends it
+        b.kill()                                        # nothing since the lock was committed
+        lock.execute("ROLLBACK")
+        lock.close()
+        lock = None
+        b = node(store)
+        with RawClient(b.port()) as sub:
+            sub.connect("rel-sub", version=4, clean=False)
+            rx.run(sub, 1.5)
+        assert rx.delivered == [b"exactly-once"], "a QoS 2 message was delivered twice"
+        assert not rx.awaiting, "the QoS 2 flow did not complete"
+    finally:
+        if lock is not None:
+            lock.close()
+        b.stop()
