@@ -750,6 +750,14 @@ class Broker:
         self.journal.after_commit(fn)
         return True
 
+    def rel_refused(self, session, pid: int) -> None:
+        """A QoS 2 PUBLISH answered with a negative PUBREC: its id is free again. Its
+        stored copy goes too -- written when the id was taken, in a batch that may have
+        failed and be retried (the store unavailable: 0x83): left in the store, it would
+        make the client's next message under that id a "copy" after a restart, never delivered."""
+        if session.durable:
+            self.persist.rel_removed(session, session.ns.name, pid)
+
     def after_commit(self, fn) -> None:
         self.journal.after_commit(fn)
 

@@ -158,10 +158,6 @@ class ChannelLimits:
     max_alias_bytes: int = 64 * 1024   # topic characters behind the aliases we set towards one client
 
 
-def _ignore(ok: bool) -> None:
-    pass
-
-
 class Channel:
     __slots__ = (
         "broker", "limits", "hooks", "_peer", "listener", "decoder", "out", "state", "version",
@@ -809,7 +805,7 @@ class Channel:
                 # store too, or the node the session moves to (or this one, restarted) would take
                 # the next message under it for a duplicate of this one, and not deliver it
                 self.session.awaiting_rel.discard(pid)
-                self.broker.rel_done(self.session, pid, _ignore)
+                self.broker.rel_refused(self.session, pid)
             if code == rc.PACKET_TOO_LARGE:
                 self.disconnect(code, "payload above the tenant's maximum", self.last_rx)
                 return

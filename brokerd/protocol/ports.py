@@ -70,6 +70,9 @@ class ChannelBroker(Protocol):
     def rel_done(self, session, pid: int, fn) -> bool:
         """A QoS 2 id was released; True when PUBCOMP must wait for ``fn(ok)`` (the store)."""
 
+    def rel_refused(self, session, pid: int) -> None:
+        """A QoS 2 id's flow ended with a negative PUBREC: the id is free again (also in the store)."""
+
     def dropped(self, channel, msg, code: int) -> None:
         """A PUBLISH refused by the channel itself (e.g. a payload that is not UTF-8)."""
 
