@@ -817,7 +817,7 @@ class Channel:
                 self._send_ack(kind, pid, code & 0xFF, reason)
                 return
             if code == STORE_UNAVAILABLE:
-                if self.version != MQTT5 or kind == PUBCOMP or kind == PUBREL:
+                if self.version != MQTT5 or kind in (PUBCOMP, PUBREL):
                     # no negative ack in 3.x (nor in PUBCOMP, PUBREL): the client must not
                     # take it as done; it sends again after reconnecting
                     self.disconnect(code, "session store unavailable", self.last_rx)
