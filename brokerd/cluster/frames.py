@@ -12,7 +12,9 @@ UTF-8``, byte strings ``u32 length | bytes``. Types:
              those, then the payload (or wire form) to the end of the frame
 ``ACK``      req id, code (0: stored by every durable session it went to)
 ``TAKEOVER`` req id, tenant, client id: hand the session over to the asker
-``RELEASED`` req id, code (0: released, 1: the session was not here)
+``RELEASED`` req id, code (0: released, 1: the session was not here, 2: refused -- the asker does not
+             hold the client id's lock, 3: released or not here, but what this node wrote of it
+             is not all in the store yet: the store is slow or failing)
 ``HELLO``    version, a fresh 32-byte nonce, the sender's node id (both sides,
              first thing on a new link)
 ``AUTH``     the sender's proof: HMAC-SHA256 of the cluster secret over both

@@ -318,7 +318,7 @@ class ClusterNode:
         elif kind == frames.TAKEOVER:
             self.loop.create_task(self.takeover.on_takeover(link, f[1], f[2], f[3]))
         elif kind == frames.RELEASED:
-            self.requests.answered(RELEASE, f[1], link.peer, f[2] == 0)
+            self.requests.answered(RELEASE, f[1], link.peer, f[2])
         elif kind == frames.HANDOFF:
             self.loop.create_task(self.handoff.on_handoff(link, f[1], f[2]))
         elif kind in (frames.HOLDING, frames.SYNCED):

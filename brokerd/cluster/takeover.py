@@ -28,6 +28,10 @@ from .requests import LATE, LOST, RELEASE, Requests, ask
 log = logging.getLogger("brokerd.cluster")
 
 CONNECTING = 1           # protocol.channel's state of a connection whose CONNECT is being handled
+# a RELEASED frame's code: released; the session was not here; refused (the asker does not hold the id's
+# lock); released or not here, but not all this node wrote of it is in the store yet
+RELEASED, NOT_HERE, REFUSED, NOT_WRITTEN = 0, 1, 2, 3
+WRITES_WAIT = RELEASE_TIMEOUT - 2.0      # seconds the old node waits for its writes: it answers in the asker's time
 
 
 class SessionLoader(Protocol):
@@ -152,7 +156,12 @@ class Takeover:
                 owner = await self.bus.owner(tenant, cid)
                 if owner is not None and owner != self.id and owner in self.members_of():
                     self.handoff.expect(tenant, cid)
-                    await self._request_release(owner, tenant, cid)
+                    if await self._request_release(owner, tenant, cid) == NOT_WRITTEN:
+                        # the session as stored lacks what the old node still writes (its store is slow or
+                        # failing): loaded now, the messages it queued and acknowledged later would be missing
+                        # here -- the client is refused and connects again (0x88)
+                        channel.refuse(rc.SERVER_UNAVAILABLE, "the session's last writes are not stored yet")
+                        return
                 if not clean_start:
                     await self.sessions.load(tenant, cid)
                 elif not self.broker.holds(tenant, cid):
@@ -231,13 +240,14 @@ class Takeover:
         self.handoff.done_expecting(tenant, cid)
         self.handoff.flush_arriving(tenant, cid)
 
-    async def _request_release(self, node: str, tenant: str, cid: str) -> bool:
+    async def _request_release(self, node: str, tenant: str, cid: str) -> int | None:
+        """-> the old node's answer (``RELEASED``, ``NOT_HERE``, ``REFUSED``, ``NOT_WRITTEN``), None if none came."""
         answer = await ask(self.requests, RELEASE, node, lambda r: self.send(node, frames.takeover(r, tenant, cid)),
                            self.clock() + RELEASE_TIMEOUT)
         if answer is LATE:
             log.warning("node %s did not release %s/%s in time", node, tenant, cid)
-            return False
-        return answer is not LOST and answer
+            return None
+        return None if answer is LOST else answer
 
     def _let_go(self, tenant: str, cid: str) -> None:
         """Forget a session copy this node loaded for a claim it lost (its store rows are the new owner's)."""
@@ -298,7 +308,7 @@ class Takeover:
         if holder_node != link.peer:
             log.warning("takeover of %s/%s refused: node %s does not hold the client id's lock", tenant, cid,
                         link.peer)
-            link.send(frames.released(req, 2))
+            link.send(frames.released(req, REFUSED))
             return
         claims = self.claiming.get((tenant, cid))
         if claims is not None:
@@ -318,12 +328,16 @@ class Takeover:
         if found:
             for filt in self.announcer.announced_filters(tenant):
                 self.announcer.route_dirty(tenant, filt)
+        written = True
         try:
             if holder is not None:
                 await self.handoff.switch(holder)
-            if found and self.writer is not None:
-                await self.writer.drain(5.0)
+            if self.writer is not None:
+                # what this node wrote of the session (the messages it queued, their acks) must be in the
+                # store before the other node loads it -- also when it let go of the session at an earlier
+                # ask that found its writes still on their way
+                written = await self.writer.drain(WRITES_WAIT)
         finally:
             if holder is not None:
                 self.handoff.end(holder)
-        link.send(frames.released(req, 0 if found else 1))
+        link.send(frames.released(req, NOT_WRITTEN if not written else RELEASED if found else NOT_HERE))

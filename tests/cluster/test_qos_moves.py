@@ -3,6 +3,7 @@ a node's death): what is in flight is sent again -- a PUBLISH with DUP, or
 the PUBREL owed -- never lost, never delivered again as a new message."""
 
 import sqlite3
+import threading
 
 from ..integration.helpers import connect
 from ..integration.raw import PUBCOMP, PUBLISH, PUBREC, PUBREL, Closed, RawClient
@@ -199,3 +200,38 @@ def test_qos2_flows_in_both_directions_move_with_the_session(cluster, tag):
     dev2.publish(f"{tag}/probe", b"probe")
     p = sub2.expect(PUBLISH)
     assert p.payload == b"probe", f"got {p}"
+
+
+def test_a_session_taken_over_while_its_nodes_writes_are_held_up_is_not_loaded_without_them(cluster, tag):
+    """A message queued on node 1 for an offline stored session is acknowledged once it is stored; the
+    store is held up (another connection holds its write lock, longer than node 1 waits for its writes)
+    when the session's client comes back on node 2. Loaded then, the session would lack the message, which
+    node 1 stores and acknowledges a moment later: acknowledged and never sent. Node 2 refuses the CONNECT
+    (0x88) while node 1's writes are not in the store, and the client's next CONNECT gets the message."""
+    n1, n2 = cluster.start(2)
+    topic = f"{tag}/held"
+    sub, _ = raw(n1.port(), f"{tag}-sub", version=5)
+    sub.subscribe(topic, qos=1)
+    sub.disconnect()
+    pub = RawClient(n1.port())
+    pub.connect(f"{tag}-pub", version=5)
+
+    lock = sqlite3.connect(cluster.store[len("sqlite:///"):], timeout=10, isolation_level=None,
+                           check_same_thread=False)
+    lock.execute("BEGIN IMMEDIATE")          # the nodes' writes wait ...
+    unlock = threading.Timer(8.0, lambda: (lock.execute("ROLLBACK"), lock.close()))    # ... past the takeover's 5 s
+    unlock.start()
+    try:
+        pub.publish(topic, b"held", qos=1, pid=1)
+        again = RawClient(n2.port(), timeout=20)
+        ack = again.connect(f"{tag}-sub", version=5, clean=False, props={0x11: EXPIRY})
+    finally:
+        unlock.join()
+    assert ack.code == 0x88, f"CONNACK {ack.code:#x}, session present {ack.session_present}"
+    again.close()
+    assert pub.expect(4, timeout=10).code == 0               # PUBACK: stored now
+
+    again, ack = raw(n2.port(), f"{tag}-sub", version=5)
+    assert ack.session_present
+    p = again.expect(PUBLISH, timeout=5)
+    assert (p.payload, p.qos) == (b"held", 1)
