@@ -165,6 +165,9 @@ class StoreDrain(Protocol):
 
     async def drain(self, timeout: float = 10.0) -> bool: ...
 
+    async def written(self, timeout: float) -> bool:
+        """Everything gathered so far is durable (False: not within ``timeout``, or the store failed it)."""
+
 
 class NodeAddresses(Protocol):
     """Where the other nodes and clients reach this node (``server.Server``)."""

@@ -335,8 +335,9 @@ class Takeover:
             if self.writer is not None:
                 # what this node wrote of the session (the messages it queued, their acks) must be in the
                 # store before the other node loads it -- also when it let go of the session at an earlier
-                # ask that found its writes still on their way
-                written = await self.writer.drain(WRITES_WAIT)
+                # ask that found its writes still on their way (what other sessions write meanwhile is not
+                # waited for)
+                written = await self.writer.written(WRITES_WAIT)
         finally:
             if holder is not None:
                 self.handoff.end(holder)

@@ -225,6 +225,23 @@ class StoreWriter:
             return False
         return not self.journal and not self._retry
 
+    async def written(self, timeout: float) -> bool:
+        """Wait until everything gathered so far is durable (what is gathered after is not waited
+        for: under load the writer is never idle, and ``drain`` would wait for that); False on
+        timeout, or when the store failed it (it is retried)."""
+        fut = self.loop.create_future()
+
+        def done(ok: bool) -> None:
+            if not fut.done():
+                fut.set_result(ok)
+
+        self.journal.after_commit(done)
+        self._event.set()
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            return False
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()

@@ -294,6 +294,10 @@ class FakeWriter:
         self.drains += 1
         return True
 
+    async def written(self, timeout: float) -> bool:
+        self.drains += 1
+        return True
+
 
 # ================================================================= the broker
 
