@@ -23,6 +23,14 @@ def node(store):
     return BrokerProcess("--store", store, "--sys-interval", "0").start()
 
 
+def crash_and_restart(b, lock, store):
+    """SIGKILL the node while ``lock`` keeps its writes out of the file, let go of the lock -> a new node."""
+    b.kill()
+    lock.execute("ROLLBACK")
+    lock.close()
+    return node(store)
+
+
 def test_a_qos2_publish_sent_again_is_not_acknowledged_before_its_first_copy_is_stored(tmp_path):
     """A QoS 2 PUBLISH whose PUBREC has not come yet (its write waits for the store) is
     sent again, DUP set, on a new connection of the same persistent session. Its packet
@@ -53,11 +61,7 @@ def test_a_qos2_publish_sent_again_is_not_acknowledged_before_its_first_copy_is_
                 got_pubrec = pub.expect(raw.PUBREC, timeout=1.5).pid == 7
             except TimeoutError:
                 pass
-        b.kill()                                        # nothing of the above was committed
-        lock.execute("ROLLBACK")
-        lock.close()
-        lock = None
-        b = node(store)
+        b, lock = crash_and_restart(b, lock, store), None     # nothing of the above was committed
         with RawClient(b.port()) as pub:
             pub.connect("dup-pub", version=4, clean=False)
             if not got_pubrec:
@@ -131,11 +135,7 @@ def test_a_qos2_delivery_is_not_sent_again_after_its_pubrel_completed_it(tmp_pat
             lock.execute("BEGIN EXCLUSIVE")             # the store takes no write from here on
             rx.publish(sub, p)                          # -> PUBREC
             rx.run(sub, 1.5)                            # PUBREL -> PUBCOMP, if the server sends it
-        b.kill()                                        # nothing since the lock was committed
-        lock.execute("ROLLBACK")
-        lock.close()
-        lock = None
-        b = node(store)
+        b, lock = crash_and_restart(b, lock, store), None     # nothing since the lock was committed
         with RawClient(b.port()) as sub:
             sub.connect("rel-sub", version=4, clean=False)
             rx.run(sub, 1.5)
