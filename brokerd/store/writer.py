@@ -235,8 +235,7 @@ class StoreWriter:
             if not fut.done():
                 fut.set_result(ok)
 
-        self.journal.after_commit(done)
-        self._event.set()
+        self.journal.after_commit(done)          # (it wakes the writer when nothing else would)
         try:
             return await asyncio.wait_for(fut, timeout)
         except TimeoutError:
