@@ -962,7 +962,7 @@ class Broker:
         flight both ways -- is over, before the new one is opened ([MQTT-3.1.2-4]). (Left in
         the store, the session's next CONNECT without Clean Start on another node loaded it.)"""
         if self.persist is not None:
-            self.persist.stored_session_ended(tenant, client_id)
+            self.persist.session_ended(tenant, client_id)
 
     def disconnect_clients(self, code: int, reason: str, now: float, server_reference: str | None) -> None:
         """Every client disconnected (v5: DISCONNECT ``code``), no will published (a fenced node)."""

@@ -56,11 +56,8 @@ class Persistence:
         self.journal.add(("session", tenant, session.client_id, session.expiry_interval, self.wall(now),
                           pack_will(will), due, session.device))
 
-    def session_ended(self, session, tenant: str) -> None:
-        self.journal.add(("session_del", tenant, session.client_id))
-
-    def stored_session_ended(self, tenant: str, client_id: str) -> None:
-        """A session not held here, in the store only, is over."""
+    def session_ended(self, tenant: str, client_id: str) -> None:
+        """The session is over: it goes from the store (also one not held here, in the store only)."""
         self.journal.add(("session_del", tenant, client_id))
 
     def subscribed(self, session, tenant: str, sub: Subscription) -> None:

@@ -256,7 +256,7 @@ class ClientRegistry:
         if ns.sessions.get(session.client_id) is session:
             del ns.sessions[session.client_id]
         if session.durable:
-            b.persist.session_ended(session, ns.name)
+            b.persist.session_ended(ns.name, session.client_id)
             session.durable = False
         b.router.remove_all(ns, session)
         if session.pending_will is not None:
