@@ -369,6 +369,12 @@ class ClientRegistry:
                 if pw is not None and pw[0] == when:
                     session.pending_will = None
                     self._publish_will(session, pw[1], now)
+                    if session.durable and session.channel is None:
+                        # published: not owed any more in the store either (else whoever loads the
+                        # session -- a restart, a survivor adopting it -- publishes it again); the
+                        # disconnect time kept as it was, the session's expiry runs from it
+                        gone = now if session.expires_at is None else session.expires_at - session.expiry_interval
+                        self.b.persist.session_closed(session, session.ns.name, gone)
             elif kind == "expire" and session.channel is None and session.expires_at == when:
                 self.b.acct.stats.sessions_expired += 1
                 self.end_session(session, now)

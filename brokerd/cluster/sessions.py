@@ -35,3 +35,11 @@ class SessionLoader:
         for filt in filters:
             self.routes.route_dirty(tenant, filt)
         return True
+
+    async def stored_will(self, tenant: str, cid: str):
+        """The will the stored session still owes (its connection ended without DISCONNECT, its
+        delay not over), for a Clean Start that ends the session elsewhere; None if none."""
+        if self.store is None:
+            return None
+        rec = await self.store.load_session(tenant, cid)
+        return rec.will if rec is not None else None

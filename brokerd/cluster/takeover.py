@@ -36,6 +36,7 @@ WRITES_WAIT = RELEASE_TIMEOUT - 2.0      # seconds the old node waits for its wr
 
 class SessionLoader(Protocol):
     async def load(self, tenant: str, cid: str, wills: bool = True) -> bool: ...
+    async def stored_will(self, tenant: str, cid: str): ...
 
 
 class Takeover:
@@ -166,7 +167,11 @@ class Takeover:
                     await self.sessions.load(tenant, cid)
                 elif not self.broker.holds(tenant, cid):
                     # Clean Start: the session the other node let go of (or held when it died) is over,
-                    # in the store too -- not loaded again by the next CONNECT without it, elsewhere
+                    # in the store too -- not loaded again by the next CONNECT without it, elsewhere; the
+                    # will it still owes goes now, as the session ends (3.1.4; as on a single node)
+                    will_left = await self.sessions.stored_will(tenant, cid)
+                    if will_left is not None:
+                        self.broker.publish_gone_will(tenant, cid, will_left, self.clock())
                     self.broker.discard_stored(tenant, cid)
                 self.handoff.flush_arriving(tenant, cid)
                 await self.bus.claim(tenant, cid, False, owner)

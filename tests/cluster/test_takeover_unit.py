@@ -65,6 +65,9 @@ class Sessions:
         self.broker.sessions.add((tenant, cid))
         return True
 
+    async def stored_will(self, tenant, cid):
+        return None
+
 
 class Bus:
     async def try_claim(self, tenant, cid):
