@@ -65,7 +65,8 @@ OPENAPI = {
                 "open_fds": {"type": "integer"},
                 "store": {"type": "object", "description": "the session store: backend, healthy, error, writes, "
                           "writes_dropped (operations it can never take, dropped and logged, not retried), "
-                          "last_dropped"},
+                          "last_dropped, writes_given_up (not taken by the store before the others could adopt "
+                          "the sessions of this node, fenced: given up, never written later)"},
                 "admin": {"type": "object", "description": "this admin API: connections, max_connections, "
                           "refused (closed at accept over the cap), timed_out, rejected (answered before the "
                           "body), body_bytes, body_budget"},

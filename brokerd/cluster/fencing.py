@@ -8,7 +8,16 @@ owes, lets go of every session and every other node's routes, fails what it
 waits for, and refuses new CONNECTs (0x88 / 3, ``takeover``) until the bus
 answers again; then it says "reset" (whatever it announced is void),
 reloads the route table and rejoins. A netsplit never leaves two nodes
-holding one session. (A node cannot tell a netsplit from a Redis outage: if
+holding one session.
+
+It writes what it owes only until the others may adopt its sessions (its
+key expires ``ttl`` after the last round that refreshed it; ``HANDOVER``
+before that): what its store has not taken by then -- cut off from the
+store too, or the store stalled -- is given up (``StoreWriter.abandon``),
+never written over what the adopting node writes of those sessions.
+Publishers that waited for it were told already (negative acks); an
+acknowledged delivery whose removal is given up is sent again (QoS 1/2
+redelivery, DUP). (A node cannot tell a netsplit from a Redis outage: if
 Redis is down for everyone, every node fences until it is back.)
 
 The decision takes ``now`` (``lost``, ``reached``): a unit test drives it
@@ -24,6 +33,7 @@ from .ports import Clock, ClusterBroker, EventBus, StoreDrain
 log = logging.getLogger("brokerd.cluster")
 
 MARGIN = 1.5            # seconds before the others would declare this node dead that it fences itself
+HANDOVER = 0.5          # seconds before they would that its store writes are given up
 
 
 class Fence:
@@ -111,8 +121,15 @@ class Fencing:
         ref = self.others.other_node_url()
         code = rc.USE_ANOTHER_SERVER if ref else rc.SERVER_SHUTTING_DOWN
         self.broker.disconnect_clients(code, "this node lost the cluster", now, ref)
-        if self.writer is not None:
-            await self.writer.drain(5.0)
+        writer = self.writer
+        if writer is not None:
+            left = self.last_ok + self.bus.ttl - HANDOVER - self.clock()
+            if left <= 0 or not await writer.drain(left):
+                given = writer.abandon()
+                if given:
+                    log.error("the session store did not take %d writes before the other nodes may adopt "
+                              "this node's sessions: given up, never written after them (the sessions are "
+                              "theirs as the store has them)", given)
         self.broker.drop_all_sessions()
         self.table.drop_all()
         self.arrivals.abort()

@@ -168,6 +168,9 @@ class StoreDrain(Protocol):
     async def written(self, timeout: float) -> bool:
         """Everything gathered so far is durable (False: not within ``timeout``, or the store failed it)."""
 
+    def abandon(self) -> int:
+        """Give up what the store has not taken (a fenced node); -> how many writes."""
+
 
 class NodeAddresses(Protocol):
     """Where the other nodes and clients reach this node (``server.Server``)."""

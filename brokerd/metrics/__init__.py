@@ -224,11 +224,13 @@ def _rule_drops(server, tenants: dict, node: dict) -> None:
 
 
 def store_stats(server) -> dict:
-    """The session store's health and the writes it could never take (dropped, not retried)."""
+    """The session store's health, the writes it could never take (dropped, not retried) and
+    those a fenced node gave up (``StoreWriter.abandon``)."""
     writer = getattr(server, "writer", None)
     if writer is None:
         return {"backend": server.config.store.split(":", 1)[0], "healthy": True, "error": None,
-                "writes": 0, "writes_dropped": 0, "last_dropped": None}
+                "writes": 0, "writes_dropped": 0, "last_dropped": None, "writes_given_up": 0}
     journal = writer.journal
     return {"backend": writer.store.scheme, "healthy": journal.healthy, "error": journal.error,
-            "writes": writer.ops_written, "writes_dropped": writer.dropped, "last_dropped": writer.last_dropped}
+            "writes": writer.ops_written, "writes_dropped": writer.dropped, "last_dropped": writer.last_dropped,
+            "writes_given_up": writer.abandoned}

@@ -80,6 +80,10 @@ class NodeCollector:
                                 "never take them (a data error; logged), never retried", labels=["node"])
         c.add_metric([node], store["writes_dropped"])
         yield c
+        c = CounterMetricFamily("brokerd_store_writes_given_up", "Store writes a fenced node gave up: not taken "
+                                "by the store before the others could adopt its sessions (logged)", labels=["node"])
+        c.add_metric([node], store.get("writes_given_up", 0))
+        yield c
         g = GaugeMetricFamily("brokerd_store_healthy", "1 while the session store takes writes", labels=["node"])
         g.add_metric([node], 1 if store["healthy"] else 0)
         yield g

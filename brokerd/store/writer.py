@@ -33,6 +33,17 @@ their own writes went: no acknowledgement is released ahead of an earlier
 batch's -- and all of them are written again, in order, one batch at a time
 (the retry above; a data error is isolated the same way) until the store
 takes them; then pipelining resumes.
+
+Abandoning. A node of a cluster that fenced itself (cut off from the bus,
+``cluster.fencing``) leaves its sessions to the others, who read them from
+the store once its membership expires. What its store has not taken by then
+is given up (``abandon``): written later -- when the network heals, say --
+it would land over what the others wrote since (a subscription a client
+made again there, removed by the old UNSUBSCRIBE). The batches taken
+before are not retried, their callbacks hear False; the journal's health is
+found again by pinging the store, since nothing may be left to retry. A
+batch already on its way to the store cannot be called back: it lands
+within the store's own call timeout, or fails.
 """
 
 import asyncio
@@ -63,6 +74,10 @@ class StoreWriter:
         self.ops_written = 0
         self.dropped = 0                   # operations the store could never take
         self.last_dropped: str | None = None
+        self.abandoned = 0                 # operations given up by ``abandon`` (a fenced node)
+        self._abandoned_below = 0          # batches of an older generation are never retried
+        self._single = False               # the next batch alone (after batches given up while failing)
+        self._probe: asyncio.Task | None = None
         journal.wake = self._wake
 
     def _wake(self) -> None:
@@ -78,7 +93,7 @@ class StoreWriter:
         journal = self.journal
         depth = max(1, int(getattr(self.store, "pipeline", 1)))
         while True:
-            if depth > 1 and not self._retry:
+            if depth > 1 and not self._retry and not self._single:
                 await self._pipelined(depth)         # returns after a failure, with _retry set
                 continue
             await self._event.wait()
@@ -91,7 +106,7 @@ class StoreWriter:
             try:
                 await self._write(batch)
             except _Unwritten as failed:
-                await self._failed(failed, waiters)
+                await self._failed(failed, waiters, gen)
                 continue
             self._committed(gen, batch, waiters)
             if journal:
@@ -104,6 +119,8 @@ class StoreWriter:
         journal = self.journal
         flight: collections.deque = collections.deque()     # _InFlight, oldest first
         while True:
+            if self._single and not flight:
+                return                               # the next batch alone (``_failed``)
             self._event.clear()
             while len(flight) < depth and journal and (not flight or flight[-1].prepared.done()):
                 gen, ops, waiters = journal.take()
@@ -138,38 +155,94 @@ class StoreWriter:
                     await asyncio.wait([b.task for b in later])
                     for b in later:
                         b.task.exception()           # (retrieved: they count as failed)
-                failed = [done, *later]
+                waiters = [fn for b in (done, *later) for fn in b.waiters]
+                # batches taken before ``abandon`` are given up, not written again
+                failed = [b for b in (done, *later) if b.gen >= self._abandoned_below]
+                self._given_up([op for b in (done, *later) if b.gen < self._abandoned_below for op in b.ops])
                 ops = [op for b in failed for op in b.ops]
-                waiters = [fn for b in failed for fn in b.waiters]
-                if not isinstance(exc, StoreDataError):
+                gen = failed[-1].gen if failed else 0
+                if not failed or not isinstance(exc, StoreDataError):
                     error = exc if isinstance(exc, StoreError) else StoreError(f"{type(exc).__name__}: {exc}")
-                    await self._failed(_Unwritten(ops, error), waiters)
+                    await self._failed(_Unwritten(ops, error), waiters, gen)
                     return
                 try:
                     await self._write(ops)         # one at a time: isolates what can never be written
                 except _Unwritten as unwritten:
-                    await self._failed(unwritten, waiters)
+                    await self._failed(unwritten, waiters, gen)
                     return
-                self._committed(failed[-1].gen, ops, waiters)
+                self._committed(gen, ops, waiters)
 
-    async def _failed(self, failed: "_Unwritten", waiters: list) -> None:
-        """The store did not take a batch: tell its waiters, retry it after a backoff."""
+    async def _failed(self, failed: "_Unwritten", waiters: list, gen: int) -> None:
+        """The store did not take a batch (``gen``: its newest generation): tell its waiters,
+        retry it after a backoff -- unless it was given up while on its way (``abandon``)."""
         journal = self.journal
         exc = failed.error
         if journal.healthy:
             log.error("session store unavailable: %s; refusing QoS 1/2 messages that need it", exc)
         journal.healthy = False
         journal.error = str(exc)
-        self._retry = failed.ops
         self._call(waiters, False)
+        if gen < self._abandoned_below:
+            # nothing to write again; the next batch goes alone, as a retry would (a pipelining store
+            # refuses batches in flight after a failure until one is written by itself)
+            self._given_up(failed.ops)
+            self._single = True
+            self._start_probe()
+            self._event.set()
+            return
+        self._retry = failed.ops
         await asyncio.sleep(self._delay)
         self._delay = min(self._delay * 2, RETRY_MAX)
         self._event.set()
+
+    def abandon(self) -> int:
+        """Give up every write not taken by the store yet, and any batch on its way there that
+        fails (module docstring: a fenced node); their callbacks hear False. -> how many
+        operations were given up now."""
+        journal = self.journal
+        _, ops, waiters = journal.take()
+        given = self._retry + ops
+        self._retry = []
+        self._delay = RETRY_MIN
+        self._abandoned_below = journal.generation
+        self._given_up(given)
+        self._call(waiters, False)
+        if not journal.healthy:
+            self._single = True
+            self._start_probe()
+            self._event.set()
+        return len(given)
+
+    def _given_up(self, ops: list) -> None:
+        self.abandoned += len(ops)
+
+    def _start_probe(self) -> None:
+        """Nothing may be left to retry: ping the store until it answers, then the journal is healthy."""
+        if self._probe is None or self._probe.done():
+            self._probe = self.loop.create_task(self._ping_until_healthy(), name="store-probe")
+
+    async def _ping_until_healthy(self) -> None:
+        journal = self.journal
+        delay = RETRY_MIN
+        while not journal.healthy and not self._retry:
+            try:
+                await self.store.ping()
+            except Exception as exc:
+                journal.error = f"{type(exc).__name__}: {exc}"
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+                continue
+            if not journal.healthy and not self._retry:
+                log.warning("session store available again")
+                journal.healthy = True
+                journal.error = None
+            return
 
     def _committed(self, gen: int, batch: list, waiters: list) -> None:
         """Batch ``gen`` (and every one before it) is durable."""
         journal = self.journal
         self._retry = []
+        self._single = False
         self._delay = RETRY_MIN
         self.batches += 1
         self.ops_written += len(batch)
@@ -242,6 +315,8 @@ class StoreWriter:
             return False
 
     async def stop(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
         if self._task is not None:
             self._task.cancel()
             try:

@@ -333,11 +333,12 @@ class Cluster:
         return self.names[id(node)]
 
     def node(self, *flags: str, redis_port: int | None = None, wait: bool = True, anonymous: bool = True,
-             env=None) -> BrokerProcess:
-        """Start one more node (``redis_port``: reach Redis there, e.g. through a proxy)."""
+             env=None, store: str | None = None) -> BrokerProcess:
+        """Start one more node (``redis_port``: reach Redis there, e.g. through a proxy; ``store``:
+        the cluster's store by another way, e.g. through a proxy too)."""
         self._n += 1
         name = f"n{self._n}"
-        node = BrokerProcess("--node-id", name, "--store", self.store, "--cluster", self.url(redis_port),
+        node = BrokerProcess("--node-id", name, "--store", store or self.store, "--cluster", self.url(redis_port),
                              *self.flags, *flags, listen=("mqtt://127.0.0.1:0",), anonymous=anonymous,
                              env={"BROKERD_CLUSTER_SECRET": self.secret, **(env or self.env or {})})
         node.start()

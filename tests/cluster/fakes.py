@@ -285,18 +285,29 @@ class FakeStore:
 
 
 class FakeWriter:
-    """``ports.StoreDrain``: everything is written already."""
+    """``ports.StoreDrain``: everything is written already -- unless ``stalled``: then a
+    drain waits its whole timeout (not on the fake clock: only its length is recorded) and
+    fails, and ``abandon`` gives up ``stalled`` writes."""
 
     def __init__(self):
         self.drains = 0
+        self.stalled = 0
+        self.timeouts: list[float] = []
+        self.abandoned = 0
 
     async def drain(self, timeout: float = 10.0) -> bool:
         self.drains += 1
-        return True
+        self.timeouts.append(timeout)
+        return not self.stalled
 
     async def written(self, timeout: float) -> bool:
         self.drains += 1
         return True
+
+    def abandon(self) -> int:
+        given, self.stalled = self.stalled, 0
+        self.abandoned += given
+        return given
 
 
 # ================================================================= the broker

@@ -6,7 +6,9 @@
 - Netsplit (a node cut off from Redis by a proxy we stop): the node fences
   itself after ~3.5 s -- its clients are sent away (v5: 0x9C + Server
   Reference), CONNECTs are refused (0x88 / 3) -- the others adopt its
-  sessions; when Redis is back it rejoins.
+  sessions; when Redis is back it rejoins. Cut off from its store too, it
+  writes nothing of those sessions once the others may have adopted them,
+  not even when the network heals.
 """
 
 import re
@@ -15,6 +17,7 @@ import time
 import pytest
 
 from ..durability.test_crash import TOTAL, drain, received_in_order
+from ..hbase_double import HBaseDoubleProcess
 from ..integration.helpers import Client, connect
 from ..integration.raw import CONNACK, RawClient
 from ..mqtt import V5, V311, PacketTypes, props
@@ -225,3 +228,55 @@ def test_netsplit_loses_no_acknowledged_message_to_the_cut_off_nodes_session(clu
     assert not missing, (f"{len(missing)} acknowledged messages lost: {ranges(missing)} (split at #{split_at}, "
                          f"fenced at #{fenced_at}, adopted by #{adopted_at}; reason codes {pub.by_code()}; "
                          f"received before the fencing: {ranges(received_in_order(before))})")
+
+
+@pytest.mark.slow
+def test_a_node_cut_off_from_redis_and_its_store_writes_nothing_stale_when_the_network_heals(cluster, tmp_path, tag):
+    """n2 reaches Redis and the store (the HBase double) through proxies that
+    are stopped together. A persistent session's UNSUBSCRIBE, taken on n2 as
+    it was cut off, could not be written; the session is adopted by n1 as the
+    store had it (still subscribed), where the client subscribes again. When
+    the network heals, n2 must not write the UNSUBSCRIBE then: the
+    subscription the client holds on n1 would be gone from the store, and
+    the session, moved again, would miss every message for it."""
+    gateway = HBaseDoubleProcess(tmp_path / "hbase.db").start()
+    store_link = TcpProxy(gateway.port).start()
+    redis_link = TcpProxy(cluster.redis.port).start()
+    try:
+        cluster.store = f"hbase://{gateway.address}?table_prefix=heal&timeout=2000"
+        n1 = cluster.node(wait=False)
+        n2 = cluster.node(redis_port=redis_link.port, wait=False,
+                          store=f"hbase://127.0.0.1:{store_link.port}?table_prefix=heal&timeout=2000")
+        cluster.wait_connected()
+        topic = f"{tag}/t"
+        dev = persistent(n2.port(), f"{tag}-dev")
+        dev.subscribe(topic, qos=1)
+        pub = connect(n1.port(), f"{tag}-pub", V5)
+        settle(pub, topic, dev)
+
+        store_link.stop()
+        redis_link.stop()
+        dev.unsubscribe(topic)
+        dev.expect_disconnect(timeout=10)
+        adopted_by([n1], cluster.name(n2))
+        assert "writes before the other nodes may adopt this node's sessions: given up" in n2.log
+        again = persistent(n1.port(), f"{tag}-dev")
+        assert again.session_present
+        again.subscribe(topic, qos=1)
+        settle(pub, topic, again)
+
+        store_link.start()
+        redis_link.start()
+        wait_until(lambda: "rejoined the cluster" in n2.log, timeout=15, message="node 2 did not rejoin")
+        time.sleep(3)                   # a write n2 still retried would be in by now (its backoff: 2 s at most)
+        again.disconnect()
+        eventually_connected(cluster)
+        moved = persistent(n2.port(), f"{tag}-dev")      # the session moves to n2, read from the store
+        assert moved.session_present
+        settle(pub, topic, moved)                       # fails when the session lost its subscription
+        pub.publish(topic, b"after the heal", qos=1)
+        assert moved.expect().payload == b"after the heal"
+    finally:
+        store_link.stop()
+        redis_link.stop()
+        gateway.stop()

@@ -10,9 +10,11 @@ real node off a real Redis through a proxy.)
 import asyncio
 import json
 
+import pytest
+
 from brokerd.cluster import frames
 from brokerd.cluster.eventlog import SNAPSHOT_EVENT_KEY, SNAPSHOT_KEY, event_key
-from brokerd.cluster.fencing import MARGIN
+from brokerd.cluster.fencing import HANDOVER, MARGIN
 from brokerd.cluster.node import HEARTBEAT
 from brokerd.protocol import reason as rc
 
@@ -116,6 +118,36 @@ def test_a_node_fences_itself_once_the_bus_is_out_of_reach_for_ttl_minus_margin(
         await net.settle()
         assert b.broker.holds("t", "dev") and not a.broker.holds("t", "dev")
         assert net.state.clients["t"]["dev"] == "b"
+
+    run(go())
+
+
+def test_a_fenced_node_writes_only_until_the_others_may_adopt_its_sessions():
+    """a's store is stalled as it fences: it waits for its writes only until HANDOVER
+    before its membership would expire (the last round that reached the bus + ttl), then
+    gives up what is left (``abandon``), before b may adopt the session. Fencing later than
+    that (its loop held up) it gives them up at once."""
+
+    async def go():
+        net, a, b = await two_nodes()
+        t0 = net.clock()
+        await beat_at(net, a, t0)
+        a.bus.reachable = False
+        writer = a.fencing.writer
+        writer.stalled = 3
+        fenced_at = t0 + a.bus.ttl - MARGIN + 0.01
+        await beat_at(net, a, fenced_at)
+        assert a.fenced and writer.abandoned == 3
+        assert writer.timeouts[-1] == pytest.approx(t0 + a.bus.ttl - HANDOVER - fenced_at)
+        assert not a.broker.sessions
+
+        net2, c, _ = await two_nodes()
+        t0 = net2.clock()
+        await beat_at(net2, c, t0)
+        c.bus.reachable = False
+        c.fencing.writer.stalled = 2
+        await beat_at(net2, c, t0 + c.bus.ttl)                # the round came late: b may adopt already
+        assert c.fenced and c.fencing.writer.abandoned == 2 and c.fencing.writer.timeouts == []
 
     run(go())
 

@@ -161,3 +161,75 @@ def test_an_unavailable_store_is_waited_for_not_dropped(tmp_path):
             await store.close()
 
     asyncio.run(asyncio.wait_for(go(), 60))
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "hbase"])
+def test_writes_given_up_by_a_fenced_node_are_never_written_later(kind, tmp_path, request):
+    """What a node that fenced itself gives up (``abandon``: the others may adopt its
+    sessions from the store as it is) is not written when the store is back -- it would
+    land over what they wrote since -- its callbacks hear "not durable", and the journal
+    is found healthy again (nothing is left to retry: the store is pinged); the next write
+    goes through at once, on HBase too (whose pipelined batches are refused after a failure
+    until one is written alone). The store is cut off by a locked file (SQLite) or a proxy
+    in front of the HBase double that is stopped."""
+    from ..cluster.conftest import TcpProxy
+
+    proxy = None
+    if kind == "sqlite":
+        url = f"sqlite:///{tmp_path}/fenced.db"
+    else:
+        double = request.getfixturevalue("hbase_double")
+        proxy = TcpProxy(double.port).start()
+        url = f"hbase://127.0.0.1:{proxy.port}?table_prefix=f{tmp_path.name[-8:].replace('-', '')}&timeout=1000"
+
+    async def go():
+        store, journal, writer = await _writer(url)
+        other = None
+        try:
+            if kind == "sqlite":
+                other = sqlite3.connect(store.path, isolation_level=None)
+                store.db.execute("PRAGMA busy_timeout = 50")
+                other.execute("BEGIN EXCLUSIVE")
+            else:
+                proxy.stop()
+            acks: list = []
+            journal.add(retain("tenant-a", "stale", b"from before the fence"))
+            journal.after_commit(acks.append)
+            for _ in range(300):
+                if acks:
+                    break
+                await asyncio.sleep(0.02)
+            assert acks == [False] and not journal.healthy
+            journal.add(retain("tenant-a", "stale2", b"gathered, not taken yet"))
+            journal.after_commit(acks.append)
+            given = writer.abandon()
+            assert given >= 2 and acks == [False, False]
+            if kind == "sqlite":
+                other.execute("ROLLBACK")
+            else:
+                proxy.start()
+            for _ in range(300):
+                if journal.healthy:
+                    break
+                await asyncio.sleep(0.02)
+            assert journal.healthy, journal.error
+            journal.add(retain("tenant-a", "after", b"written"))
+            journal.after_commit(acks.append)
+            assert await writer.drain(10)
+            assert acks == [False, False, True]
+            await asyncio.sleep(2.5)            # longer than the writer's longest backoff: a retry would be in
+            got = await _retained(store)
+            assert got.get(("tenant-a", "after")) == b"written"
+            assert ("tenant-a", "stale") not in got and ("tenant-a", "stale2") not in got
+            assert writer.abandoned == given and writer.dropped == 0
+        finally:
+            if other is not None:
+                other.close()
+            await writer.stop()
+            await store.close()
+
+    try:
+        asyncio.run(asyncio.wait_for(go(), 60))
+    finally:
+        if proxy is not None:
+            proxy.stop()
