@@ -720,6 +720,11 @@ class Broker:
             for d in dropped:
                 if d.entry:
                     self.persist.done(session, session.ns.name, d)
+        reserved = session.reserved
+        if reserved:
+            # (one sent before, waiting to go again past the client's Receive Maximum, kept its id)
+            for d in dropped:
+                reserved.discard(d.pid)
 
     def discarded(self, session, d: Delivery, expired: bool) -> None:
         """A queued delivery left without being sent: expired, or too large for the client."""
@@ -729,6 +734,8 @@ class Broker:
             self.acct.too_large(session.ns)
         if d.entry and session.durable:
             self.persist.done(session, session.ns.name, d)
+        elif d.pid and session.reserved:
+            session.reserved.discard(d.pid)     # (one sent before, waiting past the Receive Maximum)
 
     def acked(self, session, d: Delivery) -> None:
         """The client acknowledged a stored delivery (PUBACK / PUBCOMP)."""

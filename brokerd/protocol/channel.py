@@ -574,9 +574,24 @@ class Channel:
             self._send(encode(Connack(session_present and self.version != MQTT31, 0), self.version))
         # resume the session: unacknowledged deliveries first, then the queue
         if session.inflight:
-            for d in list(session.inflight.values()):
+            inflight = session.inflight
+            # [MQTT-4.9.0-2]: no more unacknowledged PUBLISHes than this connection's Receive
+            # Maximum, QoS 2 ones whose PUBREL is owed included: those past it wait at the head of
+            # the queue, with their packet id (reserved) and DUP, sent as the window frees
+            room = self.send_window - sum(1 for d in inflight.values() if d.state != AWAIT_ACK)
+            later = None
+            for d in list(inflight.values()):
                 if d.state == AWAIT_ACK:
-                    if not self._write_publish(d.msg, d.qos, d.retain, d.pid, True, d.sub_ids, now):
+                    if room <= 0:
+                        del inflight[d.pid]
+                        d.dup = True
+                        if later is None:
+                            later = []
+                        later.append(d)
+                        continue
+                    if self._write_publish(d.msg, d.qos, d.retain, d.pid, True, d.sub_ids, now):
+                        room -= 1
+                    else:
                         # too large for this connection: as if delivered ([MQTT-3.1.2-25])
                         del session.inflight[d.pid]
                         if d.entry:
@@ -585,6 +600,12 @@ class Channel:
                     self._pubrel_when_durable(d.pid)      # (its state change may not be durable yet)
                 else:
                     self._send(encode_ack(PUBREL, d.pid, version=self.version))
+            if later:
+                reserved = session.reserved
+                if reserved is None:
+                    reserved = session.reserved = set()
+                reserved.update(d.pid for d in later)
+                session.queue.put_front(later)
         if session.queue:
             self._pump(now)
         held = self._held

@@ -309,6 +309,43 @@ def test_qos2_resume_resends_publish_or_pubrel(net):
     assert got == [Pubrel(pa.packet_id), Publish("t/a", b"b", 2, False, True, pb.packet_id)]
 
 
+def test_resume_resends_no_more_than_the_new_connections_receive_maximum(net):
+    """[MQTT-4.9.0-2]: the server never has more unacknowledged QoS 1/2 PUBLISHes towards a
+    client than the Receive Maximum of its connection -- also right after a reconnect, when the
+    messages of the session's previous connection are sent again ([MQTT-4.4.0-1]). A QoS 2
+    message whose PUBREL is owed still counts (until PUBCOMP). Those past the window go once
+    slots free, still with DUP and their packet id, in their order."""
+    big = {P.SESSION_EXPIRY_INTERVAL: 300, P.RECEIVE_MAXIMUM: 10}
+    pub, sub = pair(net, MQTT311, sub_version=MQTT5, qos=2, clean=False, properties=big)
+    pub.publish2("t/a", b"q2")
+    for i in range(5):
+        pub.publish("t/a", b"%d" % i, qos=1)
+    first = sub.publishes()
+    assert [p.payload for p in first] == [b"q2", b"0", b"1", b"2", b"3", b"4"]
+    assert sub.send(Pubrec(first[0].packet_id)) == [Pubrel(first[0].packet_id)]
+    sub.lose()
+    again = net.client(MQTT5)
+    again.connect("sub", clean=False, properties={P.SESSION_EXPIRY_INTERVAL: 300, P.RECEIVE_MAXIMUM: 3})
+    got = again.take()
+    # the PUBREL owed and two PUBLISHes: three unacknowledged
+    assert got == [Pubrel(first[0].packet_id)] + [
+        Publish("t/a", p.payload, 1, False, True, p.packet_id) for p in first[1:3]]
+    sent = got[1:]
+    more = [x for x in again.send(Pubcomp(first[0].packet_id)) if x.type == 3]
+    assert [(p.payload, p.dup, p.packet_id) for p in more] == [(b"2", True, first[3].packet_id)]
+    sent += more
+    i = 0
+    while i < len(sent):
+        sent += [x for x in again.send(Puback(sent[i].packet_id)) if x.type == 3]
+        i += 1
+    assert [(p.payload, p.dup, p.packet_id) for p in sent] == [
+        (p.payload, True, p.packet_id) for p in first[1:]]
+    again.take()
+    pub.publish("t/a", b"new", qos=1)
+    [p] = again.publishes()
+    assert p.payload == b"new" and p.packet_id not in {q.packet_id for q in first}
+
+
 def test_queued_messages_follow_inflight_on_resume(net):
     pub, sub = pair(net, MQTT311, qos=1, clean=False)
     pub.publish("t/a", b"inflight", qos=1)
