@@ -98,6 +98,7 @@ _RARE = {
     "paced": 0,                 # times its input was paused because its messages filled the queue budget
     "_preauth": 0,              # bytes of an incomplete CONNECT charged to the node's pre-auth budget
     "alias_bytes": 0,           # topic characters behind out_aliases
+    "expiry_lowered": False,    # v5: the CONNACK lowered the Session Expiry Interval its CONNECT asked for
 }
 
 
@@ -557,6 +558,9 @@ class Channel:
             if session.expiry_interval > limits.max_session_expiry:
                 session.expiry_interval = limits.max_session_expiry
                 props[P.SESSION_EXPIRY_INTERVAL] = limits.max_session_expiry
+            if P.SESSION_EXPIRY_INTERVAL in props:
+                # lowered (here or by the tenant's quota): the CONNECT's was not 0, even if this is
+                self.expiry_lowered = True
             if limits.response_information and self.response_requested:
                 props[P.RESPONSE_INFORMATION] = limits.response_information + self.client_id
             if self.client_alias_max:
@@ -975,7 +979,9 @@ class Channel:
         props = p.properties
         if props and P.SESSION_EXPIRY_INTERVAL in props:
             new = props[P.SESSION_EXPIRY_INTERVAL]
-            if self.session.expiry_interval == 0 and new != 0:
+            # [MQTT-3.14.2-2]: an error after 0 in the CONNECT -- not after a CONNECT's value the
+            # CONNACK lowered to 0
+            if self.session.expiry_interval == 0 and new != 0 and not self.expiry_lowered:
                 raise RemoteProtocolError("Session Expiry Interval set on DISCONNECT after 0 on CONNECT")
             self.session.expiry_interval = min(new, self.limits.max_session_expiry)
         if p.reason_code != rc.DISCONNECT_WITH_WILL:

@@ -317,6 +317,27 @@ def test_311_clean_session_ends_at_disconnect(net):
     assert net.client(MQTT311).connect("dev", clean=False).session_present is False
 
 
+def test_disconnect_expiry_after_a_connack_lowered_it_to_zero_is_no_protocol_error():
+    """[MQTT-3.14.2-2] makes a non-zero Session Expiry Interval on DISCONNECT a Protocol Error only
+    when the CONNECT's was 0. A CONNECT asking for 300 that the server lowered to 0 (its CONNACK
+    says so) may send it: its normal DISCONNECT ends the session -- no DISCONNECT 0x82 back, and
+    no will published (the client asked for none)."""
+    net = Net(ChannelLimits(max_session_expiry=0))
+    w = watcher(net)
+    c = net.client(MQTT5)
+    ack = c.connect("dev", will=Will("will/dev", b"gone"), properties={P.SESSION_EXPIRY_INTERVAL: 300})
+    assert ack.properties[P.SESSION_EXPIRY_INTERVAL] == 0
+    c.disconnect(properties={P.SESSION_EXPIRY_INTERVAL: 300})
+    assert c.closed and c.server_disconnect() is None
+    assert w.payloads() == []
+    assert net.broker.session_count() == 1          # the watcher's: the session of 0 s ended
+    # a CONNECT with 0 still may not
+    c = v5(net, "dev2", will=Will("will/dev2", b"gone"))
+    c.disconnect(properties={P.SESSION_EXPIRY_INTERVAL: 300})
+    assert c.server_disconnect().reason_code == 0x82
+    assert w.payloads() == [b"gone"]
+
+
 # ----------------------------------------------------------------------------- the offline queue
 
 
