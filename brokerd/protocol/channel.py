@@ -983,7 +983,14 @@ class Channel:
             # CONNACK lowered to 0
             if self.session.expiry_interval == 0 and new != 0 and not self.expiry_lowered:
                 raise RemoteProtocolError("Session Expiry Interval set on DISCONNECT after 0 on CONNECT")
-            self.session.expiry_interval = min(new, self.limits.max_session_expiry)
+            # bounded as on CONNECT: by the node's cap and the tenant's quota
+            cap = self.limits.max_session_expiry
+            quota = self.quota
+            if quota is not None:
+                tenant_cap = quota.get("max_session_expiry")
+                if tenant_cap is not None and tenant_cap < cap:
+                    cap = tenant_cap
+            self.session.expiry_interval = min(new, cap)
         if p.reason_code != rc.DISCONNECT_WITH_WILL:
             self.will = None
         self.close_reason = (p.reason_code, "client disconnected")

@@ -9,6 +9,8 @@ import pytest
 from brokerd.protocol import properties as P
 from brokerd.protocol.channel import ChannelLimits
 from brokerd.protocol.packets import Puback, Publish, Will
+from brokerd.tenancy.control import TenantControl
+from brokerd.tenancy.policy import TenantPolicy
 
 from .harness import MQTT5, MQTT311, Net
 
@@ -336,6 +338,25 @@ def test_disconnect_expiry_after_a_connack_lowered_it_to_zero_is_no_protocol_err
     c.disconnect(properties={P.SESSION_EXPIRY_INTERVAL: 300})
     assert c.server_disconnect().reason_code == 0x82
     assert w.payloads() == [b"gone"]
+
+
+def test_disconnect_expiry_is_bounded_by_the_tenants_quota_as_on_connect():
+    """A tenant's max_session_expiry quota bounds the interval a CONNECT asks for (its CONNACK
+    says 60); the DISCONNECT's was bounded by the node's cap only, so a client could make its
+    session outlive the quota -- here never expire."""
+    net = Net()
+    net.broker.auth = TenantControl(allow_anonymous=True)
+    net.broker.auth.policies["default"] = TenantPolicy("default", default_allow=True,
+                                                       quota={"max_session_expiry": 60})
+    c = net.client(MQTT5)
+    ack = c.connect("dev", properties={P.SESSION_EXPIRY_INTERVAL: 300})
+    assert ack.properties[P.SESSION_EXPIRY_INTERVAL] == 60
+    c.subscribe("t", qos=1)
+    c.disconnect(properties={P.SESSION_EXPIRY_INTERVAL: 0xFFFFFFFF})
+    assert c.closed and c.server_disconnect() is None
+    net.advance(61)
+    assert net.broker.session_count() == 0
+    assert net.client(MQTT5).connect("dev", clean=False).session_present is False
 
 
 # ----------------------------------------------------------------------------- the offline queue
