@@ -1268,8 +1268,17 @@ class Channel:
             topic_b = topic.encode()
         head = publish_head(topic_b, qos, retain, dup, pid, encode_properties(props), len(payload))
         if len(head) + len(payload) > self.client_max_packet:
-            self.broker.too_large(self, msg)
-            return False
+            if new_alias is None:
+                self.broker.too_large(self, msg)
+                return False
+            # too large only with the alias we would set up: sent without it ([MQTT-3.1.2-25]
+            # drops what does not fit, not what we made not fit)
+            del props[P.TOPIC_ALIAS]
+            new_alias = None
+            head = publish_head(topic_b, qos, retain, dup, pid, encode_properties(props), len(payload))
+            if len(head) + len(payload) > self.client_max_packet:
+                self.broker.too_large(self, msg)
+                return False
         if new_alias is not None:
             # the alias is established only by a PUBLISH that is actually sent
             aliases[topic] = new_alias

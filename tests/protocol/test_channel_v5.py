@@ -153,6 +153,23 @@ def test_deliveries_larger_than_client_maximum_packet_size_are_dropped(net):
     assert net.stats.dropped_too_large == 1
 
 
+def test_a_delivery_that_fits_without_a_new_topic_alias_is_sent_without_it(net):
+    """[MQTT-3.1.2-25] drops a PUBLISH too large for the client's Maximum Packet Size. One that
+    fits is not too large because the server would have added a Topic Alias to it (3 bytes): it
+    goes without the alias (none is set up), and the next one that fits with it gets it."""
+    sub = v5(net, "sub", properties={P.MAXIMUM_PACKET_SIZE: 64, P.TOPIC_ALIAS_MAXIMUM: 5})
+    sub.subscribe("t", qos=1)
+    pub = net.connect("pub")
+    pub.publish("t", b"a" * 56, qos=1)  # 64 bytes without a Topic Alias, 67 with one
+    pub.publish("t", b"b" * 10, qos=1)
+    pub.publish("t", b"c" * 10, qos=1)
+    got = sub.publishes()
+    assert [(p.payload[:1], len(p.payload)) for p in got] == [(b"a", 56), (b"b", 10), (b"c", 10)]
+    assert [(p.properties or {}).get(P.TOPIC_ALIAS) for p in got] == [None, 1, 1]
+    assert [p.topic for p in got] == ["t", "t", "t"]    # (the harness resolved the last one's alias)
+    assert net.stats.dropped_too_large == 0
+
+
 def test_maximum_packet_size_applies_to_retained_on_subscribe(net):
     pub = net.connect("pub")
     pub.publish("r/big", b"x" * 500, retain=True)
