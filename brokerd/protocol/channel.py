@@ -212,7 +212,7 @@ class Channel:
         self.blocked = False            # deliveries must queue: congested, or the queue is not empty
         self.pending = 0                # bytes added to ``out`` since the transport last wrote it
         self.max_pending = limits.max_pending
-        self.inbound_pending = 0        # QoS 1 PUBLISHes received whose PUBACK the broker still owes
+        self.inbound_pending = 0        # PUBACKs and PUBCOMPs waiting in _acks (our Receive Maximum)
         self._acks = None               # acks to the client waiting for the store, in arrival order
         self._held = None               # packets received while the broker decides on the CONNECT
         self._stored = None             # stored deliveries sent straight after their commit (queue_delivery)
@@ -728,7 +728,6 @@ class Channel:
         """The broker's answer to a QoS 1 PUBLISH: its PUBACK, now or once known."""
         if code is None:
             # the broker finishes it later (publish_done): its PUBACK waits in line
-            self.inbound_pending += 1
             self._queue_ack(PUBACK, p.packet_id, None)
         elif code == 0 and not self._acks:
             out = self.out
@@ -749,8 +748,6 @@ class Channel:
         """The broker finished a PUBLISH it answered ``None`` for: its ack may go."""
         if self.state != CONNECTED:
             return
-        if qos == 1:
-            self.inbound_pending -= 1
         self._ack_ready(PUBACK if qos == 1 else PUBREC, packet_id, code)
 
     def acks_committed(self, n: int, ok: bool) -> None:
@@ -780,7 +777,6 @@ class Channel:
         for entry in acks:
             if entry[2] is None and entry[3] is not None:
                 entry[2] = entry[3] if ok else STORE_UNAVAILABLE
-                self.inbound_pending -= 1
                 n -= 1
                 if not n:
                     break
@@ -789,7 +785,10 @@ class Channel:
     # Acks to the client leave in the order of the packets they answer
     # ([MQTT-4.6.0-2..4]); one that waits for the store holds back the rest.
     # An entry: [kind, packet id, reason code (None: not known yet), the code
-    # once the store's commit comes (AFTER_COMMIT), else None].
+    # once the store's commit comes (AFTER_COMMIT), else None]. The PUBACKs
+    # and PUBCOMPs in line count against our Receive Maximum (inbound_pending)
+    # until they are sent, known or not ([MQTT-3.3.4-8]: "not sent a PUBACK or
+    # PUBCOMP").
 
     def _queue_ack(self, kind: int, pid: int, code: int | None) -> None:
         acks = self._acks
@@ -798,6 +797,8 @@ class Channel:
             return
         if acks is None:
             acks = self._acks = deque()
+        if kind in (PUBACK, PUBCOMP):
+            self.inbound_pending += 1
         acks.append([kind, pid, code, None])
 
     def _ack_ready(self, kind: int, pid: int, code: int) -> None:
@@ -815,6 +816,8 @@ class Channel:
         v3 = self.version != MQTT5
         while acks and acks[0][2] is not None and self.state == CONNECTED:
             k, p, c, _ = acks.popleft()
+            if k in (PUBACK, PUBCOMP):
+                self.inbound_pending -= 1
             if v3 and k == PUBACK and c < 0x80:
                 out = self.out
                 if not out:

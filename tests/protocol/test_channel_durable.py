@@ -11,7 +11,18 @@ import pytest
 
 from brokerd.persistence import Persistence
 from brokerd.protocol import properties as P
-from brokerd.protocol.packets import PUBACK, PUBREC, Puback, Suback, Subscribe, SubscriptionRequest
+from brokerd.protocol.channel import ChannelLimits
+from brokerd.protocol.packets import (
+    PUBACK,
+    PUBCOMP,
+    PUBREC,
+    Puback,
+    Publish,
+    Pubrel,
+    Suback,
+    Subscribe,
+    SubscriptionRequest,
+)
 from brokerd.protocol.reason import STORE_UNAVAILABLE
 from brokerd.store import Journal
 
@@ -20,8 +31,8 @@ from .harness import MQTT5, MQTT311, Net
 BOTH = pytest.mark.parametrize("version", [MQTT311, MQTT5])
 
 
-def durable_net() -> Net:
-    net = Net()
+def durable_net(limits: ChannelLimits | None = None) -> Net:
+    net = Net(limits)
     net.broker.use_store(Persistence(Journal()))
     return net
 
@@ -168,3 +179,50 @@ def test_more_stored_deliveries_than_the_window_go_through_the_queue_in_order():
     for p in got:
         sub.send(Puback(p.packet_id))
     assert [p.payload for p in sub.publishes()] == [b"%d" % i for i in range(net.limits.max_inflight, n)]
+
+
+# ----------------------------------------------------------------------------- our Receive Maximum
+
+
+def test_a_known_puback_waiting_behind_a_stored_one_counts_against_our_receive_maximum():
+    """[MQTT-3.3.4-8]: more QoS 1/2 PUBLISHes than our Receive Maximum (2) for which we have not
+    sent a PUBACK or PUBCOMP -> DISCONNECT 0x93. A PUBACK whose code is known but that waits in
+    line behind one waiting for the store is not sent yet: it counts (it did not, and a client
+    could send any number while a commit was slow, their PUBACKs piling up)."""
+    net = durable_net(ChannelLimits(max_inflight=2))
+    persistent(net, "sub", MQTT5, "d/#")
+    pub = net.connect("pub", MQTT5)
+    pub.send(Publish("d/1", b"a", 1, packet_id=1))     # stored for sub: its PUBACK waits for the commit
+    pub.send(Publish("x/1", b"b", 1, packet_id=2))     # no subscriber: its PUBACK waits behind
+    assert not pub.closed and acks(pub) == []
+    pub.send(Publish("x/2", b"c", 1, packet_id=3))     # a third unacknowledged
+    assert pub.server_disconnect().reason_code == 0x93
+    assert pub.closed
+
+
+def test_a_pubcomp_waiting_for_the_store_counts_against_our_receive_maximum():
+    """A QoS 2 PUBLISH counts against our Receive Maximum until we send its PUBCOMP -- which, for
+    a stored session, waits for the commit of the id's removal: until then it counts (it stopped
+    counting at the PUBREL). Once sent, the slot is free."""
+    net = durable_net(ChannelLimits(max_inflight=2))
+    pub = persistent(net, "pub", MQTT5)
+    pub.send(Publish("x/1", b"a", 2, packet_id=1))
+    commit(net)
+    assert [p.type for p in pub.take()] == [PUBREC]
+    pub.send(Pubrel(1))                                 # its PUBCOMP waits for the commit
+    pub.send(Publish("x/2", b"b", 2, packet_id=2))
+    assert not pub.closed and pub.take() == []
+    pub.send(Publish("x/3", b"c", 2, packet_id=3))      # a third without its PUBCOMP
+    assert pub.server_disconnect().reason_code == 0x93
+    # the same with the PUBCOMP sent: within the limit
+    net = durable_net(ChannelLimits(max_inflight=2))
+    pub = persistent(net, "pub", MQTT5)
+    pub.send(Publish("x/1", b"a", 2, packet_id=1))
+    commit(net)
+    pub.send(Pubrel(1))
+    commit(net)
+    assert [p.type for p in pub.take()] == [PUBREC, PUBCOMP]
+    pub.send(Publish("x/2", b"b", 2, packet_id=2))
+    pub.send(Publish("x/3", b"c", 2, packet_id=3))
+    commit(net)
+    assert not pub.closed and [p.type for p in pub.take()] == [PUBREC, PUBREC]
