@@ -19,7 +19,7 @@ from wsproto.events import (
 )
 from wsproto.utilities import RemoteProtocolError as WsProtocolError
 
-from .connection import MqttConnection
+from .connection import MqttConnection, close_gently
 
 log = logging.getLogger("brokerd.ws")
 
@@ -105,10 +105,16 @@ class WsMqttConnection(MqttConnection):
             self._ws_close(1000, "")
 
     def _ws_close(self, code: int, reason: str) -> None:
+        self.closed = True
         if self.open:
             try:
                 self.transport.write(self.ws.send(CloseConnection(code=code, reason=reason)))
             except Exception:  # the websocket may already be closing
                 pass
-        self.closed = True
+            else:
+                # our last bytes (a DISCONNECT, the close frame) must reach the client: half-close
+                # and drain, as over TCP -- closed at once with its input unread, the socket answers
+                # with RST and the kernel drops what it had not sent yet
+                close_gently(self.transport, self, self.server.loop)
+                return
         self.transport.close()

@@ -6,6 +6,7 @@ import os
 import socket
 import ssl
 import subprocess
+import threading
 import time
 
 import pytest
@@ -185,6 +186,88 @@ def test_websocket_ping_and_text_frame(broker):
         assert closes and closes[0].code == 1003
     finally:
         c.close()
+
+
+class WsRawClient(raw.RawClient):
+    """raw.RawClient over a WebSocket (wsproto, client side): MQTT bytes in binary frames."""
+
+    def __init__(self, port, sock):
+        super().__init__(port, sock=sock)
+        self.ws = WSConnection(ConnectionType.CLIENT)
+        sock.sendall(self.ws.send(Request(host="127.0.0.1", target="/mqtt", subprotocols=["mqtt"])))
+        self.ws.receive_data(sock.recv(65536))
+        assert any(isinstance(e, AcceptConnection) for e in self.ws.events())
+        self.ws_close = None            # the server's CloseConnection, once read
+
+    def frame(self, data: bytes) -> bytes:
+        return self.ws.send(BytesMessage(data=data))
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(self.frame(data))
+
+    def _fill(self, deadline: float) -> None:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no packet in time")
+        self.sock.settimeout(left)
+        try:
+            data = self.sock.recv(65536)
+        except TimeoutError:
+            raise TimeoutError("no packet in time")
+        except (ConnectionResetError, BrokenPipeError):
+            data = b""
+        if not data:
+            raise raw.Closed()
+        if self.ws_close is not None:
+            return                      # (nothing may follow a close frame)
+        self.ws.receive_data(data)
+        for ev in self.ws.events():
+            if isinstance(ev, BytesMessage):
+                self.buf += ev.data
+            elif isinstance(ev, CloseConnection):
+                self.ws_close = ev
+
+
+def test_a_websocket_client_that_keeps_sending_after_a_protocol_error_reads_the_disconnect(client_id, topic):
+    """As over TCP (tests/integration/test_qos.py::test_a_client_that_keeps_sending_after_a_protocol_error_reads_the_disconnect):
+    a v5 client over ws:// past Receive Maximum whose PUBLISHes keep arriving, and which is slow
+    to read, must read DISCONNECT 0x93 and the WebSocket close, not a connection reset. The
+    WebSocket transport closed its socket at once, with the client's input unread: the kernel
+    answered with RST and dropped the DISCONNECT queued behind the messages not yet read."""
+    with BrokerProcess("--max-inflight", "2") as b:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)     # a client slow to take its input
+        sock.connect(("127.0.0.1", b.port("ws")))
+        c = WsRawClient(b.port("ws"), sock)
+        with c:
+            c.send(raw.connect_packet(client_id, version=5))
+            c.version = 5
+            assert c.recv().type == raw.CONNACK
+            c.send(raw.subscribe_packet(1, [(topic, 0)], version=5))
+            assert c.recv().type == raw.SUBACK
+            # the 3rd QoS 2 PUBLISH breaks the window (2); 1 MB more follows
+            flood = b"".join(c.frame(raw.publish_packet(topic, b"x" * 1000, qos=2, pid=pid, version=5))
+                             for pid in range(1, 1000))
+            with connect(b.port(), client_id + "-pub", V311) as pub:
+                for _ in range(200):               # 2 MB the subscriber does not read yet
+                    pub.publish(topic, b"m" * 10_000, qos=0)
+                pub.publish(topic, b"end", qos=1)
+
+                def send_flood():
+                    try:
+                        c.sock.sendall(flood)
+                    except OSError:
+                        pass
+
+                sender = threading.Thread(target=send_flood, daemon=True)
+                sender.start()
+                time.sleep(1.0)                    # the server answered and closed before we read
+                got = c.expect_closed(timeout=15)
+                sender.join(5)
+            kinds = [p.type for p in got]
+            assert kinds and kinds[-1] == raw.DISCONNECT, f"{len(kinds)} packets, the last {kinds[-3:]}"
+            assert got[-1].code == 0x93
+            assert c.ws_close is not None
 
 
 def test_paho_websocket_wrong_path_fails(broker, client_id):
