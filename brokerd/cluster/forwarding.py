@@ -21,6 +21,7 @@ beyond the frame.
 """
 
 
+from ..protocol import properties as P
 from ..protocol import reason as rc
 from ..protocol.codec import decode_properties, encode_properties
 from ..protocol.packets import PUBLISH as PUBLISH_PROPS
@@ -115,7 +116,7 @@ class Forwarder:
     @staticmethod
     def _parts(ns, msg: Publish, now: float) -> tuple:
         """The fields of a PUBLISH frame for ``msg`` (after the request id)."""
-        expiry = -1 if msg.expiry_at is None else max(0, int(msg.expiry_at - now))
+        expiry = -1 if msg.expiry_at is None else max(0, min(frames.EXPIRY_MAX, int(msg.expiry_at - now)))
         raw = msg.enc3
         if raw is not None and not msg.qos and not msg.retain and not msg.properties:
             # its 3.x wire form goes as it is: the receiving node sends those bytes on (not for a
@@ -146,6 +147,11 @@ class Forwarder:
                 properties, _ = decode_properties(props, 0, len(props), PUBLISH_PROPS)
             msg = Publish(topic, payload, qos, bool(flags & 1), False, 0, properties)
         if expiry >= 0:
+            if expiry == frames.EXPIRY_MAX and msg.properties:
+                # more seconds left than the field holds: the interval as published (up to
+                # 0xFFFFFFFF), less what the message waited on its way -- not known here, and
+                # nothing next to 68 years
+                expiry = max(expiry, msg.properties.get(P.MESSAGE_EXPIRY_INTERVAL, 0))
             msg.expiry_at = now + expiry
         broker = self.broker
         if req and (self.fence.fenced or broker.store_refusing()):

@@ -50,6 +50,8 @@ _HEAD = struct.Struct(">IB")
 _PUB = struct.Struct(">IBBiHHIHH")
 PUB_HEAD = 5 + _PUB.size
 RAW = 2                      # PUBLISH flag: the payload part is the 3.x QoS 0 wire form
+EXPIRY_MAX = 0x7FFFFFFF      # a PUBLISH's expiry field (i32) at most: a Message Expiry Interval goes up to
+                             # 0xFFFFFFFF; one above this is sent as this, its properties saying the rest
 TARGET = 4                   # PUBLISH flag: for the session named in the group field only
 _ACK = struct.Struct(">IB")
 _U16 = struct.Struct(">H")

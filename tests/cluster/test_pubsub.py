@@ -150,3 +150,24 @@ def test_qos0_properties_reach_other_nodes_after_a_local_3x_delivery(cluster, ta
     assert msg.payload == b"x"
     assert getattr(msg.properties, "UserProperty", None) == up
     assert getattr(msg.properties, "ContentType", None) == "text/plain"
+
+
+def test_a_message_expiry_interval_above_2_to_the_31_crosses_nodes(cluster, tag):
+    """A Message Expiry Interval is a Four Byte Integer: up to 4,294,967,295 s (5.0 3.3.2.3.3).
+    Forwarded to another node it went into the frame's i32 field: struct.error in the
+    publisher's read callback -- its connection closed without a PUBACK and the subscriber on
+    the other node never got the message. It crosses, with the interval left (unsigned)."""
+    n1, n2 = cluster.start(2)
+    topic = f"{tag}/long"
+    sub = connect(n2.port(), f"{tag}-sub", V5)
+    sub.subscribe(topic, qos=1)
+    pub = connect(n1.port(), f"{tag}-pub", V5)
+    settle(pub, topic, sub)
+    for interval in (0xFFFFFFFF, 2**31):
+        code, _ = pub.publish_result(pub.publish(
+            topic, b"%d" % interval, qos=1, wait=False,
+            properties=props(PacketTypes.PUBLISH, MessageExpiryInterval=interval)), timeout=10)
+        assert code.value == 0
+        m = sub.expect(timeout=10)
+        assert m.payload == b"%d" % interval
+        assert interval - 5 <= m.properties.MessageExpiryInterval <= interval
