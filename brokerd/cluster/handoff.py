@@ -21,6 +21,7 @@ class the messages for a moving session.
 import asyncio
 import json
 import logging
+from collections import deque
 from typing import Protocol
 
 from ..routing.topic import matches
@@ -37,6 +38,9 @@ log = logging.getLogger("brokerd.cluster")
 RELEASE_TIMEOUT = 5.0    # how long a takeover waits for the old node (and the new one holds messages for it)
 HANDOFF_TIMEOUT = 1.0    # how long the old owner waits for the new one to hold a moving session's messages
 SYNC_TIMEOUT = 2.0       # how long it waits for the other nodes to switch routes
+# SYNCs of one node waiting here for their event (a SYNC is kept SYNC_TIMEOUT at most: its asker waits no
+# longer); beyond, the oldest is dropped -- a member sending SYNCs for events no one wrote held them for ever
+SYNCS_PER_NODE = 1024
 
 
 class Holder:
@@ -84,7 +88,7 @@ class Handoff:
         self.moving: dict[str, list[Holder]] = {}     # tenant -> its sessions moving through this node
         self.arriving: dict[tuple, Holder] = {}       # (tenant, client id) -> holder, at the new owner
         self.expecting: set[tuple] = set()            # (tenant, client id) this node is taking over
-        self.syncs: list[tuple] = []                  # (event id, node, req) to answer once applied
+        self.syncs: dict[str, deque] = {}             # node -> (event key, req, until) to answer once applied
 
     # ============================================================ old owner
 
@@ -207,7 +211,8 @@ class Handoff:
         return True
 
     def expire(self, now: float) -> None:
-        """Holders whose session did not come in time are flushed (to nobody)."""
+        """Holders whose session did not come in time are flushed (to nobody); SYNCs no one waits for dropped."""
+        self.expire_syncs(now)
         for (tenant, cid), h in list(self.arriving.items()):
             if (tenant, cid) not in self.expecting and h.since + RELEASE_TIMEOUT < now:
                 self.flush_arriving(tenant, cid)
@@ -260,21 +265,50 @@ class Handoff:
 
     # ============================================================ any node
 
-    def on_sync(self, node: str | None, req: int, eid: str) -> None:
-        """SYNC: answer once this node applied event ``eid``."""
-        self.syncs.append((eid, node, req))
-        self.answer_syncs()
+    def on_sync(self, node: str | None, req: int, eid: str) -> bool:
+        """SYNC: answer once this node applied event ``eid``; False when ``eid``
+        is no event id (the caller closes the link: it was kept, and every later
+        pass over the waiting SYNCs failed on it)."""
+        try:
+            key = event_key(eid)
+        except ValueError:
+            return False
+        if self.fence.fenced or key <= event_key(self.position.last_event):
+            if node:
+                self.send(node, frames.synced(req))
+            return True
+        waiting = self.syncs.get(node)
+        if waiting is None:
+            waiting = self.syncs[node] = deque(maxlen=SYNCS_PER_NODE)
+        waiting.append((key, req, self.clock() + SYNC_TIMEOUT))
+        return True
 
     def answer_syncs(self) -> None:
         """SYNCs whose event this node applied: answered over this node's own link to the asker."""
         if not self.syncs:
             return
         done = event_key(self.position.last_event)
-        keep = []
-        for eid, node, req in self.syncs:
-            if self.fence.fenced or event_key(eid) <= done:
-                if node:
-                    self.send(node, frames.synced(req))
-            else:
-                keep.append((eid, node, req))
-        self.syncs = keep
+        fenced = self.fence.fenced
+        for node, waiting in list(self.syncs.items()):
+            keep = []
+            for entry in waiting:
+                if fenced or entry[0] <= done:
+                    if node:
+                        self.send(node, frames.synced(entry[1]))
+                else:
+                    keep.append(entry)
+            self._keep_syncs(node, waiting, keep)
+
+    def expire_syncs(self, now: float) -> None:
+        """SYNCs their asker no longer waits for (their event not applied here in time) are dropped."""
+        for node, waiting in list(self.syncs.items()):
+            self._keep_syncs(node, waiting, [e for e in waiting if e[2] >= now])
+
+    def _keep_syncs(self, node, waiting: deque, keep: list) -> None:
+        if len(keep) == len(waiting):
+            return
+        if keep:
+            waiting.clear()
+            waiting.extend(keep)
+        else:
+            del self.syncs[node]

@@ -324,7 +324,8 @@ class ClusterNode:
         elif kind in (frames.HOLDING, frames.SYNCED):
             self.requests.answered(ANSWER, f[1], link.peer, f[2])
         elif kind == frames.SYNC:
-            self.handoff.on_sync(link.peer, f[1], f[2])
+            if not self.handoff.on_sync(link.peer, f[1], f[2]):
+                link.fail(f"SYNC for {f[2][:40]!r}, which is no event id")
         else:
             link.fail(f"unexpected frame of type {kind}")
 
