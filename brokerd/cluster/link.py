@@ -11,7 +11,10 @@ frames of at most ``frames.PREAUTH_FRAME`` bytes, for at most
 ``HANDSHAKE_TIMEOUT`` seconds. An authenticated link that hears nothing for
 ``IDLE_TIMEOUT`` seconds is closed (each end sends PING when it sent nothing
 for ``PING_EVERY``), so a peer that vanished without a FIN does not hold
-requests forever.
+requests forever. A peer's requests that wait on this node's bus (a
+TAKEOVER's lock check) are at most ``MAX_IN_PROGRESS`` per link: beyond, the
+link is not read until half of them are done (the frames of the read that
+passed it wait, in order).
 """
 
 import asyncio
@@ -26,6 +29,10 @@ HANDSHAKE_TIMEOUT = 5.0     # seconds from connect to an authenticated link
 PING_EVERY = 5.0            # seconds of silence after which a link sends PING
 IDLE_TIMEOUT = 30.0         # seconds without a byte from the peer after which a link is closed
 MAX_BACKLOG = 256 * 1024 * 1024     # bytes waiting for a peer that does not read before the link is cut
+# a peer's requests being handled here at once (each a task waiting on Redis); more: the link is not read
+# until half are done -- a member sending TAKEOVERs without end made a task each, the node's Redis calls
+# (its heartbeat too) queued behind them and the other nodes took it for dead
+MAX_IN_PROGRESS = 256
 
 HANDSHAKE, ADMITTING, READY = 0, 1, 2     # ADMITTING: the accepting side checks the peer's membership
 
@@ -56,6 +63,8 @@ class Link(asyncio.Protocol):
         self.charged = 0                    # bytes sent while congested, charged to the queue budget
         self.last_rx = self.last_tx = node.loop.time()
         self._timer = None
+        self.in_progress = 0                # the peer's requests being handled (request_started / _done)
+        self.held: list | None = None       # frames read, waiting while too many requests are in progress
 
     # ---------------------------------------------------------- asyncio side
 
@@ -73,16 +82,41 @@ class Link(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.last_rx = self.node.loop.time()
         try:
-            for f in self.reader.feed(data):
-                if self.state == READY:
-                    if f[0] != frames.PING:
-                        self.node.on_frame(self, f)
-                else:
-                    self._handshake(f)
-                if self.closed:
-                    return
+            got = self.reader.feed(data)
         except frames.FrameError as exc:
             self.fail(str(exc))
+            return
+        if self.held is not None:           # (read while reading was being paused)
+            self.held.extend(got)
+            return
+        self._handle(got)
+
+    def _handle(self, got: list) -> None:
+        for i, f in enumerate(got):
+            if self.state == READY:
+                if f[0] != frames.PING:
+                    self.node.on_frame(self, f)
+            else:
+                self._handshake(f)
+            if self.closed:
+                return
+            if self.in_progress >= MAX_IN_PROGRESS:
+                self.held = got[i + 1:]
+                self.transport.pause_reading()
+                return
+
+    def request_started(self) -> None:
+        """A request of the peer is being handled (``request_done`` when it no longer waits on the bus)."""
+        self.in_progress += 1
+
+    def request_done(self) -> None:
+        self.in_progress -= 1
+        if self.held is None or self.in_progress > MAX_IN_PROGRESS // 2 or self.closed:
+            return
+        held, self.held = self.held, None
+        self._handle(held)
+        if self.held is None and not self.closed:
+            self.transport.resume_reading()
 
     def connection_lost(self, exc) -> None:
         self.closed = True

@@ -316,7 +316,8 @@ class ClusterNode:
         elif kind == frames.ACK:
             self.requests.acked(f[1], link.peer, f[2] == 0)
         elif kind == frames.TAKEOVER:
-            self.loop.create_task(self.takeover.on_takeover(link, f[1], f[2], f[3]))
+            link.request_started()          # done once its lock is checked: the link is read meanwhile
+            self.loop.create_task(self.takeover.on_takeover(link, f[1], f[2], f[3], link.request_done))
         elif kind == frames.RELEASED:
             self.requests.answered(RELEASE, f[1], link.peer, f[2])
         elif kind == frames.HANDOFF:

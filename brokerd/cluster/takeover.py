@@ -302,14 +302,19 @@ class Takeover:
 
     # ========================================================== old owner
 
-    async def on_takeover(self, link, req: int, tenant: str, cid: str) -> None:
+    async def on_takeover(self, link, req: int, tenant: str, cid: str, checked=None) -> None:
         """Another node takes a session of this one over (see ``handoff``) --
-        only while it holds the client id's lock, as a CONNECT there does."""
+        only while it holds the client id's lock, as a CONNECT there does.
+        ``checked()`` runs once the lock is checked (the link counts the
+        requests waiting on Redis)."""
         try:
             holder_node = await self.bus.lock_holder(tenant, cid)
         except Exception as exc:
             holder_node = None
             log.warning("takeover of %s/%s by node %s: lock unknown (%s)", tenant, cid, link.peer, exc)
+        finally:
+            if checked is not None:
+                checked()
         if holder_node != link.peer:
             log.warning("takeover of %s/%s refused: node %s does not hold the client id's lock", tenant, cid,
                         link.peer)

@@ -474,6 +474,12 @@ class FakeLink:
     def fail(self, why: str) -> None:
         self.wire.failures.append((self.me, self.peer, why))
 
+    def request_started(self) -> None:
+        pass
+
+    def request_done(self) -> None:
+        pass
+
 
 class Wire:
     """The connections between the nodes: a frame is (from, to, which node dialled)."""

@@ -9,6 +9,7 @@ The rogue member is a raw socket that authenticated with the cluster secret
 under another member's node id (``RawLink.handshake``).
 """
 
+import threading
 import time
 
 from brokerd.cluster import frames
@@ -18,6 +19,21 @@ from ..integration.helpers import Client, connect
 from ..mqtt import V5, PacketTypes, props
 from .conftest import settle
 from .test_links import RawLink, link_port
+
+
+def send_what_is_read(raw: RawLink, data: bytes, seconds: float) -> int:
+    """Send ``data`` for at most ``seconds`` (the node may not read it all); -> bytes sent."""
+    deadline = time.monotonic() + seconds
+    view, sent = memoryview(data), 0
+    raw.sock.settimeout(0.2)
+    while sent < len(data) and time.monotonic() < deadline:
+        try:
+            sent += raw.sock.send(view[sent:sent + 65536])
+        except TimeoutError:
+            continue
+        except OSError:
+            break
+    return sent
 
 
 def persistent(port: int, client_id: str) -> Client:
@@ -74,3 +90,28 @@ def test_syncs_with_made_up_event_ids_do_not_stop_the_node_confirming_route_swit
     print(f"RSS +{grew >> 10} MiB; canary worst {canary.worst * 1000:.0f} ms")
     assert grew < 48 * 1024, f"RSS grew by {grew >> 10} MiB for SYNCs no one will see answered"
     assert n1.proc.poll() is None
+
+
+def test_a_flood_of_takeovers_from_a_member_leaves_the_node_in_the_cluster(cluster, tag):
+    """Each TAKEOVER a link brought started a task asking Redis who holds the
+    client id's lock, as many at once as came: 500,000 of them (15 MB sent)
+    queued on the node's Redis connections, its heartbeat waited behind them,
+    the other nodes took it for dead ("node n1 left the cluster": its
+    sessions adopted while it still held them) and a canary's PUBLISH went
+    unacknowledged. Now a link has at most MAX_IN_PROGRESS lock checks in
+    progress on the node; it is not read meanwhile."""
+    n1, n2, n3 = cluster.start(3)
+    canary = Canary(n1, f"{tag}-c")
+    canary.check()
+    flood = b"".join(frames.takeover(req, "default", f"{tag}-{req}") for req in range(1, 500001))
+    rogue = RawLink(link_port(n1))
+    rogue.handshake(cluster.secret.encode(), cluster.name(n3))
+    sender = threading.Thread(target=send_what_is_read, args=(rogue, flood, 10.0), daemon=True)
+    with canary.running():
+        sender.start()
+        sender.join(20)
+    print(f"canary worst {canary.worst * 1000:.0f} ms")
+    assert "fenc" not in n1.log, n1.log[-3000:]
+    assert "node n1 left the cluster" not in n2.log + n3.log
+    assert n1.proc.poll() is None
+    rogue.close()
