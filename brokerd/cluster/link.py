@@ -72,8 +72,10 @@ class Link(asyncio.Protocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.address = peer[0] if isinstance(peer, tuple) else str(peer or "")
-        if self.expected is None and not self.node.link_socket_opened(self):
-            transport.abort()               # too many unauthenticated links (counted per address and in all)
+        # too many unauthenticated links (counted per address and in all; one accepted on TLS was counted
+        # before its handshake)
+        if self.expected is None and not self.counted and not self.node.link_socket_opened(self):
+            transport.abort()
             return
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)
         self._timer = self.node.loop.call_later(HANDSHAKE_TIMEOUT, self._handshake_timeout)

@@ -14,6 +14,7 @@ a second after an attempt failed. ``Link`` talks to its ``Peers`` only
 
 import asyncio
 import logging
+import socket
 import ssl
 from typing import Protocol
 
@@ -131,6 +132,8 @@ class Peers:
         self._waiting_bytes: dict[str, int] = {}      # ... and their size
         self._retry_at: dict[str, float] = {}         # peer -> when its link may be dialled again
         self._server = None
+        self._tls_listener: socket.socket | None = None     # the link port on mutual TLS (_listen_tls)
+        self._accepting: asyncio.Task | None = None
 
     def attach(self, node: PeerNode) -> None:
         self.node = node
@@ -142,17 +145,67 @@ class Peers:
     async def start(self) -> str:
         """Listen for the other nodes' links; -> HOST:PORT."""
         s = self.settings
-        tls = {"ssl": s.tls_server, "ssl_handshake_timeout": HANDSHAKE_TIMEOUT} if s.tls_server else {}
-        self._server = await self.loop.create_server(lambda: Link(self), s.host, s.port, **tls)
-        port = self._server.sockets[0].getsockname()[1]
+        if s.tls_server is None:
+            self._server = await self.loop.create_server(lambda: Link(self), s.host, s.port)
+            port = self._server.sockets[0].getsockname()[1]
+        else:
+            port = self._listen_tls(s.host, s.port)
         self.address = f"{s.host}:{port}"
         return self.address
+
+    def _listen_tls(self, host: str, port: int) -> int:
+        """Accept the links on mutual TLS: each socket counts against the caps on unauthenticated links from
+        its accept, before its TLS handshake (a server accepting with TLS calls the protocol only once the
+        handshake is done: sockets that never sent a ClientHello were all kept, each for the handshake's
+        timeout). -> the port."""
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(128)
+        sock.setblocking(False)
+        self._tls_listener = sock
+        self._accepting = self.loop.create_task(self._accept_tls(sock), name="cluster-link-accept")
+        return sock.getsockname()[1]
+
+    async def _accept_tls(self, sock: socket.socket) -> None:
+        while True:
+            try:
+                conn, peer = await self.loop.sock_accept(sock)
+            except asyncio.CancelledError:
+                raise
+            except OSError as exc:          # out of descriptors: accept again a little later
+                log.warning("cluster link accept failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            link = Link(self)
+            link.address = peer[0] if isinstance(peer, tuple) else str(peer or "")
+            if not self.link_socket_opened(link):
+                conn.close()
+                continue
+            self.loop.create_task(self._handshake_tls(link, conn))
+
+    async def _handshake_tls(self, link: Link, conn: socket.socket) -> None:
+        try:
+            await self.loop.connect_accepted_socket(lambda: link, conn, ssl=self.settings.tls_server,
+                                                    ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+        except Exception as exc:            # a bad certificate, the handshake's timeout, a reset
+            log.warning("cluster link from %s: TLS handshake failed (%s); closing it", link.address,
+                        exc or type(exc).__name__)
+            conn.close()
+            if link.transport is None:      # never reached the link: its count ends here
+                self._uncount(link)
 
     def close(self) -> None:
         for link in [*self.links.values(), *self._accepted]:
             link.close()
         if self._server is not None:
             self._server.close()
+        if self._accepting is not None:
+            self._accepting.cancel()
+        if self._tls_listener is not None:
+            self._tls_listener.close()
 
     # --------------------------------------------------------------- output
 

@@ -115,3 +115,47 @@ def test_a_flood_of_takeovers_from_a_member_leaves_the_node_in_the_cluster(clust
     assert "node n1 left the cluster" not in n2.log + n3.log
     assert n1.proc.poll() is None
     rogue.close()
+
+
+def test_sockets_that_never_start_tls_on_the_link_port_are_capped(redis_server, tmp_path, tag):
+    """With --cluster-tls-*, a socket counted against the caps on sockets not
+    yet authenticated (8 per address, 64 in all) only once its TLS handshake
+    was done: sockets that never sent a ClientHello were all kept, each for
+    the 5 s of the handshake timeout -- 600 of them held 600 descriptors,
+    and a flood of them would take every descriptor the node has. Now a
+    socket counts from its accept, as on a link without TLS."""
+    import trustme
+
+    from ..hostile.conftest import open_fds
+    from ..pki import write_cert
+    from .conftest import Cluster
+
+    ca = trustme.CA()
+    ca_file = str(tmp_path / "ca.pem")
+    ca.cert_pem.write_to_path(ca_file)
+    c = Cluster(redis_server, tmp_path)
+    idle = []
+    try:
+        nodes = []
+        for i in range(2):
+            cert, key = write_cert(ca.issue_cert(f"node{i}"), tmp_path, f"node{i}")
+            nodes.append(c.node("--cluster-tls-cert", cert, "--cluster-tls-key", key, "--cluster-tls-ca", ca_file,
+                                wait=False))
+        c.wait_connected()
+        n1 = nodes[0]
+        port = link_port(n1)
+        fds = open_fds(n1)
+        idle = [RawLink(port, source="127.0.0.2") for _ in range(600)]
+        time.sleep(0.5)
+        held = open_fds(n1) - fds
+        closed_at_once = [s for s in idle if s.closed_by_node(0.05)]
+        print(f"{held} descriptors held, {len(closed_at_once)} of {len(idle)} sockets closed at once")
+        assert held < 64, f"{held} descriptors held by sockets that never started TLS"
+        assert len(closed_at_once) >= len(idle) - 8
+        cert, key = write_cert(ca.issue_cert("node2"), tmp_path, "node2")
+        c.node("--cluster-tls-cert", cert, "--cluster-tls-key", key, "--cluster-tls-ca", ca_file)
+        c.wait_connected()                         # a node joins and links with both meanwhile
+    finally:
+        for s in idle:
+            s.close()
+        c.stop_all()
