@@ -40,7 +40,7 @@ from .rules.engine import RuleEngine
 from .store import Journal, StoreError, open_store
 from .store.delayed import DelayedRunner
 from .store.writer import StoreWriter
-from .supervisor import supervise
+from .supervisor import PARENT_GONE, supervise
 from .sys_topics import SysTopics
 from .tenancy.control import TenantControl
 from .tenancy.source import AuditSink, PolicySource
@@ -503,9 +503,17 @@ async def serve(config: Config, worker: WorkerIdentity | None = None) -> None:
         _exit_if_stuck(SHUTDOWN_LIMIT)
         stopping.set()
 
+    def on_parent_gone():
+        # a worker's supervisor died: the kernel says so once for each of its threads that exits (see
+        # brokerd.worker), so only the first counts -- the graceful stop of a SIGTERM, never the second's exit
+        if not signals:
+            on_signal("supervisor gone")
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig.name)
     loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
+    if worker is not None:
+        loop.add_signal_handler(PARENT_GONE, on_parent_gone)
     _tune_gc()
     urls = " ".join(lst.url for lst in server.bound)
     admin = f" admin={server.admin.address}" if server.admin is not None else ""

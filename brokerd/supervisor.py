@@ -50,6 +50,10 @@ READY_TIMEOUT = 90.0         # a worker waits up to 30 s for its store, 10 s for
 RESTART_DELAY = 0.5          # seconds before a dead worker is started again; doubled while it keeps dying
 RESTART_DELAY_MAX = 30.0
 STABLE_AFTER = 30.0          # a worker that lived this long restarts without delay next time
+# what a worker gets when its supervisor dies (PR_SET_PDEATHSIG): not SIGTERM, which the kernel sends once for
+# each of the supervisor's threads that exits (asyncio's child watcher has one per worker) -- and a second
+# SIGTERM is the order to exit at once; a worker stops gracefully on the first of these and ignores the others
+PARENT_GONE = signal.SIGUSR1
 
 
 def worker_id(host: str, slot: int, restarts: int) -> str:

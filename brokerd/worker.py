@@ -2,18 +2,19 @@
 (``--workers N``), which writes its settings as JSON on its standard input.
 
 It dies with its parent: should the supervisor be killed, the kernel sends
-the worker SIGTERM (``PR_SET_PDEATHSIG``) and it stops as on any SIGTERM.
+the worker ``supervisor.PARENT_GONE`` (``PR_SET_PDEATHSIG``) and it stops as
+on a SIGTERM -- once, however many times the signal comes.
 """
 
 import ctypes
 import ctypes.util
 import json
 import os
-import signal
 import sys
 
 from .config import Config
 from .server import WorkerIdentity, run, setup_logging
+from .supervisor import PARENT_GONE
 
 PR_SET_PDEATHSIG = 1
 
@@ -21,7 +22,7 @@ PR_SET_PDEATHSIG = 1
 def _die_with_parent(parent: int) -> None:
     name = ctypes.util.find_library("c")
     if name and sys.platform.startswith("linux"):
-        ctypes.CDLL(name).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(name).prctl(PR_SET_PDEATHSIG, PARENT_GONE)
     if os.getppid() != parent:       # the parent died before prctl took effect
         sys.exit(1)
 

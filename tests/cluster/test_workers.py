@@ -333,3 +333,96 @@ def test_workers_must_be_a_count_or_auto(tmp_path, value):
 
     with pytest.raises(ConfigError, match="--workers must be"):
         _settings(tmp_path, "--workers", value)
+
+
+# ---------------------------------------------------------------------- the supervisor's end
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie not yet reaped counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in "ZX"
+    except FileNotFoundError:
+        return True
+
+
+def test_a_supervisor_killed_with_sigkill_leaves_its_workers_to_stop_gracefully(cluster, tag):
+    """The workers die with their supervisor (PR_SET_PDEATHSIG) and stop as on
+    one SIGTERM: v5 clients get DISCONNECT 0x8B, each worker logs its stop.
+    The kernel sends the death signal once for each of the supervisor's
+    threads that exits while the worker is its child -- asyncio's child
+    watcher has one per worker -- and when that signal was SIGTERM the second
+    one made the workers exit at once (how often depends on the order the
+    threads end in; the next test makes that order)."""
+    host = started(cluster, Host(cluster, "h", 2))
+    clients = [host.on_worker(lambda i=i: connect(host.port, f"{tag}-c{i}", V5), f"{tag}-c{i}",
+                              lambda n, i=i: n == f"h.{i}")[0] for i in range(2)]
+    pids = [host.pid_of(f"h.{i}") for i in range(2)]
+    host.proc.proc.kill()
+    host.proc.proc.wait(10)
+    for i, c in enumerate(clients):
+        code, _ = c.expect_disconnect(timeout=20)
+        assert code.value == 0x8B, f"the client on h.{i} got {code} instead of DISCONNECT 0x8B:\n{host.proc.log}"
+    wait_until(lambda: all(_gone(p) for p in pids), timeout=30, message="the workers outlive their supervisor")
+    wait_until(lambda: all(re.search(rf"\[h\.{i}\]: stopped$", host.proc.log, re.M) for i in range(2)), timeout=5,
+               message=f"a worker did not stop gracefully:\n{host.proc.log}")
+    assert "second SIGTERM" not in host.proc.log, host.proc.log
+
+
+# A parent standing in for the supervisor, whose threads end in the order that shows what the kernel does: the
+# thread that started the worker ends (the worker gets the death signal and passes to the process's other
+# thread), and once the worker is stopping (its listener closed) that thread ends too (the death signal again).
+_PARENT = r"""
+import json, os, socket, subprocess, sys, threading, time
+from brokerd.config import load
+from brokerd.supervisor import Supervisor, Worker
+
+sup = Supervisor(load(sys.argv[1:]))
+spec = json.dumps(sup.worker_config(sup.resolve(), Worker(0, node_id=sup.host + ".0"))).encode()
+port = []
+
+def start():
+    proc = subprocess.Popen([sys.executable, "-m", "brokerd.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            start_new_session=True)
+    proc.stdin.write(spec)
+    proc.stdin.close()
+    ready = proc.stdout.readline().decode()
+    port.append(int(ready.rsplit(":", 1)[1]))
+    sys.stdout.write(ready)
+    sys.stdout.flush()
+    while not os.path.exists(os.environ["GO"]):
+        time.sleep(0.05)
+
+thread = threading.Thread(target=start)
+thread.start()
+thread.join()
+while True:
+    try:
+        socket.create_connection(("127.0.0.1", port[0])).close()
+    except OSError:
+        os._exit(0)
+    time.sleep(0.001)
+"""
+
+
+class _StandIn(BrokerProcess):
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", _PARENT, *super().command()[3:]]
+
+
+def test_a_worker_told_more_than_once_that_its_supervisor_died_stops_gracefully(cluster, tag, tmp_path):
+    go = tmp_path / "go"
+    parent = _StandIn("--workers", "2", "--node-id", "h", "--store", cluster.store, "--cluster", cluster.url(),
+                      listen=("mqtt://127.0.0.1:0",), env={"BROKERD_CLUSTER_SECRET": cluster.secret, "GO": str(go)},
+                      timeout=60)
+    cluster.nodes.append(parent)
+    cluster.names[id(parent)] = "h.0 under a stand-in parent"
+    parent.start()
+    wait_until(lambda: "listening on" in parent.log, timeout=10, message=parent.log)
+    client = connect(parent.port(), f"{tag}-c", V5)
+    go.touch()
+    code, _ = client.expect_disconnect(timeout=20)
+    assert code.value == 0x8B, f"got {code} instead of DISCONNECT 0x8B:\n{parent.log}"
+    wait_until(lambda: re.search(r"\[h\.0\]: stopped$|exiting now", parent.log, re.M), timeout=20,
+               message=f"the worker did not stop:\n{parent.log}")
+    assert "exiting now" not in parent.log, parent.log
