@@ -402,6 +402,11 @@ class Bus:
         pipe.delete(self.k("node", self.node))
         await pipe.execute()
 
+    async def forget_former(self) -> None:
+        """This node's id is a member again: how a former node of that id ended (a survivor adopted it,
+        ``reap:``; it left gracefully, ``left:``) says nothing of how this one will."""
+        await self.redis.delete(self.k("reap", self.node), self.k("left", self.node))
+
     # ---------------------------------------------------------------- events
 
     async def publish_events(self, events: list[dict]) -> list[str]:

@@ -181,6 +181,10 @@ class ClusterNode:
         await self.membership.join()
         await self.eventlog.load_snapshot()
         await self.bus.heartbeat(self.membership.info())
+        # a former node of this id that died was adopted once (reap:), or left gracefully (left:): this one
+        # is a member now, and when it dies a survivor adopts it and publishes its wills -- a host's
+        # workers take the same ids each time it starts, and those keys lived an hour
+        await self.bus.forget_former()
         # anything a former incarnation of this node announced is void
         await self.bus.publish_events([{"t": "reset", "n": self.id}])
         await self.adoption.adopt_orphans()

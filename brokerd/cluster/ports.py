@@ -198,6 +198,9 @@ class MemberBus(Protocol):
 
     async def leave(self) -> None: ...
 
+    async def forget_former(self) -> None:
+        """This node's id is a member again: what was kept of a former node's end with that id goes."""
+
     async def set_counts(self, counts: dict[str, int]) -> dict[str, int]: ...
 
     async def set_stats(self, stats: dict) -> None: ...

@@ -103,6 +103,11 @@ class FakeBus:
         self.s.left.add(self.node)
         self.s.nodes.pop(self.node, None)
 
+    async def forget_former(self) -> None:
+        self._check()
+        self.s.reaped.pop(self.node, None)
+        self.s.left.discard(self.node)
+
     # -- events
     async def publish_events(self, events: list[dict]) -> list[str]:
         self._check()

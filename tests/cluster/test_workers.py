@@ -273,6 +273,41 @@ def test_sigkill_of_a_worker_loses_no_acknowledged_message_and_it_is_restarted(c
     back.disconnect()
 
 
+@pytest.mark.slow
+def test_a_worker_of_a_restarted_host_that_dies_is_adopted_and_its_clients_wills_published(cluster, tag):
+    """A host's workers take the same node ids each time the host starts
+    (h.0, h.1). What the cluster kept in Redis about a former h.0 -- that a
+    survivor adopted it (``reap:``), that it left gracefully (``left:``) --
+    must not decide what happens when this h.0 dies: a survivor adopts its
+    sessions and publishes the wills of its clients. (``reap:h.0`` lived an
+    hour: no survivor adopted the new h.0, its sessions stayed orphaned and
+    its clients' wills were never published; a stale ``left:h.1`` made the
+    survivor take the killed h.1 for one that left gracefully, and publish
+    none of its wills.)"""
+    first = started(cluster, Host(cluster, "h", 2))
+    os.kill(first.pid_of("h.0"), signal.SIGKILL)        # h.1 adopts h.0 (reap:h.0)
+    wait_until(lambda: re.search(r"adopted \d+ sessions of node h\.0\b", first.proc.log), timeout=20,
+               message=f"h.0 not adopted:\n{first.proc.log}")
+    wait_until(lambda: "h.0-1" in first.workers(), timeout=20, message="h.0 not restarted as h.0-1")
+    assert first.proc.stop() == 0       # the workers leave together, none left to adopt the others (left:h.1)
+
+    host = started(cluster, Host(cluster, "h", 2))
+    for dead, survivor in (("h.0", "h.1"), ("h.1", "h.0-1")):
+        wait_until(lambda survivor=survivor: survivor in host.workers(), timeout=20,
+                   message=f"{survivor} not listed: {sorted(host.workers())}")
+        will = f"{tag}/will/{dead}"
+        watcher, _ = host.on_worker(lambda dead=dead: connect(host.port, f"{tag}-w-{dead}", V5), f"{tag}-w-{dead}",
+                                    lambda n, survivor=survivor: n == survivor)
+        watcher.subscribe(will, qos=1)
+        host.on_worker(lambda dead=dead, will=will: Client(f"{tag}-d-{dead}", V5).connect(
+            host.port, will=(will, b"gone", 1, False)), f"{tag}-d-{dead}", lambda n, dead=dead: n == dead)
+        os.kill(host.pid_of(dead), signal.SIGKILL)
+        wait_until(lambda dead=dead: re.search(rf"adopted \d+ sessions of node {re.escape(dead)}\b", host.proc.log),
+                   timeout=20, message=f"the killed {dead} of the restarted host was not adopted:\n{host.proc.log}")
+        assert watcher.expect(timeout=10).payload == b"gone", f"the will of {dead}'s client:\n{host.proc.log}"
+        watcher.disconnect()
+
+
 def _try_connect(port: int, client_id: str):
     try:
         return connect(port, client_id, V311)
