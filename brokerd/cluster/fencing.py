@@ -49,6 +49,8 @@ class Fence:
 class FenceBus(EventBus, Protocol):
     ttl: float
 
+    async def forget_former(self) -> None: ...
+
 
 class OtherNodes(Protocol):
     def other_node_url(self, scheme: str = "mqtt") -> str | None: ...
@@ -137,6 +139,8 @@ class Fencing:
 
     async def unfence(self) -> None:
         log.warning("cluster bus reachable again: node %s rejoins", self.id)
+        # a survivor adopted this node while it was cut off (reap:): when it dies, it is adopted again
+        await self.bus.forget_former()
         await self.bus.publish_events([{"t": "reset", "n": self.id}])
         self.announced.forget()
         await self.table.reload()

@@ -280,3 +280,29 @@ def test_a_node_cut_off_from_redis_and_its_store_writes_nothing_stale_when_the_n
         store_link.stop()
         redis_link.stop()
         gateway.stop()
+
+
+@pytest.mark.slow
+def test_a_node_that_rejoined_after_a_netsplit_is_adopted_when_it_dies(cluster, split_cluster, tag):
+    """n2 is cut off, fences, is adopted by a survivor (which marks n2 reaped), and rejoins
+    when Redis is back. Killed later, it is adopted again and its client's will published:
+    the mark of its first adoption says nothing of its second death."""
+    proxy, n1, n2, n3 = split_cluster
+    proxy.stop()
+    wait_until(lambda: "lost the cluster bus" in n2.log, timeout=10, message="node 2 did not fence")
+    adopted_by([n1, n3], cluster.name(n2))
+    proxy.start()
+    wait_until(lambda: "rejoined the cluster" in n2.log, timeout=15, message="node 2 did not rejoin")
+    eventually_connected(cluster)
+    watcher = connect(n1.port(), f"{tag}-watcher", V5)
+    watcher.subscribe(f"{tag}/will", qos=1)
+    dev = persistent(n2.port(), f"{tag}-dev", will=(f"{tag}/will", b"gone", 1))
+    dev.subscribe(f"{tag}/p", qos=1)
+    settle(connect(n3.port(), f"{tag}-probe", V5), f"{tag}/p", dev)
+    settled_adoptions = {n: n.log.count(f"of node {cluster.name(n2)}") for n in (n1, n3)}
+    n2.kill()
+    wait_until(lambda: any(n.log.count(f"adopted 1 sessions of node {cluster.name(n2)}") for n in (n1, n3)),
+               timeout=20, message=f"no node adopted the sessions of n2 a second time: {settled_adoptions}")
+    assert watcher.expect(timeout=10).payload == b"gone"
+    again = persistent(n1.port(), f"{tag}-dev")
+    assert again.session_present
