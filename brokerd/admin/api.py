@@ -312,12 +312,29 @@ def retained_delete(broker, tenant: str, topic: str, now: float) -> bool:
     return True
 
 
-def paginate(items: list, q: dict) -> dict:
+def page_of(q: dict) -> tuple[int, int]:
+    """(page, per_page) of a query."""
     try:
-        page = max(1, int(q.get("page", 1)))
-        per_page = min(MAX_PAGE, max(1, int(q.get("per_page", 50))))
+        return max(1, int(q.get("page", 1))), min(MAX_PAGE, max(1, int(q.get("per_page", 50))))
     except ValueError:
         raise ApiError(400, "'page' and 'per_page' must be integers")
+
+
+def paginate(items: list, q: dict, total: int | None = None) -> dict:
+    """The query's page of ``items`` (sorted); ``total``: how many there are in all, when
+    ``items`` holds only the first of them (a cluster's, gathered with ``head``)."""
+    page, per_page = page_of(q)
+    total = len(items) if total is None else total
     start = (page - 1) * per_page
-    return {"items": items[start:start + per_page], "page": page, "per_page": per_page, "total": len(items),
-            "pages": (len(items) + per_page - 1) // per_page}
+    return {"items": items[start:start + per_page], "page": page, "per_page": per_page, "total": total,
+            "pages": (total + per_page - 1) // per_page}
+
+
+def head(items: list, q: dict) -> dict:
+    """The first ``top`` of ``items`` (sorted) and how many there are: one node's part of a page
+    another node gathers (its page is among the first page * per_page of every node's)."""
+    try:
+        top = max(0, int(q["top"]))
+    except ValueError:
+        raise ApiError(400, "'top' must be an integer")
+    return {"items": items[:top], "total": len(items)}

@@ -46,6 +46,10 @@ from .openapi import OPENAPI
 log = logging.getLogger("brokerd.admin")
 
 
+def _client_order(c: dict) -> tuple:
+    return c["tenant"], c["client_id"]
+
+
 @dataclass(slots=True)
 class Token:
     id: int | None
@@ -257,12 +261,20 @@ class AdminApi:
             return json_response(200, {"at": time.time(), "items": nodes, **cluster_metrics(nodes)})
         if parts == ["clients"] and m == "GET":
             items = api.list_clients(b, self.node, req.query, now)
-            if not local:
-                items += await self._gather(req, "clients")
             if req.query.get("node"):
                 items = [c for c in items if c["node"] == req.query["node"]]
-            items.sort(key=lambda c: (c["tenant"], c["client_id"]))
-            return json_response(200, api.paginate(items, req.query))
+            items.sort(key=_client_order)
+            if local and "top" in req.query:
+                return json_response(200, api.head(items, req.query))
+            total = len(items)
+            if not local:
+                # each other node's first page * per_page (the page is among them) and its count
+                page, per_page = api.page_of(req.query)
+                for part in await self._gather(req, "clients", {"top": str(page * per_page)}, whole=True):
+                    items += part["items"]
+                    total += part["total"]
+                items.sort(key=_client_order)
+            return json_response(200, api.paginate(items, req.query, total))
         if len(parts) >= 3 and parts[0] == "clients":
             tenant, cid = parts[1], parts[2]
             rest = parts[3:]
@@ -409,8 +421,9 @@ class AdminApi:
             headers["x-on-behalf-of"] = req.headers["x-on-behalf-of"].encode("latin-1")   # as it came
         return await request(host, int(port), req.method, target, headers, req.body)
 
-    async def _gather(self, req: Request, what: str) -> list:
-        """The same list from every other node."""
+    async def _gather(self, req: Request, what: str, query: dict | None = None, whole: bool = False) -> list:
+        """The same list from every other node (``whole``: their answers, each a dict; ``query``:
+        what the request's page and per_page are replaced with)."""
         peers = self._peers()
         if not peers:
             return []
@@ -420,12 +433,12 @@ class AdminApi:
         async def one(node, address):
             info = members.get(node) or {}
             try:
-                status, body = await self._ask(address, req, f"/api/v1/{what}", {k: v for k, v in req.query.items()
-                                                                               if k not in ("page", "per_page")}
-                                               | {"per_page": str(api.MAX_PAGE * 100)})
+                status, body = await self._ask(address, req, f"/api/v1/{what}", {
+                    k: v for k, v in req.query.items() if k not in ("page", "per_page", "top")} | (query or {}))
                 if status != 200:
                     raise ConnectionError(f"status {status}")
-                return json.loads(body)["items"]
+                answer = json.loads(body)
+                return [answer] if whole else answer["items"]
             except Exception as exc:
                 log.warning("node %s did not answer the admin API: %s", node, exc)
                 # a worker that does not answer is still listed under its host (its membership info as it was

@@ -6,6 +6,7 @@ import time
 import pytest
 
 from ..cluster.conftest import Cluster, RedisServer, settle, wait_until
+from ..integration.raw import RawClient
 from ..mqtt import V5, PahoClient
 from .conftest import CONSOLE_TOKEN, Http
 
@@ -57,6 +58,39 @@ def test_clients_of_all_nodes_listed_detailed_and_kicked_from_one(three, tokens)
     finally:
         for d in devs:
             d.drop()
+
+
+def test_a_page_of_clients_counts_and_lists_more_than_a_page_of_another_nodes(three, tokens):
+    """1,010 clients on n2 and 3 on n1, listed through n1 a thousand at a time: the total is
+    1,013 and the two pages hold each client once, in order (n1 asked n2 for its clients a
+    whole list at a time, which n2 cut at its page size, 1,000: the 10 after were in no page
+    and the total said 1,003)."""
+    c, (n1, n2, n3) = three
+    stem = f"many-{time.monotonic_ns()}"
+    raws = []
+    try:
+        for i in range(1010):
+            raw = RawClient(n2.port())
+            raws.append(raw)
+            raw.connect(f"{stem}-b{i:04d}")
+        for i in range(3):
+            raw = RawClient(n1.port())
+            raws.append(raw)
+            raw.connect(f"{stem}-a{i}")
+        api = Http(n1.admin_url)
+        first = api("GET", f"/api/v1/clients?client_id={stem}&per_page=1000", token=tokens["read"])[2]
+        second = api("GET", f"/api/v1/clients?client_id={stem}&per_page=1000&page=2", token=tokens["read"])[2]
+        assert (first["total"], first["pages"], len(first["items"]), len(second["items"])) == (1013, 2, 1000, 13)
+        listed = [x["client_id"] for x in first["items"] + second["items"]]
+        assert listed == sorted([f"{stem}-a{i}" for i in range(3)] + [f"{stem}-b{i:04d}" for i in range(1010)])
+        # a small page deep in the list, and one node's clients alone
+        deep = api("GET", f"/api/v1/clients?client_id={stem}&per_page=7&page=145", token=tokens["read"])[2]
+        assert [x["client_id"] for x in deep["items"]] == listed[1008:1013]
+        only = api("GET", f"/api/v1/clients?client_id={stem}&node=n2&per_page=5&page=202", token=tokens["read"])[2]
+        assert (only["total"], [x["client_id"] for x in only["items"]]) == (1010, listed[1008:1013])
+    finally:
+        for raw in raws:
+            raw.close()
 
 
 def test_subscription_added_on_another_node_and_publish_through_any(three, tokens):
