@@ -35,6 +35,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import re
 import signal
 import socket
@@ -121,7 +122,7 @@ class Supervisor:
         host, _, port = base.cluster_listen.rpartition(":")
         link = f"{host}:{int(port) + w.slot}" if int(port) else base.cluster_listen
         cfg = dataclasses.replace(base, node_id=w.node_id, cluster_listen=link, workers="1")
-        return {"config": dataclasses.asdict(cfg), "host": self.host, "slot": w.slot}
+        return {"config": dataclasses.asdict(cfg), "host": self.host, "slot": w.slot, "parent": os.getpid()}
 
     # ------------------------------------------------------------- workers
 

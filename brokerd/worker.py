@@ -3,7 +3,9 @@
 
 It dies with its parent: should the supervisor be killed, the kernel sends
 the worker ``supervisor.PARENT_GONE`` (``PR_SET_PDEATHSIG``) and it stops as
-on a SIGTERM -- once, however many times the signal comes.
+on a SIGTERM -- once, however many times the signal comes. A supervisor
+that died before that took effect leaves it to another parent: the
+worker, finding its parent is not the pid its settings name, exits at once.
 """
 
 import ctypes
@@ -28,9 +30,10 @@ def _die_with_parent(parent: int) -> None:
 
 
 def main() -> int:
-    parent = os.getppid()
     spec = json.loads(sys.stdin.read())
-    _die_with_parent(parent)
+    # the supervisor's pid as it says, not getppid() here: a supervisor killed while this process
+    # started (before main ran) left it to init, and it would take init for its parent
+    _die_with_parent(int(spec["parent"]))
     config = Config(**spec["config"])
     worker = WorkerIdentity(spec["host"], spec["slot"])
     setup_logging(config, worker)

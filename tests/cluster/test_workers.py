@@ -404,6 +404,25 @@ def test_a_supervisor_killed_with_sigkill_leaves_its_workers_to_stop_gracefully(
     assert "second SIGTERM" not in host.proc.log, host.proc.log
 
 
+def test_a_worker_whose_supervisor_died_before_it_ran_exits_at_once(cluster, tmp_path):
+    """A worker checks its parent against the supervisor's pid its settings name (a supervisor
+    killed while the worker was starting, before its main ran, left it to another parent: it
+    took that one for its supervisor, joined the cluster and bound the host's ports, with no
+    one to stop it). Here its parent is this test, not the pid the settings name."""
+    from brokerd.config import load
+    from brokerd.supervisor import Supervisor, Worker
+
+    sup = Supervisor(load(["--workers", "2", "--node-id", "orphan", "--store", cluster.store, "--cluster",
+                           cluster.url(), "--listen", "mqtt://127.0.0.1:0", "--allow-anonymous"],
+                          {**os.environ, "BROKERD_CLUSTER_SECRET": cluster.secret}))
+    spec = sup.worker_config(sup.resolve(), Worker(0, node_id="orphan.0"))
+    assert spec["parent"] == os.getpid()
+    spec["parent"] = 1                               # the supervisor that started it is gone
+    proc = subprocess.run([sys.executable, "-m", "brokerd.worker"], input=json.dumps(spec).encode(),
+                          capture_output=True, timeout=30, env={**os.environ, "BROKERD_CLUSTER_SECRET": cluster.secret})
+    assert proc.returncode == 1 and b"ready" not in proc.stdout, proc.stderr.decode()[-2000:]
+
+
 # A parent standing in for the supervisor, whose threads end in the order that shows what the kernel does: the
 # thread that started the worker ends (the worker gets the death signal and passes to the process's other
 # thread), and once the worker is stopping (its listener closed) that thread ends too (the death signal again).
