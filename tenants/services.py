@@ -195,11 +195,16 @@ def _set_cert(device: Device, cert_fingerprint, cert_cn):
 
 
 def _check_fingerprint_free(device: Device):
+    """Fingerprints are unique across tenants; another tenant's device is not
+    named (its tenant's administrators would learn who holds a certificate)."""
     if device.cert_fingerprint is None:
         return
     other = Device.objects.filter(cert_fingerprint=device.cert_fingerprint).exclude(pk=device.pk).first()
-    if other is not None:
+    if other is None:
+        return
+    if other.tenant_id == device.tenant_id:
         raise Conflict(f"certificate fingerprint already belongs to device {other}")
+    raise Conflict("certificate fingerprint already in use by a device of another tenant")
 
 
 @transaction.atomic

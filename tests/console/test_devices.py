@@ -120,8 +120,32 @@ def test_create_with_a_certificate_fingerprint_in_use(as_alice, acme, globex):
     services.create_device(globex, "cam", cert_fingerprint=fp)
     response = as_alice.post("/tenants/acme/devices/new/", {"name": "cam-2", "cert_fingerprint": fp.upper()})
     assert response.status_code == 200
-    assert "already belongs to device" in response.content.decode()
+    assert "already in use" in response.content.decode()
     assert not Device.objects.filter(name="cam-2").exists()
+
+
+@pytest.mark.parametrize("how", ["create", "edit"])
+def test_a_fingerprint_in_use_in_another_tenant_names_neither_tenant_nor_device(as_alice, acme, globex, how):
+    """A tenant administrator who types another tenant's certificate fingerprint
+    (certificates are shown in every TLS handshake) must not learn which
+    tenant and device hold it: the refusal says "in use", nothing more."""
+    fp = "cd" * 32
+    services.create_device(globex, "secret-cam", cert_fingerprint=fp)
+    if how == "create":
+        response = as_alice.post("/tenants/acme/devices/new/", {"name": "cam-2", "cert_fingerprint": fp})
+    else:
+        response = as_alice.post("/tenants/acme/devices/sensor-1/edit/", {"description": "", "cert_fingerprint": fp})
+    page = response.content.decode()
+    assert response.status_code == 200 and "already in use" in page
+    assert "globex" not in page and "secret-cam" not in page
+    assert Device.objects.get(tenant=acme, name="sensor-1").cert_fingerprint is None
+
+
+def test_a_fingerprint_in_use_in_the_same_tenant_names_the_device(as_alice, acme):
+    fp = "ef" * 32
+    services.create_device(acme, "cam", cert_fingerprint=fp)
+    response = as_alice.post("/tenants/acme/devices/new/", {"name": "cam-2", "cert_fingerprint": fp})
+    assert response.status_code == 200 and "already belongs to device acme/cam" in response.content.decode()
 
 
 def test_new_device_form_is_offered_with_a_first_credential(as_alice, acme):
