@@ -12,10 +12,21 @@ see a failed handshake). The first message is ``{"type": "hello", ...}``
 with the recent chart points and the last update; then one
 ``{"type": "update", ...}`` per poll (see ``metrics.hub``). The sockets
 only listen: whatever a browser sends is ignored.
+
+Access is asked again at most every ``RECHECK_EVERY`` seconds while the
+socket is open, from the session as stored now: a user who signed out (or
+whose session ended), a member removed from the tenant or an administrator
+no longer staff is closed (4401 / 4403) instead of receiving the figures for
+as long as the page stays open.
 """
 
+import time
+from importlib import import_module
+
+from channels.auth import get_user
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 
 from core.roles import is_platform_admin
 from tenants.access import membership_of
@@ -25,6 +36,7 @@ from .hub import get_hub
 
 ANONYMOUS = 4401
 FORBIDDEN = 4403
+RECHECK_EVERY = 5.0     # seconds between two checks of an open socket's access
 
 
 def may_watch(user, slug: str | None) -> bool:
@@ -42,6 +54,8 @@ def may_watch(user, slug: str | None) -> bool:
 class MetricsConsumer(AsyncJsonWebsocketConsumer):
     slug: str | None = None
     group: str | None = None
+    user_id = None
+    checked_at = 0.0
 
     async def connect(self):
         user = self.scope.get("user")
@@ -52,6 +66,7 @@ class MetricsConsumer(AsyncJsonWebsocketConsumer):
         if not await database_sync_to_async(may_watch)(user, self.slug):
             await self.close(code=FORBIDDEN)
             return
+        self.user_id, self.checked_at = user.pk, time.monotonic()
         hub = get_hub()
         hub.ensure_started()
         self.group = hub.group(self.slug)
@@ -74,5 +89,29 @@ class MetricsConsumer(AsyncJsonWebsocketConsumer):
     async def receive_json(self, content, **kwargs):
         pass        # listen-only
 
+    async def refusal(self) -> int | None:
+        """Why the socket may no longer watch (its close code), from the session
+        as stored now and the user's memberships now; None: it still may."""
+        session = self.scope.get("session")
+        key = getattr(session, "session_key", None)
+        if not key:
+            return ANONYMOUS
+        stored = import_module(settings.SESSION_ENGINE).SessionStore(key)
+        user = await get_user({"session": stored})     # anonymous once signed out, expired or the password changed
+        if not user.is_authenticated or user.pk != self.user_id:
+            return ANONYMOUS
+        if not await database_sync_to_async(may_watch)(user, self.slug):
+            return FORBIDDEN
+        return None
+
     async def metrics_update(self, event):
+        if self.group is None:
+            return
+        if time.monotonic() - self.checked_at >= RECHECK_EVERY:
+            self.checked_at = time.monotonic()
+            code = await self.refusal()
+            if code is not None:
+                await self.disconnect(code)
+                await self.close(code=code)
+                return
         await self.send_json(event["payload"])

@@ -196,3 +196,59 @@ def test_hub_forgets_a_busy_tenant_kept_unwatched_once_it_is_no_longer_fed(monke
     monkeypatch.setattr(hub_module, "FORGET_AFTER", -1)
     hub._forget_unwatched()
     assert "busy" not in hub.tenant_series and "busy" not in hub._kept
+
+
+def _revoke(how: str, people, tenants, browsers):
+    from tenants.models import Membership
+
+    if how == "membership removed":
+        Membership.objects.filter(user=people["alice"], tenant=tenants["acme"]).delete()
+    elif how == "signed out":
+        browsers["alice"].logout()          # the session is deleted, as by the console's sign-out
+    elif how == "no longer staff":
+        people["root"].is_staff = False
+        people["root"].save(update_fields=["is_staff"])
+
+
+@pytest.mark.parametrize(("how", "path", "who", "code"), [
+    ("membership removed", "/ws/metrics/tenants/acme/", "alice", FORBIDDEN),
+    ("signed out", "/ws/metrics/tenants/acme/", "alice", ANONYMOUS),
+    ("no longer staff", "/ws/metrics/", "root", FORBIDDEN),
+])
+def test_a_socket_is_closed_once_its_user_loses_access(settings, monkeypatch, people, tenants, browsers,
+                                                        how, path, who, code):
+    """Access was checked only at the handshake: a member removed from a tenant, a
+    user who signed out or an administrator no longer staff kept receiving the
+    tenant's (or the cluster's) figures every second for as long as the page stayed open."""
+    from channels.db import database_sync_to_async
+
+    from metrics import consumers
+
+    settings.METRICS_POLL_INTERVAL = 0.2
+    monkeypatch.setattr(consumers, "RECHECK_EVERY", 0.0, raising=False)
+
+    async def scenario():
+        comm = socket(path, browsers[who])
+        connected, _ = await comm.connect()
+        assert connected
+        await comm.receive_json_from(timeout=5)                       # hello
+        await receive_until(comm, lambda m: m.get("type") == "update")
+        await database_sync_to_async(_revoke)(how, people, tenants, browsers)
+        deadline = time.monotonic() + 5
+        updates = 0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"still open {how}: {updates} updates since")
+            try:
+                out = await comm.receive_output(timeout=left)
+            except TimeoutError:
+                raise AssertionError(f"still open {how}: {updates} updates since") from None
+            if out["type"] == "websocket.close":
+                return out, updates
+            updates += 1
+
+    closed, updates = run(scenario)
+    assert closed["code"] == code
+    assert updates <= 1          # at most the update already on its way when access went
+    assert not get_hub().watchers
