@@ -10,7 +10,8 @@ from django.shortcuts import render
 from django.template.loader import render_to_string
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from .brokerd_client import BrokerdError, BrokerdUnavailable, client_for
+from .brokerd_client import BrokerdError, BrokerdInterrupted, BrokerdUnavailable, client_for
+from .roles import is_platform_admin
 
 PER_PAGE = 50
 
@@ -73,12 +74,21 @@ def paginate(request, queryset, per_page: int = PER_PAGE):
     return paginator.get_page(request.GET.get("page"))
 
 
+# what tenant users are told when no node answers, or a write was cut off: the nodes'
+# admin addresses (in the full messages) are the platform's internal network
+UNAVAILABLE = "brokerd admin API unreachable: no node answered"
+INTERRUPTED = ("brokerd stopped answering after the request was sent: it may have been carried out "
+               "-- check before trying again")
+
+
 class Live:
     """brokerd for one request: ``call`` returns the answer, or None after
-    noting the failure (``unavailable`` -> the banner, ``error`` -> a message)."""
+    noting the failure (``unavailable`` -> the banner, ``error`` -> a message).
+    Which node failed, and how, is for platform administrators only."""
 
     def __init__(self, request):
         self.api = client_for(request.user)
+        self.detailed = is_platform_admin(request.user)
         self.unavailable: str | None = None
         self.error: BrokerdError | None = None
 
@@ -88,9 +98,13 @@ class Live:
         try:
             return getattr(self.api, method)(*args, **kwargs)
         except BrokerdUnavailable as exc:
-            self.unavailable = exc.message
+            self.unavailable = exc.message if self.detailed else UNAVAILABLE
+        except BrokerdInterrupted as exc:
+            self.error = exc if self.detailed else BrokerdInterrupted(INTERRUPTED)
         except BrokerdError as exc:
-            self.error = exc
+            # an answer of the API: said as is, but a server error may name nodes, hosts, the store
+            self.error = exc if self.detailed or exc.status < 500 else BrokerdError(
+                exc.status, f"brokerd could not carry out the request (HTTP {exc.status}); try again later")
         return None
 
     def context(self) -> dict:
