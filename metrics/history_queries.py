@@ -38,10 +38,14 @@ def _floor(t: dt.datetime, step: int) -> int:
     return ts - ts % step
 
 
-def series(range_key: str, *, tenant: str = "", node: str | None = None, now: dt.datetime | None = None) -> dict:
+def series(range_key: str, *, tenant: str = "", node: str | None = None, now: dt.datetime | None = None,
+           since: dt.datetime | None = None) -> dict:
     """``{"range", "step", "t": [unix...], "connections": [...], "msgs_in": [...], ..., "totals": {...}}``:
-    the cluster (``tenant=""``), one tenant, or one node (``node``)."""
+    the cluster (``tenant=""``), one tenant, or one node (``node``). ``since``: the tenant's creation --
+    rows are kept by slug, and a deleted tenant's slug may be given to a new one: the periods before
+    are unknown (gaps), never the previous tenant's figures."""
     resolution, step, points = RANGES[range_key]
+    cut = None if since is None else _floor(since, 3600 if resolution == Sample.Resolution.HOUR else 60)
     now = now or timezone.now()
     end = _floor(now, step)
     start = end - (points - 1) * step
@@ -52,7 +56,10 @@ def series(range_key: str, *, tenant: str = "", node: str | None = None, now: dt
         base = base.filter(node=node)
     # periods with data at all (any node wrote its own row)
     known = {_floor(at, step) for at in base.filter(tenant="").values_list("at", flat=True).distinct()}
-    rows = (base.filter(tenant=tenant).values("at")
+    mine = base.filter(tenant=tenant)
+    if cut is not None:
+        mine = mine.filter(at__gte=dt.datetime.fromtimestamp(cut, tz=dt.UTC))
+    rows = (mine.values("at")
             .annotate(connections=Sum("connections"), **{c: Sum(c) for c in COUNTERS}).order_by("at"))
     sums: dict[int, dict] = {}
     for row in rows:
@@ -67,7 +74,7 @@ def series(range_key: str, *, tenant: str = "", node: str | None = None, now: dt
     for i in range(points):
         t = start + i * step
         out["t"].append(t)
-        if t not in known:
+        if t not in known or (cut is not None and t + step <= cut):
             for s in SERIES:
                 out[s].append(None)
             continue

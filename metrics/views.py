@@ -118,12 +118,18 @@ def tenant(request, slug):
     url = reverse("tenant_metrics_history", args=[slug])
     context = {"tenant_obj": tenant_obj, "slug": slug, "quota": quota,
                **_live(f"/ws/metrics/tenants/{slug}/", "tenant", slug=slug),
-               **_history_context(url, history_queries.series(_range(request), tenant=slug), request.path)}
+               **_history_context(url, _tenant_series(request, slug, tenant_obj), request.path)}
     return render(request, "metrics/tenant.html", context)
+
+
+def _tenant_series(request, slug, tenant_obj) -> dict:
+    """The tenant's history since it was created (a reused slug's rows are the previous tenant's)."""
+    since = tenant_obj.created_at if tenant_obj is not None else None
+    return history_queries.series(_range(request), tenant=slug, since=since)
 
 
 @login_required
 def tenant_history(request, slug):
-    get_live_scope_for_user(request, slug)
+    tenant_obj, _ = get_live_scope_for_user(request, slug)
     url = reverse("tenant_metrics_history", args=[slug])
-    return _history_response(request, history_queries.series(_range(request), tenant=slug), url)
+    return _history_response(request, _tenant_series(request, slug, tenant_obj), url)

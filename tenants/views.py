@@ -727,5 +727,7 @@ def tenant_audit(request, slug):
     tenant_admin_or_platform(request, tenant)
     form = AuditFilterForm(request.GET or None)
     del form.fields["tenant"]
-    return audit_page(request, AuditEvent.objects.filter(tenant=tenant.slug), form, "tenants/audit.html",
+    # rows are kept by slug: a deleted tenant's slug given to a new tenant must not show the previous one's
+    events = AuditEvent.objects.filter(tenant=tenant.slug, at__gte=tenant.created_at)
+    return audit_page(request, events, form, "tenants/audit.html",
                       {"tenant": tenant, "rw": rw, "scoped": True})

@@ -20,7 +20,7 @@ from brokerd.admin.endpoints import AdminTokens
 from console.models import ApiToken, hash_token
 from core.models import AuditEvent
 from tenants import services
-from tenants.models import AclRule, Device, Membership
+from tenants.models import AclRule, Device, Membership, Tenant
 
 from .conftest import HTMX
 
@@ -125,6 +125,8 @@ def listed(page) -> list[str]:
 def log(db):
     day = dt.timedelta(days=1)
     now = timezone.now()
+    # the tenants existed before their events (a tenant's log starts when it was created)
+    Tenant.objects.update(created_at=now - 30 * day)
     event("device.create", actor="alice", object_id="e1", at=now - 10 * day)
     event("device.delete", actor="alice", object_id="e2", at=now - 5 * day)
     event("acl.add", actor="root", object_id="e3", at=now - 2 * day)

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from metrics import history_queries
 from metrics.models import Sample
+from tenants.models import Tenant
 
 pytestmark = pytest.mark.django_db
 
@@ -84,6 +85,8 @@ def test_7_days_from_hour_rows_and_one_node():
 
 def recent_rows():
     now = timezone.now().replace(second=0, microsecond=0)
+    # the tenants existed before their rows (a tenant's history starts when it was created)
+    Tenant.objects.update(created_at=now - dt.timedelta(days=1))
     row(now - dt.timedelta(minutes=1), "n1", connections=3, messages_in=180)
     row(now - dt.timedelta(minutes=1), "n1", tenant="acme", connections=2, messages_in=120)
     row(now - dt.timedelta(minutes=1), "n1", tenant="globex", connections=1, messages_in=60)
