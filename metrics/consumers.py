@@ -11,7 +11,7 @@ an anonymous socket, 4403 for a signed-in user without access; browsers
 see a failed handshake). The first message is ``{"type": "hello", ...}``
 with the recent chart points and the last update; then one
 ``{"type": "update", ...}`` per poll (see ``metrics.hub``). The sockets
-only listen: whatever a browser sends is ignored.
+only listen: a message from the browser closes its socket (1008).
 
 Access is asked again at most every ``RECHECK_EVERY`` seconds while the
 socket is open, from the session as stored now: a user who signed out (or
@@ -36,6 +36,7 @@ from .hub import get_hub
 
 ANONYMOUS = 4401
 FORBIDDEN = 4403
+SENT_SOMETHING = 1008    # policy violation: these sockets only listen
 RECHECK_EVERY = 5.0     # seconds between two checks of an open socket's access
 
 
@@ -86,8 +87,12 @@ class MetricsConsumer(AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_discard(self.group, self.channel_name)
             self.group = None
 
-    async def receive_json(self, content, **kwargs):
-        pass        # listen-only
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        # listen-only: a page never sends. Whatever comes closes the socket, undecoded -- a socket
+        # that sent messages faster than they were decoded (JSON, up to daphne's 1 MiB each) had
+        # them queued in the console's memory without bound
+        await self.disconnect(SENT_SOMETHING)
+        await self.close(code=SENT_SOMETHING)
 
     async def refusal(self) -> int | None:
         """Why the socket may no longer watch (its close code), from the session

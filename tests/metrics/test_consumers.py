@@ -7,7 +7,7 @@ from functools import partial
 
 import pytest
 
-from metrics.consumers import ANONYMOUS, FORBIDDEN
+from metrics.consumers import ANONYMOUS, FORBIDDEN, SENT_SOMETHING
 from metrics.hub import get_hub
 
 from .conftest import receive_until, run, socket
@@ -104,6 +104,26 @@ def test_anonymous_socket_refused(live, browsers):
 
     assert run(scenario) == [(False, ANONYMOUS), (False, ANONYMOUS)]
     assert not get_hub().watchers
+
+
+def test_a_socket_that_sends_is_closed_and_stops_watching(live, browsers):
+    """The sockets only listen: a message (here 512 KiB of JSON) closes the socket at once,
+    undecoded, and it leaves its group -- sent faster than they were decoded, such messages
+    were queued in the console's memory without bound."""
+    async def scenario():
+        comm = socket("/ws/metrics/tenants/acme/", browsers["alice"])
+        connected, _ = await comm.connect()
+        assert connected
+        assert (await comm.receive_json_from(timeout=5))["type"] == "hello"
+        await comm.send_to(text_data='{"pad": "' + "x" * (512 * 1024) + '"}')
+        while True:
+            out = await comm.receive_output(timeout=5)
+            if out["type"] == "websocket.close":
+                return out["code"], dict(get_hub().watchers)
+
+    code, watchers = run(scenario)
+    assert code == SENT_SOMETHING
+    assert not any(watchers.values()), watchers
 
 
 def test_foreign_origin_refused(live, browsers):
