@@ -45,6 +45,7 @@ from .sys_topics import SysTopics
 from .tenancy.control import TenantControl
 from .tenancy.source import AuditSink, PolicySource
 from .transports.connection import Flusher, MqttConnection, TimeoutWheel
+from .transports.tls import TlsListener
 from .transports.ws import WsMqttConnection
 
 log = logging.getLogger("brokerd")
@@ -152,7 +153,7 @@ class Server:
         self.flusher = Flusher(self.loop, self.pacer.after_writes)
         self._preauth_logged = (0, -1 << 30)   # PreauthBudget.refused and the sweep when last logged
         self.write_high = config.write_buffer_high
-        self.servers: list[asyncio.AbstractServer] = []
+        self.servers: list[asyncio.AbstractServer | TlsListener] = []
         self.bound: list[Listener] = []
         self.tls: ssl.SSLContext | None = None
         self._sweeper: asyncio.TimerHandle | None = None
@@ -163,6 +164,10 @@ class Server:
         self._purger: asyncio.Task | None = None
         self.delayed: DelayedRunner | None = None
         self._delayed_store = None           # the node's own memory store for them, without a durable store
+
+    def _room_for_handshake(self, handshaking: int) -> bool:
+        """Whether a TLS listener may take one more socket (``handshaking``: its handshakes under way)."""
+        return len(self.connections) + handshaking < self.config.max_connections + SOCKET_SLACK
 
     def _factory(self, listener: Listener):
         cls = WsMqttConnection if listener.websocket else MqttConnection
@@ -292,9 +297,14 @@ class Server:
         for lst in self.config.listeners():
             if lst.tls and self.tls is None:
                 self.tls = tls_context(self.config)
-            tls = {"ssl": self.tls, "ssl_handshake_timeout": self.config.connect_timeout} if lst.tls else {}
-            srv = await self.loop.create_server(self._factory(lst), lst.host, lst.port, backlog=4096,
-                                                reuse_address=True, reuse_port=self.worker is not None, **tls)
+            if lst.tls:
+                # each socket counted against the cap from its accept, not once its handshake is done
+                srv = TlsListener(self.loop, self._factory(lst), self.tls, self.config.connect_timeout,
+                                  self._room_for_handshake)
+                srv.listen(lst.host, lst.port, 4096, self.worker is not None)
+            else:
+                srv = await self.loop.create_server(self._factory(lst), lst.host, lst.port, backlog=4096,
+                                                    reuse_address=True, reuse_port=self.worker is not None)
             self.servers.append(srv)
             port = srv.sockets[0].getsockname()[1]
             self.bound.append(Listener(lst.scheme, lst.host, port, lst.path))

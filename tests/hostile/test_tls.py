@@ -190,3 +190,38 @@ def test_tls_handshake_stalled_midway(mtls, request, stall):
     assert rss_kib(b) - rss0 < 8 * MIB
     report(request, sockets=30, closed_after_s=[round(min(closed_at.values()), 2), round(max(closed_at.values()), 2)],
            rss_before_kib=rss0, rss_after_kib=rss_kib(b), canary_worst_s=round(canary.worst, 3))
+
+
+def test_sockets_that_never_start_tls_count_against_the_connection_cap(hostile_broker, pki, canary_for, request):
+    """--max-connections 50: 1,400 sockets on the TLS port that never send a ClientHello. The
+    listener counts each from its accept: beyond the cap and its slack (1,024 sockets) they
+    are closed at once, and the broker holds no more descriptors than that (a TLS server
+    made by asyncio counted a socket only once its handshake was done, and closed one over
+    the cap only after it: every socket was held for the handshake's timeout, however many
+    there were). A client with a certificate and the canary connect and work meanwhile."""
+    from brokerd.server import SOCKET_SLACK
+
+    b = hostile_broker("--tls-cert", pki["server"], "--tls-key", pki["server_key"], "--tls-ca", pki["ca"],
+                       "--max-connections", "50", listen=("mqtt://127.0.0.1:0", "mqtts://127.0.0.1:0"))
+    canary = canary_for(b)
+    fds0 = open_fds(b)
+    socks = []
+    with canary.running():
+        try:
+            for _ in range(1400):
+                socks.append(socket.create_connection(("127.0.0.1", b.port("mqtts")), timeout=5))
+            time.sleep(0.5)
+            held = open_fds(b) - fds0
+            assert held <= 50 + SOCKET_SLACK + 10, f"the broker holds {held} sockets that never started TLS"
+        finally:
+            for s in socks:
+                s.close()
+    time.sleep(2.5)                         # the held ones' handshake timeout (--connect-timeout 2)
+    device = Client("tls-after-flood", V5)
+    device.client.tls_set(ca_certs=pki["ca"])
+    device.connect(b.port("mqtts"))
+    device.subscribe("tls/device", 1)
+    _device_ok(device)
+    device.disconnect()
+    canary.check()
+    report(request, sockets=1400, held=held, canary_worst_s=round(canary.worst, 3))
