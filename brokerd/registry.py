@@ -23,6 +23,7 @@ from .protocol import reason as rc
 from .protocol.packets import MQTT5, Publish
 from .protocol.properties import NEVER
 from .session.session import Session
+from .tenancy.enforcement import UNKNOWN
 
 
 class SessionClaims(Protocol):
@@ -59,11 +60,12 @@ class RegistryBroker(Protocol):
 class _Gone:
     """Stands for a session that expired while the node was down, to publish its will."""
 
-    __slots__ = ("client_id", "ns")
+    __slots__ = ("client_id", "ns", "device")
 
-    def __init__(self, client_id, ns):
+    def __init__(self, client_id, ns, device=UNKNOWN):
         self.client_id = client_id
         self.ns = ns
+        self.device = device
 
 
 class ClientRegistry:
@@ -109,6 +111,14 @@ class ClientRegistry:
         assigned = None
         if not client_id:
             client_id = assigned = self._new_client_id(ns)
+        will = channel.will
+        if will is not None and identity is not None and not b.enforcement.will_allowed(
+                tenant, identity.device, client_id, will.topic):
+            # a will the client may not publish is refused now (Mosquitto: CONNACK 0x87), not
+            # taken and published on its behalf later
+            b.acct.publish_denied(ns, will.topic)
+            channel.refuse(rc.NOT_AUTHORIZED, "will topic not authorized")
+            return
         if p.protocol_level == MQTT5:
             expiry = (p.properties or {}).get(P.SESSION_EXPIRY_INTERVAL, 0)
         else:
@@ -289,6 +299,11 @@ class ClientRegistry:
         return msg
 
     def _publish_will(self, session, w, now) -> None:
+        ns = session.ns
+        if not self.b.enforcement.will_allowed(ns.name, session.device, session.client_id, w.topic):
+            # the client's rights changed since its CONNECT (or its tenant is gone): as its PUBLISH would be
+            self.b.acct.publish_denied(ns, w.topic)
+            return
         self.b.acct.stats.wills_published += 1
         self.b.publish_will(session.ns, self._will_message(w, session, now), now)
 
@@ -300,7 +315,7 @@ class ClientRegistry:
         """A will found in the store at start: see ``Persistence.restore``."""
         w = rec.will
         if session is None:
-            self._publish_will(_Gone(rec.client_id, ns), w, now)
+            self._publish_will(_Gone(rec.client_id, ns, rec.device), w, now)
             return
         if due is None:   # the session was connected when the node stopped
             delay = (w.properties or {}).get(P.WILL_DELAY_INTERVAL, 0)

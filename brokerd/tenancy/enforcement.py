@@ -17,6 +17,8 @@ from ..protocol import reason as rc
 from ..protocol.packets import Publish
 from .control import Identity
 
+UNKNOWN = object()          # the device of a will whose session is not known here (a dead node's client)
+
 
 class EnforcementBroker(Protocol):
     """What enforcement reaches, through the broker."""
@@ -54,6 +56,21 @@ class Enforcement:
         if expires is not None:
             channel.valid_until = expires
             self.expiring.add(channel)
+
+    def will_allowed(self, tenant: str, device, client_id: str, topic: str) -> bool:
+        """May a client's will go to ``topic``? Asked at CONNECT and again when the
+        will is published, with the tenant's policy of then: a will is a PUBLISH the
+        client asked for, decided as one (``Broker.publish``). A deleted tenant's
+        wills go nowhere; ``device`` UNKNOWN (a will of a client of a dead node):
+        the tenant is checked, the ACL was at its CONNECT."""
+        auth = self.b.auth
+        if auth.policy(tenant) is None:
+            # no control plane (AnonymousAuth): one tenant, everything allowed
+            return tenant == self.anonymous_tenant
+        if device is UNKNOWN or (device is None and tenant != self.anonymous_tenant):
+            return True                     # (a session stored without its device: judged at its CONNECT)
+        acl = auth.client_acl(Identity(tenant, device), client_id)
+        return acl is None or (not topic.startswith("$SYS/") and acl.can_publish(topic))
 
     def closed(self, channel) -> None:
         self.expiring.discard(channel)
