@@ -505,6 +505,12 @@ class Broker:
         The tenant's rules run on it as on its publisher's publish (``publisher``:
         ``(client_id, username, device)``; its ACL as it is now decides a republish);
         a message stored without its publisher (by an older node) runs none."""
+        if tenant != self.config.anonymous_tenant and self.auth.policy(tenant) is None:
+            # the tenant was deleted (its messages deleted from the store with it, but this one
+            # was claimed first, or the node was down then): not into its gone namespace
+            if self.delayed is not None:
+                self.delayed.dropped += 1
+            return 0
         ns = self.namespace(tenant)
         rules = self.rules.get(tenant) if publisher is not None else None
         origin = None

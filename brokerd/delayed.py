@@ -51,7 +51,7 @@ class DelayedQueue:
     tenant's count of pending messages (the store's, refreshed by the writer,
     plus what this node took since), for the cap."""
 
-    __slots__ = ("pending", "counts", "wake", "healthy", "max_per_tenant", "refused")
+    __slots__ = ("pending", "counts", "wake", "healthy", "max_per_tenant", "refused", "purge", "dropped")
 
     def __init__(self, max_per_tenant: int | None = DEFAULT_MAX_PER_TENANT, wake=None):
         self.pending: list = []            # (tenant, due wall clock, Publish, ack(ok) or None, publisher)
@@ -60,6 +60,8 @@ class DelayedQueue:
         self.healthy = True                 # False while the store refuses delayed writes
         self.max_per_tenant = max_per_tenant
         self.refused = 0                    # over the cap, node-wide
+        self.dropped = 0                    # due messages of a deleted tenant, not published
+        self.purge: list[str] = []          # deleted tenants whose messages the writer deletes from the store
 
     def limit(self, quota: dict | None) -> int | None:
         """The cap of a tenant: its quota's ``max_delayed`` and the node's, the smaller."""
@@ -80,6 +82,15 @@ class DelayedQueue:
             self.wake()
         self.pending.append((tenant, due, msg, ack, publisher))
         self.counts[tenant] = self.counts.get(tenant, 0) + 1
+
+    def forget(self, tenant: str) -> None:
+        """The tenant was deleted: its waiting messages are never published -- not
+        into its gone namespace, not to a tenant created later under its name. The
+        writer deletes them from the store after what it holds is written."""
+        self.purge.append(tenant)
+        self.counts.pop(tenant, None)
+        if self.wake is not None:
+            self.wake()
 
     def drain(self) -> list:
         out, self.pending = self.pending, []

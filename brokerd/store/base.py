@@ -158,6 +158,10 @@ class Store:
         if items:
             await self._run(self._delayed_done, items)
 
+    async def delayed_purge(self, tenant: str) -> int:
+        """Delete every delayed message of ``tenant`` (deleted); -> how many."""
+        return await self._run(self._delayed_purge, tenant)
+
     async def delayed_counts(self) -> dict[str, int]:
         """Pending delayed messages per tenant (tenants with none are left out)."""
         return await self._read(self._delayed_counts)
@@ -198,6 +202,9 @@ class Store:
         raise NotImplementedError
 
     def _delayed_done(self, items):
+        raise NotImplementedError
+
+    def _delayed_purge(self, tenant):
         raise NotImplementedError
 
     def _delayed_counts(self):

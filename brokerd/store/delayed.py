@@ -113,6 +113,7 @@ class DelayedRunner:
             self._event.clear()
             taken = queue.drain()
             if not taken:
+                await self._purge()
                 self._idle.set()
                 continue
             items = [DelayedMessage(uuid.uuid4().hex, tenant, due,
@@ -139,10 +140,26 @@ class DelayedRunner:
                         ack(ok)
                     except Exception:
                         log.exception("delayed messages: acknowledging failed")
+            await self._purge()
             if queue.pending:
                 self._event.set()
             else:
                 self._idle.set()
+
+    async def _purge(self) -> None:
+        """Delete the messages of tenants deleted meanwhile (``DelayedQueue.forget``), after
+        what was taken before is written. A store that fails leaves them to the check at
+        their release (a tenant that does not exist then gets nothing)."""
+        queue = self.queue
+        while queue.purge:
+            tenant = queue.purge.pop(0)
+            try:
+                n = await self.store.delayed_purge(tenant)
+            except StoreError as exc:
+                log.error("delayed messages of the deleted tenant %r not deleted (%s)", tenant, exc)
+                continue
+            if n:
+                log.info("delayed messages: %d of the deleted tenant %r deleted", n, tenant)
 
     # ----------------------------------------------------------- releaser
 

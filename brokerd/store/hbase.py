@@ -905,6 +905,19 @@ class HBaseStore(Store):
             for m in items:
                 b.delete(_delayed_key(m.due, m.id))
 
+    def _delayed_purge(self, tenant):
+        # a deleted tenant is rare: the table's scan (rows are keyed by due time, not tenant)
+        t = tenant.encode()
+        n = 0
+        with self.pool.connection() as conn:
+            table = conn.table("delayed")
+            keys = [key for key, d in table.scan(columns=[b"m:t"], batch_size=SCAN_BATCH) if d.get(b"m:t") == t]
+            with table.batch() as b:
+                for key in keys:
+                    b.delete(key)
+                    n += 1
+        return n
+
     def _delayed_counts(self):
         counts: dict[str, int] = {}
         with self.pool.connection() as conn:

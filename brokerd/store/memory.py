@@ -81,6 +81,12 @@ class MemoryStore(Store):
         for m in items:
             self.delayed.pop(m.id, None)
 
+    def _delayed_purge(self, tenant):
+        gone = [k for k, (m, _) in self.delayed.items() if m.tenant == tenant]
+        for k in gone:
+            del self.delayed[k]
+        return len(gone)
+
     def _delayed_counts(self):
         counts: dict[str, int] = {}
         for m, _ in self.delayed.values():

@@ -453,6 +453,9 @@ class SQLiteStore(Store):
     def _delayed_done(self, items):
         self._tx(lambda db: db.executemany("DELETE FROM delayed WHERE id = ?", [(m.id,) for m in items]))
 
+    def _delayed_purge(self, tenant):
+        return self._tx(lambda db: db.execute("DELETE FROM delayed WHERE tenant = ?", (tenant,)).rowcount)
+
     def _delayed_counts(self):
         return dict(self.db.execute("SELECT tenant, count(*) FROM delayed GROUP BY tenant").fetchall())
 

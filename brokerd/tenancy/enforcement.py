@@ -163,8 +163,11 @@ class Enforcement:
             session.queue.max_len = limits.max_queued if max_queued is None else min(limits.max_queued, max_queued)
 
     def _tenant_deleted(self, ns, now: float) -> None:
-        """Its sessions and retained messages go too."""
+        """Its sessions, retained and delayed messages go too."""
         b = self.b
+        delayed = getattr(b, "delayed", None)
+        if delayed is not None:
+            delayed.forget(ns.name)
         for session in list(ns.sessions.values()):
             b.registry.end_session(session, now)
         for topic, _ in list(ns.retained.items()):

@@ -954,6 +954,15 @@ def test_delayed_messages_round_trip_in_due_order_and_only_when_due(store):
     assert [m.id for m in run(st.delayed_claim(NOW + 60, "n1", 30, 100))] == ["d0001"]
 
 
+def test_a_deleted_tenants_delayed_messages_are_purged_and_no_one_elses(store):
+    st = store.store
+    run(st.delayed_add([delayed(1, NOW + 10), delayed(2, NOW + 20, tenant=T2), delayed(3, NOW + 30)]))
+    assert run(st.delayed_purge(T1)) == 2
+    assert run(st.delayed_counts()) == {T2: 1}
+    assert [m.id for m in run(st.delayed_claim(NOW + 60, "n1", 30, 100))] == ["d0002"]
+    assert run(st.delayed_purge(T1)) == 0
+
+
 def test_a_delayed_claim_is_bounded_and_a_claimed_message_is_not_given_again_before_its_lease_ends(store):
     st = store.store
     run(st.delayed_add([delayed(i, NOW + i) for i in range(25)]))

@@ -20,9 +20,9 @@ def client(secrets, who):
     return c
 
 
-def puback(c, topic, payload=b"x"):
+def puback(c, topic, payload=b"x", retain=False):
     """Publish at QoS 1; -> the PUBACK's reason code."""
-    mid = c.client.publish(topic, payload, qos=1).mid
+    mid = c.client.publish(topic, payload, qos=1, retain=retain).mid
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         try:
@@ -72,5 +72,43 @@ def test_acl_on_the_target_topic_the_tenants_namespace_and_its_quota(control_pla
                 time.sleep(0.2)
             assert puback(dev1, "$delayed/600/dev1/4") == 0x97
             assert delayed_api(node, token, "acme")["pending"] == 3
+    finally:
+        node.stop()
+
+
+def test_a_deleted_tenants_delayed_messages_never_reach_a_new_tenant_of_its_name(control_plane, tmp_path):
+    """A tenant deleted with delayed messages waiting: they are not published -- not into
+    its gone namespace (a retained one would be kept, in the store too), and not to a
+    tenant created afterwards under the same slug, whose devices are not its devices."""
+    secrets = control_plane.provision([{"slug": "acme", "acl": RULES, "devices": ["dev1"]}])
+    node = control_plane.broker("--store", f"sqlite:///{tmp_path}/s.db")
+    try:
+        old = client(secrets, "acme/dev1").connect(node.port())
+        sent = time.monotonic()
+        assert puback(old, "$delayed/2/dev1/secret", b"old tenant, retained", retain=True) == 0
+        assert puback(old, "$delayed/12/dev1/later", b"old tenant, later") == 0
+        control_plane.manage("tenants", "delete", "acme")
+        old.expect_disconnect(timeout=10)
+        old.client.loop_stop()
+        out = control_plane.manage_each(("tenants", "create", "acme"), ("devices", "create", "acme", "dev1"),
+                                        ("acl", "add", "acme", "--allow", "--action", "both", "--topic",
+                                         "{device}/#"))
+        secrets = {"acme/dev1": out[1].strip().splitlines()[-1]}
+        deadline = time.monotonic() + 10
+        new = client(secrets, "acme/dev1")
+        while True:
+            try:
+                new.connect(node.port())
+            except ConnectionError:
+                pass
+            else:
+                if [c.value for c in new.subscribe("dev1/#", qos=1)] == [1]:
+                    break
+                new.disconnect()
+            assert time.monotonic() < deadline, "the new tenant (its device, its ACL) did not reach the node"
+            time.sleep(0.2)
+            new = client(secrets, "acme/dev1")
+        with new:
+            new.expect_none(max(1.0, sent + 15 - time.monotonic()))
     finally:
         node.stop()
