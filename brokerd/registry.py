@@ -20,6 +20,7 @@ from typing import Protocol
 
 from .protocol import properties as P
 from .protocol import reason as rc
+from .protocol.channel import CONNECTING
 from .protocol.packets import MQTT5, Publish
 from .protocol.properties import NEVER
 from .session.session import Session
@@ -78,6 +79,9 @@ class ClientRegistry:
         self._timers: list = []
         self._seq = itertools.count()
         self._id_prefix = f"auto-{node_id}-"
+        # tenant -> channels admitted under its connection quota whose claim is on its way to the
+        # cluster (counted in once opened): they count against the quota meanwhile
+        self._opening: dict[str, set] = {}
 
     @property
     def channels(self) -> list:
@@ -132,11 +136,33 @@ class ClientRegistry:
                 connack_props = {P.SESSION_EXPIRY_INTERVAL: cap}
         args = (channel, p, ns, client_id, assigned, expiry, connack_props, identity, policy, quota)
         if self.claims is not None:
+            limit = quota.get("max_connections") if quota is not None else None
+            if limit is not None and not self._admit_opening(tenant, channel, limit):
+                b.acct.connect_refused(ns)
+                channel.refuse(rc.QUOTA_EXCEEDED, rc.NAMES.get(rc.QUOTA_EXCEEDED))
+                return
             # the session may live on another node: fetch it first, then open it here
             self.claims.claim(channel, tenant, client_id, p.clean_start, channel.will,
                               lambda later: self._open_session(*args, later))
             return
         self._open_session(*args, now)
+
+    def _admit_opening(self, tenant: str, channel, limit: int) -> bool:
+        """A CONNECT the tenant's connection quota admitted (``auth.authenticate``, by the
+        connections counted in) waits for its claim: admitted only if the tenant's other
+        CONNECTs waiting too leave it room; then it waits among them. (Without this, a burst
+        of CONNECTs arriving together were all admitted against the count of before.)"""
+        opening = self._opening.get(tenant)
+        if opening:
+            # those refused or gone meanwhile (never opened) leave on the way
+            for ch in [ch for ch in opening if ch.state != CONNECTING]:
+                opening.discard(ch)
+        if opening and self.b.auth.connections(tenant) + len(opening) >= limit:
+            return False
+        if opening is None:
+            opening = self._opening[tenant] = set()
+        opening.add(channel)
+        return True
 
     def _open_session(self, channel, p, ns, client_id, assigned, expiry, connack_props, identity, policy, quota,
                       now) -> None:
@@ -180,6 +206,11 @@ class ClientRegistry:
         return session
 
     def _count_in(self, channel, ns) -> None:
+        opening = self._opening.get(ns.name)
+        if opening is not None:
+            opening.discard(channel)
+            if not opening:
+                del self._opening[ns.name]
         stats = self.b.acct.stats
         self.connected += 1
         stats.connects += 1

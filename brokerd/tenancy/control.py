@@ -216,6 +216,10 @@ class TenantControl:
 
     # --------------------------------------------------- per-client policy
 
+    def connections(self, tenant: str) -> int:
+        """The tenant's live connections, on this node and (as last summed) the others."""
+        return self.connected.get(tenant, 0) + self.remote_connected.get(tenant, 0)
+
     def connected_delta(self, tenant: str, delta: int) -> None:
         self.connected[tenant] = self.connected.get(tenant, 0) + delta
 

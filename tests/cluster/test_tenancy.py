@@ -2,6 +2,7 @@
 tenant spread over nodes count together (the nodes share their counts
 through the cluster bus every second)."""
 
+import socket
 import time
 
 import pytest
@@ -76,4 +77,47 @@ def test_a_tenant_whose_only_subscription_on_another_node_has_no_wildcard_gets_i
     finally:
         for cl in clients:
             cl.disconnect()
+        c.stop_all()
+
+
+def _connect_packet(client_id: str, username: str, password: str) -> bytes:
+    """An MQTT 3.1.1 CONNECT with a user name and password, clean session, keepalive 60."""
+    def s(v: str) -> bytes:
+        b = v.encode()
+        return len(b).to_bytes(2, "big") + b
+    body = s("MQTT") + bytes((4, 0xC2)) + (60).to_bytes(2, "big") + s(client_id) + s(username) + s(password)
+    n, length = len(body), b""
+    while True:
+        n, digit = divmod(n, 128)
+        length += bytes((digit | (0x80 if n else 0),))
+        if not n:
+            return b"\x10" + length + body
+
+
+def test_a_burst_of_connects_on_one_node_does_not_pass_the_connection_quota(redis_server, tmp_path, plane, tag):
+    """On a node of a cluster a CONNECT is counted once its client id's claim came back from
+    Redis: CONNECTs that arrive together must not all be admitted against the count of before."""
+    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "quota": {"max_connections": 2},
+                                "devices": ["d"]}])
+    c = Cluster(redis_server, tmp_path, env=plane.env)
+    socks = []
+    try:
+        (n1,) = c.start(1)
+        socks = [socket.create_connection(("127.0.0.1", n1.port()), timeout=10) for _ in range(8)]
+        packets = [_connect_packet(f"{tag}-{i}", "acme/d", secrets["acme/d"]) for i in range(8)]
+        for sock, packet in zip(socks, packets, strict=True):
+            sock.sendall(packet)
+        codes = []
+        for sock in socks:
+            data = b""
+            while len(data) < 4:
+                chunk = sock.recv(4 - len(data))
+                assert chunk, "closed without a CONNACK"
+                data += chunk
+            assert data[:2] == b"\x20\x02"
+            codes.append(data[3])
+        assert sorted(codes) == [0, 0] + [3] * 6, codes
+    finally:
+        for sock in socks:
+            sock.close()
         c.stop_all()
