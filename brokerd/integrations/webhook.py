@@ -183,6 +183,9 @@ class WebhookSender(TenantBuffers):
                 error, retry = f"no response from {req.host} within {req.timeout:g} s", True
             except (OSError, ssl.SSLError, ValueError, EOFError, asyncio.IncompleteReadError) as exc:
                 error, retry = f"{req.host}: {type(exc).__name__}: {exc}", True
+            except Exception as exc:      # never the worker's end: it serves every tenant of the node
+                log.exception("webhook to %s", req.host)
+                error, retry = f"{req.host}: {type(exc).__name__}: {exc}", False
             if not retry or attempt >= req.retries or self.closed:
                 self.failed += 1
                 if attempt:
@@ -210,7 +213,7 @@ class WebhookSender(TenantBuffers):
             if self._ssl is None:
                 self._ssl = ssl.create_default_context()
             tls = self._ssl
-        reader, writer = await asyncio.open_connection(addresses[0], req.port, ssl=tls,
+        reader, writer = await asyncio.open_connection(addresses[0], req.port, ssl=tls, limit=MAX_RESPONSE_HEAD,
                                                        server_hostname=req.host if tls else None)
         try:
             host = f"[{req.host}]" if ":" in req.host else req.host
@@ -221,7 +224,10 @@ class WebhookSender(TenantBuffers):
             head += [f"{k}: {v}" for k, v in req.headers]
             writer.write(("\r\n".join(head) + "\r\n\r\n").encode("utf-8") + req.body)
             await writer.drain()
-            line = await reader.readuntil(b"\r\n")
+            try:
+                line = await reader.readuntil(b"\r\n")
+            except asyncio.LimitOverrunError:
+                raise ValueError(f"no HTTP status line within {MAX_RESPONSE_HEAD} bytes") from None
             parts = line.split(None, 2)
             if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
                 raise ValueError(f"not an HTTP response: {line[:60]!r}")

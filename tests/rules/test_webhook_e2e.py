@@ -297,3 +297,69 @@ def test_a_slow_webhook_never_delays_delivery_and_its_buffer_stays_bounded(scene
         plane.manage("rules", "delete", "acme", str(rid))
     finally:
         hook.close()
+
+
+class RawHook:
+    """A TCP server on 127.0.0.1 that reads a request and answers ``answer`` (bytes), whatever it is."""
+
+    def __init__(self, answer: bytes):
+        import socket
+        self.answer = answer
+        self.count = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(10)
+                try:
+                    conn.recv(65536)
+                    self.count += 1
+                    conn.sendall(self.answer)
+                    time.sleep(0.5)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.sock.close()
+
+
+def test_an_endpoint_answering_an_endless_status_line_fails_its_rule_and_the_sender_goes_on(scene):
+    """An endpoint answering a status line longer than the reader's limit (64 KiB, no CRLF) raised
+    LimitOverrunError, which the sender did not catch: the worker task died with it, its rule was never
+    told, and once the node's workers were gone no webhook of any tenant was sent again."""
+    plane, _, secrets, token = scene
+    node = plane.broker("--admin", "127.0.0.1:0", "--rules-webhook-allow", "127.0.0.1",
+                        "--rules-webhook-concurrency", "1")
+    bad = RawHook(b"HTTP/1.1 200 " + b"x" * (100 * KIB))
+    good = Hook()
+    try:
+        junk, fine = add_each(
+            plane, "acme",
+            ("--sql", 'SELECT clientid FROM "sensors/+/junk"', "--webhook", f"http://127.0.0.1:{bad.port}/j",
+             "--retries", "0"),
+            ("--sql", 'SELECT clientid FROM "sensors/+/fine"', "--webhook", good.url("/fine"), "--retries", "0"))
+        loaded(node, token, "acme", junk)
+        loaded(node, token, "acme", fine)
+        dev = client(node, secrets, "acme/d1", "d1-junk")
+        dev.publish("sensors/a/junk", b"{}", qos=1)
+        view = wait_for(lambda: (v := rule_view(node, token, "acme", junk))["failed"] == 1 and v,
+                        what="the endless status line counted as a failure")
+        assert view["sent"] == 0 and view["last_error"].startswith("127.0.0.1:")
+        assert bad.count == 1
+        dev.publish("sensors/a/fine", b"{}", qos=1)                  # the node's only worker is still there
+        method, path, _, _ = good.next(timeout=15)
+        assert (method, path) == ("POST", "/fine")
+        wait_for(lambda: rule_view(node, token, "acme", fine)["sent"] == 1, what="sent")
+        dev.disconnect()
+        delete_each(plane, "acme", (junk, fine))
+    finally:
+        bad.close()
+        good.close()
+        node.stop()
