@@ -43,6 +43,7 @@ import sqlglot
 from sqlglot import exp
 
 from ..routing.topic import is_valid_filter, matches
+from . import textmatch
 from .context import FIELDS
 from .errors import EVENT_PREFIX, EVENTS, RuleEvalError, RuleSyntaxError
 from .functions import FUNCTIONS, NULL_AWARE, _text
@@ -362,13 +363,16 @@ class _Compiler:
         pattern = node.expression
         if not (isinstance(pattern, exp.Literal) and pattern.is_string):
             self.error("LIKE takes a string literal", pattern)
-        regex = re.compile("".join(".*" if c == "%" else "." if c == "_" else re.escape(c) for c in pattern.this),
-                           re.DOTALL)
+        try:
+            matcher = textmatch.like(pattern.this)
+        except textmatch.PatternError as exc:
+            self.error(f"LIKE pattern: {exc}", pattern)
+        match = matcher.match
         a = self.expr(node.this)
 
         def like(ctx):
             x = a(ctx)
-            return None if x is None else regex.fullmatch(_text(x)) is not None
+            return None if x is None else match(_text(x))
 
         return like
 
@@ -399,6 +403,8 @@ class _Compiler:
             want = str(least) if least == most else f"{least} to {most}" if most is not None else f"{least} or more"
             self.error(f"{name}() takes {want} arguments, not {len(args)}", node)
         compiled = tuple(self.expr(a) for a in args)
+        if name == "regex_match":
+            return self.regex_match(args, compiled)
         null_aware = name in NULL_AWARE
         if wants_ctx:
             return lambda ctx: fn(ctx, *[a(ctx) for a in compiled])
@@ -418,6 +424,24 @@ class _Compiler:
             return fn(*values)
 
         return call
+
+    def regex_match(self, args, compiled):
+        """``regex_match(s, 'pattern')``: the pattern is a string literal, compiled once into an
+        automaton that runs in time linear in s (``textmatch``: no backtracking)."""
+        pattern = args[1]
+        if not (isinstance(pattern, exp.Literal) and pattern.is_string):
+            self.error("regex_match() takes its pattern as a string literal", pattern)
+        try:
+            match = textmatch.Matcher(pattern.this).match
+        except textmatch.PatternError as exc:
+            self.error(f"regex_match() pattern {pattern.this[:80]!r}: {exc}", pattern)
+        a0 = compiled[0]
+
+        def regex_match(ctx):
+            x = a0(ctx)
+            return None if x is None else match(_text(x))
+
+        return regex_match
 
 
 # sqlglot turns well-known function names into typed nodes: their names and arguments here

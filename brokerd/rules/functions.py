@@ -16,7 +16,6 @@ import datetime
 import hashlib
 import json
 import math
-import re
 
 _UNITS = {"second": 1, "millisecond": 1000, "microsecond": 1_000_000}
 
@@ -81,7 +80,8 @@ def _now_rfc3339(ctx, unit="millisecond"):
 
 
 def _regex_match(s, pattern):
-    return re.search(pattern, _text(s)) is not None
+    # compiled by the compiler from its literal pattern (rules.textmatch: linear time, no backtracking)
+    raise NotImplementedError("regex_match is compiled by the rule compiler")
 
 
 def _log(base, x):
@@ -164,7 +164,7 @@ DOCS = {
     "strlen": "strlen(s): characters", "length": "length(x): characters of a string, items of an array or object",
     "substr": "substr(s, start[, len]): start counts from 0", "split": "split(s, sep): a '/' split drops empty parts",
     "nth": "nth(n, array): the n-th item, from 1; NULL beyond the end", "replace": "replace(s, old, new)",
-    "regex_match": "regex_match(s, re): true when re matches anywhere in s", "concat": "concat(a, b, ...)",
+    "regex_match": "regex_match(s, re): true when re (a string literal) matches anywhere in s", "concat": "concat(a, b, ...)",
     "str": "str(x)", "int": "int(x)", "float": "float(x)", "coalesce": "coalesce(a, b, ...): the first not NULL",
     "is_null": "is_null(x)", "abs": "abs(x)", "ceil": "ceil(x)", "floor": "floor(x)",
     "round": "round(x[, digits])", "sqrt": "sqrt(x)", "power": "power(x, y)", "ln": "ln(x)",

@@ -9,7 +9,7 @@ import pytest
 
 from ..controlplane import ControlPlane
 from ..mqtt import V5, V311
-from .nodes import add_each, client, delete_each, loaded, rules_api, wait_for
+from .nodes import add_each, client, delete_each, loaded, rule_view, rules_api, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -153,3 +153,44 @@ def test_a_delayed_message_runs_the_rules_on_its_release_as_its_publishers_publi
     assert (views[denied]["passed"], views[denied]["failed"]) == (0, 1)
     assert views[denied]["last_error"] == "the ACL denies 'd1-delayed' publishing to 'forbidden/d1-delayed'"
     watch.disconnect()
+
+
+@pytest.mark.parametrize("where, payload", [
+    ("payload LIKE '%a%a%a%a%b'", b"a" * 4000),           # re's backtracking: ~n^4/24 steps
+    ("regex_match(payload, '(a|aa)*b')", b"a" * 80),       # exponential
+])
+def test_a_rule_pattern_on_an_almost_matching_payload_never_stops_the_node(scene, where, payload):
+    """LIKE and regex_match were Python's backtracking ``re``: a payload that almost matched made
+    one message's rule run for hours inside the node's event loop, and every tenant's clients on
+    that node went unserved."""
+    plane, _, secrets, token = scene
+    node = plane.broker("--admin", "127.0.0.1:0")
+    try:
+        rid = add(plane, "acme", "--sql", f'SELECT clientid FROM "sensors/+/blob" WHERE {where}',
+                  "--republish", "alerts/blob")
+        loaded(node, token, "acme", rid)
+        sub = client(node, secrets, "globex/watch", "canary-sub")
+        sub.subscribe("sensors/canary", qos=1)
+        canary = client(node, secrets, "globex/d1", "canary-pub")
+        dev = client(node, secrets, "acme/d1", "d1-blob")
+        dev.publish("sensors/x/blob", payload, qos=0)
+        dev.publish("sensors/x/blob", payload + b"b", qos=0)     # and one that matches
+        canary.publish("sensors/canary", b"still served", qos=1, timeout=30)
+        [got] = sub.expect_n(1, timeout=30)
+        assert got.payload == b"still served"
+        view = wait_for(lambda: (v := rule_view(node, token, "acme", rid))["matched"] == 2 and v, what="both run")
+        assert (view["no_result"], view["passed"], view["failed"]) == (1, 1, 0)
+        for c in (dev, canary, sub):
+            c.disconnect()
+        plane.manage("rules", "delete", "acme", str(rid))
+    finally:
+        node.stop()
+
+
+def test_a_pattern_the_linear_matcher_cannot_run_is_refused_with_its_position(scene):
+    plane, *_ = scene
+    for where, says in [("regex_match(payload, '(a)\\1')", "groupref is not supported"),
+                        ("regex_match(payload, clientid)", "regex_match() takes its pattern as a string literal")]:
+        done = plane.manage("rules", "add", "acme", "--sql", f'SELECT clientid FROM "s"\nWHERE {where}',
+                            "--republish", "alerts/x", check=False)
+        assert done.returncode == 1 and "line 2, column" in done.stderr and says in done.stderr, done.stderr
