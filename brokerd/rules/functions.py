@@ -18,6 +18,11 @@ import json
 import math
 
 _UNITS = {"second": 1, "millisecond": 1000, "microsecond": 1_000_000}
+# what one function may make, so that no message's rule holds the node's event loop for long or
+# grows its memory without bound: text that replace() lengthens, an integer's bits, round()'s digits
+MAX_TEXT = 1 << 20
+MAX_INT_BITS = 16384            # ~4,900 decimal digits: more than Python turns into text (4,300)
+MAX_ROUND_DIGITS = 400
 
 
 def _text(v) -> str:
@@ -61,6 +66,8 @@ def _int(v):
 
 
 def _round(x, n=0):
+    if isinstance(n, int) and abs(n) > MAX_ROUND_DIGITS:
+        raise ValueError(f"round(): at most {MAX_ROUND_DIGITS} digits either side of the point")
     r = round(x, n)
     return int(r) if n == 0 else r
 
@@ -96,6 +103,22 @@ def _json_encode(v):
     return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
 
 
+def _replace(s, old, new):
+    s, old, new = _text(s), _text(old), _text(new)
+    if len(new) > len(old):
+        grown = len(s) + (s.count(old) if old else len(s) + 1) * (len(new) - len(old))
+        if grown > max(len(s), MAX_TEXT):
+            raise ValueError(f"replace(): the result is too large ({grown} characters)")
+    return s.replace(old, new)
+
+
+def _power(x, y):
+    if (isinstance(x, int) and isinstance(y, int) and y > 0 and abs(x) > 1
+            and (abs(x).bit_length() - 1) * y > MAX_INT_BITS):
+        raise ValueError(f"power(): the result is too large (more than {MAX_INT_BITS} bits)")
+    return x ** y
+
+
 def _coalesce(*values):
     for v in values:
         if v is not None:
@@ -123,7 +146,7 @@ FUNCTIONS = {
     "substr": (_substr, 2, 3, False),
     "split": (_split, 2, 2, False),
     "nth": (_nth, 2, 2, False),
-    "replace": (lambda s, old, new: _text(s).replace(_text(old), _text(new)), 3, 3, False),
+    "replace": (_replace, 3, 3, False),
     "regex_match": (_regex_match, 2, 2, False),
     "concat": (_concat, 1, None, False),
     "str": (_text, 1, 1, False),
@@ -137,7 +160,7 @@ FUNCTIONS = {
     "floor": (lambda x: math.floor(x), 1, 1, False),
     "round": (_round, 1, 2, False),
     "sqrt": (math.sqrt, 1, 1, False),
-    "power": (lambda x, y: x ** y, 2, 2, False),
+    "power": (_power, 2, 2, False),
     "ln": (math.log, 1, 1, False),
     "log": (_log, 2, 2, False),
     "log10": (math.log10, 1, 1, False),

@@ -226,3 +226,20 @@ def test_a_compiled_rule_agrees_with_a_plain_reading(payloads, op, threshold, co
         keep = (bool(cmp) and hum is not None) if conj == "AND" else (bool(cmp) or hum is not None)
         expected = {"t": None if temp is None else temp * scale + 1, "h": hum, "clientid": "c1"} if keep else None
         assert rule.run(msg("s/x", json.dumps(p).encode())) == expected
+
+
+@pytest.mark.parametrize("expr, payload", [
+    ("replace(payload, '', payload)", b"ab" * 1024),       # 2 KiB -> 4 MiB (a 64 KiB payload: 4 GiB)
+    ("power(3, 100000000)", b"{}"),                          # 158 million bits
+    ("round(7, -100000000)", b"{}"),                         # computes 10 ** 100000000 first
+])
+def test_a_function_whose_result_would_be_huge_fails_the_rule(expr, payload):
+    with pytest.raises(RuleEvalError, match="too large|digits"):
+        run(f'SELECT {expr} AS x FROM "#"', msg(payload=payload))
+
+
+def test_functions_within_their_bounds_are_unchanged():
+    row = run("SELECT replace(payload, 'b', 'xyz') AS r, power(2, 1000) AS p, power(-3, 3) AS n, "
+              "power(2, -1) AS h, round(1234, -2) AS rd, round(2.5, 400) AS rf FROM \"#\"",
+              msg(payload=b"abc" * 1000))
+    assert row == {"r": "axyzc" * 1000, "p": 2 ** 1000, "n": -27, "h": 0.5, "rd": 1200, "rf": 2.5}

@@ -194,3 +194,29 @@ def test_a_pattern_the_linear_matcher_cannot_run_is_refused_with_its_position(sc
         done = plane.manage("rules", "add", "acme", "--sql", f'SELECT clientid FROM "s"\nWHERE {where}',
                             "--republish", "alerts/x", check=False)
         assert done.returncode == 1 and "line 2, column" in done.stderr and says in done.stderr, done.stderr
+
+
+def test_a_function_asked_for_a_gigantic_number_fails_the_rule_and_the_node_goes_on(scene):
+    """power(3, 1000000000) was computed: a number of 1.6 billion bits, minutes of one core and
+    hundreds of MB inside the node's event loop, every tenant's clients unserved meanwhile."""
+    plane, _, secrets, token = scene
+    node = plane.broker("--admin", "127.0.0.1:0")
+    try:
+        rid = add(plane, "acme", "--sql", 'SELECT power(3, payload.n) AS x FROM "sensors/+/pow"',
+                  "--republish", "alerts/pow")
+        loaded(node, token, "acme", rid)
+        sub = client(node, secrets, "globex/watch", "canary-sub")
+        sub.subscribe("sensors/canary", qos=1)
+        canary = client(node, secrets, "globex/d1", "canary-pub")
+        dev = client(node, secrets, "acme/d1", "d1-pow")
+        dev.publish("sensors/x/pow", b'{"n": 1000000000}', qos=0)
+        canary.publish("sensors/canary", b"still served", qos=1, timeout=30)
+        [got] = sub.expect_n(1, timeout=30)
+        assert got.payload == b"still served"
+        view = wait_for(lambda: (v := rule_view(node, token, "acme", rid))["failed"] == 1 and v, what="the failure")
+        assert "power()" in view["last_error"] and view["passed"] == 0
+        for c in (dev, canary, sub):
+            c.disconnect()
+        plane.manage("rules", "delete", "acme", str(rid))
+    finally:
+        node.stop()
