@@ -71,12 +71,13 @@ class _Publisher:
     """The client that published a delayed message, as the rules see it at its release
     (the client may be gone: its id, user name and ACL are what a rule reads of it)."""
 
-    __slots__ = ("client_id", "username", "peer", "acl")
+    __slots__ = ("client_id", "username", "peer", "acl", "quota")
 
-    def __init__(self, publisher: tuple, acl):
+    def __init__(self, publisher: tuple, acl, quota=None):
         self.client_id, self.username, _ = publisher
         self.peer = None
         self.acl = acl
+        self.quota = quota
 
 
 class AnonymousAuth:
@@ -515,7 +516,9 @@ class Broker:
         rules = self.rules.get(tenant) if publisher is not None else None
         origin = None
         if rules is not None:
-            origin = _Publisher(publisher, self.auth.client_acl(Identity(tenant, publisher[2]), publisher[0]))
+            policy = self.auth.policy(tenant)
+            origin = _Publisher(publisher, self.auth.client_acl(Identity(tenant, publisher[2]), publisher[0]),
+                                policy.quota or None if policy is not None else None)
             rules.message(self, ns, msg, origin, now)
         delivered = self.publish_internal(ns, msg, now)
         if not delivered:
@@ -556,6 +559,18 @@ class Broker:
     def publish_will(self, ns: Namespace, msg: Publish, now: float) -> None:
         """A will, as the registry hands it over (retained if it says so)."""
         self.publish_internal(ns, msg, now)
+
+    def publish_rule(self, ns: Namespace, msg: Publish, origin, now: float) -> int:
+        """A rule's republish, as its triggering client's (``origin``) publish: the tenant's
+        quotas on a message (its payload, its retained-messages cap) as for that client's own
+        PUBLISH; -> 0 (published) or the reason code it was refused with."""
+        quota = origin.quota
+        if quota is not None:
+            code = self._publish_quota(ns, msg, quota)
+            if code:
+                return code
+        self.publish_internal(ns, msg, now)
+        return 0
 
     def publish_internal(self, ns: Namespace, msg: Publish, now: float) -> int:
         """Publish a message the broker itself originates ($SYS, admin); -> deliveries."""

@@ -161,7 +161,12 @@ class TenantRules:
                 return
             self.telemetry(self.tenant, out, s)   # queued: the writer counts stored / dropped
         else:
-            broker.publish_internal(ns, out, now)
+            code = broker.publish_rule(ns, out, channel, now)
+            if code:
+                s.fail(f"the tenant's quota refuses the republish to {out.topic!r} (reason code 0x{code:02x}: "
+                       f"{'payload too large' if code == 0x95 else 'retained messages cap reached'})",
+                       now + broker.wall_offset)
+                return
         s.passed += 1
 
 

@@ -220,3 +220,29 @@ def test_a_function_asked_for_a_gigantic_number_fails_the_rule_and_the_node_goes
         plane.manage("rules", "delete", "acme", str(rid))
     finally:
         node.stop()
+
+
+def test_a_retained_republish_counts_against_the_tenants_retained_quota(scene):
+    """A rule republishing with --retain stored a retained message per distinct topic whatever the
+    tenant's max_retained: a device capped at 2 retained messages (0x97 past them) had a rule
+    keep thousands for it, in the node's memory and the store."""
+    plane, node, _, token = scene
+    secrets = plane.provision([{"slug": "initech", "acl": ACL, "devices": ["d1", "watch"],
+                                "quota": {"max_retained": 2}}])
+    rid = add(plane, "initech", "--sql", 'SELECT payload.i AS i FROM "sensors/+/temp"',
+              "--republish", "alerts/${i}", "--retain", "--qos", "1")
+    loaded(node, token, "initech", rid)
+    dev = client(node, secrets, "initech/d1", "d1-retain")
+    for i in range(5):
+        dev.publish("sensors/k/temp", json.dumps({"i": i}).encode(), qos=1)
+    view = wait_for(lambda: (v := rule_view(node, token, "initech", rid))["matched"] == 5 and v, what="5 runs")
+    watch = client(node, secrets, "initech/watch", "w-retain")
+    watch.subscribe("alerts/#", qos=1)
+    kept = watch.expect_n(2)
+    watch.expect_none(1.0)
+    assert sorted(m.topic for m in kept) == ["alerts/0", "alerts/1"]
+    assert (view["passed"], view["failed"]) == (2, 3)
+    assert "quota" in view["last_error"]
+    plane.manage("rules", "delete", "initech", str(rid))
+    for c in (dev, watch):
+        c.disconnect()
