@@ -89,21 +89,26 @@ class TelemetryWriter(TenantBuffers):
             except TimeoutError:
                 pass
             self._due.clear()
-            await self.flush()
+            if not await self.flush():
+                # a failed write waits the interval out, however full the queue (its put-back rows, and
+                # every row a busy tenant queues meanwhile, ask for a write at once)
+                await asyncio.sleep(self.interval)
 
-    async def flush(self) -> None:
+    async def flush(self) -> bool:
+        """-> False: the write failed (its rows are queued again)."""
         jobs = self._take()
         if not jobs:
-            return
+            return True
         try:
             await asyncio.to_thread(self.write, [_line(job, self.node) for job in jobs], time.time())
         except Exception as exc:
             log.warning("telemetry not written (%s); trying again in %g s", exc, self.interval)
             self._put_back(jobs)
-            return
+            return False
         self.stored += len(jobs)
         for job in jobs:
             job.state.stored += 1
+        return True
 
     async def stop(self) -> None:
         """The rest goes out now."""

@@ -98,3 +98,28 @@ def test_a_filling_queue_is_written_before_the_interval(tmp_path):
             await w.stop()
 
     asyncio.run(scene())
+
+
+def test_a_failing_write_waits_for_the_interval_even_with_a_full_queue(tmp_path):
+    """A write that failed put its rows back through submit(), which -- the queue being over half
+    its bound -- asked for a write at once: a disk that refused writes was retried in a tight loop
+    (a thread, a failed write and a warning per round, thousands a second) instead of every
+    --rules-store-interval seconds as the log said."""
+    async def scene():
+        (tmp_path / "usage").write_text("not a directory")           # every write fails
+        w = TelemetryWriter(str(tmp_path / "usage"), "n1", node_bytes=1_000_000, tenant_bytes=4000, interval=1)
+        attempts = []
+        write = w.write
+        w.write = lambda lines, wall: (attempts.append(wall), write(lines, wall))
+        s = State(1)
+        w.start()
+        try:
+            w.submit("acme", record(1), s)
+            w.submit("acme", record(2), s)             # half the tenant's bound: a write at once, which fails
+            await asyncio.sleep(1.5)
+            assert 1 <= len(attempts) <= 3, f"{len(attempts)} write attempts in 1.5 s with a 1 s interval"
+            assert s.stored == 0 and queued(w, "acme") == [1, 2]
+        finally:
+            w._task.cancel()
+
+    asyncio.run(scene())
