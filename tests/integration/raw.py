@@ -304,6 +304,10 @@ class RawClient:
             data = b""
         if not data:
             raise Closed()
+        self.received(data)
+
+    def received(self, data: bytes) -> None:
+        """Bytes read from the socket: MQTT bytes here (a WebSocket client unwraps them)."""
         self.buf += data
 
     def recv(self, timeout: float | None = None) -> Packet:

@@ -205,19 +205,7 @@ class WsRawClient(raw.RawClient):
     def send(self, data: bytes) -> None:
         self.sock.sendall(self.frame(data))
 
-    def _fill(self, deadline: float) -> None:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("no packet in time")
-        self.sock.settimeout(left)
-        try:
-            data = self.sock.recv(65536)
-        except TimeoutError:
-            raise TimeoutError("no packet in time")
-        except (ConnectionResetError, BrokenPipeError):
-            data = b""
-        if not data:
-            raise raw.Closed()
+    def received(self, data: bytes) -> None:
         if self.ws_close is not None:
             return                      # (nothing may follow a close frame)
         self.ws.receive_data(data)
