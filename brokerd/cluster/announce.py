@@ -27,6 +27,7 @@ ENTRY_BYTES = 1 << 20   # ... and about this many bytes of them (an event larger
                         # messages of up to --max-packet-size ride in them, and Redis refuses a field over 512 MB
 RETRY = 0.5             # seconds after a failed round before the next
 _NOTHING = (0, 0, {})   # a filter never announced
+_UNKNOWN = (-1, -1, {})  # counts other nodes may not know: announced afresh, whatever they are
 
 
 class Announcer:
@@ -167,6 +168,13 @@ class Announcer:
     def freeze(self, keys: list[tuple]) -> None:
         """Old owner, before the handoff: these filters' counts wait for the switch."""
         self._frozen.update(keys)
+
+    def unannounce(self, keys: list[tuple]) -> None:
+        """New owner: the route switch ``arrival`` counted on may never be
+        published (the old owner gave the handoff up); these filters' counts
+        are announced afresh when thawed (counts are absolute: once more is harmless)."""
+        for key in keys:
+            self.announced[key] = _UNKNOWN
 
     def thaw(self, keys: list[tuple]) -> None:
         """The handoff is over (or did not happen): announce these filters' counts as they are."""

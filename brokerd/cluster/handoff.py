@@ -38,6 +38,39 @@ log = logging.getLogger("brokerd.cluster")
 RELEASE_TIMEOUT = 5.0    # how long a takeover waits for the old node (and the new one holds messages for it)
 HANDOFF_TIMEOUT = 1.0    # how long the old owner waits for the new one to hold a moving session's messages
 SYNC_TIMEOUT = 2.0       # how long it waits for the other nodes to switch routes
+
+
+def handoff_of(text: str) -> tuple[str, str, list[str]] | None:
+    """(tenant, client id, filters) of a HANDOFF's text; None when it is not one."""
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(d, dict):
+        return None
+    tenant, cid, filters = d.get("tenant"), d.get("client_id"), d.get("filters")
+    if not (isinstance(tenant, str) and isinstance(cid, str) and isinstance(filters, list)
+            and all(isinstance(f, str) and f for f in filters)):
+        return None
+    return tenant, cid, filters
+
+
+def counts_of(text, filters: list[str]) -> dict | None:
+    """{filter: [subs, durable]} of a HOLDING's text for ``filters``: ``{}``
+    when the new owner does not hold, None when the text is not an answer."""
+    try:
+        d = json.loads(text)
+    except ValueError:
+        return None
+    if d is None:
+        return {}
+    if not isinstance(d, dict) or set(d) != set(filters):
+        return None
+    for v in d.values():
+        if not (isinstance(v, list) and len(v) == 2
+                and all(type(n) is int and 0 <= n < 1 << 32 for n in v)):
+            return None
+    return d
 # SYNCs of one node waiting here for their event (a SYNC is kept SYNC_TIMEOUT at most: its asker waits no
 # longer); beyond, the oldest is dropped -- a member sending SYNCs for events no one wrote held them for ever
 SYNCS_PER_NODE = 1024
@@ -103,7 +136,9 @@ class Handoff:
         self.announcer.freeze(keys)
         answer = await ask(self.requests, ANSWER, link.peer, lambda r: link.send(frames.handoff(r, text)),
                            self.clock() + HANDOFF_TIMEOUT)
-        counts = json.loads(answer) if isinstance(answer, str) else None
+        counts = counts_of(answer, filters) if isinstance(answer, str) else {}
+        if counts is None:
+            link.fail(f"HOLDING for {tenant}/{cid} that is no answer to its HANDOFF")
         if not counts:
             self.announcer.thaw(keys)
             return None
@@ -152,10 +187,9 @@ class Handoff:
     def done_expecting(self, tenant: str, cid: str) -> None:
         self.expecting.discard((tenant, cid))
 
-    async def on_handoff(self, link, req: int, text: str) -> None:
-        """Hold what arrives for a session this node is taking over."""
-        d = json.loads(text)
-        tenant, cid, filters = d["tenant"], d["client_id"], d["filters"]
+    async def on_handoff(self, link, req: int, tenant: str, cid: str, filters: list[str]) -> None:
+        """Hold what arrives for a session this node is taking over (the
+        HANDOFF's fields, checked by ``handoff_of``)."""
         if (tenant, cid) not in self.expecting or (tenant, cid) in self.arriving or self.fence.fenced:
             link.send(frames.holding(req, "null"))
             return
@@ -193,7 +227,12 @@ class Handoff:
                     w(False)
             else:
                 self.broker.when_durable(lambda done: [w(done) for w in waiters])
-        self.announcer.thaw([(tenant, f) for f in h.filters])
+        keys = [(tenant, f) for f in h.filters]
+        if not h.switched:
+            # the old owner's route switch, which was to announce this node's counts, did not come (yet): it
+            # gave the handoff up (its HOLDING late, lost, refused) or it is still on its way
+            self.announcer.unannounce(keys)
+        self.announcer.thaw(keys)
 
     def switched(self, node: str, tenant: str, filters: set) -> None:
         """The event that moves routes from ``node`` to this one (a handoff's switch) is applied here:

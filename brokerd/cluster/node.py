@@ -40,7 +40,7 @@ from .announce import Announcer
 from .eventlog import COMPACT_EVERY, EventLog, retain_event
 from .fencing import Fence, Fencing
 from .forwarding import Forwarder
-from .handoff import Handoff
+from .handoff import Handoff, handoff_of
 from .membership import Membership
 from .peers import LinkSettings, Peers
 from .ports import Clock, ClusterBroker, ClusterBus, ClusterError, NodeAddresses, SessionStore, StoreDrain
@@ -325,7 +325,11 @@ class ClusterNode:
         elif kind == frames.RELEASED:
             self.requests.answered(RELEASE, f[1], link.peer, f[2])
         elif kind == frames.HANDOFF:
-            self.loop.create_task(self.handoff.on_handoff(link, f[1], f[2]))
+            fields = handoff_of(f[2])
+            if fields is None:
+                link.fail(f"HANDOFF that is not one: {f[2][:40]!r}")
+            else:
+                self.loop.create_task(self.handoff.on_handoff(link, f[1], *fields))
         elif kind in (frames.HOLDING, frames.SYNCED):
             self.requests.answered(ANSWER, f[1], link.peer, f[2])
         elif kind == frames.SYNC:

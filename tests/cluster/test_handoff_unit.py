@@ -207,6 +207,61 @@ def test_the_new_owner_never_holding_the_handoff_fails_at_its_deadline(caplog):
     assert handoff_counts(caplog) == (0, 0)
 
 
+def test_a_holding_that_is_no_answer_closes_the_link_and_the_session_moves_without_a_handoff():
+    """b answers the HANDOFF with counts that are not counts of the session's
+    filters (a bug, a rogue member): a took them and raised in the takeover's
+    task when it came to announce them -- the session stayed on a, and b's
+    CONNECT waited its whole release timeout. Now a closes the link, moves
+    the session without a handoff, and b loads it from the store."""
+
+    async def go():
+        net, a, b, c = await three_nodes()
+        net.wire.lose(frames.HOLDING, "b", "a")
+        second = Connecting()
+        b.claim(second, *SESSION, False, None, second.cont)
+        await net.settle()
+        [req] = a.requests.asks
+        net.wire.lost.clear()
+        net.wire.post("b", "a", "a", frames.holding(req, '{"x/#": ["many", 1]}'))
+        await net.settle()
+        assert [why for me, peer, why in net.wire.failures if (me, peer) == ("a", "b")], net.wire.failures
+        assert second.opened and b.broker.holds(*SESSION) and not a.broker.holds(*SESSION)
+        assert not a.handoff.moving and ("t", "x/#") not in a.announcer.announced
+        assert c.routes.match("t", "x/1") == ({"b": True}, [])
+        ack = publish(c, "t", "x/1", b"after")
+        await net.settle()
+        assert ack.done and ack.ok and net.store.queues[SESSION][-1:] == [b"after"]
+
+    run(go())
+
+
+def test_a_holding_that_comes_too_late_leaves_the_session_routed_to_its_new_owner():
+    """b holds for the session (HOLDING), but its answer reaches a after
+    HANDOFF_TIMEOUT (a slow link) or never: a moves the session without a
+    handoff. b had counted the session in as the route switch would announce
+    it -- and no switch came, so no node ever learnt that b has the session's
+    route: c's messages for it went nowhere (acknowledged to their publisher,
+    never in the session's queue) until the session subscribed again. Now b
+    announces the counts itself when no switch came."""
+
+    async def go():
+        net, a, b, c = await three_nodes()
+        net.wire.lose(frames.HOLDING, "b", "a")
+        second = Connecting()
+        b.claim(second, *SESSION, False, None, second.cont)
+        await net.settle()
+        net.clock.advance(HANDOFF_TIMEOUT)
+        net.tick()
+        await net.settle()
+        assert second.opened and b.broker.holds(*SESSION) and not a.broker.holds(*SESSION)
+        assert c.routes.match("t", "x/1") == ({"b": True}, [])
+        ack = publish(c, "t", "x/1", b"after")
+        await net.settle()
+        assert ack.done and ack.ok and net.store.queues[SESSION][-1:] == [b"after"]
+
+    run(go())
+
+
 def test_a_release_that_never_comes_fails_at_its_deadline(caplog):
     """a's RELEASED is lost: b waits RELEASE_TIMEOUT by the clock, says so,
     and loads the session from the store (the store, not the registry, is the truth)."""

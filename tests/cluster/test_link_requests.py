@@ -92,6 +92,28 @@ def test_syncs_with_made_up_event_ids_do_not_stop_the_node_confirming_route_swit
     assert n1.proc.poll() is None
 
 
+def test_a_handoff_that_is_not_one_closes_the_link(cluster, tag):
+    """HANDOFF carries JSON naming the session that moves and its filters.
+    Text that was not that JSON raised in the task handling it: the link
+    stayed open and the node logged "Task exception was never retrieved"
+    for each (a member could fill the log at will). Now the link is closed,
+    as for any frame that is not one, and the node goes on."""
+    n1, n2, n3 = cluster.start(3)
+    for text in ("not json", '{"tenant": 1}', '{"tenant": "t", "client_id": "c", "filters": "x/#"}',
+                 '{"tenant": "t", "client_id": "c", "filters": [7]}', "[]"):
+        rogue = RawLink(link_port(n1))
+        rogue.handshake(cluster.secret.encode(), cluster.name(n3))
+        rogue.send(frames.handoff(5, text))
+        assert rogue.closed_by_node(5), f"a HANDOFF of {text!r} was taken"
+        rogue.close()
+    time.sleep(0.2)
+    assert "Task exception" not in n1.log and "Traceback" not in n1.log, n1.log[-3000:]
+    sub = connect(n2.port(), f"{tag}-sub", V5)
+    sub.subscribe(f"{tag}/t", qos=1)
+    pub = connect(n1.port(), f"{tag}-pub", V5)
+    settle(pub, f"{tag}/t", sub)
+
+
 def test_a_flood_of_takeovers_from_a_member_leaves_the_node_in_the_cluster(cluster, tag):
     """Each TAKEOVER a link brought started a task asking Redis who holds the
     client id's lock, as many at once as came: 500,000 of them (15 MB sent)
