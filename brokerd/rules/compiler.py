@@ -46,7 +46,7 @@ from ..routing.topic import is_valid_filter, matches
 from . import textmatch
 from .context import FIELDS
 from .errors import EVENT_PREFIX, EVENTS, RuleEvalError, RuleSyntaxError
-from .functions import FUNCTIONS, NULL_AWARE, _text
+from .functions import FUNCTIONS, MAX_INT_BITS, MAX_TEXT, NULL_AWARE, _text
 
 
 @dataclass(frozen=True, eq=False)
@@ -149,7 +149,7 @@ class _Compiler:
             if isinstance(node, exp.Star):
                 self.error("* cannot be mixed with other columns", node)
             if isinstance(node, exp.Alias):
-                fn = self.expr(node.this)
+                fn = _once(self.expr(node.this))
                 name = node.alias
                 columns.append(((name,), fn))
                 self.aliases[name] = fn
@@ -295,12 +295,12 @@ class _Compiler:
     def e_LTE(self, n): return self._binary(n, operator.le)           # noqa: E704
     def e_Add(self, n): return self._binary(n, _add)                  # noqa: E704
     def e_Sub(self, n): return self._binary(n, _number(operator.sub))  # noqa: E704
-    def e_Mul(self, n): return self._binary(n, _number(operator.mul))  # noqa: E704
+    def e_Mul(self, n): return self._binary(n, _mul)                  # noqa: E704
     def e_Div(self, n): return self._binary(n, _number(operator.truediv))  # noqa: E704
     def e_Mod(self, n): return self._binary(n, _number(operator.mod))  # noqa: E704
 
     def e_DPipe(self, node):
-        return self._binary(node, lambda x, y: _text(x) + _text(y))
+        return _bounded("||", self._binary(node, lambda x, y: _text(x) + _text(y)))
 
     def e_Neg(self, node):
         a = self.expr(node.this)
@@ -405,7 +405,12 @@ class _Compiler:
         compiled = tuple(self.expr(a) for a in args)
         if name == "regex_match":
             return self.regex_match(args, compiled)
-        null_aware = name in NULL_AWARE
+        if name in GROWS:
+            return _bounded(f"{name}()", self._call(fn, compiled, name in NULL_AWARE, wants_ctx))
+        return self._call(fn, compiled, name in NULL_AWARE, wants_ctx)
+
+    @staticmethod
+    def _call(fn, compiled: tuple, null_aware: bool, wants_ctx: bool):
         if wants_ctx:
             return lambda ctx: fn(ctx, *[a(ctx) for a in compiled])
         if len(compiled) == 1 and not null_aware:
@@ -481,6 +486,42 @@ def _call_parts(node) -> tuple[str, list]:
     return name, args
 
 
+# functions whose text can be some times longer than their argument: chained (an alias of the one
+# before, or nested) they grew a 64-byte payload past memory -- 60 base64_encode() are 1.34^60 times it
+GROWS = {"base64_encode", "json_encode", "upper", "lower", "concat"}
+
+
+def _bounded(name: str, fn):
+    """``fn``'s text at most MAX_TEXT longer than twice the message's payload."""
+
+    def bounded(ctx):
+        v = fn(ctx)
+        if isinstance(v, str) and len(v) > MAX_TEXT:
+            raw = ctx.raw
+            if len(v) > MAX_TEXT + 2 * (len(raw) if raw is not None else 0):
+                raise RuleEvalError(f"{name}: the result is too large ({len(v)} characters)")
+        return v
+
+    return bounded
+
+
+def _once(fn):
+    """An alias's value, computed once per message however often the rule
+    names it (each naming computed it again: 40 aliases each naming the one
+    before twice made 2^40 evaluations of one message)."""
+
+    def once(ctx):
+        memo = ctx.memo
+        if memo is None:
+            memo = ctx.memo = {}
+        elif once in memo:
+            return memo[once]
+        v = memo[once] = fn(ctx)
+        return v
+
+    return once
+
+
 def _num(x):
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         raise RuleEvalError(f"not a number: {x!r}")
@@ -493,6 +534,14 @@ def _number(op):
 
 def _add(x, y):
     return _num(x) + _num(y)
+
+
+def _mul(x, y):
+    x, y = _num(x), _num(y)
+    if type(x) is int and type(y) is int and x.bit_length() + y.bit_length() > MAX_INT_BITS:
+        # as power(): aliases squaring the one before made a number of a billion bits
+        raise RuleEvalError(f"multiplication: the result is too large (more than {MAX_INT_BITS} bits)")
+    return x * y
 
 
 def _plain(description: str) -> str:
@@ -543,7 +592,15 @@ def compile_rule(sql: str) -> CompiledRule:
         if offset is not None:
             raise RuleSyntaxError(f"unterminated {sql[offset]}...{sql[offset]}", *_line_col(sql, offset)) from None
         raise RuleSyntaxError("cannot read the statement (a stray character)") from None
+    except RecursionError:
+        raise RuleSyntaxError(_TOO_DEEP) from None
     trees = [t for t in trees if t is not None]
     if len(trees) != 1:
         raise RuleSyntaxError("a rule is exactly one SELECT statement")
-    return _Compiler(sql).statement(trees[0])
+    try:
+        return _Compiler(sql).statement(trees[0])
+    except RecursionError:
+        raise RuleSyntaxError(_TOO_DEEP) from None
+
+
+_TOO_DEEP = "expressions nested too deeply (use AS to name a part)"

@@ -18,7 +18,7 @@ FIELDS = ("event", "clientid", "username", "topic", "qos", "retain", "payload", 
 
 class Context:
     __slots__ = ("event", "clientid", "username", "topic", "qos", "retain", "raw", "timestamp", "props", "peerhost",
-                 "reason", "node", "_json", "_uprops")
+                 "reason", "node", "_json", "_uprops", "memo")
 
     def __init__(self, event: str = "message.publish", topic: str | None = None, payload: bytes | None = None,
                  clientid: str | None = None, username: str | None = None, qos: int | None = None,
@@ -38,6 +38,7 @@ class Context:
         self.node = node
         self._json = _UNSET
         self._uprops = None
+        self.memo = None                  # the rules' aliases computed for this message (compiler._once)
 
     @property
     def payload(self) -> str | None:

@@ -243,3 +243,41 @@ def test_functions_within_their_bounds_are_unchanged():
               "power(2, -1) AS h, round(1234, -2) AS rd, round(2.5, 400) AS rf FROM \"#\"",
               msg(payload=b"abc" * 1000))
     assert row == {"r": "axyzc" * 1000, "p": 2 ** 1000, "n": -27, "h": 0.5, "rd": 1200, "rf": 2.5}
+
+
+def chain(first: str, step: str, n: int) -> str:
+    """SELECT first AS a0, step(a0) AS a1, ... step(a{n-1}) AS an: each alias named by the next."""
+    cols = [f"{first} AS a0"] + [step.format(f"a{i}") + f" AS a{i + 1}" for i in range(n)]
+    return f'SELECT {", ".join(cols)} FROM "#"'
+
+
+@pytest.mark.parametrize("sql", [
+    chain("payload", "{0} || {0}", 36),                     # 64 B doubled 36 times: 4 TiB
+    chain("payload", "concat({0}, {0}, {0})", 24),           # tripled
+    chain("payload", "base64_encode({0})", 80),              # x1.34 each: 1.6e10 times the payload
+    chain("payload", "json_encode({0})", 40),                # a quote escaped again each time
+    chain("qos + 2", "{0} * {0}", 40),                       # squared: 2^40 bits
+    "SELECT " + "base64_encode(" * 40 + "payload" + ")" * 40 + ' AS x FROM "#"',    # nested, no alias
+])
+def test_a_rule_growing_a_value_step_by_step_fails_for_that_message_in_a_moment(sql):
+    """Each alias named by the next doubled a 64-byte payload: 23 of them
+    took 27 s and 512 MiB for one message, 36 would have frozen the node for
+    good. Concatenation, the functions that lengthen text and multiplication
+    are now bounded (the rule fails for that message, counted with why)."""
+    with pytest.raises(RuleEvalError, match="too large"):
+        run(sql, msg(payload=b'"\\x"' * 16, qos=1))
+
+
+def test_an_alias_is_computed_once_per_message_however_often_it_is_named():
+    """40 aliases each adding the one before to itself: 2^40 evaluations of
+    one message before (the node frozen), 41 now -- and the same figure."""
+    rule = compile_rule(chain("qos", "{0} + {0}", 40).replace(' FROM "#"', ' FROM "#" WHERE a40 > 0'))
+    assert rule.run(msg(qos=1))["a40"] == 2 ** 40
+    assert rule.run(msg(qos=0)) is None
+
+
+def test_growing_text_within_its_bounds_is_unchanged():
+    big = b"x" * (3 << 20)
+    row = run('SELECT base64_encode(payload) AS b, payload || payload AS d, upper(payload) AS u FROM "#"',
+              msg(payload=big))
+    assert len(row["b"]) == 4 << 20 and len(row["d"]) == 6 << 20 and row["u"] == "X" * (3 << 20)
