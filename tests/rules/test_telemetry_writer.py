@@ -6,6 +6,7 @@ tests/reports/test_telemetry.py."""
 
 import asyncio
 import json
+import sys
 
 from brokerd.integrations.telemetry import TelemetryWriter
 from brokerd.rules.actions import Store, TelemetryRecord
@@ -123,3 +124,18 @@ def test_a_failing_write_waits_for_the_interval_even_with_a_full_queue(tmp_path)
             w._task.cancel()
 
     asyncio.run(scene())
+
+
+def test_the_buffer_bounds_what_rows_hold_in_memory_not_their_characters(tmp_path):
+    """A row's size was its characters: rows of 4-byte characters (emoji,
+    CJK beyond the BMP) held four times the tenant's bound in memory. Now
+    the buffer counts the bytes each row's texts hold."""
+    w = TelemetryWriter(str(tmp_path), "n1", node_bytes=10_000_000, tenant_bytes=100_000)
+    s = State(3)
+    for n in range(200):
+        w.submit("acme", Store({"dataset": "temps"}).message({"n": n, "mood": "\U0001F600" * 2000}, Context(
+            "message.publish", "sensors/\U0001F600/temp", b"", "dev-\U0001F600", timestamp=1_764_115_200_250), None), s)
+    held = sum(sys.getsizeof(j.item.data) + sys.getsizeof(j.item.topic) + sys.getsizeof(j.item.clientid)
+               for j in w.queues["acme"])
+    assert s.dropped > 0
+    assert held <= 100_000, f"{held} bytes held for a tenant bound of 100,000"
