@@ -32,6 +32,7 @@ node on one of its own ports (MQTT, admin, cluster) is refused.
 import asyncio
 import ipaddress
 import logging
+import socket
 import ssl
 import time
 
@@ -71,6 +72,8 @@ class Allowance:
     def set_own(self, ports, hosts) -> None:
         self.own_ports = frozenset(ports)
         self.own_hosts = frozenset(ipaddress.ip_address(h) for h in hosts if _is_ip(h))
+        # a listener on 0.0.0.0 or :: is this node's on every address of the host, not only loopback's
+        self.own_any = any(h.is_unspecified for h in self.own_hosts)
 
     def _name_allowed(self, host: str) -> bool:
         return any(host == n or (n.startswith(".") and host.endswith(n)) for n in self.names)
@@ -80,7 +83,8 @@ class Allowance:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
         if getattr(ip, "ipv4_mapped", None):
             ip = ip.ipv4_mapped
-        if port in self.own_ports and (ip.is_loopback or ip.is_unspecified or ip in self.own_hosts):
+        if port in self.own_ports and (ip.is_loopback or ip.is_unspecified or ip in self.own_hosts
+                                       or (self.own_any and _is_local(ip))):
             raise Refused(f"{host}:{port} ({ip}) is this node's own port")
         if any(ip in net for net in self.nets if net.version == ip.version):
             return
@@ -90,6 +94,16 @@ class Allowance:
                                              or ip.is_unspecified):
             return
         raise Refused(f"{host} ({ip}) is not an allowed destination (--rules-webhook-allow)")
+
+
+def _is_local(ip) -> bool:
+    """Whether ``ip`` is an address of this host (one a socket can be bound to; nothing is sent)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ip.version == 6 else socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind((str(ip), 0))
+        return True
+    except OSError:
+        return False
 
 
 def _is_ip(text: str) -> bool:

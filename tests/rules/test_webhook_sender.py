@@ -175,3 +175,35 @@ def test_one_tenant_holds_at_most_half_the_workers():
         await sender.close()
 
     asyncio.run(scenario())
+
+
+def host_address() -> str | None:
+    """An address of this host that is not loopback (a socket is bound to it; nothing is sent)."""
+    import socket
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))                  # picks the outgoing interface; sends nothing
+            address = s.getsockname()[0]
+    except OSError:
+        return None
+    return None if address.startswith("127.") else address
+
+
+def test_a_node_listening_on_every_address_refuses_its_own_ports_on_each_of_them():
+    """A node bound to 0.0.0.0 takes its MQTT, admin and link ports on
+    every address of its host. Its own ports were refused on loopback only:
+    with private addresses allowed (--rules-webhook-allow 10.0.0.0/8, for
+    internal services), a tenant's webhook could call the node's admin API
+    or link port on the host's own private address. Only deciding: no
+    request is made."""
+    mine = host_address()
+    if mine is None:
+        pytest.skip("this host has no address but loopback")
+    allowance = Allowance(f"{mine}/32, 203.0.113.0/24", own_ports=[1883, 8081], own_hosts=["0.0.0.0"])
+    for port in (1883, 8081):
+        with pytest.raises(Refused, match="this node's own port"):
+            allowance.check("node.internal", port, mine)
+    allowance.check("node.internal", 8443, mine)                   # another service of the host: allowed
+    allowance.check("hooks.internal", 1883, "203.0.113.7")          # another host's port 1883: allowed
+    only_loopback = Allowance(f"{mine}/32", own_ports=[1883], own_hosts=["127.0.0.1"])
+    only_loopback.check("node.internal", 1883, mine)               # the node is not on that address
