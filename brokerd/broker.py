@@ -314,7 +314,10 @@ class Broker:
         if topic[0] == "$":
             if topic.startswith(DELAYED_PREFIX) and self.delayed is not None:
                 return self._publish_delayed(ns, msg, channel, now, rel)
-            if acl is not None and topic.startswith("$SYS/"):
+            if topic.startswith("$SYS"):
+                # the broker's own tree: no client writes there, whatever its ACL allows (Mosquitto
+                # denies it too) -- a client's retained "$SYS/..." would stand in for the broker's
+                # values and escape the tenant's max_retained (the broker's $SYS is not counted)
                 self.acct.publish_denied(ns, topic)
                 return rc.NOT_AUTHORIZED
         # (ClientAcl.allowed: the last topic this client was allowed to publish to)

@@ -63,6 +63,8 @@ class Enforcement:
         client asked for, decided as one (``Broker.publish``). A deleted tenant's
         wills go nowhere; ``device`` UNKNOWN (a will of a client of a dead node):
         the tenant is checked, the ACL was at its CONNECT."""
+        if topic.startswith("$SYS"):
+            return False                    # the broker's own tree (as for a PUBLISH: Broker.publish)
         auth = self.b.auth
         if auth.policy(tenant) is None:
             # no control plane (AnonymousAuth): one tenant, everything allowed
@@ -70,7 +72,7 @@ class Enforcement:
         if device is UNKNOWN or (device is None and tenant != self.anonymous_tenant):
             return True                     # (a session stored without its device: judged at its CONNECT)
         acl = auth.client_acl(Identity(tenant, device), client_id)
-        return acl is None or (not topic.startswith("$SYS/") and acl.can_publish(topic))
+        return acl is None or acl.can_publish(topic)
 
     def closed(self, channel) -> None:
         self.expiring.discard(channel)

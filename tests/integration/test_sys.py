@@ -174,3 +174,23 @@ def test_sys_interval_zero_disables(broker_factory, client_id):
     with connect(b.port(), client_id, V311) as c:
         c.subscribe("$SYS/#", 0)
         c.expect_none(1.2)
+
+
+def test_clients_cannot_write_into_sys(broker, client_id):
+    """No client publishes into the broker's $SYS tree, as Mosquitto refuses it: with an open ACL (the
+    anonymous clients here) a retained "$SYS/broker/version" of "fake" went to every subscriber and
+    stood as the broker's value until the next round, and "$SYS/anything" was retained for good."""
+    with connect(broker.port(), client_id + "-sub", V5) as sub, connect(broker.port(), client_id, V5) as pub:
+        sub.subscribe("$SYS/broker/version", 0)
+        sub.expect(timeout=3)                                  # the broker's retained value
+        sub.subscribe(f"$SYS/{client_id}/#", 0)
+        codes = [pub.publish_result(pub.publish(topic, b"fake", qos=1, retain=True))[0].value
+                 for topic in ("$SYS/broker/version", f"$SYS/{client_id}/x", f"$SYS/{client_id}/y")]
+        assert codes == [0x87] * 3                             # Not authorized
+        deadline = time.monotonic() + 1.5                      # (more than one --sys-interval round)
+        while time.monotonic() < deadline:
+            m = sub.expect(timeout=2)
+            assert m.payload.startswith(b"brokerd version"), (m.topic, m.payload)
+    with connect(broker.port(), client_id + "-late", V311) as late:
+        late.subscribe(f"$SYS/{client_id}/#", 0)
+        late.expect_none(0.5)                                   # nothing of the client's was retained

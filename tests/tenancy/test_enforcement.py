@@ -3,6 +3,7 @@ enforced by a running brokerd, observed with real MQTT clients."""
 
 import socket
 import time
+from urllib.parse import quote
 
 import pytest
 
@@ -301,6 +302,36 @@ def test_the_brokers_sys_messages_are_not_the_tenants_retained_messages(control_
             wait_until(lambda: retained_in_use() == 1, what="one retained message in use")
             _, _, listing = api("GET", "/api/v1/retained?tenant=sysq", token)
             assert [i["topic"] for i in listing["items"]] == ["state/mode"]
+    finally:
+        node.stop()
+
+
+def test_a_device_with_an_open_acl_cannot_retain_into_sys(control_plane):
+    """A tenant whose ACL allows everything (no rule, default allow: its devices' ACL is "open")
+    let them publish into "$SYS/...": those retained messages counted as the broker's, so a
+    device kept as many as it liked past max_retained, and faked the tenant's $SYS figures."""
+    secrets = control_plane.provision([{"slug": "sysw", "default_acl": "allow", "devices": ["d"],
+                                        "quota": {"max_retained": 1}}])
+    token = control_plane.issue_token("sysw-reader", "read")
+    node = BrokerProcess("--sys-interval", "60", "--admin", "127.0.0.1:0", env=control_plane.env).start()
+    api = Http(node.admin_url)
+    try:
+        with client(secrets, "sysw/d").connect(node.port()) as c:
+            c.subscribe("$SYS/broker/clients/connected", 0)
+            figure = c.expect(timeout=15).payload               # the tenant's $SYS round has run
+            c.unsubscribe("$SYS/broker/clients/connected")
+            got = {}
+            c.client.on_publish = lambda cl, u, mid, rc, p: got.setdefault(mid, rc.value)
+            mids = [c.client.publish(f"$SYS/stash/{i}", b"x" * 100, qos=1, retain=True).mid for i in range(5)]
+            mids.append(c.client.publish("$SYS/broker/clients/connected", b"9999", qos=1, retain=True).mid)
+            wait_until(lambda: all(m in got for m in mids), what="PUBACKs")
+            assert [got[m] for m in mids] == [0x87] * 6
+        _, _, with_sys = api("GET", "/api/v1/retained?tenant=sysw&sys=1&per_page=1000", token)
+        topics = [i["topic"] for i in with_sys["items"]]
+        assert not [t for t in topics if t.startswith("$SYS/stash/")]
+        _, _, view = api("GET", "/api/v1/retained?tenant=sysw&topic=" + quote("$SYS/broker/clients/connected"),
+                         token)
+        assert view["payload"].encode() == figure               # the broker's figure, not the device's
     finally:
         node.stop()
 
