@@ -6,7 +6,9 @@ as the audit log is (brokerd never imports Django).
 Every minute (on the wall clock's minute) the node reads its figures, writes
 what changed since the previous one (messages, bytes, connects, drops,
 rejections) and the most connections seen at once (checked every few
-seconds), and adds the same figures into the hour's row (an upsert). Once an
+seconds), and adds the same figures into the hour's row (an upsert); the rows of
+periods the database refused are written with the next period's (at most a day
+of them is kept). Once an
 hour it deletes its own minute rows older than 7 days and hour rows older
 than 90 days. Only tenants with connections or traffic in the minute get a
 row; the node's row (tenant "") is always written.
@@ -25,6 +27,7 @@ KEEP_MINUTES = datetime.timedelta(days=7)
 KEEP_HOURS = datetime.timedelta(days=90)
 COLUMNS = ("connections", "connects", "messages_in", "messages_out", "bytes_in", "bytes_out", "dropped", "rejected")
 COUNTERS = COLUMNS[1:]
+MAX_PENDING = 24 * 60       # periods kept while the database refuses them (a day of minutes), then the oldest go
 
 
 def figures(t: dict) -> dict:
@@ -53,6 +56,9 @@ class History:
         self._task: asyncio.Task | None = None
         self._pruned_at = 0.0
         self.rows_written = 0
+        # periods whose rows the database refused (down, locked, failing over): written with the next
+        # period's, in one transaction -- their counters have moved on, so a row not written is lost
+        self.pending: list[tuple[datetime.datetime, list[tuple]]] = []
 
     def start(self) -> None:
         self._take(node_figures(self.server), first=True)
@@ -97,14 +103,25 @@ class History:
                     self._watch_peaks(node_figures(self.server))
             rows = self._take(node_figures(self.server))
             minute = datetime.datetime.fromtimestamp(end - self.interval, datetime.UTC)
+            self.pending.append((minute, rows))
+            if len(self.pending) > MAX_PENDING:
+                lost = self.pending.pop(0)
+                log.error("metrics history of %s not written: the database refused it for %d periods", lost[0],
+                          MAX_PENDING)
+            batch = list(self.pending)
             try:
-                await asyncio.to_thread(self.write, minute, rows)
-                self.rows_written += len(rows)
+                await asyncio.to_thread(self.write_periods, batch)
+            except Exception as exc:
+                log.warning("metrics history not written (%s); the next period writes it with its own", exc)
+                continue
+            del self.pending[:len(batch)]
+            self.rows_written += sum(len(r) for _, r in batch)
+            try:
                 if time.time() - self._pruned_at > 3600:
                     await asyncio.to_thread(self.prune, datetime.datetime.now(datetime.UTC))
                     self._pruned_at = time.time()
             except Exception as exc:
-                log.warning("metrics history not written (%s); the next minute tries again", exc)
+                log.warning("metrics history not pruned (%s)", exc)
 
     # ------------------------------------------------------------------ SQL
 
@@ -112,6 +129,10 @@ class History:
         return dt if self.db.kind == "pg" else dt.replace(tzinfo=None).isoformat(" ")
 
     def write(self, minute: datetime.datetime, rows: list[tuple]) -> None:
+        self.write_periods([(minute, rows)])
+
+    def write_periods(self, periods: list[tuple[datetime.datetime, list[tuple]]]) -> None:
+        """The rows of some periods (and their hours' rows), in one transaction: all or none."""
         p = "?" if self.db.kind == "sqlite" else "%s"
         greatest = "MAX" if self.db.kind == "sqlite" else "GREATEST"
         cols = ", ".join(COLUMNS)
@@ -120,12 +141,13 @@ class History:
         upsert = (insert + " ON CONFLICT (resolution, at, node, tenant) DO UPDATE SET "
                   f"connections = {greatest}(metrics_sample.connections, excluded.connections), "
                   + ", ".join(f"{c} = metrics_sample.{c} + excluded.{c}" for c in COUNTERS))
-        hour = minute.replace(minute=0, second=0, microsecond=0)
         statements = []
-        for tenant, peak, delta in rows:
-            values = (peak, *(delta[c] for c in COUNTERS))
-            statements.append((upsert, ("m", self._at(minute), self.node, tenant, *values)))
-            statements.append((upsert, ("h", self._at(hour), self.node, tenant, *values)))
+        for minute, rows in periods:
+            hour = minute.replace(minute=0, second=0, microsecond=0)
+            for tenant, peak, delta in rows:
+                values = (peak, *(delta[c] for c in COUNTERS))
+                statements.append((upsert, ("m", self._at(minute), self.node, tenant, *values)))
+                statements.append((upsert, ("h", self._at(hour), self.node, tenant, *values)))
         if statements:
             self.db.execute(statements)
 

@@ -189,3 +189,44 @@ def test_metrics_need_a_token(world):
             urllib.request.urlopen(node.admin_url + path, timeout=5)
         assert err.value.code == 401
 
+
+
+def test_history_of_periods_the_database_refused_is_written_once_it_takes_writes(tmp_path):
+    """A minute's row the console's database refused (down, locked past the timeout, failing over)
+    was lost: the node had already moved its counters on, and wrote only the next minute's
+    difference once the database came back ("the next minute tries again" -- it did not)."""
+    import sqlite3
+
+    plane = ControlPlane(tmp_path)
+    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "devices": ["p1"]}])
+    node = plane.broker("--node-id", "h1", "--history-interval", "1")
+
+    def ddl(sql):
+        conn = sqlite3.connect(plane.dir / "console.sqlite3", isolation_level=None, timeout=10)
+        try:
+            conn.execute(sql)
+        finally:
+            conn.close()
+
+    def written():
+        return plane.query("SELECT coalesce(sum(messages_in), 0) FROM metrics_sample WHERE node='h1' AND "
+                           "tenant='acme' AND resolution='m'")[0][0]
+
+    try:
+        pub = device(node, secrets, "acme/p1")
+        assert wait_for(lambda: plane.query("SELECT count(*) FROM metrics_sample WHERE node='h1'")[0][0], 5)
+        ddl("ALTER TABLE metrics_sample RENAME TO metrics_sample_away")         # the database refuses the rows
+        try:
+            for _ in range(20):
+                pub.publish("hist/x", b"y", qos=1)
+            assert wait_for(lambda: node.log.count("metrics history not written") >= 2, 6), node.log
+        finally:
+            ddl("ALTER TABLE metrics_sample_away RENAME TO metrics_sample")
+        for _ in range(5):
+            pub.publish("hist/x", b"y", qos=1)
+        wait_for(lambda: written() >= 25, 6)
+        time.sleep(1.5)
+        assert written() == 25                                  # each message once, none lost, none twice
+        pub.disconnect()
+    finally:
+        node.stop()
