@@ -1045,6 +1045,24 @@ class Broker:
         if hasattr(self.auth, "remote_connected"):
             self.auth.remote_connected = counts
 
+    def tenant_stats(self) -> dict[str, dict]:
+        """Each tenant's figures on this node, for its host's ``$SYS/broker`` trees (--workers)."""
+        out = {}
+        for f in self.router.all_figures():
+            m = f.counters
+            received, sent, bytes_in, bytes_out = f.closed
+            for ch in f.live:
+                received += ch.msgs_in
+                sent += ch.msgs_out
+                bytes_in += ch.bytes_in
+                bytes_out += ch.bytes_out
+            out[f.name] = {"connected": f.connected, "sessions": f.sessions, "subscriptions": f.subscriptions,
+                           "retained": f.retained, "msgs_received": received, "msgs_sent": sent,
+                           "bytes_received": bytes_in, "bytes_sent": bytes_out, "inflight": f.inflight,
+                           "queued": f.queued, "connects": f.connects, "clients_max": m.connections_max,
+                           "dropped": m.queue_full + m.expired + m.too_large}
+        return out
+
     def node_stats(self) -> dict:
         t = self.totals()
         return {"connected": self.connected, "sessions": self.session_count(),

@@ -18,7 +18,8 @@ With a control plane, every tenant gets its own tree inside its own topic
 space, with its own figures (its clients, its messages and bytes, its
 subscriptions and retained messages) -- so a tenant's devices see their
 tenant's ``$SYS`` subtree and nothing of others -- as far as the tenant's
-system-topic settings allow (enabled, interval, which parts). Without one,
+system-topic settings allow (enabled, interval, which parts) -- on a host
+that runs ``--workers N``, the tenant's figures over the host's workers. Without one,
 the anonymous tenant gets the node's figures.
 """
 
@@ -120,15 +121,16 @@ class SysTopics:
             subs = f.subscriptions
             retained = f.retained
             spaces = [f]
-        host = self._host(node, spaces)
+        host = self._host(node, spaces) if node else self._host_tenant(tenant)
         if host:
             connected, sessions, subs = int(host["connected"]), int(host["sessions"]), int(host["subscriptions"])
             retained = int(host["retained"])
             received, sent = int(host["msgs_received"]), int(host["msgs_sent"])
             bytes_in, bytes_out = int(host["bytes_received"]), int(host["bytes_sent"])
         load = self.loads.setdefault(tenant, _Load())
+        connects = st.connects if node else (int(host["connects"]) if host else f.connects)
         counters = {"messages/received": received, "messages/sent": sent, "bytes/received": bytes_in,
-                    "bytes/sent": bytes_out, "connections": st.connects if node else f.connects}
+                    "bytes/sent": bytes_out, "connections": connects}
         if node:
             counters["publish/dropped"] = st.dropped_queue_full + st.dropped_expired + st.dropped_too_large
         load.update(now, counters)
@@ -155,6 +157,8 @@ class SysTopics:
             m = f.counters
             v["clients/maximum"] = m.connections_max
             v["publish/messages/dropped"] = m.queue_full + m.expired + m.too_large
+            if host:      # the sum of the workers' maxima: at most that many at once
+                v["clients/maximum"], v["publish/messages/dropped"] = int(host["clients_max"]), int(host["dropped"])
         if node:
             v["clients/maximum"] = st.clients_max
             v["clients/expired"] = st.sessions_expired
@@ -187,6 +191,14 @@ class SysTopics:
         keys = ("connected", "sessions", "subscriptions", "retained", "msgs_received", "msgs_sent",
                 "bytes_received", "bytes_sent", *membership.extra_stats)
         return host if all(k in host for k in keys) else None
+
+    def _host_tenant(self, tenant: str) -> dict | None:
+        """A worker's host's figures of ``tenant`` (--workers: its workers' summed through the
+        cluster bus, every second), or None: this node's own."""
+        membership = getattr(self.broker.cluster, "membership", None)
+        if membership is None or not membership.identity:
+            return None
+        return membership.host_tenants.get(tenant)
 
     def publish(self, tenant: str, now: float, node: bool = True, parts=None) -> None:
         values = self.values(tenant, now, node)

@@ -615,6 +615,22 @@ class Bus:
     async def set_stats(self, stats: dict) -> None:
         await self.redis.hset(self.k("stats", self.node), mapping={k: str(v) for k, v in stats.items()})
 
+    async def set_host_tenants(self, host: str, figures: dict[str, dict]) -> dict[str, dict]:
+        """One hash per host (``hosttenants:{host}``, field: the worker): only a host's workers read
+        it; it goes when none of them has written for a while."""
+        key = self.k("hosttenants", host)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(key, self.node, json.dumps(figures, separators=(",", ":")))
+        pipe.expire(key, max(10, int(self.ttl * 4)))
+        pipe.hgetall(key)
+        *_, values = await pipe.execute()
+        return {k.decode(): json.loads(v) for k, v in values.items()}
+
+    async def drop_host_tenants(self, host: str, nodes: list[str]) -> None:
+        """Forget the figures of workers that are gone."""
+        if nodes:
+            await self.redis.hdel(self.k("hosttenants", host), *nodes)
+
     async def all_stats(self) -> dict[str, dict]:
         """Every node's counters (each node reads them every second: one round trip for all, not one each)."""
         keys = [key async for key in self.redis.scan_iter(match=self.k("stats", "*"), count=1000)]

@@ -35,6 +35,7 @@ class Membership:
         self.identity = identity if identity and identity.get("worker") is not None else {}
         self.host_totals: dict[str, float] = {}    # a worker's host: its workers' figures summed
         self.extra_stats: dict[str, float] = {}    # a worker's gauges its $SYS round computed (sys_topics)
+        self.host_tenants: dict[str, dict] = {}    # a worker's host: each tenant's figures over its workers
 
     def info(self) -> dict:
         a = self.addresses
@@ -93,6 +94,25 @@ class Membership:
         totals_stats["nodes"] = len(self.members) + 1
         self.stats_totals = totals_stats
         self.host_totals = host_stats
+        if host is not None:
+            await self._host_tenants(host, siblings)
+
+    async def _host_tenants(self, host: str, siblings: set) -> None:
+        """Each tenant's figures summed over the host's workers (its tenant $SYS trees)."""
+        workers = await self.bus.set_host_tenants(host, self.broker.tenant_stats())
+        summed: dict[str, dict] = {}
+        gone = []
+        for node, tenants in workers.items():
+            if node != self.id and node not in siblings:
+                gone.append(node)       # (a worker that just joined and is not listed yet writes again)
+                continue
+            for tenant, figures in tenants.items():
+                into = summed.setdefault(tenant, {})
+                for k, v in figures.items():
+                    # retained messages are copied to every node: the host holds them once
+                    into[k] = max(into.get(k, 0), v) if k == "retained" else into.get(k, 0) + v
+        self.host_tenants = summed
+        await self.bus.drop_host_tenants(host, gone)
 
     def other_node_url(self, scheme: str = "mqtt") -> str | None:
         """Where to send clients this node lets go: another host (this host's

@@ -127,6 +127,9 @@ class ClusterBroker(Protocol):
     def node_stats(self) -> dict[str, float]:
         """This node's figures for the cluster-wide ``$SYS`` tree."""
 
+    def tenant_stats(self) -> dict[str, dict]:
+        """Each tenant's figures on this node, for its host's tenant ``$SYS`` trees (--workers)."""
+
 
 class ClaimingChannel(Protocol):
     """A connection whose CONNECT waits for its client id to be claimed."""
@@ -206,6 +209,12 @@ class MemberBus(Protocol):
     async def set_stats(self, stats: dict) -> None: ...
 
     async def all_stats(self) -> dict[str, dict]: ...
+
+    async def set_host_tenants(self, host: str, figures: dict[str, dict]) -> dict[str, dict]:
+        """Publish this worker's figures per tenant for its host; -> every worker's of the host (node -> them)."""
+        ...
+
+    async def drop_host_tenants(self, host: str, nodes: list[str]) -> None: ...
 
 
 class EventBus(Protocol):

@@ -66,6 +66,7 @@ class BusState:
         self.left: set[str] = set()
         self.conns: dict[str, dict] = {}
         self.stats: dict[str, dict] = {}
+        self.host_tenants: dict[str, dict] = {}   # host -> {worker: {tenant: figures}}
         self.tokens = 0
 
 
@@ -247,6 +248,17 @@ class FakeBus:
     async def all_stats(self) -> dict[str, dict]:
         self._check()
         return {n: dict(v) for n, v in self.s.stats.items()}
+
+    async def set_host_tenants(self, host: str, figures: dict[str, dict]) -> dict[str, dict]:
+        self._check()
+        workers = self.s.host_tenants.setdefault(host, {})
+        workers[self.node] = json.loads(json.dumps(figures))
+        return json.loads(json.dumps(workers))
+
+    async def drop_host_tenants(self, host: str, nodes: list[str]) -> None:
+        self._check()
+        for node in nodes:
+            self.s.host_tenants.get(host, {}).pop(node, None)
 
 
 # ================================================================== the store
@@ -437,6 +449,9 @@ class FakeBroker:
 
     def node_stats(self):
         return {"sessions": len(self.sessions)}
+
+    def tenant_stats(self):
+        return {}
 
 
 class Connecting:

@@ -338,6 +338,50 @@ def test_sys_broker_shows_the_hosts_figures_on_every_worker(cluster, tag):
         c.disconnect()
 
 
+def test_a_tenants_sys_tree_shows_its_figures_over_the_hosts_workers(cluster, tag, tmp_path):
+    """With a control plane (production) every tenant's $SYS/broker tree has its own figures: they
+    were the figures of the worker the subscriber landed on, so a tenant with clients on both
+    workers read a count that changed with where its watcher connected, never its own total."""
+    from ..controlplane import ControlPlane
+    from ..mqtt import PahoClient
+
+    (tmp_path / "console").mkdir()
+    plane = ControlPlane(tmp_path / "console")
+    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "devices": ["d"]},
+                               {"slug": "other", "default_acl": "allow", "devices": ["d"]},
+                               {"slug": "default", "default_acl": "allow", "devices": []}])   # (Host's probes)
+    plane.manage("shell", "-c", "from tenants import services; from tenants.models import Tenant; "
+                 "services.update_system_topics(Tenant.objects.get(slug='acme'), interval=1, parts=['clients'])")
+    h = Host(cluster, "h", 2, "--sys-interval", "1")
+    h.proc.env = {**plane.env, **h.proc.env}
+    started(cluster, h)
+
+    def device(who, cid):
+        return lambda: PahoClient(cid, V311, username=who, password=secrets[who]).connect(h.port)
+
+    # two of acme's clients on each worker, one of another tenant's, and a watcher of acme's on each
+    held = [h.on_worker(device("acme/d", f"{tag}-c{i}"), f"{tag}-c{i}", lambda n, i=i: n == f"h.{i % 2}")[0]
+            for i in range(4)]
+    held.append(device("other/d", f"{tag}-o")())
+    watchers = [h.on_worker(device("acme/d", f"{tag}-w{i}"), f"{tag}-w{i}", lambda n, i=i: n == f"h.{i}")[0]
+                for i in range(2)]
+    for w in watchers:
+        w.subscribe("$SYS/broker/clients/connected", 0)
+
+    last = [None, None]
+
+    def both_see_six():
+        for i, w in enumerate(watchers):
+            while not w.messages.empty():
+                last[i] = int(w.messages.get_nowait().payload)
+        return last == [6, 6] or None
+
+    wait_until(both_see_six, timeout=15, interval=0.5,
+               message="acme's $SYS/broker/clients/connected is not its 6 on the host (each worker's 3?)")
+    for c in held + watchers:
+        c.disconnect()
+
+
 # ---------------------------------------------------------------------- settings
 
 def _settings(tmp_path, *argv, env=None, toml=None):
