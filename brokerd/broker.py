@@ -109,8 +109,11 @@ class AnonymousAuth:
     def client_acl(self, identity, client_id):
         return None
 
-    def limiters(self, tenant, now):
+    def limiters(self, tenant, now, client_id=None):
         return None, None
+
+    def keep_limiters(self, tenant, client_id, limit_in, limit_out, now) -> None:
+        pass
 
     def still_valid(self, identity, wall):
         return None if self.allow_anonymous else "anonymous access disabled"

@@ -247,7 +247,7 @@ class ClientRegistry:
         if session.channel is channel:
             session.channel = None
             session.queue.attach_budget(None)
-        b.enforcement.closed(channel)
+        b.enforcement.closed(channel, session.ns.name, now)
         self.connected -= 1
         st = b.acct.stats
         st.disconnects += 1

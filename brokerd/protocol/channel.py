@@ -417,6 +417,13 @@ class Channel:
                 if self.state != CONNECTED:
                     return
                 if pkt.type == PUBLISH:
+                    if i == 0 and self.throttled_since is None:
+                        # a new connection of a client id still owing (its buckets outlive its
+                        # connections): its first PUBLISH waits too
+                        wait = limit.owing(now)
+                        if wait > 0:
+                            self._rate_held = pkts
+                            break
                     self._on_publish(pkt, now)
                     wait = limit.charge(1, len(pkt.payload) + len(pkt.topic), now)
                     if wait > 0 and i + 1 < len(pkts):

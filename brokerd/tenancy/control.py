@@ -10,6 +10,7 @@ act on live clients.
 """
 
 import hashlib
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from ..protocol import reason as rc
@@ -48,6 +49,9 @@ class TenantControl:
         self._fingerprints: dict[str, tuple[str, str]] = {}
         self._connect_buckets: dict[str, Bucket] = {}
         self._tenant_buckets: dict[tuple[str, str], Bucket] = {}
+        # (tenant, client id) -> its own buckets left not full when it disconnected, oldest first: a
+        # client that reconnects goes on with them (a new connection's full bucket forgave its debt)
+        self._client_buckets: OrderedDict[tuple[str, str], dict] = OrderedDict()
         self._failures: dict[tuple, list] = {}        # key -> [count, window start]
         self.refused_throttled = 0
         self.acl_budget = CacheBudget(ACL_CACHE_NODE_BYTES)   # every client's ACL verdict caches
@@ -75,6 +79,9 @@ class TenantControl:
         # rate buckets follow the new limits
         for key in [k for k in self._tenant_buckets if k[0] == slug]:
             del self._tenant_buckets[key]
+        if new is None:
+            for key in [k for k in self._client_buckets if k[0] == slug]:
+                del self._client_buckets[key]
         self._connect_buckets.pop(slug, None)
         return old, new
 
@@ -231,18 +238,24 @@ class TenantControl:
         acl = ClientAcl(policy.acl, policy.default_allow, ident.device, client_id, self.acl_budget)
         return None if acl.open else acl
 
-    def limiters(self, tenant: str, now: float) -> tuple[Limiter | None, Limiter | None]:
-        """(inbound, outbound) rate limiters for a new client of ``tenant``."""
+    def limiters(self, tenant: str, now: float, client_id: str | None = None) -> tuple[Limiter | None, Limiter | None]:
+        """(inbound, outbound) rate limiters for a new client of ``tenant``: the
+        buckets its client id left when it last disconnected, if they were not
+        full again yet."""
         policy = self.policy(tenant)
         if policy is None or not policy.quota:
             return None, None
+        saved = self._client_buckets.pop((tenant, client_id), None) if client_id is not None else None
         out = []
         for direction in ("in", "out"):
             buckets = []
             for unit in ("msgs", "bytes"):
                 rate = policy.limit(f"client_{unit}_{direction}")
                 if rate:
-                    buckets.append((Bucket(rate, rate, now), unit))
+                    bucket = saved.get(f"{unit}_{direction}") if saved else None
+                    if bucket is None or bucket.rate != rate:
+                        bucket = Bucket(rate, rate, now)
+                    buckets.append((bucket, unit))
                 rate = policy.limit(f"tenant_{unit}_{direction}")
                 if rate:
                     key = (tenant, f"{unit}_{direction}")
@@ -252,6 +265,32 @@ class TenantControl:
                     buckets.append((bucket, unit))
             out.append(Limiter(buckets) if buckets else None)
         return out[0], out[1]
+
+    def keep_limiters(self, tenant: str, client_id: str, limit_in, limit_out, now: float) -> None:
+        """A client of ``tenant`` disconnects: its own buckets that are not full
+        are kept for its next connection (at most MAX_KEPT_BUCKETS clients, the
+        oldest dropped; those full again by now go first)."""
+        saved = self._client_buckets
+        while saved:
+            key, oldest = next(iter(saved.items()))
+            if len(saved) < MAX_KEPT_BUCKETS and not all(_full(b, now) for b in oldest.values()):
+                break
+            del saved[key]
+        own = {}
+        for direction, limiter in (("in", limit_in), ("out", limit_out)):
+            for bucket, unit in limiter.buckets if limiter else ():
+                name = f"{unit}_{direction}"
+                if bucket is not self._tenant_buckets.get((tenant, name)) and not _full(bucket, now):
+                    own[name] = bucket
+        if own:
+            saved[(tenant, client_id)] = own
+
+
+MAX_KEPT_BUCKETS = 20_000       # clients whose buckets are kept between connections, per node (~0.5 KB each)
+
+
+def _full(bucket: Bucket, now: float) -> bool:
+    return bucket.tokens + (now - bucket.at) * bucket.rate >= bucket.burst
 
 
 def _cert_matches(dev, cert: bytes, cn: str | None) -> bool:

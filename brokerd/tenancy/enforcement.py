@@ -47,7 +47,7 @@ class Enforcement:
         device = identity.device if identity is not None else None
         channel.acl = acl = auth.client_acl(identity, session.client_id) if identity is not None else None
         channel.quota = quota
-        channel.limit_in, channel.limit_out = auth.limiters(session.ns.name, now)
+        channel.limit_in, channel.limit_out = auth.limiters(session.ns.name, now, session.client_id)
         if present and (session.device != device or acl is not None or session.read_acl is not None):
             session.device = device
             self.reauthorize(session, acl)
@@ -74,8 +74,11 @@ class Enforcement:
         acl = auth.client_acl(Identity(tenant, device), client_id)
         return acl is None or acl.can_publish(topic)
 
-    def closed(self, channel) -> None:
+    def closed(self, channel, tenant: str, now: float) -> None:
         self.expiring.discard(channel)
+        if channel.limit_in is not None or channel.limit_out is not None:
+            # what it spent (or owes) stays with its client id: reconnecting does not refill its buckets
+            self.b.auth.keep_limiters(tenant, channel.client_id, channel.limit_in, channel.limit_out, now)
 
     def tick(self, now: float) -> None:
         """Disconnect clients whose credential expired while they were connected."""
@@ -141,7 +144,8 @@ class Enforcement:
                 continue
             ch.acl = auth.client_acl(ch.identity, ch.client_id) if ch.identity is not None else None
             ch.quota = new.quota if new is not None and new.quota else None
-            ch.limit_in, ch.limit_out = auth.limiters(tenant, now)
+            auth.keep_limiters(tenant, ch.client_id, ch.limit_in, ch.limit_out, now)
+            ch.limit_in, ch.limit_out = auth.limiters(tenant, now, ch.client_id)
             expires = credential_expiry(ch.identity, new)
             ch.valid_until = expires
             if expires is not None:

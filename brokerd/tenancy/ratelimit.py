@@ -48,6 +48,15 @@ class Limiter:
     def __bool__(self):
         return bool(self.buckets)
 
+    def owing(self, now: float) -> float:
+        """Seconds until every bucket is back to zero (0.0 when none is in debt)."""
+        wait = 0.0
+        for bucket, _ in self.buckets:
+            tokens = bucket.tokens + (now - bucket.at) * bucket.rate
+            if tokens < 0 and -tokens / bucket.rate > wait:
+                wait = -tokens / bucket.rate
+        return wait
+
     def charge(self, msgs: int, nbytes: int, now: float) -> float:
         wait = 0.0
         for bucket, unit in self.buckets:
