@@ -44,17 +44,28 @@ class Persistence:
     # -------------------------------------------------------------- sessions
 
     def session_opened(self, session, tenant: str, will) -> None:
-        """A durable session is connected (new or resumed)."""
+        """A durable session is connected (new or resumed). (What it is sent from now on is not
+        written: a record of a connected session does not say which of its entries went out.)"""
         self.journal.add(("session", tenant, session.client_id, session.expiry_interval, None, pack_will(will), None,
-                          session.device))
+                          session.device, None))
 
     def session_closed(self, session, tenant: str, now: float) -> None:
-        """Its connection is gone; the session stays, with its pending will if any."""
+        """Its connection is gone; the session stays, with its pending will if any, and the
+        highest number of its stored entries sent to the client: a restore sends those again
+        with DUP, and those after -- queued while it was away -- as first deliveries."""
         will = due = None
         if session.pending_will is not None:
             due, will = self.wall(session.pending_will[0]), session.pending_will[1]
+        # stored deliveries go out in the order of their numbers, each once its number is given
+        # (its append committed): those unacknowledged now are in the window
+        sent = session.sent_seq
+        for d in session.inflight.values():
+            e = d.entry
+            if e is not None and e.seq > sent:
+                sent = e.seq
+        session.sent_seq = sent
         self.journal.add(("session", tenant, session.client_id, session.expiry_interval, self.wall(now),
-                          pack_will(will), due, session.device))
+                          pack_will(will), due, session.device, sent))
 
     def session_ended(self, tenant: str, client_id: str) -> None:
         """The session is over: it goes from the store (also one not held here, in the store only)."""
@@ -172,7 +183,10 @@ class Persistence:
         disconnected now: their expiry starts, and their will follows the
         usual rules (published now, or after its delay while the session
         lasts). Messages that were in flight are sent again under their
-        packet identifier with DUP set.
+        packet identifier with DUP set; those queued after the client went
+        away (numbered past ``rec.sent``) were never sent: no DUP. Where that
+        is not known (the node died with the client connected), every one
+        gets DUP.
         """
         counts = {"sessions": 0, "expired": 0, "messages": 0, "retained": 0, "wills": 0}
         wall_now = now + self.wall_offset
@@ -205,11 +219,17 @@ class Persistence:
                 broker.add_subscription(ns, session, sub)
             session.awaiting_rel = set(rec.awaiting_rel) if rec.awaiting_rel else NO_IDS
             reserved = session.reserved = set()
+            # the entries sent before: up to ``rec.sent`` if the record says (written at a disconnect)
+            upto = rec.sent if rec.disconnected_at is not None and rec.sent is not None else None
+            sent = upto or 0
             for e in rec.queue:
                 msg = self.message(e.msg)
                 share = broker.shared_group(ns, e.share) if e.share else None
                 d = Delivery(msg, e.qos, e.retain, e.sub_ids, share)
-                d.entry, d.pid, d.state, d.dup = e, e.pid, e.state, True
+                dup = upto is None or e.seq <= upto
+                if dup and e.seq > sent:
+                    sent = e.seq
+                d.entry, d.pid, d.state, d.dup = e, e.pid, e.state, dup
                 if e.state != AWAIT_ACK:
                     session.window()[d.pid] = d   # PUBREL owed: resent on reconnect
                 else:
@@ -217,6 +237,7 @@ class Persistence:
                     for lost in session.queue.put(d):
                         self.done(session, rec.tenant, lost)
                 counts["messages"] += 1
+            session.sent_seq = sent
             counts["sessions"] += 1
             if rec.will is not None:
                 pending.append((ns, rec, session))

@@ -233,7 +233,7 @@ class MessageQueue:
 class Session:
     __slots__ = ("client_id", "ns", "subscriptions", "inflight", "queue", "awaiting_rel", "expiry_interval",
                  "channel", "next_pid", "expires_at", "pending_will", "budget", "durable", "reserved",
-                 "device", "read_acl",
+                 "device", "read_acl", "sent_seq",
                  "__weakref__")
 
     def __init__(self, client_id: str, ns, max_queued=1000, max_queued_bytes=0, expiry_interval=0,
@@ -257,6 +257,8 @@ class Session:
         self.read_acl = None                       # ACL to check each delivery against, when some
                                                    # subscription was granted only in part
         self.reserved: set[int] | None = None      # packet ids given to stored, queued deliveries
+        self.sent_seq = 0                          # durable: the highest stored entry number sent (or
+                                                   # restored as sent): ``Persistence.session_closed``
 
     def __repr__(self):
         return f"Session({self.client_id!r}, connected={self.channel is not None})"

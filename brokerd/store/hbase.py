@@ -3,7 +3,7 @@
 Tables (``NAME_`` prefix, created when missing):
 
 ``sessions``  row ``tenant\\0client_id``; families ``s`` (expiry, disconnected
-              at, will, will due, device, generation), ``f`` (one column per subscription filter),
+              at, will, will due, device, generation, entries sent), ``f`` (one column per subscription filter),
               ``r`` (incoming QoS 2 packet ids awaiting PUBREL).
 ``counters``  one row, ``seq``: ``c:seq``, the queue sequence of every
               queue, advanced with ``atomicIncrement`` once per batch by the
@@ -472,7 +472,9 @@ class HBaseStore(Store):
                     srow.put(b"s:g", gens[skey])
                 expiry, disc, will, due = op[3:7]
                 device = op[7] if len(op) > 7 else None
+                sent = op[8] if len(op) > 8 else None
                 srow.put(b"s:e", _num(expiry))
+                _put_or_remove(srow, b"s:n", None if sent is None else _num(sent))
                 _put_or_remove(srow, b"s:v", device.encode() if device else None)
                 _put_or_remove(srow, b"s:d", None if disc is None else _num(disc))
                 _put_or_remove(srow, b"s:w", will)
@@ -751,9 +753,10 @@ class HBaseStore(Store):
         disc = data.get(b"s:d")
         due = data.get(b"s:u")
         device = data.get(b"s:v")
+        sent = data.get(b"s:n")
         rec = SessionRecord(tenant, cid, int(data.get(b"s:e", b"0")), float(disc) if disc else None,
                             unpack_will(data.get(b"s:w")), float(due) if due else None,
-                            device=device.decode() if device else None)
+                            device=device.decode() if device else None, sent=int(sent) if sent else None)
         for col, value in data.items():
             if col.startswith(b"f:"):
                 qos, nl, rap, rh, sid = value.decode().split(",")

@@ -8,7 +8,8 @@ size follows the load and a write waits at most for the batch before it.
 
 Operations are tuples, first element the kind:
 
-- ``("session", tenant, cid, expiry_interval, disconnected_at, will_blob, will_due, device)``
+- ``("session", tenant, cid, expiry_interval, disconnected_at, will_blob, will_due, device, sent)``
+  -- ``sent``: the highest queue entry number sent to the client (``SessionRecord.sent``), or None
 - ``("session_del", tenant, cid)``           -- with its subscriptions, queue and packet ids
 - ``("sub", tenant, cid, SubscriptionRecord)`` / ``("unsub", tenant, cid, filter)``
 - ``("q", tenant, cid, QueueEntry)``         -- append to the session's queue; the store sets

@@ -38,6 +38,7 @@ class MemoryStore(Store):
                 rec.expiry_interval, rec.disconnected_at = op[3], op[4]
                 rec.will, rec.will_due = unpack_will(op[5]), op[6]
                 rec.device = op[7] if len(op) > 7 else None
+                rec.sent = op[8] if len(op) > 8 else None
                 continue
             if kind == "session_del":
                 self.sessions.pop(key, None)

@@ -63,6 +63,10 @@ class SessionRecord:
     queue: list = field(default_factory=list)
     awaiting_rel: set = field(default_factory=set)
     last_seq: int = 0                        # the queue's sequence counter
+    # the highest queue entry number sent to the client before it went away (the entries numbered
+    # up to it may come again, with DUP; those after never went out) -- written with the session's
+    # disconnect; None: not known (a record written connected, or by an older brokerd)
+    sent: int | None = None
 
 
 @dataclass(slots=True)

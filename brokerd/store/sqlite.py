@@ -113,7 +113,7 @@ CREATE TABLE IF NOT EXISTS blobs (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS sessions (
     tenant TEXT NOT NULL, client_id TEXT NOT NULL, expiry_interval INTEGER NOT NULL,
-    disconnected_at REAL, will BLOB, will_due REAL, device TEXT, sid INTEGER,
+    disconnected_at REAL, will BLOB, will_due REAL, device TEXT, sid INTEGER, sent INTEGER,
     PRIMARY KEY (tenant, client_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS subscriptions (
     tenant TEXT NOT NULL, client_id TEXT NOT NULL, filter TEXT NOT NULL,
@@ -151,10 +151,10 @@ ENTRY = "seq, topic, payload, msg_qos, msg_retain, props, expiry_at, qos, retain
 SESSION_SID = "(SELECT sid FROM sessions WHERE tenant = ? AND client_id = ?)"
 
 _SQL = {
-    "session": "INSERT INTO sessions (tenant, client_id, expiry_interval, disconnected_at, will, will_due, device) "
-               "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, client_id) DO UPDATE SET "
+    "session": "INSERT INTO sessions (tenant, client_id, expiry_interval, disconnected_at, will, will_due, device, "
+               "sent) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, client_id) DO UPDATE SET "
                "expiry_interval = excluded.expiry_interval, disconnected_at = excluded.disconnected_at, "
-               "will = excluded.will, will_due = excluded.will_due, device = excluded.device",
+               "will = excluded.will, will_due = excluded.will_due, device = excluded.device, sent = excluded.sent",
     # subscriptions and packet ids only for sessions that exist
     "sub": "INSERT OR REPLACE INTO subscriptions SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8 "
            "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)",
@@ -178,7 +178,7 @@ _SESSION_TABLES = ("sessions", "subscriptions", "awaiting_rel")     # and its en
 def _params(op: tuple) -> tuple:
     kind = op[0]
     if kind == "session":
-        return op[1:8] if len(op) > 7 else (*op[1:7], None)
+        return op[1:9] if len(op) > 8 else (*op[1:], *(None,) * (9 - len(op)))    # (older forms: no device, sent)
     if kind == "sub":
         s = op[3]
         return (op[1], op[2], s.filter, s.qos, int(s.no_local), int(s.rap), s.rh, s.sub_id)
@@ -282,8 +282,14 @@ class SQLiteStore(Store):
             raise
         db.executescript(SCHEMA)
         columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
-        if "device" not in columns:          # files written before sessions kept their device
-            db.execute("ALTER TABLE sessions ADD COLUMN device TEXT")
+        for column, kind in (("device", "TEXT"),     # files written before sessions kept their device
+                             ("sent", "INTEGER")):   # ... before they kept what was sent (NULL: not known)
+            if column not in columns:
+                try:
+                    db.execute(f"ALTER TABLE sessions ADD COLUMN {column} {kind}")
+                except sqlite3.OperationalError as exc:    # another worker of the host added it a moment ago
+                    if "duplicate column name" not in str(exc):
+                        raise
         if "publisher" not in {row[1] for row in db.execute("PRAGMA table_info(delayed)")}:
             try:
                 db.execute("ALTER TABLE delayed ADD COLUMN publisher TEXT")     # before delayed messages kept it
@@ -360,10 +366,11 @@ class SQLiteStore(Store):
         db = self.db
         sessions = {}
         numbered = {}                        # session number -> its record
-        for t, c, exp, disc, will, due, device, number in db.execute(
-                "SELECT tenant, client_id, expiry_interval, disconnected_at, will, will_due, device, sid "
+        for t, c, exp, disc, will, due, device, number, sent in db.execute(
+                "SELECT tenant, client_id, expiry_interval, disconnected_at, will, will_due, device, sid, sent "
                 "FROM sessions"):
-            rec = sessions[(t, c)] = SessionRecord(t, c, exp, disc, unpack_will(will), due, device=device)
+            rec = sessions[(t, c)] = SessionRecord(t, c, exp, disc, unpack_will(will), due, device=device,
+                                                   sent=sent)
             if number is not None:
                 numbered[number] = rec
         for t, c, f, qos, nl, rap, rh, sid in db.execute("SELECT * FROM subscriptions"):
@@ -389,11 +396,12 @@ class SQLiteStore(Store):
     def _read_session(self, tenant, client_id):
         db = self.db
         key = (tenant, client_id)
-        row = db.execute("SELECT tenant, client_id, expiry_interval, disconnected_at, will, will_due, device, sid "
-                         "FROM sessions WHERE tenant = ? AND client_id = ?", key).fetchone()
+        row = db.execute("SELECT tenant, client_id, expiry_interval, disconnected_at, will, will_due, device, sid, "
+                         "sent FROM sessions WHERE tenant = ? AND client_id = ?", key).fetchone()
         if row is None:
             return None
-        rec = SessionRecord(row[0], row[1], row[2], row[3], unpack_will(row[4]), row[5], device=row[6])
+        rec = SessionRecord(row[0], row[1], row[2], row[3], unpack_will(row[4]), row[5], device=row[6],
+                            sent=row[8])
         for _, _, f, qos, nl, rap, rh, sid in db.execute(
                 "SELECT * FROM subscriptions WHERE tenant = ? AND client_id = ?", key):
             rec.subscriptions.append(SubscriptionRecord(f, qos, bool(nl), bool(rap), rh, sid))

@@ -96,6 +96,44 @@ def test_inflight_message_redelivered_with_dup_and_same_packet_id(store):
         b.stop()
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "hbase"])
+def test_queued_messages_never_sent_come_after_restart_without_dup(backend, store, request):
+    """A message sent and not acknowledged before the client went away comes back
+    after a SIGKILL with DUP and its packet id; the messages queued while it was
+    away were never sent, so they come as first deliveries, DUP 0 ([MQTT-3.3.1-1]:
+    DUP only on a re-delivery). Was: every restored queue entry was sent with DUP."""
+    if backend == "hbase":
+        store = request.getfixturevalue("hbase_url")
+    b = node(store)
+    try:
+        with RawClient(b.port()) as dev:
+            dev.connect("nodup-dev", version=4, clean=False)
+            dev.subscribe("nodup/t", 1)
+            with PahoClient("nodup-pub").connect(b.port()) as pub:
+                pub.publish("nodup/t", b"sent", qos=1)
+            first = dev.expect(PUBLISH)               # not acknowledged
+            assert not first.dup
+            dev.disconnect()
+        time.sleep(0.5)                              # the broker has seen the client go
+        with PahoClient("nodup-pub").connect(b.port()) as pub:
+            pub.publish("nodup/t", b"queued-1", qos=1)
+            pub.publish("nodup/t", b"queued-2", qos=1)
+    finally:
+        b.kill()
+    b = node(store)
+    try:
+        with RawClient(b.port()) as dev:
+            dev.connect("nodup-dev", version=4, clean=False)
+            got = [dev.expect(PUBLISH) for _ in range(3)]
+            assert [(p.payload, p.dup) for p in got] == [(b"sent", True), (b"queued-1", False),
+                                                         (b"queued-2", False)]
+            assert got[0].pid == first.pid
+            for p in got:
+                dev.ack(raw.PUBACK, p.pid)
+    finally:
+        b.stop()
+
+
 def test_qos2_exactly_once_across_sigkill(store):
     """The incoming QoS 2 packet id is durable before PUBREC: after a crash, the
     publisher's PUBREL completes the flow and its re-sent PUBLISH (same id)

@@ -232,6 +232,19 @@ def test_session_create_update_round_trip(store):
     assert store.session(T1, "dev-1") == expected("dev-1", expiry=0, disconnected_at=NOW)
 
 
+def test_session_keeps_what_was_sent_with_its_disconnect(store):
+    """The highest entry number sent to the client, written with the disconnect (``SessionRecord.sent``):
+    kept, replaced by the next write, and not known (None) for a record written without it."""
+    store.apply([session("dev", disconnected_at=NOW) + (None, 12345678901)])
+    assert store.load_session(T1, "dev").sent == 12345678901
+    store.apply([session("dev") + (None, None)])           # connected again: not known
+    assert store.load_session(T1, "dev").sent is None
+    store.apply([session("dev", disconnected_at=NOW) + (None, 7)])
+    assert [r.sent for r in store.load()[0]] == [7]
+    store.apply([session("dev", disconnected_at=NOW)])      # an op of an older form: not known
+    assert store.load_session(T1, "dev").sent is None
+
+
 def test_session_update_keeps_subscriptions_queue_and_packet_ids(store):
     e = entry()
     store.apply([session("dev"), sub("dev", "a/#", qos=1), q("dev", e), ("rel", T1, "dev", 7)])

@@ -177,6 +177,7 @@ def test_a_schema_1_file_is_upgraded_its_queues_kept_and_numbering_goes_on(path)
     store = SyncStore(f"sqlite:///{path}")
     try:
         assert schema_of(path) == "4"
+        assert store.load_session(T1, "a").sent is None      # what it sent is not known: all come with DUP
         qa = store.session(T1, "a")["queue"]
         qb = store.session(T1, "b")["queue"]
         assert [(e.msg.topic, e.pid) for e in qa] == [("a/0", 1), ("a/1", 2), ("a/2", 3)]
