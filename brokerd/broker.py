@@ -201,7 +201,8 @@ class Broker:
         return self.router.group(ns, *share)
 
     def new_session(self, ns: Namespace, client_id: str, expiry: int) -> Session:
-        return self.registry.new_session(ns, client_id, expiry)
+        """A session restored from the store (``Persistence.restore``), with its tenant's queue quota."""
+        return self.registry.restored_session(ns, client_id, expiry)
 
     def schedule_expiry(self, session: Session) -> None:
         self.registry.schedule_expiry(session)

@@ -182,8 +182,7 @@ class ClientRegistry:
         if session is None:
             session = self.new_session(ns, client_id, expiry)
         session.expiry_interval = expiry
-        if quota is not None and quota.get("max_queued") is not None:
-            session.queue.max_len = min(b.limits.max_queued, quota["max_queued"])
+        self.queue_quota(session, quota)
         b.enforcement.connected(channel, session, identity, policy, quota, present, now)
         if b.persist is not None and (expiry or session.durable):
             session.durable = True
@@ -231,6 +230,19 @@ class ClientRegistry:
         session = Session(client_id, ns, limits.max_queued, limits.max_queued_bytes, expiry, budget=self.b.budget)
         ns.sessions[client_id] = session
         return session
+
+    def restored_session(self, ns, client_id: str, expiry: int) -> Session:
+        """A session brought back from the store (a restart, a takeover, an adoption): bounded
+        as one opened here, its tenant's queue quota included -- it queues while its client is away."""
+        session = self.new_session(ns, client_id, expiry)
+        policy = self.b.auth.policy(ns.name)
+        self.queue_quota(session, policy.quota if policy is not None and policy.quota else None)
+        return session
+
+    def queue_quota(self, session: Session, quota: dict | None) -> None:
+        """The tenant's ``max_queued`` (under the node's) bounds the session's queue."""
+        if quota is not None and quota.get("max_queued") is not None:
+            session.queue.max_len = min(self.b.limits.max_queued, quota["max_queued"])
 
     def _new_client_id(self, ns) -> str:
         while True:
