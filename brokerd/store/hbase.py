@@ -474,7 +474,8 @@ class HBaseStore(Store):
                 device = op[7] if len(op) > 7 else None
                 sent = op[8] if len(op) > 8 else None
                 srow.put(b"s:e", _num(expiry))
-                _put_or_remove(srow, b"s:n", None if sent is None else _num(sent))
+                # with the disconnect it holds for (an older brokerd writes disconnects without it)
+                _put_or_remove(srow, b"s:n", None if sent is None or disc is None else _num(sent) + b"@" + _num(disc))
                 _put_or_remove(srow, b"s:v", device.encode() if device else None)
                 _put_or_remove(srow, b"s:d", None if disc is None else _num(disc))
                 _put_or_remove(srow, b"s:w", will)
@@ -753,7 +754,9 @@ class HBaseStore(Store):
         disc = data.get(b"s:d")
         due = data.get(b"s:u")
         device = data.get(b"s:v")
-        sent = data.get(b"s:n")
+        sent, _, sent_at = data.get(b"s:n", b"").partition(b"@")
+        if not disc or sent_at != disc:
+            sent = None
         rec = SessionRecord(tenant, cid, int(data.get(b"s:e", b"0")), float(disc) if disc else None,
                             unpack_will(data.get(b"s:w")), float(due) if due else None,
                             device=device.decode() if device else None, sent=int(sent) if sent else None)

@@ -113,7 +113,7 @@ CREATE TABLE IF NOT EXISTS blobs (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS sessions (
     tenant TEXT NOT NULL, client_id TEXT NOT NULL, expiry_interval INTEGER NOT NULL,
-    disconnected_at REAL, will BLOB, will_due REAL, device TEXT, sid INTEGER, sent INTEGER,
+    disconnected_at REAL, will BLOB, will_due REAL, device TEXT, sid INTEGER, sent INTEGER, sent_at REAL,
     PRIMARY KEY (tenant, client_id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS subscriptions (
     tenant TEXT NOT NULL, client_id TEXT NOT NULL, filter TEXT NOT NULL,
@@ -151,10 +151,13 @@ ENTRY = "seq, topic, payload, msg_qos, msg_retain, props, expiry_at, qos, retain
 SESSION_SID = "(SELECT sid FROM sessions WHERE tenant = ? AND client_id = ?)"
 
 _SQL = {
+    # ``sent`` holds with the disconnect it was written with (``sent_at``): an older brokerd sharing the
+    # file writes disconnects without it, and what it sent then is not known (``SENT``)
     "session": "INSERT INTO sessions (tenant, client_id, expiry_interval, disconnected_at, will, will_due, device, "
-               "sent) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, client_id) DO UPDATE SET "
-               "expiry_interval = excluded.expiry_interval, disconnected_at = excluded.disconnected_at, "
-               "will = excluded.will, will_due = excluded.will_due, device = excluded.device, sent = excluded.sent",
+               "sent, sent_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?4) ON CONFLICT (tenant, client_id) DO UPDATE "
+               "SET expiry_interval = excluded.expiry_interval, disconnected_at = excluded.disconnected_at, "
+               "will = excluded.will, will_due = excluded.will_due, device = excluded.device, sent = excluded.sent, "
+               "sent_at = excluded.sent_at",
     # subscriptions and packet ids only for sessions that exist
     "sub": "INSERT OR REPLACE INTO subscriptions SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8 "
            "WHERE EXISTS (SELECT 1 FROM sessions WHERE tenant = ?1 AND client_id = ?2)",
@@ -171,6 +174,8 @@ _SQL = {
     "retain": "INSERT OR REPLACE INTO retained VALUES (?, ?, ?, ?, ?, ?)",
     "retain_del": "DELETE FROM retained WHERE tenant = ? AND topic = ?",
 }
+
+SENT = "CASE WHEN sent_at = disconnected_at THEN sent END"
 
 _SESSION_TABLES = ("sessions", "subscriptions", "awaiting_rel")     # and its entries, first (by its number)
 
@@ -283,7 +288,8 @@ class SQLiteStore(Store):
         db.executescript(SCHEMA)
         columns = {row[1] for row in db.execute("PRAGMA table_info(sessions)")}
         for column, kind in (("device", "TEXT"),     # files written before sessions kept their device
-                             ("sent", "INTEGER")):   # ... before they kept what was sent (NULL: not known)
+                             ("sent", "INTEGER"),    # ... before they kept what was sent (NULL: not known)
+                             ("sent_at", "REAL")):
             if column not in columns:
                 try:
                     db.execute(f"ALTER TABLE sessions ADD COLUMN {column} {kind}")
@@ -367,7 +373,7 @@ class SQLiteStore(Store):
         sessions = {}
         numbered = {}                        # session number -> its record
         for t, c, exp, disc, will, due, device, number, sent in db.execute(
-                "SELECT tenant, client_id, expiry_interval, disconnected_at, will, will_due, device, sid, sent "
+                f"SELECT tenant, client_id, expiry_interval, disconnected_at, will, will_due, device, sid, {SENT} "
                 "FROM sessions"):
             rec = sessions[(t, c)] = SessionRecord(t, c, exp, disc, unpack_will(will), due, device=device,
                                                    sent=sent)
@@ -397,7 +403,7 @@ class SQLiteStore(Store):
         db = self.db
         key = (tenant, client_id)
         row = db.execute("SELECT tenant, client_id, expiry_interval, disconnected_at, will, will_due, device, sid, "
-                         "sent FROM sessions WHERE tenant = ? AND client_id = ?", key).fetchone()
+                         f"{SENT} FROM sessions WHERE tenant = ? AND client_id = ?", key).fetchone()
         if row is None:
             return None
         rec = SessionRecord(row[0], row[1], row[2], row[3], unpack_will(row[4]), row[5], device=row[6],

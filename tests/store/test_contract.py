@@ -245,6 +245,37 @@ def test_session_keeps_what_was_sent_with_its_disconnect(store):
     assert store.load_session(T1, "dev").sent is None
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "hbase"])
+def test_what_was_sent_is_not_known_after_a_disconnect_written_by_an_older_brokerd(backend, url, store):
+    """An older brokerd sharing the store (a rolling upgrade) writes a session's disconnect without
+    what it sent: the number written before with another disconnect no longer holds."""
+    store.apply([session("dev", disconnected_at=NOW) + (None, 42)])
+    assert store.load_session(T1, "dev").sent == 42
+    later = NOW + 60.5
+    if backend == "sqlite":
+        import sqlite3
+
+        db = sqlite3.connect(url[len("sqlite:///"):])
+        db.execute("INSERT INTO sessions (tenant, client_id, expiry_interval, disconnected_at, will, will_due, device) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant, client_id) DO UPDATE SET "
+                   "expiry_interval = excluded.expiry_interval, disconnected_at = excluded.disconnected_at, "
+                   "will = excluded.will, will_due = excluded.will_due, device = excluded.device",
+                   (T1, "dev", 3600, later, None, None, None))
+        db.commit()
+        db.close()
+    else:
+        import happybase
+
+        from brokerd.store.hbase import session_key
+
+        conn = happybase.Connection(store.store.host, store.store.port, table_prefix=store.store.prefix)
+        conn.table("sessions").put(session_key(T1, "dev"), {b"s:e": b"3600", b"s:d": repr(later).encode()})
+        conn.close()
+    rec = store.load_session(T1, "dev")
+    assert (rec.disconnected_at, rec.sent) == (later, None)
+    assert [r.sent for r in store.load()[0]] == [None]
+
+
 def test_session_update_keeps_subscriptions_queue_and_packet_ids(store):
     e = entry()
     store.apply([session("dev"), sub("dev", "a/#", qos=1), q("dev", e), ("rel", T1, "dev", 7)])
