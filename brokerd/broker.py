@@ -984,6 +984,16 @@ class Broker:
         else:
             retained.set(topic, msg)
 
+    def tenant_gone(self, tenant: str) -> bool:
+        """Whether the control plane says ``tenant`` does not exist (False when it cannot say)."""
+        return self.enforcement.tenant_gone(tenant)
+
+    def forget_gone_tenants(self, now: float) -> None:
+        """What this node holds of tenants that do not exist goes (their deletion was not seen here)."""
+        for ns in list(self.router.namespaces.values()):
+            if self.enforcement.tenant_gone(ns.name):
+                self.enforcement.policy_changed(ns.name, None, None, now, now + self.wall_offset)
+
     def restore_sessions(self, records: list, now: float) -> bool:
         """Stored sessions brought into this node (a takeover, an adoption); False: no store."""
         if self.persist is None:

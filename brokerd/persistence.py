@@ -188,15 +188,27 @@ class Persistence:
         is not known (the node died with the client connected), every one
         gets DUP.
         """
-        counts = {"sessions": 0, "expired": 0, "messages": 0, "retained": 0, "wills": 0}
+        counts = {"sessions": 0, "expired": 0, "messages": 0, "retained": 0, "wills": 0, "deleted": 0}
         wall_now = now + self.wall_offset
+        gone = broker.tenant_gone
         for tenant, topic, m in retained:
             if m.expiry_at is not None and m.expiry_at <= wall_now:
+                continue
+            if gone(tenant):
+                # deleted while this node was down (or not holding it): it goes, as on the deletion
+                self.journal.add(("retain_del", tenant, topic))
+                counts["deleted"] += 1
                 continue
             broker.namespace(tenant).retained.set(topic, self.message(m))
             counts["retained"] += 1
         pending = []
         for rec in records:
+            if gone(rec.tenant):
+                # its tenant was deleted: the session goes, its will with it (a tenant created later
+                # under the same name must not find the old one's sessions, queues or retained messages)
+                self.journal.add(("session_del", rec.tenant, rec.client_id))
+                counts["deleted"] += 1
+                continue
             ns = broker.namespace(rec.tenant)
             never = rec.expiry_interval == 0xFFFFFFFF
             gone_at = rec.disconnected_at if rec.disconnected_at is not None else wall_now

@@ -207,8 +207,8 @@ class Server:
         self.broker.use_store(persist)
         counts = persist.restore(self.broker, records, retained, self.loop.time())
         log.info("store %s: restored %d sessions, %d queued messages, %d retained messages (%d sessions expired, "
-                 "%d wills)", url, counts["sessions"], counts["messages"], counts["retained"], counts["expired"],
-                 counts["wills"])
+                 "%d wills; %d sessions and retained messages of deleted tenants removed)", url, counts["sessions"],
+                 counts["messages"], counts["retained"], counts["expired"], counts["wills"], counts["deleted"])
         self.store = store
         self.writer = StoreWriter(store, journal, self.broker, self.loop)
         self.writer.start()

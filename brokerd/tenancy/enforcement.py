@@ -74,6 +74,11 @@ class Enforcement:
         acl = auth.client_acl(Identity(tenant, device), client_id)
         return acl is None or acl.can_publish(topic)
 
+    def tenant_gone(self, tenant: str) -> bool:
+        """The control plane's first load is in and ``tenant`` is not in it (no control plane: never)."""
+        auth = self.b.auth
+        return getattr(auth, "loaded", False) and tenant != self.anonymous_tenant and auth.policy(tenant) is None
+
     def closed(self, channel, tenant: str, now: float) -> None:
         self.expiring.discard(channel)
         if channel.limit_in is not None or channel.limit_out is not None:

@@ -217,7 +217,11 @@ class PolicySource:
                     log.error("rules of tenant %r (version %d) ignored: %s", slug, version, exc)
             if self.control.loaded:
                 self.broker.policy_changed(slug, old, new, now, self.wall())
-        self.control.loaded = True
+        if not self.control.loaded:
+            self.control.loaded = True
+            # the first load: tenants deleted while this node could not learn it (down, or its
+            # database out of reach at start) leave what the node restored of them
+            self.broker.forget_gone_tenants(now)
         if self.tokens is not None:
             tokens = await asyncio.to_thread(self.db.fetch_tokens)
             if tokens is not None:

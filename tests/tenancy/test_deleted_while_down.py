@@ -1,0 +1,57 @@
+"""A tenant deleted while a node is down (or holds none of its clients): what the
+node's store kept of it -- persistent sessions with their queues, retained
+messages -- goes when the node starts, and never reaches a tenant created
+later under the same name. (Deleted and created again while the node was
+down, the slug is the same tenant to it: the snapshot names no incarnation.)"""
+
+import time
+
+from ..mqtt import V311, PahoClient
+
+RULES = [{"topic": "t/#", "action": "both", "allow": True}]
+
+
+def test_a_tenant_deleted_while_the_node_was_down_leaves_nothing_to_its_successor(control_plane, tmp_path):
+    """Before: the restarted node restored the deleted tenant's sessions and
+    retained messages from its store into the slug's namespace, and kept
+    them: a tenant created afterwards under the same name got the old
+    tenant's retained message on its first subscription, and its device of
+    the same name and client id resumed the old device's persistent session."""
+    secrets = control_plane.provision([{"slug": "acme", "acl": RULES, "devices": ["dev"]}])
+    store = f"sqlite:///{tmp_path}/s.db"
+
+    def client(who, secret, **kw):
+        return PahoClient("dev-kept", V311, username=who, password=secret, **kw)
+
+    node = control_plane.broker("--store", store)
+    try:
+        old = client("acme/dev", secrets["acme/dev"], clean=False).connect(node.port())
+        old.subscribe("t/q", qos=1)
+        old.publish("t/secret", b"the old tenant's", qos=1, retain=True)
+        old.publish("t/q", b"queued for the old device", qos=1)
+        assert old.expect().payload == b"queued for the old device"
+        old.drop()
+        time.sleep(0.5)                                   # the disconnect is written behind
+    finally:
+        node.kill()
+    control_plane.manage("tenants", "delete", "acme")
+    node = control_plane.broker("--store", store)          # learns of the deletion as it starts
+    try:
+        out = control_plane.manage_each(("tenants", "create", "acme"), ("devices", "create", "acme", "dev"),
+                                        ("acl", "add", "acme", "--allow", "--action", "both", "--topic", "t/#"))
+        secret = out[1].strip().splitlines()[-1]
+        deadline = time.monotonic() + 10
+        while True:                                        # the new tenant's policy reaches the node
+            try:
+                new = client("acme/dev", secret, clean=False).connect(node.port())
+                break
+            except (ConnectionError, AssertionError):
+                assert time.monotonic() < deadline, "the new tenant's device was never let in"
+                time.sleep(0.2)
+        assert not new.session_present, "the new tenant's device resumed the old tenant's session"
+        new.subscribe("t/#", qos=1)
+        new.expect_none(1.0)                              # no retained message, no queued one of the old tenant
+        new.disconnect()
+    finally:
+        node.stop()
+    assert "2 sessions and retained messages of deleted tenants removed" in node.log, node.log[-2000:]
