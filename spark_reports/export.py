@@ -1,6 +1,13 @@
 """A report's result as CSV: the whole report in one tidy file (``section,
 item, metric, value`` -- what the email attaches and "Download CSV" gives),
-or one table of it as a plain CSV."""
+or one table of it as a plain CSV.
+
+Names in a report are the tenant's devices' doing (topics, client ids, user
+names, telemetry fields): a text cell a spreadsheet would read as a formula
+(starting with ``=``, ``+``, ``-``, ``@``, a tab or a carriage return, e.g. a
+topic ``=HYPERLINK(...)`` or ``=cmd|' /C calc'!A0``) is written with a ``'``
+before it, so Excel, LibreOffice and Google Sheets show it as text (OWASP's
+advice on CSV injection). Numbers are written as they are."""
 
 import csv
 import io
@@ -35,9 +42,19 @@ def tables_of(result: dict) -> list[str]:
     return [name for name in TABLES if name in result]
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _text(value: str) -> str:
+    """A name as a spreadsheet shows it: never run as a formula."""
+    return "'" + value if value.startswith(FORMULA_START) else value
+
+
 def _cell(value):
     if isinstance(value, float):
         return f"{value:.3f}".rstrip("0").rstrip(".")
+    if isinstance(value, str):
+        return _text(value)
     return "" if value is None else value
 
 
@@ -45,7 +62,7 @@ def report_csv(result: dict) -> str:
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(["section", "item", "metric", "value"])
-    w.writerow(["report", result.get("tenant") or "platform", "kind", result["kind"]])
+    w.writerow(["report", _text(result.get("tenant") or "platform"), "kind", result["kind"]])
     w.writerow(["report", "", "start", result["start"]])
     w.writerow(["report", "", "end", result["end"]])
     totals = result.get("totals", {})
@@ -62,7 +79,7 @@ def report_csv(result: dict) -> str:
 
 
 def _key(row: dict, key) -> str:
-    return "/".join(str(row.get(k, "")) for k in key) if isinstance(key, tuple) else row[key]
+    return _text("/".join(str(row.get(k, "")) for k in key) if isinstance(key, tuple) else str(row[key]))
 
 
 def table_csv(result: dict, table: str) -> str:
@@ -80,7 +97,7 @@ def totals_csv(result: dict) -> str:
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(["metric", "value"])
-    w.writerow(["report", result.get("tenant") or "platform"])
+    w.writerow(["report", _text(result.get("tenant") or "platform")])
     w.writerow(["start", result["start"]])
     w.writerow(["end", result["end"]])
     totals = result.get("totals", {})
