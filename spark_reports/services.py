@@ -72,10 +72,42 @@ def execute_run(run: ReportRun, attempt: int) -> ReportRun:
     return run
 
 
+JOB_ABORTED = "Job aborted due to stage failure"   # Spark's wrapper of a task's failure: the cause says why
+
+
+def _first_line(text) -> str:
+    lines = str(text or "").strip().splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def _java_reason(java) -> str:
+    """What went wrong in the JVM: the first message of the cause chain that is not Spark's "job
+    aborted" wrapper, and the root cause's where it is another (a checksum error, a refused
+    connection)."""
+    chain = []
+    while java is not None and len(chain) < 10:
+        chain.append((str(java.getClass().getSimpleName()), _first_line(java.getMessage())))
+        java = java.getCause()
+    said = [(name, msg) for name, msg in chain if msg]
+    if not said:
+        return chain[0][0] if chain else ""
+    name, msg = next(((n, m) for n, m in said if not m.startswith(JOB_ABORTED)), said[0])
+    root_name, root = said[-1]
+    return msg if root in msg else f"{msg} ({root_name}: {root})"
+
+
 def describe_error(exc: BaseException) -> str:
-    """One line a person can act on (a Java stack trace is not one)."""
-    text = str(exc).strip() or type(exc).__name__
-    first = text.splitlines()[0]
+    """One line a person can act on (a Java stack trace is not one, nor py4j's "An error occurred
+    while calling o7348.collectToPython.": a Java exception is described by its own messages)."""
+    first = ""
+    java = getattr(exc, "java_exception", None)
+    if java is not None:
+        try:
+            first = _java_reason(java)
+        except Exception:               # the JVM gone meanwhile: py4j's words are all there is
+            first = ""
+    if not first:
+        first = _first_line(exc) or type(exc).__name__
     return first if len(first) <= 500 else first[:497] + "..."
 
 
