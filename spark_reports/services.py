@@ -125,9 +125,21 @@ def record_failure(run_id: int, exc: BaseException, final: bool, retry_in: float
 
 
 def schedule_saved(schedule: ReportSchedule, now: datetime | None = None) -> ReportSchedule:
-    """After a create or edit: the next run from now (none while disabled)."""
+    """After a create, edit or enable: the next run from now whose period the schedule has not
+    reported yet (none while disabled) -- a daily report sent at 06:00 and moved to 09:00 the same
+    morning would otherwise report the same day again at 09:00 (weekly: the same week that Monday).
+    "Send now" runs do not count: they leave the next run as it is."""
     now = now or timezone.now()
-    schedule.next_run_at = schedules.next_run(schedule.frequency, schedule.hour, now) if schedule.enabled else None
+    following = None
+    if schedule.enabled:
+        following = schedules.next_run(schedule.frequency, schedule.hour, now)
+        for _ in range(3):        # the periods of the next runs are all different: one step is enough
+            first, last = schedules.period_for(schedule.frequency, following)
+            if not schedule.runs.filter(requested_by__isnull=True, period_start=_midnight(first),
+                                        period_end=_midnight(last) + timedelta(days=1)).exists():
+                break
+            following = schedules.next_run(schedule.frequency, schedule.hour, following)
+    schedule.next_run_at = following
     schedule.save(update_fields=["next_run_at"])
     return schedule
 

@@ -216,3 +216,42 @@ def test_the_links_in_emails_start_at_console_public_url():
     assert console_public_url("", False, ["*"], "0.0.0.0", "8000") == "http://127.0.0.1:8000/"
     with pytest.raises(ImproperlyConfigured, match="CONSOLE_PUBLIC_URL"):
         console_public_url("hub.example.com", False, [], "127.0.0.1", "8000")
+
+
+@pytest.mark.parametrize("frequency,ran,edited,hour,expected", [
+    # a daily report sent at 06:00, moved to 09:00 at 07:00: the next is tomorrow's (was 09:00 today, yesterday again)
+    ("daily", at(2026, 3, 4, 6, 0, 30), at(2026, 3, 4, 7), 9, at(2026, 3, 5, 9)),
+    # a weekly one sent on Monday at 06:00, moved to 10:00 that morning: next Monday's (was the same week again)
+    ("weekly", at(2026, 3, 9, 6, 0, 30), at(2026, 3, 9, 7), 10, at(2026, 3, 16, 10)),
+    ("monthly", at(2026, 4, 1, 6, 0, 30), at(2026, 4, 1, 7), 8, at(2026, 5, 1, 8)),
+])
+def test_a_schedule_moved_later_the_same_day_does_not_send_the_same_period_again(
+        acme, django_capture_on_commit_callbacks, monkeypatch, frequency, ran, edited, hour, expected):
+    sent = []
+    monkeypatch.setattr("spark_reports.tasks.run_report.delay", lambda run_id: sent.append(run_id))
+    s = ReportSchedule.objects.create(tenant=acme, frequency=frequency, hour=6, recipients=["ops@acme.test"])
+    services.schedule_saved(s, now=ran - timedelta(hours=2))
+    with django_capture_on_commit_callbacks(execute=True):
+        (first,) = tasks.dispatch_due(ran)
+    s.refresh_from_db()
+    s.hour = hour                                   # the edit form, later that morning
+    s.save()
+    services.schedule_saved(s, now=edited)
+    with django_capture_on_commit_callbacks(execute=True):
+        again = tasks.dispatch_due(ran.replace(hour=hour, minute=0, second=30))
+    assert [(r.period_start, r.period_end) for r in again] == [] and sent == [first.pk]   # not the same again
+    s.refresh_from_db()
+    assert s.next_run_at == expected
+    # disabled and enabled again that day: the same
+    for enabled in (False, True):
+        s.enabled = enabled
+        s.save()
+        services.schedule_saved(s, now=edited)
+    assert s.next_run_at == expected
+    # "Send now" is not a scheduled run: the next run still reports its period
+    from django.contrib.auth import get_user_model
+
+    other = ReportSchedule.objects.create(tenant=acme, frequency=frequency, hour=hour, recipients=["ops@acme.test"])
+    services.send_now_run(other, get_user_model().objects.create_user("alice"), now=edited)
+    services.schedule_saved(other, now=edited)
+    assert other.next_run_at == ran.replace(hour=hour, minute=0, second=0)
