@@ -239,6 +239,10 @@ REPORTS_TOP_N = envint("REPORTS_TOP_N", 10)
 REPORTS_MAX_RETRIES = envint("REPORTS_MAX_RETRIES", 3)
 REPORTS_RETRY_BACKOFF = envint("REPORTS_RETRY_BACKOFF", 30)  # seconds before the first retry, doubled each time
 REPORTS_DISPATCH_INTERVAL = envint("REPORTS_DISPATCH_INTERVAL", 60)
+# A running report's worker marks it alive every REPORTS_HEARTBEAT seconds; beat's dispatch queues again
+# a run not marked for REPORTS_STALLED_AFTER seconds (its worker was killed: a deploy, the OOM killer)
+REPORTS_HEARTBEAT = envint("REPORTS_HEARTBEAT", 30)
+REPORTS_STALLED_AFTER = envint("REPORTS_STALLED_AFTER", 300)
 # The usage lake (spark_reports/lake.py): landed files compacted into Parquet
 # under USAGE_LAKE (a path or Hadoop URI) every LAKE_COMPACT_INTERVAL seconds
 # (0: never by beat), minutes LAKE_SETTLE s after they closed; a compacted

@@ -46,6 +46,9 @@ class ReportRun(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # while running: the worker's last sign of life (REPORTS_HEARTBEAT); none for REPORTS_STALLED_AFTER
+    # seconds -- the worker is gone -- and beat queues the run again (services.requeue_stalled)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
     # scheduled runs: the email
     emailed_at = models.DateTimeField(null=True, blank=True)
     emailed_to = LineListField()

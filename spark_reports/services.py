@@ -9,10 +9,11 @@ back into this module. Views never call Spark; they call those and read
 ``ReportRun``.
 """
 
+import threading
 from datetime import UTC, date, datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import close_old_connections, connection, transaction
 from django.utils import timezone
 
 from . import reports, schedules
@@ -50,12 +51,47 @@ def _update(run_id: int, **fields) -> None:
     ReportRun.objects.filter(pk=run_id).update(**fields)
 
 
+class _Heartbeat:
+    """Marks a running run alive (``heartbeat_at``) every REPORTS_HEARTBEAT seconds from a thread of
+    its own, whatever Spark is doing, until the run ends (``requeue_stalled``)."""
+
+    def __init__(self, run_id: int):
+        self.run_id = run_id
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name=f"report-{run_id}-heartbeat", daemon=True)
+
+    def _beat(self) -> None:
+        try:
+            while not self.stop.wait(settings.REPORTS_HEARTBEAT):
+                try:
+                    ReportRun.objects.filter(pk=self.run_id, status=ReportRun.Status.RUNNING).update(
+                        heartbeat_at=timezone.now())
+                except Exception:       # a locked or unreachable database: the next beat
+                    close_old_connections()
+        finally:
+            connection.close()          # this thread's own connection
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(5)
+
+
 def execute_run(run: ReportRun, attempt: int) -> ReportRun:
     """Run the report now (in this process); raise what the job raised."""
     report = reports.get(run.kind)
-    _update(run.pk, status=ReportRun.Status.RUNNING, started_at=timezone.now(), finished_at=None,
+    now = timezone.now()
+    _update(run.pk, status=ReportRun.Status.RUNNING, started_at=now, heartbeat_at=now, finished_at=None,
             attempts=run.attempts + 1, progress=f"Starting (attempt {attempt})", progress_step=0,
             progress_total=len(report.steps))
+    with _Heartbeat(run.pk):
+        return _execute(run, report)
+
+
+def _execute(run: ReportRun, report) -> ReportRun:
 
     def progress(step: int, total: int, text: str) -> None:
         _update(run.pk, progress=text, progress_step=step, progress_total=total)
@@ -94,6 +130,26 @@ def _java_reason(java) -> str:
     name, msg = next(((n, m) for n, m in said if not m.startswith(JOB_ABORTED)), said[0])
     root_name, root = said[-1]
     return msg if root in msg else f"{msg} ({root_name}: {root})"
+
+
+STALLED = "The worker running it stopped (restarted or killed) at step {step} of {total}; queued again"
+
+
+def requeue_stalled(now: datetime | None = None) -> list[ReportRun]:
+    """Runs left "running" by a worker that is gone (no heartbeat for REPORTS_STALLED_AFTER seconds:
+    killed, its host restarted -- Celery had its task taken, nobody runs it again) back to queued,
+    each once (a conditional update), with the reason; ``tasks.dispatch_due_schedules`` queues them."""
+    now = now or timezone.now()
+    cut = now - timedelta(seconds=settings.REPORTS_STALLED_AFTER)
+    out = []
+    for run in ReportRun.objects.filter(status=ReportRun.Status.RUNNING, heartbeat_at__lt=cut):
+        reason = STALLED.format(step=run.progress_step, total=run.progress_total)
+        if ReportRun.objects.filter(pk=run.pk, status=ReportRun.Status.RUNNING,
+                                    heartbeat_at=run.heartbeat_at).update(
+                status=ReportRun.Status.QUEUED, error=reason, progress="Waiting for a worker", progress_step=0):
+            run.refresh_from_db()
+            out.append(run)
+    return out
 
 
 def describe_error(exc: BaseException) -> str:

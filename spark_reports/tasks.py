@@ -18,7 +18,8 @@ The tasks, thin wrappers over ``services`` and ``delivery``:
   does not re-run Spark).
 - ``dispatch_due_schedules()``: run by beat every REPORTS_DISPATCH_INTERVAL
   seconds from the database schedule (django-celery-beat); starts the
-  ReportSchedules that are due.
+  ReportSchedules that are due, and queues again the runs whose worker is
+  gone (``requeue_stalled``: no heartbeat for REPORTS_STALLED_AFTER seconds).
 - ``compact_usage()``: run by beat every LAKE_COMPACT_INTERVAL seconds (0: not
   scheduled); one compaction run of the landed usage log into the lake
   (``spark_reports.lake``) on the worker's SparkSession; a run already going
@@ -127,8 +128,19 @@ def deliver_report(self, run_id: int) -> str:
     return "sent"
 
 
+def requeue_stalled(now=None) -> list[ReportRun]:
+    """Queue again the runs whose worker is gone (``services.requeue_stalled``), once each."""
+    runs = []
+    for run in services.requeue_stalled(now):
+        log.warning("report %s: %s", run.pk, run.error)
+        transaction.on_commit(lambda pk=run.pk: run_report.delay(pk))
+        runs.append(run)
+    return runs
+
+
 @shared_task
 def dispatch_due_schedules() -> int:
+    requeue_stalled()
     return len(dispatch_due())
 
 
