@@ -116,8 +116,8 @@ class ClientRegistry:
         if not client_id:
             client_id = assigned = self._new_client_id(ns)
         will = channel.will
-        if will is not None and identity is not None and not b.enforcement.will_allowed(
-                tenant, identity.device, client_id, will.topic):
+        if will is not None and (will.topic.startswith("$SYS") if identity is None else not b.enforcement.will_allowed(
+                tenant, identity.device, client_id, will.topic)):
             # a will the client may not publish is refused now (Mosquitto: CONNACK 0x87), not
             # taken and published on its behalf later
             b.acct.publish_denied(ns, will.topic)

@@ -194,3 +194,15 @@ def test_clients_cannot_write_into_sys(broker, client_id):
     with connect(broker.port(), client_id + "-late", V311) as late:
         late.subscribe(f"$SYS/{client_id}/#", 0)
         late.expect_none(0.5)                                   # nothing of the client's was retained
+
+
+@pytest.mark.parametrize("version", [V5, V311])
+def test_a_will_into_sys_is_refused_at_connect(broker, client_id, version):
+    """An anonymous client's will on a $SYS topic was accepted at CONNECT and
+    dropped without a word when its connection failed (no client writes into
+    $SYS); as Mosquitto, the CONNECT is refused (5.0: 0x87, 3.1.1: 5) and the
+    client knows."""
+    with pytest.raises(ConnectionError, match="0x87"):             # (paho: 3.1.1's 5 as 0x87)
+        Client(client_id, version).connect(broker.port(), will=(f"$SYS/{client_id}/gone", b"x", 1))
+    with connect(broker.port(), client_id, version, will=(f"{client_id}/gone", b"x", 1)) as ok:
+        assert ok.client.is_connected()
