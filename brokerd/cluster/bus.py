@@ -599,21 +599,26 @@ class Bus:
 
     # ---------------------------------------------------------- quotas, $SYS
 
-    async def set_counts(self, counts: dict[str, int]) -> dict[str, int]:
-        """Publish this node's connections per tenant; -> the cluster's totals."""
+    async def set_counts(self, counts: dict[str, int], alive: set[str]) -> dict[str, int]:
+        """Publish this node's connections per tenant; -> the totals over the ``alive`` nodes (a node
+        no survivor reaped -- the whole cluster restarted under new node ids -- left its counts)."""
         pipe = self.redis.pipeline(transaction=False)
         for tenant, n in counts.items():
             pipe.hset(self.k("conns", tenant), self.node, n)
         for tenant in counts:
-            pipe.hvals(self.k("conns", tenant))
+            pipe.hgetall(self.k("conns", tenant))
         res = await pipe.execute()
         totals = {}
         for tenant, values in zip(counts, res[len(counts):], strict=True):
-            totals[tenant] = sum(int(v) for v in values)
+            totals[tenant] = sum(int(v) for node, v in values.items() if node.decode() in alive)
         return totals
 
     async def set_stats(self, stats: dict) -> None:
-        await self.redis.hset(self.k("stats", self.node), mapping={k: str(v) for k, v in stats.items()})
+        key = self.k("stats", self.node)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(key, mapping={k: str(v) for k, v in stats.items()})
+        pipe.expire(key, max(10, int(self.ttl * 4)))          # a node no survivor reaps: gone in a while
+        await pipe.execute()
 
     async def set_host_tenants(self, host: str, figures: dict[str, dict]) -> dict[str, dict]:
         """One hash per host (``hosttenants:{host}``, field: the worker): only a host's workers read
@@ -632,7 +637,8 @@ class Bus:
             await self.redis.hdel(self.k("hosttenants", host), *nodes)
 
     async def all_stats(self) -> dict[str, dict]:
-        """Every node's counters (each node reads them every second: one round trip for all, not one each)."""
+        """Every node's counters (each node reads them every second: one round trip for all, not one
+        each), those of nodes that are gone too (the caller keeps the members')."""
         keys = [key async for key in self.redis.scan_iter(match=self.k("stats", "*"), count=1000)]
         if not keys:
             return {}

@@ -77,7 +77,8 @@ class Membership:
 
     async def _publish_counts(self) -> None:
         local = self.broker.connection_counts()
-        totals = await self.bus.set_counts(local)
+        alive = set(self.members) | {self.id}
+        totals = await self.bus.set_counts(local, alive)
         self.broker.remote_connections({t: totals[t] - local.get(t, 0) for t in totals})
         await self.bus.set_stats({**self.broker.node_stats(), **self.extra_stats})
         totals_stats: dict[str, float] = {}
@@ -85,6 +86,8 @@ class Membership:
         siblings = {n for n, info in self.members.items() if host is not None and info.get("host") == host}
         host_stats: dict[str, float] = {}
         for node, stats in (await self.bus.all_stats()).items():
+            if node not in alive:
+                continue                # gone, not reaped (yet, or ever: the cluster restarted under new ids)
             for k, v in stats.items():
                 totals_stats[k] = totals_stats.get(k, 0) + float(v)
                 if node in siblings or (host is not None and node == self.id):

@@ -235,11 +235,11 @@ class FakeBus:
         self.s.left.discard(node)
 
     # -- quotas, $SYS
-    async def set_counts(self, counts: dict[str, int]) -> dict[str, int]:
+    async def set_counts(self, counts: dict[str, int], alive: set[str]) -> dict[str, int]:
         self._check()
         for tenant, n in counts.items():
             self.s.conns.setdefault(tenant, {})[self.node] = n
-        return {tenant: sum(self.s.conns[tenant].values()) for tenant in counts}
+        return {tenant: sum(v for node, v in self.s.conns[tenant].items() if node in alive) for tenant in counts}
 
     async def set_stats(self, stats: dict) -> None:
         self._check()

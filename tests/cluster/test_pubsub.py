@@ -129,6 +129,24 @@ def test_sys_cluster_counts_clients_of_all_nodes(cluster, tag):
     _sys_value(watcher, "$SYS/broker/clients/connected", "2")
 
 
+def test_sys_cluster_does_not_count_a_node_no_one_reaped(cluster, tag):
+    """A node that died with no member left to see it go (the cluster
+    restarted under new node ids) stayed in $SYS/cluster's sums for good:
+    its clients counted as connected. Now only members are summed."""
+    [n1] = cluster.start(1, "--sys-interval", "1")
+    gone = [connect(n1.port(), f"{tag}-c{k}", V311) for k in range(3)]
+    time.sleep(1.5)                                   # a round of figures shared
+    n1.kill()
+    for c in gone:
+        c.drop()
+    time.sleep(6)                                     # its membership expires: no one will see it go
+    [n2] = cluster.start(1, "--sys-interval", "1")     # another node id, the only member
+    watcher = connect(n2.port(), f"{tag}-sys", V5)
+    watcher.subscribe("$SYS/cluster/#", qos=0)
+    _sys_value(watcher, "$SYS/cluster/nodes", "1")
+    _sys_value(watcher, "$SYS/cluster/clients/connected", "1")
+
+
 def test_qos0_properties_reach_other_nodes_after_a_local_3x_delivery(cluster, tag):
     """A 5.0 client's QoS 0 PUBLISH with properties, delivered first to a 3.1.1
     subscriber on its own node (which caches the message's 3.x wire form), still

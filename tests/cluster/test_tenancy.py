@@ -121,3 +121,34 @@ def test_a_burst_of_connects_on_one_node_does_not_pass_the_connection_quota(redi
         for sock in socks:
             sock.close()
         c.stop_all()
+
+
+def test_connections_of_a_node_no_one_reaped_do_not_count_against_the_quota(redis_server, tmp_path, plane, tag):
+    """A node that died with no other member to see it go (the whole cluster
+    restarted, nodes or workers under new ids) left its connection counts in
+    Redis, and every node summed them for good: its tenants' devices were
+    refused 0x97 for connections that no longer existed. Now only the
+    members' counts are summed (and a node's $SYS figures likewise)."""
+    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "quota": {"max_connections": 2},
+                                "devices": ["d1", "d2"]}])
+    c = Cluster(redis_server, tmp_path, env=plane.env)
+    devs = []
+    try:
+        def dev(i):
+            return PahoClient(f"{tag}-d{i}", version=V5, username=f"acme/d{i}", password=secrets[f"acme/d{i}"])
+
+        [n1] = c.start(1)
+        first = [dev(1).connect(n1.port()), dev(2).connect(n1.port())]
+        time.sleep(1.5)                                  # a round of count sharing
+        n1.kill()
+        for d in first:
+            d.drop()
+        time.sleep(6)                                    # its membership expires: no one will see it go
+        [n2] = c.start(1)                                # another node id, the only member
+        devs = [dev(1).connect(n2.port())]
+        time.sleep(1.5)                                  # a round of count sharing
+        devs.append(dev(2).connect(n2.port()))
+    finally:
+        for d in devs:
+            d.disconnect()
+        c.stop_all()
