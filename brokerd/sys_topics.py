@@ -208,6 +208,9 @@ class SysTopics:
             allowed = tuple(p for part in parts for p in PARTS.get(part, ()))
         for key, value in values.items():
             if allowed is not None and key not in ("version", "uptime") and not key.startswith(allowed):
+                if ns.retained.get(PREFIX + key) is not None:
+                    # a part the tenant turned off: its last value goes (it stood retained, stale, for good)
+                    ns.retained.delete(PREFIX + key)
                 continue
             self.broker.publish_internal(ns, Publish(PREFIX + key, value.encode(), 0, True), now)
         cluster = self.broker.cluster

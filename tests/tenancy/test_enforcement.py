@@ -415,6 +415,43 @@ def test_tenant_sys_tree_shows_only_its_own_figures(control_plane):
         node.stop()
 
 
+def test_a_sys_part_the_tenant_turns_off_leaves_no_stale_value(control_plane):
+    """Turning a part of a tenant's $SYS tree off stopped its updates, but its
+    last values stayed retained: every later subscriber read figures frozen
+    at that moment as if current. Now they go."""
+    secrets = control_plane.provision([{"slug": "one", "devices": ["a"]}])
+
+    def parts(*names):
+        control_plane.manage("shell", "-c", "from tenants import services; from tenants.models import Tenant; "
+                             "services.update_system_topics(Tenant.objects.get(slug='one'), interval=1, "
+                             f"parts={list(names)!r})")
+
+    def keys_seen(seconds):
+        with client(secrets, "one/a").connect(node.port()) as watcher:
+            watcher.subscribe("$SYS/#", 0)
+            seen = set()
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                try:
+                    seen.add(watcher.expect(timeout=max(0.05, deadline - time.monotonic())).topic)
+                except AssertionError:
+                    break
+            return {t.removeprefix("$SYS/broker/") for t in seen}
+
+    parts("clients", "messages")
+    node = control_plane.broker("--sys-interval", "1")
+    try:
+        wait_until(lambda: any(k.startswith("messages/") for k in keys_seen(1.5)), timeout=10,
+                   what="the messages part")
+        parts("clients")
+        time.sleep(2.5)                                         # the change reaches the node, a round runs
+        seen = keys_seen(1.5)
+        assert any(k.startswith("clients/") for k in seen)
+        assert not [k for k in seen if k.startswith("messages/")], seen
+    finally:
+        node.stop()
+
+
 def test_a_suspended_tenants_devices_do_not_lock_out_their_neighbours(control_plane):
     """Devices of a suspended tenant keep reconnecting with their right secrets (0x87 each time):
     that is no password guessing, so other tenants' devices behind the same address (here
