@@ -13,6 +13,7 @@ node holds (the whole cluster was down, or Redis lost its registry).
 """
 
 import logging
+import time
 from typing import Protocol
 
 from ..store.records import unpack_will
@@ -22,6 +23,8 @@ from .routes import ClusterRoutes
 log = logging.getLogger("brokerd.cluster")
 
 ORPHAN_TIMEOUT = 30.0    # how long messages for a dead node's sessions are refused awaiting their adoption
+ORPHANS_LEASE = 60       # seconds the "orphans" lease is held at a time (renewed while the walk goes on)
+ORPHANS_PAGE = 1000      # stored sessions' keys read, and their owners asked of Redis, at a time
 
 
 class SessionLoader(Protocol):
@@ -115,30 +118,75 @@ class Adoption:
     async def adopt_orphans(self) -> None:
         """Stored sessions no live node holds (the whole cluster was down, or
         Redis lost its registry) come here, so that messages for them are
-        queued again -- one node at a time does this check."""
+        queued again -- one node at a time does this check.
+
+        The store's session keys are walked a page at a time (``ORPHANS_PAGE``),
+        their owners asked of Redis in one round trip a page; only a session no
+        live node holds is locked, loaded (with its queue) and claimed. The
+        lease is renewed as the walk goes (it may outlast ``ORPHANS_LEASE``)."""
         store = self.store
         if store is None or not store.durable:
             return
-        if not await self.bus.try_lease("orphans", 60):
+        if not await self.bus.try_lease("orphans", ORPHANS_LEASE):
             return
+        lease = _Lease(self.bus, "orphans")
+        adopted = 0
         try:
-            records, _ = await store.load()
-            alive = set(self.members_of()) | {self.id}
-            adopted = 0
-            for rec in records:
-                # under the client id's lock, as a CONNECT would take it
-                token = await self.bus.lock(rec.tenant, rec.client_id)
-                try:
-                    owner = await self.bus.owner(rec.tenant, rec.client_id)
+            after = None
+            while await lease.keep():
+                keys = await store.session_keys(after, ORPHANS_PAGE)
+                if not keys:
+                    break
+                after = keys[-1]
+                alive = set(self.members_of()) | {self.id}
+                for (tenant, cid), owner in zip(keys, await self.bus.owners(keys), strict=True):
                     if owner in alive:
                         continue
-                    self.broker.restore_sessions([rec], self.clock())
-                    await self.bus.claim(rec.tenant, rec.client_id, True, owner)
-                    adopted += 1
-                finally:
-                    if token:
-                        await self.bus.unlock(rec.tenant, rec.client_id, token)
+                    if not await lease.keep():
+                        break
+                    if await self._adopt_orphan(tenant, cid, alive):
+                        adopted += 1
+                if len(keys) < ORPHANS_PAGE:
+                    break
             if adopted:
                 log.warning("adopted %d stored sessions no live node held", adopted)
         finally:
-            await self.bus.drop_lease("orphans")
+            if lease.held:
+                await self.bus.drop_lease("orphans")
+
+    async def _adopt_orphan(self, tenant: str, cid: str, alive: set) -> bool:
+        # under the client id's lock, as a CONNECT would take it
+        token = await self.bus.lock(tenant, cid)
+        try:
+            owner = await self.bus.owner(tenant, cid)
+            if owner in alive:
+                return False
+            rec = await self.store.load_session(tenant, cid)
+            if rec is None:                      # deleted since it was listed
+                return False
+            self.broker.restore_sessions([rec], self.clock())
+            await self.bus.claim(tenant, cid, True, owner)
+            return True
+        finally:
+            if token:
+                await self.bus.unlock(tenant, cid, token)
+
+
+class _Lease:
+    """The ``orphans`` lease while the walk goes on: renewed once a third of it has passed
+    (real time: Redis expires it); ``held`` False once another node has it."""
+
+    def __init__(self, bus: ReapBus, name: str):
+        self.bus = bus
+        self.name = name
+        self.held = True
+        self.renewed = time.monotonic()
+
+    async def keep(self) -> bool:
+        if self.held and time.monotonic() - self.renewed >= ORPHANS_LEASE / 3:
+            self.held = await self.bus.renew_lease(self.name, ORPHANS_LEASE)
+            self.renewed = time.monotonic()
+            if not self.held:
+                log.warning("the %s lease went to another node: this node stops adopting orphaned sessions",
+                            self.name)
+        return self.held

@@ -519,6 +519,22 @@ class Bus:
         value = await self.redis.hget(self.k("clients", tenant), client_id)
         return value.decode() if value else None
 
+    async def owners(self, keys: list[tuple[str, str]]) -> list[str | None]:
+        """The node holding each (tenant, client id), in order: one HMGET a tenant, in one round trip."""
+        if not keys:
+            return []
+        by_tenant: dict[str, list[int]] = {}
+        for i, (tenant, _) in enumerate(keys):
+            by_tenant.setdefault(tenant, []).append(i)
+        pipe = self.redis.pipeline(transaction=False)
+        for tenant, at in by_tenant.items():
+            pipe.hmget(self.k("clients", tenant), [keys[i][1] for i in at])
+        out: list[str | None] = [None] * len(keys)
+        for at, values in zip(by_tenant.values(), await pipe.execute(), strict=True):
+            for i, value in zip(at, values, strict=True):
+                out[i] = value.decode() if value else None
+        return out
+
     async def claim(self, tenant: str, client_id: str, durable: bool, previous: str | None) -> None:
         pipe = self.redis.pipeline()
         pipe.hset(self.k("clients", tenant), client_id, self.node)
@@ -593,6 +609,10 @@ class Bus:
     async def try_lease(self, name: str, seconds: int) -> bool:
         """Be the one node that does ``name`` for ``seconds`` (or until ``drop_lease``)."""
         return bool(await self.redis.set(self.k(name), self.node, nx=True, ex=seconds))
+
+    async def renew_lease(self, name: str, seconds: int) -> bool:
+        """Hold ``name`` ``seconds`` more if this node holds it (or it is free again); -> held."""
+        return bool(await self._lease(keys=[self.k(name)], args=[self.node, int(seconds * 1000)]))
 
     async def drop_lease(self, name: str) -> None:
         await self.redis.delete(self.k(name))

@@ -158,6 +158,9 @@ class SessionStore(Protocol):
 
     async def load_session(self, tenant: str, client_id: str) -> StoredSession | None: ...
 
+    async def session_keys(self, after: tuple[str, str] | None, limit: int) -> list[tuple[str, str]]:
+        """Up to ``limit`` stored sessions' (tenant, client id), in order, after ``after``."""
+
     async def get_meta(self, key: str) -> bytes | None: ...
 
     async def put_meta(self, key: str, value: bytes) -> None: ...
@@ -230,6 +233,9 @@ class EventBus(Protocol):
 class LeaseBus(Protocol):
     async def try_lease(self, name: str, seconds: int) -> bool: ...
 
+    async def renew_lease(self, name: str, seconds: int) -> bool:
+        """Hold ``name`` ``seconds`` more (this node took it with ``try_lease``); -> False if another node has it."""
+
     async def drop_lease(self, name: str) -> None: ...
 
 
@@ -246,6 +252,9 @@ class ClientBus(Protocol):
         """The client id is now this node's (-> None), or the node holding it, or "!" when locked."""
 
     async def owner(self, tenant: str, client_id: str) -> str | None: ...
+
+    async def owners(self, keys: list[tuple[str, str]]) -> list[str | None]:
+        """``owner`` of each (tenant, client id), in order, in one round trip."""
 
     async def claim(self, tenant: str, client_id: str, durable: bool, previous: str | None) -> None: ...
 

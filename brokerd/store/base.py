@@ -121,6 +121,16 @@ class Store:
     async def load_session(self, tenant: str, client_id: str) -> SessionRecord | None:
         return await self._read(self._load_session, tenant, client_id)
 
+    async def session_keys(self, after: tuple[str, str] | None, limit: int) -> list[tuple[str, str]]:
+        """Up to ``limit`` stored sessions' keys (tenant, client id), in ascending order, those
+        after ``after`` (None: from the first) -- no subscriptions, queues or packet ids: a walk
+        over every session a page at a time (``after`` the last key of the page before) holds one
+        page, whatever the store holds. A session made or deleted during the walk may or may not
+        be listed; every other is listed once."""
+        if limit <= 0:
+            return []
+        return await self._read(self._session_keys, after, limit)
+
     async def purge(self, now: float) -> int:
         """Delete sessions and messages whose expiry (wall clock) has passed; -> rows removed."""
         return await self._run(self._purge, now)
@@ -185,6 +195,9 @@ class Store:
 
     def _load_retained(self):
         return self._load()[1]
+
+    def _session_keys(self, after, limit):
+        raise NotImplementedError
 
     def _purge(self, now: float) -> int:
         raise NotImplementedError

@@ -807,6 +807,15 @@ class HBaseStore(Store):
                          if b"m:t" in d and _owned(d, gen)]
         return rec
 
+    def _session_keys(self, after, limit):
+        # row keys in order from just after ``after`` (its key followed by a 0 byte: the next key
+        # there can be), the expiry cell alone (a few bytes a row; a row without one is no session:
+        # ``_load``), at most ``limit`` rows fetched
+        start = session_key(*after) + b"\0" if after is not None else None
+        with self.pool.connection() as conn:
+            return [_split_key(key) for key, _ in conn.table("sessions").scan(
+                row_start=start, columns=[b"s:e"], limit=limit, batch_size=min(SCAN_BATCH, limit))]
+
     # --------------------------------------------------------------- purge
     # Off the write path: on the store's second thread (``_run_aside``) and its
     # own connection, a pass scans each table once, paced to ``purge_pace`` rows

@@ -112,6 +112,10 @@ class MemoryStore(Store):
         rec = self.sessions.get((tenant, client_id))
         return copy.deepcopy(rec) if rec else None
 
+    def _session_keys(self, after, limit):
+        keys = sorted(k for k in self.sessions if after is None or k > tuple(after))
+        return keys[:limit]
+
     def _purge(self, now):
         gone = [k for k, r in self.sessions.items() if session_expired(r, now)]
         for k in gone:

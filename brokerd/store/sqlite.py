@@ -368,6 +368,16 @@ class SQLiteStore(Store):
     def _load_session(self, tenant, client_id):
         return _snapshot(self.db, self._read_session, tenant, client_id)
 
+    def _session_keys(self, after, limit):
+        # keyset pagination on the primary key (tenant, client_id): each page one range of its index
+        if after is None:
+            rows = self.db.execute("SELECT tenant, client_id FROM sessions ORDER BY tenant, client_id LIMIT ?",
+                                   (limit,))
+        else:
+            rows = self.db.execute("SELECT tenant, client_id FROM sessions WHERE (tenant, client_id) > (?, ?) "
+                                   "ORDER BY tenant, client_id LIMIT ?", (after[0], after[1], limit))
+        return [(t, c) for t, c in rows]
+
     def _read_all(self):
         db = self.db
         sessions = {}

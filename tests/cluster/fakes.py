@@ -62,12 +62,14 @@ class BusState:
         self.wills: dict[str, dict] = {}       # node -> {(tenant, client id): blob}
         self.locks: dict[tuple, str] = {}      # (tenant, client id) -> token
         self.leases: dict[str, str] = {}
+        self.renewals = 0                      # renew_lease calls that kept a lease
         self.reaped: dict[str, str] = {}
         self.left: set[str] = set()
         self.conns: dict[str, dict] = {}
         self.stats: dict[str, dict] = {}
         self.host_tenants: dict[str, dict] = {}   # host -> {worker: {tenant: figures}}
         self.tokens = 0
+        self.owner_batches = 0                 # owners() calls (a round trip each)
 
 
 class FakeBus:
@@ -140,6 +142,13 @@ class FakeBus:
         self.s.leases[name] = self.node
         return True
 
+    async def renew_lease(self, name: str, seconds: int) -> bool:
+        self._check()
+        if self.s.leases.setdefault(name, self.node) != self.node:
+            return False
+        self.s.renewals += 1
+        return True
+
     async def drop_lease(self, name: str) -> None:
         self._check()
         self.s.leases.pop(name, None)
@@ -176,6 +185,11 @@ class FakeBus:
     async def owner(self, tenant: str, client_id: str) -> str | None:
         self._check()
         return self.s.clients.get(tenant, {}).get(client_id)
+
+    async def owners(self, keys: list[tuple[str, str]]) -> list[str | None]:
+        self._check()
+        self.s.owner_batches += 1
+        return [self.s.clients.get(tenant, {}).get(client_id) for tenant, client_id in keys]
 
     async def claim(self, tenant: str, client_id: str, durable: bool, previous: str | None) -> None:
         self._check()
@@ -282,17 +296,26 @@ class FakeStore:
         self.records: dict[tuple, Record] = {}
         self.queues: dict[tuple, list] = {}
         self.meta: dict[str, bytes] = {}
+        self.loaded: list[tuple] = []          # (tenant, client id) of every session read with its queue
+        self.pages: list[int] = []             # the size of every page of keys listed
 
     def add(self, tenant: str, client_id: str, filters: list[str]) -> None:
         self.records[(tenant, client_id)] = Record(tenant, client_id, filters)
         self.queues.setdefault((tenant, client_id), [])
 
     async def load(self):
+        self.loaded += list(self.records)
         return [Record(r.tenant, r.client_id, r.filters, r.will) for r in self.records.values()], []
 
     async def load_session(self, tenant: str, client_id: str):
+        self.loaded.append((tenant, client_id))
         r = self.records.get((tenant, client_id))
         return None if r is None else Record(r.tenant, r.client_id, r.filters, r.will)
+
+    async def session_keys(self, after, limit: int) -> list[tuple[str, str]]:
+        keys = sorted(k for k in self.records if after is None or k > tuple(after))[:limit]
+        self.pages.append(len(keys))
+        return keys
 
     async def get_meta(self, key: str) -> bytes | None:
         return self.meta.get(key)

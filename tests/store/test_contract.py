@@ -80,6 +80,22 @@ class SyncStore:
     def load_session(self, tenant, cid):
         return run(self.store.load_session(tenant, cid))
 
+    def session_keys(self, after, limit):
+        return run(self.store.session_keys(after, limit))
+
+    def walk_keys(self, limit, between=None) -> list[list[tuple[str, str]]]:
+        """Every session key, ``limit`` at a time as a node walks them (``between(pages)`` after each page)."""
+        pages, after = [], None
+        while True:
+            page = self.session_keys(after, limit)
+            assert len(page) <= limit
+            if not page:
+                return pages
+            pages.append(page)
+            after = page[-1]
+            if between is not None:
+                between(pages)
+
     def purge(self, now):
         return run(self.store.purge(now))
 
@@ -728,6 +744,66 @@ def test_same_client_id_in_two_tenants_stays_apart(store):
     assert store.session(T2, "dev") == want_b
     store.apply([q_del("dev", ea[0], tenant=T1), ("session_del", T1, "dev")])
     assert store.sessions() == {(T2, "dev"): want_b}
+
+
+def test_session_keys_list_every_session_once_in_pages_in_order(store):
+    """``session_keys``: the keys of every stored session, of every tenant, in ascending order, a
+    bounded page at a time -- none missed or repeated across pages, whatever the page size --
+    without their subscriptions or queues; deleted sessions are not listed."""
+    names = [(T1, "c"), (T1, "c2"), (T1, "2c"), (T2, "c"), (T1, "cc"), (T1 + "x", "c"), (T1, "Gerät 🚀"),
+             (T1, "c\u00ff"), ("Mandant-Ü", "dev"), (T2, "a" * 200)] + [(T2, f"sensor-{i:03d}") for i in range(25)]
+    ops = []
+    for t, c in names:
+        ops += [session(c, tenant=t), sub(c, f"{c}/#", tenant=t), q(c, entry(message(f"{t}/{c}")), tenant=t)]
+    ops += [session("gone", tenant=T1), q("gone", entry(), tenant=T1), ("session_del", T1, "gone")]
+    store.apply(ops)
+    want = sorted(names)
+    assert store.session_keys(None, 1000) == want
+    for limit in (1, 3, 7, len(names) - 1, len(names)):
+        pages = store.walk_keys(limit)
+        assert all(len(p) == limit for p in pages[:-1])
+        assert [k for p in pages for k in p] == want
+    assert store.session_keys(want[-1], 10) == []
+    assert store.session_keys((T2, "c"), 2) == [(T2, "sensor-000"), (T2, "sensor-001")]
+    assert store.session_keys((T1, "c"), 2) == [(T1, "c2"), (T1, "cc")]      # strictly after, not after a prefix
+    assert store.session_keys(("", ""), 3) == want[:3]
+    assert store.session_keys(None, 0) == []
+
+
+def test_session_keys_walk_while_sessions_come_and_go(store):
+    """A session that exists throughout a walk is listed exactly once, however the others
+    change between its pages (created before or after the walk's position, deleted)."""
+    store.apply([session(f"dev-{i:02d}") for i in range(0, 40, 2)])
+
+    def change(pages):
+        if len(pages) == 2:
+            store.apply([session("dev-01"), session("dev-39"), ("session_del", T1, "dev-00"),
+                         ("session_del", T1, "dev-30")])
+    listed = [k for p in store.walk_keys(5, change) for k in p]
+    assert len(listed) == len(set(listed)) and listed == sorted(listed)
+    lasting = {(T1, f"dev-{i:02d}") for i in range(2, 40, 2)} - {(T1, "dev-30")}
+    assert lasting <= set(listed)
+    assert (T1, "dev-39") in listed and (T1, "dev-01") not in listed and (T1, "dev-30") not in listed
+
+
+def test_session_keys_on_hbase_skip_rows_that_are_no_session(hbase_url):
+    """A sessions row without its expiry cell (cells of a session deleted meanwhile) is no
+    session -- ``load`` and ``load_session`` skip it -- and is not listed either."""
+    import happybase
+
+    from brokerd.store.hbase import session_key
+
+    store = SyncStore(hbase_url)
+    try:
+        store.apply([session("a"), session("c")])
+        conn = happybase.Connection(store.store.host, store.store.port, table_prefix=store.store.prefix)
+        conn.table("sessions").put(session_key(T1, "b"), {b"f:x/#": b"1,0,0,0,", b"r:7": b""})
+        conn.close()
+        assert store.load_session(T1, "b") is None
+        assert store.session_keys(None, 10) == [(T1, "a"), (T1, "c")]
+        assert [k for p in store.walk_keys(1) for k in p] == [(T1, "a"), (T1, "c")]
+    finally:
+        store.close()
 
 
 def test_unicode_tenant_and_client_ids(store):
