@@ -48,5 +48,55 @@
     });
   }
   document.addEventListener("DOMContentLoaded", function () { syncWho(); });
+
+  // An htmx request that fails swaps nothing: without a word the button seemed to do nothing (a rule
+  // deleted meanwhile in another window, a role that may not, the console down). Say so in one alert
+  // at the bottom of the screen (seen wherever the page is scrolled); a new failure replaces it.
+  function showRequestError(text) {
+    var box = document.querySelector("[data-request-error]");
+    if (!box) {
+      box = document.createElement("div");
+      box.className = "toast message error";
+      box.setAttribute("role", "alert");
+      box.setAttribute("data-request-error", "");
+      box.appendChild(document.createElement("span"));
+      var close = document.createElement("button");
+      close.type = "button";
+      close.className = "btn btn-sm";
+      close.textContent = "Dismiss";
+      close.addEventListener("click", function () { box.remove(); });
+      box.appendChild(close);
+      document.body.appendChild(box);
+    }
+    box.firstChild.textContent = text;
+  }
+  function pageMessage(xhr) {
+    // the error pages mark their explanation (templates/403.html, 403_csrf.html, 404.html, 500.html)
+    try {
+      var doc = new DOMParser().parseFromString(xhr.responseText || "", "text/html");
+      var el = doc.querySelector("[data-error-message]");
+      return el ? el.textContent.replace(/\s+/g, " ").trim() : "";
+    } catch (e) {
+      return "";
+    }
+  }
+  document.addEventListener("htmx:responseError", function (event) {
+    var xhr = event.detail.xhr;
+    var status = xhr.status;
+    var text;
+    if (status === 404) {
+      text = "That is no longer there: it may have been changed or deleted meanwhile. Reload the page to see it as it is now.";
+    } else if (status === 403) {
+      text = pageMessage(xhr) || "Your role does not allow this.";
+    } else if (status >= 500) {
+      text = "The console hit an error (HTTP " + status + "); it has been logged. Please try again.";
+    } else {
+      text = (pageMessage(xhr) || "The request was refused") + " (HTTP " + status + ").";
+    }
+    showRequestError(text);
+  });
+  document.addEventListener("htmx:sendError", function () {
+    showRequestError("The console did not answer: check the connection, then try again.");
+  });
   document.addEventListener("htmx:afterSettle", function (event) { syncWho(event.target); });
 })();
