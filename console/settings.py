@@ -65,6 +65,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # an htmx request after the session ended opens the sign-in page as a page (core.middleware)
+    "core.middleware.HtmxSignInMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"

@@ -4,6 +4,8 @@ than the user's last sign-in, the console is down. htmx swaps nothing for a
 4xx/5xx answer or a network error, so without a word the click seemed to do
 nothing; the console says why in an alert at the bottom of the screen."""
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
@@ -73,3 +75,36 @@ def test_the_console_not_answering_says_so(page, context, stack, tenant):
     context.route("**/acl/*/move/", lambda route: route.abort("connectionrefused"))
     _row(page, "fourth/#").locator("button[title='Move up']").click()
     expect(page.locator("[role=alert]", has_text="did not answer")).to_be_visible()
+
+
+def _sign_out_in_another_tab(context, stack):
+    other = context.new_page()
+    other.goto(stack.url("/"))
+    other.get_by_role("button", name="Sign out").click()
+    expect(other).to_have_url(re.compile(r"/login/"))
+    other.close()
+
+
+def test_a_click_after_the_session_ended_opens_the_sign_in_page(page, context, stack, tenant):
+    """Not the sign-in form inside the ACL card under a top bar still naming the user:
+    the sign-in page, which leads back to the page after signing in."""
+    log_in(page, stack, ADMIN_USER, ADMIN_PASSWORD)
+    page.goto(stack.url(f"/tenants/{tenant}/acl/"))
+    _sign_out_in_another_tab(context, stack)
+    _row(page, "third/#").get_by_role("link", name="Edit").click()
+    expect(page).to_have_url(re.compile(r"/login/\?next=%2Ftenants%2Ffeedbackco%2Facl%2F$"))
+    expect(page.get_by_role("button", name="Sign out")).to_have_count(0)
+    page.get_by_label("Username").fill(ADMIN_USER)
+    page.get_by_label("Password").fill(ADMIN_PASSWORD)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page).to_have_url(stack.url(f"/tenants/{tenant}/acl/"))
+    expect(page.get_by_role("heading", name="ACL rules")).to_be_visible()
+
+
+def test_a_refreshing_page_goes_to_the_sign_in_page_when_the_session_ends(page, context, stack, tenant):
+    log_in(page, stack, ADMIN_USER, ADMIN_PASSWORD)
+    page.goto(stack.url(f"/tenants/{tenant}/clients/"))      # refreshed every 5 s
+    expect(page.locator("#client-table")).to_be_visible()
+    _sign_out_in_another_tab(context, stack)
+    expect(page).to_have_url(re.compile(r"/login/\?next=%2Ftenants%2Ffeedbackco%2Fclients%2F$"), timeout=15_000)
+    expect(page.locator("#client-table")).to_have_count(0)
