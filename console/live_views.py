@@ -63,8 +63,13 @@ def _session(request, slug, client_id, live):
 
 
 def _detail_context(request, slug, client_id, tenant, rw, live, session, sub_form=None):
+    # gone: not connected and no stored session (brokerd answered 404), not merely unreachable
+    gone = session is None and live.error is not None and live.error.status == 404
+    # fragment: the page's 5-second refresh or a form of it -- the header's state and Kick
+    # button (outside #session) come along out of band (console/partials/client_head.html)
     return {"tenant": tenant, "slug": slug, "rw": rw, "client_id": client_id, "session": session,
-            "sub_form": sub_form or SubscriptionForm(), **live.context()}
+            "gone": gone, "fragment": wants_fragment(request), "sub_form": sub_form or SubscriptionForm(),
+            **live.context()}
 
 
 @login_required
@@ -73,8 +78,10 @@ def client_detail(request, slug, client_id):
     live = Live(request)
     session = _session(request, slug, client_id, live)
     context = _detail_context(request, slug, client_id, tenant, rw, live, session)
-    if session is None and live.error is not None and live.error.status == 404:
+    if context["gone"] and not context["fragment"]:
         return render(request, "console/client_gone.html", context, status=404)
+    # a refresh after the client left: its fragment says so (a 404 was not swapped, and the
+    # page kept showing the client connected)
     return render_page(request, "console/client_detail.html", "console/partials/session.html", context)
 
 
