@@ -13,17 +13,35 @@
     button.setAttribute("aria-expanded", open ? "true" : "false");
   });
 
-  // "Copy" buttons next to secrets: data-copy="#element-id"
+  // "Copy" buttons next to secrets: data-copy="#element-id". The Clipboard API exists only on HTTPS
+  // and localhost: on a console served over plain HTTP the button did nothing, so it then selects the
+  // text and copies the selection (or, where the browser refuses, asks for Ctrl+C).
+  function flash(button, text) {
+    if (!button.hasAttribute("data-label")) button.setAttribute("data-label", button.textContent);
+    button.textContent = text;
+    clearTimeout(button._flash);
+    button._flash = setTimeout(function () { button.textContent = button.getAttribute("data-label"); }, 2000);
+  }
   document.addEventListener("click", function (event) {
     var button = event.target.closest("[data-copy]");
     if (!button) return;
     var source = document.querySelector(button.getAttribute("data-copy"));
-    if (!source || !navigator.clipboard) return;
-    navigator.clipboard.writeText(source.textContent.trim()).then(function () {
-      var text = button.textContent;
-      button.textContent = "Copied";
-      setTimeout(function () { button.textContent = text; }, 1500);
-    });
+    if (!source) return;
+    var fallback = function () {
+      var range = document.createRange();
+      range.selectNodeContents(source);
+      var selection = window.getSelection();
+      selection.removeAllRanges();
+      selection.addRange(range);
+      var copied = false;
+      try { copied = document.execCommand("copy"); } catch (e) { copied = false; }
+      flash(button, copied ? "Copied" : "Selected: press Ctrl+C");
+    };
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(source.textContent.trim()).then(function () { flash(button, "Copied"); }, fallback);
+    } else {
+      fallback();
+    }
   });
 
   // Tenant switcher: navigate on change (its button does the same without JS)
