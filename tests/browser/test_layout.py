@@ -1,13 +1,13 @@
-"""Every page of the console at a phone's (390x844) and a laptop's (1366x900)
-width, in a real browser against the real system: no page wider than the
-screen (tables scroll inside their card), the navigation reachable on a
-phone (behind the Menu button), no JavaScript errors.
+"""Every page of the console at a phone's (390x844), a tablet's (820x1180) and a
+laptop's (1366x900) width, in a real browser against the real system: no page
+wider than the screen (tables scroll inside their card), the navigation
+reachable on a phone or tablet (behind the Menu button), no JavaScript errors.
 
 The pages are the GET entries of the authorization table
 (tests/console/test_authorization.py), opened by a platform administrator
 on a world of one tenant with one of everything those URLs name. Fragments
 (CSV, htmx partials, the report's polling answer) are not pages and are
-left out. ``SCREENSHOTS=1`` saves each page at both widths under
+left out. ``SCREENSHOTS=1`` saves each page at each width under
 var/screenshots/layout-*.png.
 """
 
@@ -23,7 +23,7 @@ from .test_console import connect_device, log_in
 
 pytestmark = pytest.mark.slow
 
-SIZES = {"phone": (390, 844), "laptop": (1366, 900)}
+SIZES = {"phone": (390, 844), "tablet": (820, 1180), "laptop": (1366, 900)}
 # answers that are not pages a person reads
 NOT_PAGES = {"healthz", "favicon", "logout", "login", "home", "rules_table", "acl_check", "tenant_metrics_history",
              "metrics_history", "report_status", "report_csv", "platform_report_status", "platform_report_csv",
@@ -129,7 +129,7 @@ def test_every_page_fits_a_phone_and_a_laptop(page, stack, world):
                 wide.append(f"{name} at {size}: {width[0]} px wide in {width[1]}")
             if name in PRINTABLE:
                 pass
-            elif size == "phone":
+            elif size in ("phone", "tablet"):          # both below the 900 px fold
                 toggle = page.locator("[data-nav-toggle]")
                 nav = page.locator("#site-nav")
                 if not toggle.is_visible() or nav.is_visible():
