@@ -866,13 +866,7 @@ class Broker:
                 rules.event("session_subscribed", self, ns, channel, now, topic=filt, qos=req.qos)
             if group is None and (req.retain_handling == 0 or (req.retain_handling == 1 and not existed)):
                 ids = (sub_id,) if sub_id else None
-                for msg in ns.retained.match(inner):
-                    if msg.expiry_at is not None and now > msg.expiry_at:
-                        ns.retained.delete(msg.topic)
-                        continue
-                    if check and not acl.can_read(msg.topic):
-                        continue
-                    retained.append((msg, min(msg.qos, req.qos), ids))
+                retained.append((filt, _retained_for(ns, inner, req.qos, ids, acl if check else None, now)))
         if ns.cache:
             ns.cache.clear()
         return codes, retained
@@ -890,8 +884,7 @@ class Broker:
                 log.info("tenant %s: auto-subscription %d of %r to %r refused (reason 0x%02x)",
                          channel.ns.name, entry.id, channel.session.client_id, filt, codes[0])
                 continue
-            for msg, qos, sub_ids in retained:
-                self.deliver_retained(channel, msg, qos, sub_ids, now)
+            channel.send_retained(retained, now)
 
     def deliver_retained(self, channel, msg: Publish, qos: int, sub_ids, now: float) -> None:
         """A retained message a subscription matched, sent as it is made. To a stored
@@ -947,9 +940,7 @@ class Broker:
         ch = session.channel
         if ch is not None and group is None and (req.retain_handling == 0 or (req.retain_handling == 1
                                                                              and not existed)):
-            for msg in ns.retained.match(inner):
-                if msg.expiry_at is None or now <= msg.expiry_at:
-                    self.deliver_retained(ch, msg, min(msg.qos, req.qos), None, now)
+            ch.send_retained([(req.filter, _retained_for(ns, inner, req.qos, None, None, now))], now)
         return req.qos
 
     def admin_unsubscribe(self, session: Session, filt: str, now: float) -> bool:
@@ -1083,6 +1074,22 @@ class Broker:
                 "subscriptions": self.subscription_count(), "retained": self.retained_count(),
                 "msgs_received": t["msgs_received"], "msgs_sent": t["msgs_sent"],
                 "bytes_received": t["bytes_received"], "bytes_sent": t["bytes_sent"]}
+
+
+def _retained_for(ns: Namespace, inner: str, qos: int, ids, acl, now: float):
+    """The retained messages a new subscription to ``inner`` is sent, as (message, QoS, subscription
+    ids), made one at a time as the subscriber's connection takes them (``Channel.send_retained``):
+    a subscription to ``#`` among millions of retained messages neither builds a list of them nor
+    overflows the session's queue. ``acl``: the client's ACL, when it must be asked per topic."""
+    retained = ns.retained
+    for msg in retained.iter_match(inner):
+        if msg.expiry_at is not None and now > msg.expiry_at:
+            if retained.get(msg.topic) is msg:
+                retained.delete(msg.topic)
+            continue
+        if acl is not None and not acl.can_read(msg.topic):
+            continue
+        yield msg, (msg.qos if msg.qos < qos else qos), ids
 
 
 def _acks_committed(waiting: dict, ok: bool) -> None:

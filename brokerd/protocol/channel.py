@@ -99,6 +99,7 @@ _RARE = {
     "_preauth": 0,              # bytes of an incomplete CONNECT charged to the node's pre-auth budget
     "alias_bytes": 0,           # topic characters behind out_aliases
     "expiry_lowered": False,    # v5: the CONNACK lowered the Session Expiry Interval its CONNECT asked for
+    "retained_feed": None,      # [[topic filter, iterator]]: retained messages new subscriptions are still owed
 }
 
 
@@ -966,11 +967,60 @@ class Channel:
             return
         now = self.last_rx if now is None else now
         self._send(encode(Suback(pid, codes), self.version))
-        for msg, qos, sub_ids in retained:
-            self.broker.deliver_retained(self, msg, qos, sub_ids, now)
+        self.send_retained(retained, now)
+
+    def send_retained(self, feeds: list, now: float) -> None:
+        """Retained messages for new subscriptions: ``feeds`` = [(topic filter, iterator of
+        (message, qos, subscription ids))]. They are taken from the iterators as the connection
+        can send them -- while nothing waits in the session's queue, the socket is not congested
+        and this iteration's output is under its mark (QoS 1/2: while the window has room) -- so
+        a subscription matching millions of them holds no list of them and overflows no queue.
+        A filter subscribed to again starts again; one unsubscribed stops (``stop_retained``);
+        what a connection had not taken when it closed is not sent."""
+        if not feeds or self.state != CONNECTED:
+            return
+        feed = self.retained_feed
+        if feed is None:
+            feed = self.retained_feed = []
+        else:
+            again = {f for f, _ in feeds}
+            feed[:] = [e for e in feed if e[0] not in again]
+        feed.extend([f, it] for f, it in feeds)
+        self._feed_retained(now)
+
+    def stop_retained(self, filters) -> None:
+        """``filters`` were unsubscribed: no more of their retained messages ([MQTT-3.10.4-2])."""
+        feed = self.retained_feed
+        if feed:
+            feed[:] = [e for e in feed if e[0] not in filters]
+            if not feed:
+                self.retained_feed = None
+
+    def _feed_retained(self, now: float) -> None:
+        feed = self.retained_feed
+        session = self.session
+        queue = session.queue
+        deliver = self.broker.deliver_retained
+        while feed:
+            if (self.state != CONNECTED or self.congested or self.shaping or self.pending > self.max_pending
+                    or queue._q0 or queue._q12):
+                break
+            if not self._stored:
+                self.blocked = False        # nothing waits: what comes next may go straight out
+            item = next(feed[0][1], None)
+            if item is None:
+                del feed[0]
+                continue
+            deliver(self, item[0], item[1], item[2], now)
+        if feed:
+            self.blocked = True             # flushed / acks / commits come back here through _pump
+        elif self._rare is not None:
+            self.retained_feed = None
 
     def _on_unsubscribe(self, p, now):
         codes = self.broker.unsubscribe(self, p.topics, now)
+        if self._rare is not None and self._rare.retained_feed:
+            self.stop_retained(set(p.topics))
         if self.broker.durable_pending(self.session):
             # as a SUBACK: once stored, or a crash after the UNSUBACK would bring the subscription back
             self.broker.after_commit(partial(self._unsuback, p.packet_id, codes))
@@ -1191,6 +1241,9 @@ class Channel:
             else:
                 self._send_inflight(d, now)
         self.blocked = self.congested or self.shaping or bool(queue._q0 or queue._q12)
+        rare = self._rare
+        if rare is not None and rare.retained_feed and not self.blocked:
+            self._feed_retained(now)
 
     def flushed(self, now: float) -> None:
         """The transport wrote ``out``: carry on with anything that waited."""
@@ -1376,6 +1429,7 @@ class Channel:
     def _close(self, now: float, will: bool) -> None:
         self.state = CLOSED
         self.hooks.close()
+        self.retained_feed = None
         if self.session is not None:
             self._stored_back()
             self.broker.channel_closed(self, now, will)
@@ -1395,6 +1449,7 @@ class Channel:
             return
         was_connecting = self.state in (NEW, CONNECTING)
         self.state = CLOSED
+        self.retained_feed = None
         if self.close_reason is None:
             self.close_reason = (rc.UNSPECIFIED_ERROR, "connection lost")
         if self.session is not None:
@@ -1405,6 +1460,7 @@ class Channel:
 
     def detach(self):
         """Unbind from the session without telling the broker (session takeover)."""
+        self.retained_feed = None
         if self.session is not None:
             self._stored_back()
         session, self.session = self.session, None

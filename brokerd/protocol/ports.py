@@ -78,7 +78,8 @@ class ChannelBroker(Protocol):
 
     # ------------------------------------------------------------ subscriptions
     def subscribe(self, channel, requests: list, sub_id: int | None, props, now: float) -> tuple[list, list]:
-        """-> (reason codes, [(retained message, qos, subscription ids)] to send after SUBACK)."""
+        """-> (reason codes, [(topic filter, iterator of (retained message, qos, subscription ids))]
+        to send after the SUBACK: ``Channel.send_retained`` takes from each as the connection allows)."""
 
     def unsubscribe(self, channel, filters: list, now: float) -> list:
         """-> reason codes."""

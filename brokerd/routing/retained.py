@@ -79,36 +79,58 @@ class RetainedStore:
 
     def match(self, filt: str) -> list:
         """Retained messages whose topic matches topic filter ``filt``, in no particular order."""
+        return list(self.iter_match(filt))
+
+    def iter_match(self, filt: str):
+        """The messages ``match`` returns, one at a time, for a subscriber that takes them as its
+        connection can send them (over many event-loop iterations): no list of every match is
+        made. The store may change meanwhile: the child names of a level a wildcard spans are
+        copied when the walk enters it (names, not messages; the walk holds those of the levels
+        it is in) and each child is looked up when its turn comes, so a topic cleared in between
+        is skipped, a replaced one gives its newest message and one created in between is not
+        visited (the subscription, already in place, gets its message live)."""
         levels = filt.split("/")
         n = len(levels)
-        out = []
-        stack = [(self._root, 0)]
+        root = self._root
+        # frames [node, filter depth, child names being walked (a wildcard level) or None, next one]
+        stack = [[root, 0, None, 0]]
         while stack:
-            node, i = stack.pop()
-            if i == n:
-                if node.msg is not None:
-                    out.append(node.msg)
+            frame = stack[-1]
+            node, i, names, k = frame
+            if names is None:
+                stack.pop()
+                if i == n:
+                    if node.msg is not None:
+                        yield node.msg
+                    continue
+                level = levels[i]
+                if level == "#" or level == "+":
+                    if level == "#" and i > 0 and node.msg is not None:
+                        yield node.msg
+                    if node.children:
+                        stack.append([node, i, tuple(node.children), 0])
+                else:
+                    child = node.children.get(level)
+                    if child is not None:
+                        stack.append([child, i + 1, None, 0])
                 continue
-            level = levels[i]
-            if level == "#":
-                if i > 0 and node.msg is not None:
-                    out.append(node.msg)
-                sub = [c for name, c in node.children.items() if not (i == 0 and name.startswith("$"))]
-                while sub:
-                    c = sub.pop()
-                    if c.msg is not None:
-                        out.append(c.msg)
-                    sub.extend(c.children.values())
-            elif level == "+":
-                for name, child in node.children.items():
-                    if i == 0 and name.startswith("$"):
-                        continue
-                    stack.append((child, i + 1))
-            else:
-                child = node.children.get(level)
-                if child is not None:
-                    stack.append((child, i + 1))
-        return out
+            if k == len(names):
+                stack.pop()
+                continue
+            frame[3] = k + 1
+            name = names[k]
+            if node is root and name.startswith("$"):
+                continue            # a leading wildcard does not match $-topics
+            child = node.children.get(name)
+            if child is None:
+                continue
+            if levels[i] == "+":
+                stack.append([child, i + 1, None, 0])
+            else:                   # "#": the whole subtree
+                if child.msg is not None:
+                    yield child.msg
+                if child.children:
+                    stack.append([child, i, tuple(child.children), 0])
 
     def items(self):
         stack = [("", self._root, True)]

@@ -5,7 +5,9 @@ import time
 
 import pytest
 
+from . import raw
 from .helpers import V5, V311, MosqSub, PacketTypes, connect, mosq_pub, props, sub_opts
+from .raw import PUBLISH, RawClient
 
 
 @pytest.mark.parametrize("version", [V311, V5])
@@ -186,3 +188,88 @@ def test_retained_not_sent_to_shared_subscription(broker, client_id, topic):
     with connect(broker.port(), client_id, V5) as sub:
         sub.subscribe(f"$share/g/{topic}", 0)
         sub.expect_none(0.3)
+
+
+def _payload(topic: str) -> bytes:
+    return topic.encode() + b"." * 200        # 1,200 of them: past a connection's 64 KiB of output per iteration
+
+
+def _publish_retained(port: int, topics: list[str], qos: int) -> None:
+    with RawClient(port, timeout=30) as pub:
+        pub.connect("retainer", version=4)
+        pub.send(b"".join(raw.publish_packet(t, _payload(t), qos, True, pid=i + 1)
+                          for i, t in enumerate(topics)))
+        pub.send(b"\xc0\x00")                                   # PINGREQ: answered once all before it are done
+        pub.expect(raw.PINGRESP, timeout=30, skip=(raw.PUBACK,))
+
+
+def _read_retained(c: RawClient, n: int, ack: bool) -> dict:
+    got = {}
+    while len(got) < n:
+        p = c.recv(10)
+        assert p.type == PUBLISH, p
+        assert p.retain
+        got[p.topic] = p.payload
+        if p.qos and ack:
+            c.ack(raw.PUBACK, p.pid)
+    return got
+
+
+@pytest.mark.parametrize("qos,store", [(0, None), (1, None), (1, "sqlite")])
+def test_wildcard_subscribe_gets_more_retained_than_the_queue_holds(broker_factory, tmp_path, client_id, qos, store):
+    """A subscription matching more retained messages than the session's queue holds (here 20,
+    default 1000) gets every one of them, sent as the connection takes them. Before, the broker
+    made a list of every match at SUBSCRIBE and pushed them all at once into the session's
+    bounded queue: 2,000 retained under ``fleet/#`` reached a subscriber as the first ~1,500
+    (QoS 0) or ~1,000 (QoS 1) and the rest were dropped (counted as queue overflow)."""
+    args = ["--max-queued", "20", "--max-inflight", "8"]
+    if store:
+        args += ["--store", f"sqlite:///{tmp_path}/b.sqlite3"]
+    b = broker_factory(*args)
+    topics = [f"fleet/{i % 7}/dev{i}" for i in range(600)] + [f"fleet/flat{i}" for i in range(600)]
+    _publish_retained(b.port(), topics, qos)
+    with RawClient(b.port(), timeout=10) as c:
+        c.connect(client_id, version=5, clean=store is None, props={raw.SESSION_EXPIRY_INTERVAL: 60} if store else None)
+        c.send(raw.subscribe_packet(1, [("fleet/#", 1)], 5, {raw.SUBSCRIPTION_IDENTIFIER: 3}))
+        assert c.expect(raw.SUBACK).codes == [1]
+        got = _read_retained(c, len(topics), ack=True)
+        assert got == {t: _payload(t) for t in topics}
+        with pytest.raises(TimeoutError):
+            c.recv(0.3)
+
+
+def test_retained_sent_as_the_window_frees_and_unsubscribe_stops_them(broker_factory, client_id):
+    """QoS 1 retained messages past the window wait for PUBACKs, not in the queue: a client that
+    acknowledges slowly still gets all of them; after UNSUBSCRIBE no more come ([MQTT-3.10.4-2])."""
+    b = broker_factory("--max-queued", "10", "--max-inflight", "5")
+    topics = [f"slow/{i}" for i in range(200)]
+    _publish_retained(b.port(), topics, 1)
+    with RawClient(b.port(), timeout=10) as c:
+        c.connect(client_id, version=5)
+        c.send(raw.subscribe_packet(1, [("slow/+", 1)], 5))
+        c.expect(raw.SUBACK)
+        first = [c.expect(PUBLISH) for _ in range(5)]
+        with pytest.raises(TimeoutError):
+            c.recv(0.5)                                         # the window (5) is full
+        for p in first:
+            c.ack(raw.PUBACK, p.pid)
+        got = {p.topic for p in first} | set(_read_retained(c, 100, ack=True))
+        assert len(got) == 105
+        c.send(raw.packet(0xA2, b"\x00\x02\x00" + raw.s("slow/+")))
+        # those in flight or queued before the UNSUBACK may still come (the window and the one that
+        # found it full); then nothing
+        late = set()
+        while True:
+            p = c.recv(5)
+            if p.type == raw.UNSUBACK:
+                break
+            c.ack(raw.PUBACK, p.pid)
+            late.add(p.topic)
+        while True:
+            try:
+                p = c.recv(0.5)
+            except TimeoutError:
+                break
+            c.ack(raw.PUBACK, p.pid)
+            late.add(p.topic)
+        assert len(late) <= 6 and not late & got

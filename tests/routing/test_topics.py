@@ -195,6 +195,40 @@ def test_retained_delete_then_match(topics, data):
     assert store._root.children == {}
 
 
+@SETTINGS
+@given(topics=st.lists(names, min_size=1, max_size=25, unique=True), filt=filters(), data=st.data())
+def test_retained_iter_match_survives_changes_while_walking(topics, filt, data):
+    """``iter_match`` is walked over many event-loop iterations (a subscriber taking retained
+    messages as its connection allows) while topics are set and cleared: no error, nothing
+    twice, every topic matching all along is given, no cleared one after its clearing, nothing
+    that does not match."""
+    store = RetainedStore()
+    for t in topics:
+        store.set(t, t)
+    walk = store.iter_match(filt)
+    got = []
+    gone = set()
+    added = set()
+    steps = data.draw(st.lists(st.tuples(st.booleans(), names), max_size=30))
+    for clear, t in steps:
+        item = next(walk, None)
+        if item is not None:
+            assert item not in gone
+            got.append(item)
+        if clear:
+            if store.delete(t):
+                gone.add(t)
+        else:
+            store.set(t, t)
+            gone.discard(t)
+            added.add(t)
+    got.extend(walk)
+    assert len(got) == len(set(got))
+    assert all(matches(filt, t) for t in got)
+    steady = {t for t in topics if matches(filt, t)} - gone - added
+    assert steady <= set(got)
+
+
 def test_retained_set_replaces_and_none_clears():
     store = RetainedStore()
     store.set("a/b", 1)
