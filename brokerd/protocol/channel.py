@@ -38,6 +38,7 @@ from .codec import (
     encode_ack,
     encode_properties,
     publish_head,
+    too_deep,
 )
 from .errors import MalformedPacket, ProtocolError, RemoteProtocolError
 from .packets import (
@@ -295,7 +296,7 @@ class Channel:
                     except UnicodeDecodeError:
                         topic = None
                     # a topic the decoder or _on_publish would refuse goes to them
-                    if topic and ("\x00" in topic or "+" in topic or "#" in topic):
+                    if topic and ("\x00" in topic or "+" in topic or "#" in topic or too_deep(topic)):
                         topic = None
                     if topic:
                         # head31: a 3.x PUBLISH as received up to its packet id, what 3.x subscribers get
@@ -522,7 +523,7 @@ class Channel:
         # will
         will = p.will
         if will is not None:
-            if not will.topic or "+" in will.topic or "#" in will.topic:
+            if not will.topic or "+" in will.topic or "#" in will.topic or too_deep(will.topic):
                 if v != MQTT5:
                     raise RemoteProtocolError("invalid will topic")
                 return self.refuse(rc.TOPIC_NAME_INVALID, "invalid will topic")
@@ -684,8 +685,8 @@ class Channel:
             if not props:
                 p.properties = None
         topic = p.topic
-        if "+" in topic or "#" in topic:
-            raise RemoteProtocolError(f"invalid topic name {topic!r}", rc.TOPIC_NAME_INVALID)
+        if "+" in topic or "#" in topic or too_deep(topic):
+            raise RemoteProtocolError(f"invalid topic name {topic[:100]!r}", rc.TOPIC_NAME_INVALID)
         if not topic:
             raise RemoteProtocolError("PUBLISH without a topic name or topic alias")
         qos = p.qos

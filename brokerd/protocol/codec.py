@@ -73,6 +73,15 @@ from .packets import (
 MAX_REMAINING_LENGTH = 268_435_455
 MAX_PACKET_SIZE = MAX_REMAINING_LENGTH + 5
 MAX_USER_PROPERTIES = 256       # per packet; other brokers document 10-20 (Alibaba IoT: 20)
+# Topic names and filters have at most this many levels (200 "/"), Mosquitto's limit. Each level of a
+# subscription or a retained message is a node of a tree: a 64 KiB filter of 32,000 levels cost ~8 MB
+# and a 1 MiB SUBSCRIBE of 15 of them ~120 MB, before the limit.
+MAX_TOPIC_LEVELS = 201
+
+
+def too_deep(topic: str) -> bool:
+    """Has ``topic`` (a name or a filter) more than MAX_TOPIC_LEVELS levels?"""
+    return len(topic) >= MAX_TOPIC_LEVELS and topic.count("/") >= MAX_TOPIC_LEVELS
 
 _U16 = Struct(">H")
 _U32 = Struct(">I")

@@ -2,13 +2,16 @@
 
 Rules (MQTT 3.1.1 section 4.7, 5.0 section 4.7-4.8):
 - names and filters are non-empty UTF-8 of at most 65,535 bytes (U+0000 is
-  refused by the codec already);
+  refused by the codec already) and at most MAX_TOPIC_LEVELS levels (Mosquitto's
+  limit; ``brokerd.protocol.codec``);
 - a name contains no wildcard; in a filter ``+`` fills a whole level and
   ``#`` is a whole last level;
 - a filter starting with a wildcard does not match names starting with ``$``;
 - ``$share/GROUP/FILTER`` is a shared subscription: GROUP is non-empty and
   free of ``/``, ``+`` and ``#``; FILTER is a valid filter.
 """
+
+from ..protocol.codec import too_deep
 
 SHARE_PREFIX = "$share/"
 MAX_TOPIC_BYTES = 65535
@@ -20,11 +23,11 @@ class InvalidTopic(ValueError):
 
 def is_valid_name(name: str) -> bool:
     """A topic name a client may publish to (the codec already refused U+0000)."""
-    return bool(name) and "+" not in name and "#" not in name
+    return bool(name) and "+" not in name and "#" not in name and not too_deep(name)
 
 
 def is_valid_filter(filt: str) -> bool:
-    if not filt or len(filt.encode("utf-8")) > MAX_TOPIC_BYTES:
+    if not filt or len(filt.encode("utf-8")) > MAX_TOPIC_BYTES or too_deep(filt):
         return False
     if "+" not in filt and "#" not in filt:
         return True

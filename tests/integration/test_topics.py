@@ -161,3 +161,38 @@ def test_broker_alive_after_many_bad_publishers(broker, client_id, topic):
         mosq_pub(broker.port(), topic, "alive")
         assert sub.messages(1)[0]["payload"] == "alive"
 
+
+
+# --------------------------------------------------------------------------- depth
+
+def _deep(prefix: str, levels: int, fill: str = "l") -> str:
+    """``prefix`` and as many ``fill`` levels as make ``levels`` levels in all."""
+    return "/".join([prefix] + [fill] * (levels - 1 - prefix.count("/")))
+
+
+@pytest.mark.parametrize("version,failure", [(4, 0x80), (5, 0x8F)])
+def test_topic_levels_are_bounded_like_mosquitto(broker, client_id, topic, version, failure):
+    """Names and filters of up to 201 levels work (Mosquitto 2.0.11's limit: 200 "/"); deeper
+    filters get a SUBACK failure, deeper names close the connection as an invalid topic name
+    (5.0: DISCONNECT 0x90; Mosquitto closes too). Each level is a node of the subscription and
+    retained trees: before, a 1 MiB SUBSCRIBE of 15 filters of 32,000 levels grew the node by
+    ~120 MB and a retained message on a 32,000-level topic by ~7 MB, each granted (0x00 / PUBACK)."""
+    ok_name = _deep(topic, 201)
+    with RawClient(broker.port()) as c:
+        c.connect(client_id, version=version)
+        c.send(raw.subscribe_packet(1, [(_deep(topic, 201, "+"), 1), (_deep(topic, 202, "+"), 1),
+                                        (_deep(topic, 32000, "+"), 1), ("$share/g/" + _deep(topic, 202), 1),
+                                        (_deep(topic, 200) + "/#", 1), (_deep(topic, 201) + "/#", 1)], version))
+        assert c.expect(raw.SUBACK).codes == [1, failure, failure, failure, 1, failure]
+        with RawClient(broker.port()) as p:
+            p.connect(client_id + "p", version=version)
+            p.publish(ok_name, b"deep", qos=1, pid=1, retain=True)
+            assert p.expect(raw.PUBACK).pid == 1
+            m = c.expect(raw.PUBLISH)           # (matching two of its subscriptions: one copy)
+            assert (m.topic, m.payload) == (ok_name, b"deep")
+            p.publish(_deep(topic, 202), b"deeper", qos=1, pid=2, retain=True)
+            closed = p.expect_closed()
+            assert [(q.type, q.code) for q in closed] == ([(raw.DISCONNECT, 0x90)] if version == 5 else [])
+        with pytest.raises(TimeoutError):
+            c.recv(0.3)
+    mosq_pub(broker.port(), ok_name, None, retain=True)
