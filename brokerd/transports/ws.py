@@ -13,6 +13,7 @@ from wsproto.events import (
     BytesMessage,
     CloseConnection,
     Ping,
+    Pong,
     RejectConnection,
     Request,
     TextMessage,
@@ -27,13 +28,14 @@ SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 
 
 class WsMqttConnection(MqttConnection):
-    __slots__ = ("ws", "open", "listener")
+    __slots__ = ("ws", "open", "listener", "pong")
 
     def __init__(self, server, listener):
         super().__init__(server, listener)
         self.listener = listener
         self.ws = WSConnection(ConnectionType.SERVER)
         self.open = False
+        self.pong = None        # the payload of the last ping not answered yet (the client does not read)
 
     def data_received(self, data: bytes) -> None:
         ws = self.ws
@@ -46,7 +48,13 @@ class WsMqttConnection(MqttConnection):
                 elif isinstance(event, Request):
                     self._handshake(event)
                 elif isinstance(event, Ping):
-                    self.transport.write(ws.send(event.response()))
+                    if self.channel.congested:
+                        # A client that sends pings and does not read its pongs: answered they would pile
+                        # up in the write buffer without end (before CONNECT too). RFC 6455 5.5.3: only
+                        # the most recent ping needs a pong -- sent when the buffer drains.
+                        self.pong = event.payload
+                    else:
+                        self.transport.write(ws.send(event.response()))
                 elif isinstance(event, TextMessage):
                     self._ws_close(1003, "MQTT needs binary frames")
                 elif isinstance(event, CloseConnection):
@@ -80,6 +88,14 @@ class WsMqttConnection(MqttConnection):
             return
         self.transport.write(self.ws.send(AcceptConnection(subprotocol=offered[0] if offered else None)))
         self.open = True
+
+    def resume_writing(self) -> None:
+        pong = self.pong
+        if pong is not None:
+            self.pong = None
+            if self.open and not self.closed and self.transport is not None:
+                self.transport.write(self.ws.send(Pong(payload=pong)))
+        super().resume_writing()
 
     def flush(self) -> None:
         """MqttConnection.flush, the bytes framed (``write``)."""

@@ -1,0 +1,86 @@
+"""Hostile clients on the WebSocket listener (ws://): what they can make the broker hold before
+and after CONNECT, and how it answers a broken upgrade request. Real brokerd, real sockets, the
+client side of the WebSocket protocol from wsproto; a canary on the same broker keeps working."""
+
+import socket
+import time
+
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, BytesMessage, Ping, Pong, Request
+
+from ..integration import raw
+from .conftest import MIB, report, rss_kib
+
+
+class WsPeer:
+    """A WebSocket client over a raw socket (wsproto, client side) that reads only when told to."""
+
+    def __init__(self, port: int, rcvbuf: int | None = None):
+        self.sock = socket.socket()
+        if rcvbuf:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(30)
+        self.sock.connect(("127.0.0.1", port))
+        self.ws = WSConnection(ConnectionType.CLIENT)
+        self.sock.sendall(self.ws.send(Request(host="127.0.0.1", target="/mqtt", subprotocols=["mqtt"])))
+        events = []
+        while not events:
+            self.ws.receive_data(self.sock.recv(65536))
+            events = list(self.ws.events())
+        assert isinstance(events[0], AcceptConnection), events
+
+    def read_until(self, want, timeout: float = 15.0) -> list:
+        """Events until ``want(event)`` is true for one of them; -> all of them."""
+        got = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            data = self.sock.recv(1 << 20)
+            self.ws.receive_data(data or None)
+            for ev in self.ws.events():
+                got.append(ev)
+                if want(ev):
+                    return got
+            if not data:
+                break
+        raise AssertionError(f"not received; {len(got)} events, the last {got[-3:]}")
+
+    def close(self):
+        self.sock.close()
+
+
+def test_websocket_pings_not_read_do_not_pile_up(hostile_broker, canary_for, request):
+    """A WebSocket client that completed the upgrade but sent no CONNECT sends 40 MB of pings
+    (125 bytes of payload each) and reads nothing. Each ping's pong went into the socket's write
+    buffer whatever its size: the unauthenticated socket made the broker hold more than its own
+    size in pongs (about 50 MiB here; --preauth-budget and --max-connect-size do not see them),
+    and an authenticated one could go on for ever. RFC 6455 5.5.3 lets an endpoint answer only
+    the latest ping: while the socket's buffer is full the broker keeps only the latest ping and
+    answers it when the client reads. RSS grows by less than 16 MiB; once the client reads it
+    gets the pong of its last ping, and its CONNECT is then answered; the canary works."""
+    b = hostile_broker("--connect-timeout", "120")
+    canary = canary_for(b)
+    peer = WsPeer(b.port("ws"), rcvbuf=4096)
+    chunk = b"".join(peer.ws.send(Ping(payload=b"p" * 125)) for _ in range(500))
+    rss0 = peak = rss_kib(b)
+    sent = 0
+    with canary.running():
+        while sent < 40_000_000:
+            peer.sock.sendall(chunk)
+            sent += len(chunk)
+            if sent % (len(chunk) * 20) == 0:
+                peak = max(peak, rss_kib(b))
+        peer.sock.sendall(peer.ws.send(Ping(payload=b"the last one")))
+        time.sleep(0.5)
+        peak = max(peak, rss_kib(b))
+    try:
+        pongs = peer.read_until(lambda ev: isinstance(ev, Pong) and ev.payload == b"the last one")
+        assert all(isinstance(ev, Pong) for ev in pongs)
+        peer.sock.sendall(peer.ws.send(BytesMessage(data=raw.connect_packet("ws-pinger", version=4))))
+        got = peer.read_until(lambda ev: isinstance(ev, BytesMessage))
+        assert got[-1].data == b"\x20\x02\x00\x00"                       # CONNACK, accepted
+    finally:
+        peer.close()
+    canary.check()
+    report(request, sent_mb=sent // 1_000_000, pongs_read=len(pongs), rss_before_kib=rss0, rss_peak_kib=peak,
+           canary_worst_s=round(canary.worst, 3))
+    assert peak - rss0 < 16 * MIB, f"RSS grew by {(peak - rss0) // 1024} MiB"
