@@ -66,28 +66,42 @@ class WsMqttConnection(MqttConnection):
                     return
                 if self.closed:
                     return
-        except WsProtocolError as exc:
+        except WsProtocolError as exc:       # a bad upgrade request (frames' errors are CloseConnection events)
             log.debug("websocket error from %s: %s", self.channel.peer, exc)
-            self.closed = True
-            self.transport.close()
+            hint = exc.event_hint
+            if not self.open and isinstance(hint, RejectConnection):
+                # the HTTP answer RFC 6455 4.2.2 asks for: 426 with the versions we speak for an
+                # unknown Sec-WebSocket-Version, 400 for the rest -- not a bare close
+                self._reject(hint)
+            else:
+                self.closed = True
+                self.transport.close()
         finally:
             self.server.pacer.reading = None
 
     def _handshake(self, req: Request) -> None:
         path = req.target.split("?", 1)[0]
         if path != self.listener.path:
-            self.transport.write(self.ws.send(RejectConnection(status_code=404, has_body=False)))
-            self.closed = True
-            self.transport.close()
+            self._reject(RejectConnection(status_code=404, has_body=False))
             return
         offered = [p for p in req.subprotocols if p in SUBPROTOCOLS]
         if req.subprotocols and not offered:
-            self.transport.write(self.ws.send(RejectConnection(status_code=400, has_body=False)))
-            self.closed = True
-            self.transport.close()
+            self._reject(RejectConnection(status_code=400, has_body=False))
             return
         self.transport.write(self.ws.send(AcceptConnection(subprotocol=offered[0] if offered else None)))
         self.open = True
+
+    def _reject(self, answer: RejectConnection) -> None:
+        """Answer the upgrade request with an HTTP error and close (half-closed and drained, as
+        after a DISCONNECT: closed with input unread the socket would reset and lose the answer)."""
+        self.closed = True
+        try:
+            data = self.ws.send(answer)
+        except Exception:                       # (h11 may not let us answer: close only)
+            self.transport.close()
+            return
+        self.transport.write(data)
+        close_gently(self.transport, self, self.server.loop)
 
     def resume_writing(self) -> None:
         pong = self.pong

@@ -125,6 +125,37 @@ def test_websocket_upgrade_only_on_listener_path(broker):
     assert _http_upgrade(broker.port("ws"), "/mqtt", protocol="chat").startswith(b"HTTP/1.1 400")
 
 
+def _http_exchange(port, request: bytes) -> bytes:
+    """What the listener answers to ``request``, up to its close."""
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+        s.sendall(request)
+        data = b""
+        while True:
+            chunk = s.recv(4096)
+            if not chunk:
+                return data
+            data += chunk
+
+
+def test_websocket_bad_upgrade_requests_get_an_http_answer(broker):
+    """RFC 6455 4.2.2: a handshake the server does not accept gets an HTTP error -- for a
+    Sec-WebSocket-Version it does not speak, 426 with the version it does. The broker closed
+    these sockets without a word: a client (or its operator) saw "connection closed" and no
+    reason, and a client that falls back to another version could not learn which."""
+    port = broker.port("ws")
+    head = "Host: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Protocol: mqtt\r\n"
+    key = "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    old_version = _http_exchange(port, f"GET /mqtt HTTP/1.1\r\n{head}{key}Sec-WebSocket-Version: 8\r\n\r\n".encode())
+    assert old_version.startswith(b"HTTP/1.1 426 ")
+    assert b"sec-websocket-version: 13\r\n" in old_version.lower()
+    for request in (f"GET /mqtt HTTP/1.1\r\n{head}Sec-WebSocket-Version: 13\r\n\r\n",          # no key
+                    f"POST /mqtt HTTP/1.1\r\n{head}{key}Sec-WebSocket-Version: 13\r\n\r\n",    # not GET
+                    "GET /mqtt HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",                          # no upgrade
+                    "hello\r\n\r\n"):                                                         # not HTTP
+        assert _http_exchange(port, request.encode()).startswith(b"HTTP/1.1 400 "), request
+    assert _http_upgrade(port, "/mqtt").startswith(b"HTTP/1.1 101")        # and the listener still upgrades
+
+
 class WsClient:
     """MQTT bytes over a WebSocket driven by wsproto (client side), frame by frame."""
 
