@@ -28,7 +28,7 @@ SUBPROTOCOLS = ("mqtt", "mqttv3.1")
 
 
 class WsMqttConnection(MqttConnection):
-    __slots__ = ("ws", "open", "listener", "pong")
+    __slots__ = ("ws", "open", "listener", "pong", "held")
 
     def __init__(self, server, listener):
         super().__init__(server, listener)
@@ -36,8 +36,37 @@ class WsMqttConnection(MqttConnection):
         self.ws = WSConnection(ConnectionType.SERVER)
         self.open = False
         self.pong = None        # the payload of the last ping not answered yet (the client does not read)
+        self.held = 0           # bytes of an incomplete upgrade request charged to the node's pre-auth budget
 
     def data_received(self, data: bytes) -> None:
+        if self.open:
+            self._receive(data)
+            return
+        self._receive(data)
+        # An upgrade request that did not come whole in this read is held (by h11, up to 16 KiB a
+        # socket) until it does: bytes before authentication, counted with the incomplete CONNECTs
+        # in --preauth-budget (a request in one read never counts, as a CONNECT in one read)
+        held = 0 if self.open or self.closed else self.held + len(data)
+        delta = held - self.held
+        if delta:
+            self.held = held
+            if not self.server.broker.preauth_charge(delta):
+                self.server.broker.preauth_charge(-held)
+                self.held = 0
+                self.closed = True
+                self.transport.close()
+
+    def connection_lost(self, exc) -> None:
+        if self.held:
+            self.server.broker.preauth_charge(-self.held)
+            self.held = 0
+        super().connection_lost(exc)
+        # a closed connection stays in the timeout wheel until its slot comes: not with its
+        # WebSocket state (an incomplete upgrade request is up to 16 KiB)
+        self.ws = None
+        self.open = False
+
+    def _receive(self, data: bytes) -> None:
         ws = self.ws
         self.server.pacer.reading = self
         try:

@@ -84,3 +84,69 @@ def test_websocket_pings_not_read_do_not_pile_up(hostile_broker, canary_for, req
     report(request, sent_mb=sent // 1_000_000, pongs_read=len(pongs), rss_before_kib=rss0, rss_peak_kib=peak,
            canary_worst_s=round(canary.worst, 3))
     assert peak - rss0 < 16 * MIB, f"RSS grew by {(peak - rss0) // 1024} MiB"
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(65536) == b""
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except (BlockingIOError, TimeoutError):
+        return False
+
+
+def test_partial_upgrade_requests_are_bounded_node_wide(hostile_broker, canary_for, request):
+    """As tests/hostile/test_connect_phase.py::test_partial_connects_are_bounded_node_wide, on
+    the WebSocket listener: 1,000 sockets each send an upgrade request of 15 KB (under h11's 16 KiB
+    a request) without its final blank line, and wait. These bytes are held before anyone is
+    authenticated, but --preauth-budget did not count them: the node held all 15 MB, whatever
+    the budget (1 MiB here). Now they count with the incomplete CONNECTs: the sockets whose
+    bytes would pass the budget are closed at once (at least 1,000 - 1 MiB / 15 KB of them), RSS
+    grows by less than 8 MiB, the canary works, and after the connect timeout (2 s) a paho
+    client connects over ws:// (the budget was given back)."""
+    from ..integration.helpers import V311, connect
+
+    budget = 1024 * 1024
+    b = hostile_broker("--preauth-budget", str(budget))
+    canary = canary_for(b)
+    rss0 = rss_kib(b)
+    data = b"GET /mqtt HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: " + b"a" * 15_000 + b"\r\n"
+    socks = []
+    open_socks = []
+    cut = 0
+    with canary.running():
+        for _ in range(1000):
+            s = socket.create_connection(("127.0.0.1", b.port("ws")), timeout=5)
+            socks.append(s)
+            try:
+                s.sendall(data)
+            except OSError:
+                cut += 1
+                continue
+            s.setblocking(False)
+            open_socks.append(s)
+        time.sleep(1.0)                               # let the broker read what is in flight
+        still = []
+        for s in open_socks:
+            if _closed_by_peer(s):
+                cut += 1
+            else:
+                still.append(s)
+        peak = rss_kib(b)
+        held_max = budget // len(data)
+        assert cut >= 1000 - held_max, f"only {cut} cut; at most {held_max} may be held"
+        deadline = time.monotonic() + 6               # the held ones go at the connect timeout
+        while still and time.monotonic() < deadline:
+            time.sleep(0.2)
+            still = [s for s in still if not _closed_by_peer(s)]
+    for s in socks:
+        s.close()
+    assert not still, "partial upgrade requests still open after the connect timeout"
+    with connect(b.port("ws"), "ws-after", V311, transport="websockets") as c:
+        c.subscribe("ws/after", 1)
+        c.publish("ws/after", b"ok", qos=1)
+        assert c.expect().payload == b"ok"
+    canary.check()
+    assert peak - rss0 < 8 * MIB, (rss0, peak)
+    report(request, sockets=1000, request_bytes=len(data), cut_at_once=cut, held_at_most=1000 - cut,
+           rss_before_kib=rss0, rss_peak_kib=peak, canary_worst_s=round(canary.worst, 3))
