@@ -95,9 +95,13 @@ class WsMqttConnection(MqttConnection):
                     return
                 if self.closed:
                     return
-        except WsProtocolError as exc:       # a bad upgrade request (frames' errors are CloseConnection events)
+        except (WsProtocolError, UnicodeError) as exc:
+            # a bad upgrade request (frames' errors are CloseConnection events); wsproto decodes
+            # Host (idna), Connection and Sec-WebSocket-Protocol/-Extensions as ASCII without
+            # catching the error: a byte over 0x7f there was an unhandled exception, logged by
+            # the event loop as an ERROR with its traceback for every such request
             log.debug("websocket error from %s: %s", self.channel.peer, exc)
-            hint = exc.event_hint
+            hint = getattr(exc, "event_hint", None) or RejectConnection(status_code=400, has_body=False)
             if not self.open and isinstance(hint, RejectConnection):
                 # the HTTP answer RFC 6455 4.2.2 asks for: 426 with the versions we speak for an
                 # unknown Sec-WebSocket-Version, 400 for the rest -- not a bare close

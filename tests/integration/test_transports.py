@@ -156,6 +156,25 @@ def test_websocket_bad_upgrade_requests_get_an_http_answer(broker):
     assert _http_upgrade(port, "/mqtt").startswith(b"HTTP/1.1 101")        # and the listener still upgrades
 
 
+def test_websocket_upgrade_with_non_ascii_header_bytes():
+    """Bytes over 0x7f in Host, Connection or Sec-WebSocket-Protocol (HTTP allows them in a field
+    value) made wsproto raise UnicodeDecodeError, which the transport did not catch: the socket
+    closed without an answer and the event loop logged "Fatal error on transport" with a
+    traceback, at ERROR, for each such request -- anyone could fill the broker's log before
+    authenticating. Now: 400, nothing logged above DEBUG, and the listener keeps upgrading."""
+    key = "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+    with BrokerProcess() as b:
+        port = b.port("ws")
+        for host, connection, protocol in ((b"\xff", b"Upgrade", b"mqtt"), (b"127.0.0.1", b"Upgrade\xe9", b"mqtt"),
+                                           (b"127.0.0.1", b"Upgrade", b"mqtt\xe9")):
+            request = (b"GET /mqtt HTTP/1.1\r\nHost: " + host + b"\r\nUpgrade: websocket\r\nConnection: " + connection
+                       + b"\r\nSec-WebSocket-Protocol: " + protocol + b"\r\n" + key.encode() + b"\r\n")
+            assert _http_exchange(port, request).startswith(b"HTTP/1.1 400 "), request
+        assert _http_upgrade(port, "/mqtt").startswith(b"HTTP/1.1 101")
+        time.sleep(0.3)
+        assert "Traceback" not in b.log and "ERROR" not in b.log, b.log[-2000:]
+
+
 class WsClient:
     """MQTT bytes over a WebSocket driven by wsproto (client side), frame by frame."""
 
