@@ -19,6 +19,13 @@ log = logging.getLogger("brokerd.connection")
 PAUSE_CONNECT = 1    # the broker is still deciding on the CONNECT
 PAUSE_BUDGET = _BUDGET  # the node's queue budget is exceeded and this connection publishes (brokerd.budget)
 PAUSE_RATE = 4       # the client is over its tenant's inbound rate
+PAUSE_OUTPUT = 8     # the client does not read what it asked for (its write buffer is past OUTPUT_HELD)
+
+# Past ``write_high`` deliveries queue (Channel.set_congested), but what the client's own packets
+# call for -- PUBACK/PUBREC/PUBCOMP, PINGRESP, SUBACK, a WebSocket pong -- is written whatever the
+# buffer holds. A client sending those and reading nothing made the broker hold all of it; past
+# OUTPUT_HELD times write_high its socket is no longer read until the buffer drains (resume_writing).
+OUTPUT_HELD = 4
 
 
 class Flusher:
@@ -251,6 +258,14 @@ class MqttConnection(asyncio.Protocol):
             self.channel.receive_data(data, self.time())
         finally:
             pacer.reading = None
+        if self.channel.congested:
+            self.hold_output()
+
+    def hold_output(self) -> None:
+        """A congested connection that keeps sending: stop reading it while its answers are not read."""
+        transport = self.transport
+        if transport is not None and transport.get_write_buffer_size() > OUTPUT_HELD * self.server.write_high:
+            self.pause_reading(PAUSE_OUTPUT)
 
     def eof_received(self):
         return False
@@ -278,6 +293,7 @@ class MqttConnection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.channel.set_congested(False, self.time())
+        self.resume_reading(PAUSE_OUTPUT)
 
     # ------------------------------------------------------- channel's hooks
 

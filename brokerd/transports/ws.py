@@ -111,6 +111,8 @@ class WsMqttConnection(MqttConnection):
                 self.transport.close()
         finally:
             self.server.pacer.reading = None
+        if self.channel.congested and not self.closed:
+            self.hold_output()
 
     def _handshake(self, req: Request) -> None:
         path = req.target.split("?", 1)[0]

@@ -272,3 +272,51 @@ def test_packet_id_reuse_and_acks_for_unknown_ids(hostile_broker, canary_for, re
 
 
 __all__ = ["Closed", "struct"]
+
+
+def test_pingreqs_not_read_do_not_pile_up(hostile_broker, canary_for, request):
+    """A connected client (keepalive 0) sends 40 MB of PINGREQ and reads nothing. Deliveries
+    queue when a socket's write buffer is full, but answers to the client's own packets
+    (PINGRESP, PUBACK, ...) were written whatever it held: the broker read all 40 MB and kept the
+    20 million PINGRESPs (RSS +80 MiB and more, without end). Now a connection whose write buffer
+    passes 4 x its high mark (64 KiB) is no longer read until it drains: the client's sends block,
+    RSS settles under +40 MiB, and once the client reads it gets one PINGRESP per PINGREQ."""
+    b = hostile_broker()
+    canary = canary_for(b)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", b.port()))
+    s.sendall(raw.connect_packet("pinger", version=4, keepalive=0))
+    s.settimeout(5)
+    assert s.recv(4) == b"\x20\x02\x00\x00"
+    s.settimeout(30)                                  # (the sender waits while nothing is read)
+    chunk = b"\xc0\x00" * 50_000
+    rounds = 400                                      # 40 MB
+    sent = [0]
+
+    def flood():
+        for _ in range(rounds):
+            s.sendall(chunk)
+            sent[0] += len(chunk)
+
+    rss0 = rss_kib(b)
+    sender = threading.Thread(target=flood, daemon=True)
+    with canary.running():
+        sender.start()
+        sender.join(6)
+        time.sleep(1.0)
+        settled = rss_kib(b)
+    got = 0
+    deadline = time.monotonic() + 60
+    while got < rounds * len(chunk) and time.monotonic() < deadline:
+        data = s.recv(1 << 20)
+        if not data:
+            break
+        got += len(data)
+    sender.join(10)
+    s.close()
+    canary.check()
+    report(request, sent_mb=sent[0] // 1_000_000, rss_before_kib=rss0, rss_settled_kib=settled,
+           pingresp_bytes=got, canary_worst_s=round(canary.worst, 3))
+    assert got == rounds * len(chunk), "a PINGRESP for every PINGREQ"
+    assert settled - rss0 < 40 * MIB, f"RSS grew by {(settled - rss0) // 1024} MiB"
