@@ -864,7 +864,10 @@ class Broker:
             codes.append(req.qos)
             if rules is not None:
                 rules.event("session_subscribed", self, ns, channel, now, topic=filt, qos=req.qos)
-            if group is None and (req.retain_handling == 0 or (req.retain_handling == 1 and not existed)):
+            # (a filter naming one topic with no retained message -- most devices' -- costs a lookup,
+            # not a walk and its feed)
+            if (group is None and (req.retain_handling == 0 or (req.retain_handling == 1 and not existed))
+                    and ("+" in inner or "#" in inner or ns.retained.get(inner) is not None)):
                 ids = (sub_id,) if sub_id else None
                 retained.append((filt, _retained_for(ns, inner, req.qos, ids, acl if check else None, now)))
         if ns.cache:

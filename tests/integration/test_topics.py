@@ -173,8 +173,9 @@ def _deep(prefix: str, levels: int, fill: str = "l") -> str:
 @pytest.mark.parametrize("version,failure", [(4, 0x80), (5, 0x8F)])
 def test_topic_levels_are_bounded_like_mosquitto(broker, client_id, topic, version, failure):
     """Names and filters of up to 201 levels work (Mosquitto 2.0.11's limit: 200 "/"); deeper
-    filters get a SUBACK failure, deeper names close the connection as an invalid topic name
-    (5.0: DISCONNECT 0x90; Mosquitto closes too). Each level is a node of the subscription and
+    filters get a SUBACK failure, deeper names of retained messages close the connection as an
+    invalid topic name (5.0: DISCONNECT 0x90; Mosquitto closes for any deep name; a message that
+    is not retained passes here, as any message of its length). Each level is a node of the subscription and
     retained trees: before, a 1 MiB SUBSCRIBE of 15 filters of 32,000 levels grew the node by
     ~120 MB and a retained message on a 32,000-level topic by ~7 MB, each granted (0x00 / PUBACK)."""
     ok_name = _deep(topic, 201)
@@ -190,6 +191,9 @@ def test_topic_levels_are_bounded_like_mosquitto(broker, client_id, topic, versi
             assert p.expect(raw.PUBACK).pid == 1
             m = c.expect(raw.PUBLISH)           # (matching two of its subscriptions: one copy)
             assert (m.topic, m.payload) == (ok_name, b"deep")
+            p.publish(_deep(topic, 202), b"passing", qos=1, pid=3)     # not retained: it costs no tree node
+            assert p.expect(raw.PUBACK).pid == 3
+            assert c.expect(raw.PUBLISH).payload == b"passing"      # (its "/#" subscription of 201 levels)
             p.publish(_deep(topic, 202), b"deeper", qos=1, pid=2, retain=True)
             closed = p.expect_closed()
             assert [(q.type, q.code) for q in closed] == ([(raw.DISCONNECT, 0x90)] if version == 5 else [])
