@@ -301,6 +301,10 @@ def test_a_worker_of_a_restarted_host_that_dies_is_adopted_and_its_clients_wills
         watcher.subscribe(will, qos=1)
         host.on_worker(lambda dead=dead, will=will: Client(f"{tag}-d-{dead}", V5).connect(
             host.port, will=(will, b"gone", 1, False)), f"{tag}-d-{dead}", lambda n, dead=dead: n == dead)
+        # the will is registered in Redis just after the CONNACK (a worker killed in between, within
+        # milliseconds of its client's CONNECT, loses it: not what this test is about)
+        wait_until(lambda dead=dead: cluster.redis.client().hlen(f"{cluster.prefix}:wills:{dead}") > 0, timeout=10,
+                   message=f"the will of {dead}'s client was never registered")
         os.kill(host.pid_of(dead), signal.SIGKILL)
         wait_until(lambda dead=dead: re.search(rf"adopted \d+ sessions of node {re.escape(dead)}\b", host.proc.log),
                    timeout=20, message=f"the killed {dead} of the restarted host was not adopted:\n{host.proc.log}")
