@@ -10,6 +10,7 @@ from wsproto.events import AcceptConnection, BytesMessage, Ping, Pong, Request
 
 from ..integration import raw
 from .conftest import MIB, report, rss_kib
+from .test_connect_phase import _closed_by_peer
 
 
 class WsPeer:
@@ -84,15 +85,6 @@ def test_websocket_pings_not_read_do_not_pile_up(hostile_broker, canary_for, req
     report(request, sent_mb=sent // 1_000_000, pongs_read=len(pongs), rss_before_kib=rss0, rss_peak_kib=peak,
            canary_worst_s=round(canary.worst, 3))
     assert peak - rss0 < 16 * MIB, f"RSS grew by {(peak - rss0) // 1024} MiB"
-
-
-def _closed_by_peer(sock: socket.socket) -> bool:
-    try:
-        return sock.recv(65536) == b""
-    except (ConnectionResetError, BrokenPipeError):
-        return True
-    except (BlockingIOError, TimeoutError):
-        return False
 
 
 def test_partial_upgrade_requests_are_bounded_node_wide(hostile_broker, canary_for, request):
