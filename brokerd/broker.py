@@ -901,6 +901,33 @@ class Broker:
         else:
             channel.deliver(msg, qos, True, sub_ids, now)
 
+    def retained_owed(self, session: Session, feed: list, now: float) -> None:
+        """A connection closed before it took every retained message its new subscriptions were
+        owed (``Channel.send_retained``), and its session lives on: what is left goes to the
+        session's queue as any message for a disconnected client (a stored session's QoS 1/2 ones
+        to its stored queue), sent when the client is back, here or on another node. Only while
+        the queue has room: a subscription matching millions of retained messages queues at most
+        ``--max-queued`` of them (as Mosquitto's ``max_queued_messages``); the first that does
+        not fit is counted as a queue overflow and the rest are not sent."""
+        queue = session.queue
+        stored = session.durable and self.persist is not None
+        qos0 = self.limits.queue_qos0
+        for filt, it in feed:
+            if filt not in session.subscriptions:
+                continue
+            for msg, qos, ids in it:
+                if not qos and not qos0:
+                    continue
+                if queue.full(len(msg.payload)):
+                    self.acct.queue_full(session.ns, [Delivery(msg, qos, True, ids)])
+                    return
+                if qos and stored:
+                    self._deliver_stored(session, msg, qos, True, ids, None)
+                else:
+                    dropped = queue.put(Delivery(msg, qos, True, ids))
+                    if dropped:
+                        self.queue_dropped(session, dropped)
+
     def unsubscribe(self, channel, filters, now: float) -> list:
         session = channel.session
         ns = session.ns

@@ -300,6 +300,9 @@ class ClientRegistry:
         if session.expiry_interval != NEVER:
             session.expires_at = now + session.expiry_interval
             self._schedule(session.expires_at, "expire", session)
+        feed = channel.retained_feed
+        if feed:
+            b.retained_owed(session, feed, now)
         if session.durable:
             b.persist.session_closed(session, session.ns.name, now)
 

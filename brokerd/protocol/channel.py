@@ -981,7 +981,8 @@ class Channel:
         and this iteration's output is under its mark (QoS 1/2: while the window has room) -- so
         a subscription matching millions of them holds no list of them and overflows no queue.
         A filter subscribed to again starts again; one unsubscribed stops (``stop_retained``);
-        what a connection had not taken when it closed is not sent."""
+        what a connection had not taken when it closed goes to its session's queue if the
+        session lives on (``Broker.retained_owed``)."""
         if not feeds or self.state != CONNECTED:
             return
         feed = self.retained_feed
@@ -1439,10 +1440,10 @@ class Channel:
     def _close(self, now: float, will: bool) -> None:
         self.state = CLOSED
         self.hooks.close()
-        self.retained_feed = None
         if self.session is not None:
             self._stored_back()
-            self.broker.channel_closed(self, now, will)
+            self.broker.channel_closed(self, now, will)     # (what retained_feed still owed goes to the session)
+        self.retained_feed = None
 
     def connection_lost(self, now: float) -> None:
         """The transport is gone (network error, peer closed, or after our close)."""
@@ -1459,7 +1460,6 @@ class Channel:
             return
         was_connecting = self.state in (NEW, CONNECTING)
         self.state = CLOSED
-        self.retained_feed = None
         if self.close_reason is None:
             self.close_reason = (rc.UNSPECIFIED_ERROR, "connection lost")
         if self.session is not None:
@@ -1467,6 +1467,7 @@ class Channel:
             self.broker.channel_closed(self, now, True)
         elif was_connecting and self.version:
             self.broker.connect_aborted(self)
+        self.retained_feed = None
 
     def detach(self):
         """Unbind from the session without telling the broker (session takeover)."""

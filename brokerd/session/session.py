@@ -127,6 +127,10 @@ class MessageQueue:
     def __bool__(self):
         return bool(self._q0) or bool(self._q12)
 
+    def full(self, size: int) -> bool:
+        """Whether a message of ``size`` payload bytes would push another out (or be dropped itself)."""
+        return self._full(size) or bool(self.max_bytes) and size > self.max_bytes
+
     def _full(self, extra):
         if len(self._q0) + len(self._q12) >= self.max_len:
             return True

@@ -273,3 +273,72 @@ def test_retained_sent_as_the_window_frees_and_unsubscribe_stops_them(broker_fac
             c.ack(raw.PUBACK, p.pid)
             late.add(p.topic)
         assert len(late) <= 6 and not late & got
+
+
+@pytest.mark.parametrize("store,takeover", [(None, False), ("sqlite", False), ("sqlite", True)])
+def test_retained_messages_a_persistent_session_was_still_owed_at_disconnect_come_on_reconnect(
+        broker_factory, tmp_path, client_id, store, takeover):
+    """A persistent session's subscription matching more retained messages than the window lets
+    out: the client drops its connection after the first few (or a new connection takes the
+    session over). What it had not been sent yet comes when it is back (its session's state, as
+    any message queued while it was away; Mosquitto queues them on SUBSCRIBE). Before, the rest
+    were never sent: the client got only the five in flight again."""
+    args = ["--max-inflight", "5", "--max-queued", "100"]
+    if store:
+        args += ["--store", f"sqlite:///{tmp_path}/b.sqlite3"]
+    b = broker_factory(*args)
+    topics = [f"owed/{i}" for i in range(40)]
+    _publish_retained(b.port(), topics, 1)
+    expiry = {raw.SESSION_EXPIRY_INTERVAL: 300}
+    with RawClient(b.port(), timeout=10) as c:
+        c.connect(client_id, version=5, clean=True, props=expiry)
+        c.send(raw.subscribe_packet(1, [("owed/+", 1)], 5))
+        c.expect(raw.SUBACK)
+        first = {c.expect(PUBLISH).topic for _ in range(5)}
+        with pytest.raises(TimeoutError):
+            c.recv(0.3)                                         # the window (5) is full
+        c2 = RawClient(b.port(), timeout=10)
+        if takeover:
+            assert c2.connect(client_id, version=5, clean=False, props=expiry).session_present
+            assert c.expect(raw.DISCONNECT).code == 0x8E        # Session taken over
+    with c2 as c:
+        if not takeover:
+            assert c.connect(client_id, version=5, clean=False, props=expiry).session_present
+        got = {}
+        while len(got) < len(topics):
+            p = c.recv(10)
+            assert p.type == PUBLISH and p.retain and p.qos == 1, p
+            assert p.dup == (p.topic in first), p
+            got[p.topic] = p.payload
+            c.ack(raw.PUBACK, p.pid)
+        assert got == {t: _payload(t) for t in topics}
+        with pytest.raises(TimeoutError):
+            c.recv(0.3)
+
+
+def test_retained_owed_at_disconnect_are_queued_only_while_the_queue_has_room(broker_factory, client_id):
+    """The retained messages a session is still owed when its client goes fill its queue
+    (``--max-queued``), no more: they push out nothing and a subscription to millions of them
+    queues no more than the queue holds."""
+    b = broker_factory("--max-inflight", "5", "--max-queued", "20")
+    topics = [f"many/{i}" for i in range(300)]
+    _publish_retained(b.port(), topics, 1)
+    expiry = {raw.SESSION_EXPIRY_INTERVAL: 300}
+    with RawClient(b.port(), timeout=10) as c:
+        c.connect(client_id, version=5, clean=True, props=expiry)
+        c.send(raw.subscribe_packet(1, [("many/+", 1)], 5))
+        c.expect(raw.SUBACK)
+        for _ in range(5):
+            c.expect(PUBLISH)
+    with RawClient(b.port(), timeout=10) as c:
+        assert c.connect(client_id, version=5, clean=False, props=expiry).session_present
+        got = []
+        while True:
+            try:
+                p = c.recv(1)
+            except TimeoutError:
+                break
+            got.append(p.topic)
+            c.ack(raw.PUBACK, p.pid)
+        assert len(got) == 5 + 20, got                          # the window again, and a full queue
+        assert len(set(got)) == len(got)
