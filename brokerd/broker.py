@@ -1080,6 +1080,12 @@ class Broker:
         if hasattr(self.auth, "remote_connected"):
             self.auth.remote_connected = counts
 
+    def host_shares(self, others: dict[str, int], workers: int, now: float) -> None:
+        """A worker (--workers): each tenant's connections on its host's other workers, and how
+        many live workers the host has -- the tenants' rates are the host's (``TenantControl.host_shares``)."""
+        if hasattr(self.auth, "host_shares"):
+            self.auth.host_shares(others, workers, now)
+
     def tenant_stats(self) -> dict[str, dict]:
         """Each tenant's figures on this node, for its host's ``$SYS/broker`` trees (--workers)."""
         out = {}

@@ -21,8 +21,9 @@ from .ports import ClusterBroker, ClusterError, MemberBus, NodeAddresses
 
 class Membership:
     def __init__(self, node_id: str, bus: MemberBus, broker: ClusterBroker, addresses: NodeAddresses | None,
-                 reference: str | None = None, wall=time.time, identity: dict | None = None):
+                 reference: str | None = None, wall=time.time, identity: dict | None = None, clock=time.monotonic):
         self.id = node_id
+        self.clock = clock
         self.bus = bus
         self.broker = broker
         self.addresses = addresses
@@ -104,17 +105,21 @@ class Membership:
         """Each tenant's figures summed over the host's workers (its tenant $SYS trees)."""
         workers = await self.bus.set_host_tenants(host, self.broker.tenant_stats())
         summed: dict[str, dict] = {}
+        others: dict[str, int] = {}     # each tenant's connections on the other workers (its rates are the host's)
         gone = []
         for node, tenants in workers.items():
             if node != self.id and node not in siblings:
                 gone.append(node)       # (a worker that just joined and is not listed yet writes again)
                 continue
             for tenant, figures in tenants.items():
+                if node != self.id and figures.get("connected"):
+                    others[tenant] = others.get(tenant, 0) + figures["connected"]
                 into = summed.setdefault(tenant, {})
                 for k, v in figures.items():
                     # retained messages are copied to every node: the host holds them once
                     into[k] = max(into.get(k, 0), v) if k == "retained" else into.get(k, 0) + v
         self.host_tenants = summed
+        self.broker.host_shares(others, len(siblings) + 1, self.clock())
         await self.bus.drop_host_tenants(host, gone)
 
     def other_node_url(self, scheme: str = "mqtt") -> str | None:

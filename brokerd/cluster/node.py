@@ -82,7 +82,7 @@ class ClusterNode:
         self._timer_at = 0.0
         self.requests = Requests()              # start() arms a timer for its deadlines
         self.routes = ClusterRoutes(node_id)
-        self.membership = Membership(node_id, bus, broker, addresses, reference, identity=identity)
+        self.membership = Membership(node_id, bus, broker, addresses, reference, identity=identity, clock=clock)
         members_of = self._members_of
         self.peers = peers if peers is not None else Peers(node_id, links, loop, clock, flusher, budget)
         send = self.peers.send

@@ -124,6 +124,10 @@ class ClusterBroker(Protocol):
     def remote_connections(self, counts: dict[str, int]) -> None:
         """Connected clients per tenant on the other nodes (tenant connection quotas)."""
 
+    def host_shares(self, others: dict[str, int], workers: int, now: float) -> None:
+        """A worker: each tenant's connections on its host's other live workers, and how many
+        live workers the host has (the tenants' rates are the host's, shared among them)."""
+
     def node_stats(self) -> dict[str, float]:
         """This node's figures for the cluster-wide ``$SYS`` tree."""
 

@@ -49,6 +49,9 @@ class TenantControl:
         self._fingerprints: dict[str, tuple[str, str]] = {}
         self._connect_buckets: dict[str, Bucket] = {}
         self._tenant_buckets: dict[tuple[str, str], Bucket] = {}
+        # --workers: a tenant's rates are the host's, shared among its workers (``host_shares``)
+        self._host_workers = 1                        # live workers on this host
+        self._host_others: dict[str, int] = {}        # tenant -> its connections on the host's other workers
         # (tenant, client id) -> its own buckets left not full when it disconnected, oldest first: a
         # client that reconnects goes on with them (a new connection's full bucket forgave its debt)
         self._client_buckets: OrderedDict[tuple[str, str], dict] = OrderedDict()
@@ -128,13 +131,17 @@ class TenantControl:
         if limit is not None and self.connected.get(tenant, 0) + self.remote_connected.get(tenant, 0) >= limit:
             return rc.QUOTA_EXCEEDED, tenant, None
         rate = policy.limit("connect_rate")
-        if rate:
-            bucket = self._connect_buckets.get(tenant)
-            if bucket is None:
-                bucket = self._connect_buckets[tenant] = Bucket(rate, rate, now)
-            if not bucket.allow(now):
-                return rc.CONNECTION_RATE_EXCEEDED, tenant, None
+        if rate and not self.connect_bucket(tenant, rate, now).allow(now):
+            return rc.CONNECTION_RATE_EXCEEDED, tenant, None
         return rc.SUCCESS, tenant, ident
+
+    def connect_bucket(self, tenant: str, rate: int, now: float) -> Bucket:
+        """``tenant``'s CONNECTs on this node: ``rate`` a second (its worker's share of it, ``host_shares``)."""
+        bucket = self._connect_buckets.get(tenant)
+        if bucket is None:
+            rate /= self._host_workers
+            bucket = self._connect_buckets[tenant] = Bucket(rate, max(rate, 1.0), now)
+        return bucket
 
     def _claimed_tenant(self, username) -> str | None:
         """The existing tenant a username "TENANT/DEVICE" names (None: none)."""
@@ -261,10 +268,47 @@ class TenantControl:
                     key = (tenant, f"{unit}_{direction}")
                     bucket = self._tenant_buckets.get(key)
                     if bucket is None:
+                        rate *= self._share(tenant)
                         bucket = self._tenant_buckets[key] = Bucket(rate, rate, now)
                     buckets.append((bucket, unit))
             out.append(Limiter(buckets) if buckets else None)
         return out[0], out[1]
+
+    # ------------------------------------------------- rates of a host's workers
+
+    def host_shares(self, others: dict[str, int], workers: int, now: float) -> None:
+        """A worker of a host that runs ``--workers N`` (every membership round): a tenant's rates
+        are the host's, as if it were one node, not each worker's (N workers let a tenant through
+        at N times its rate). ``others``: each tenant's connections on the host's other live
+        workers; ``workers``: how many live ones there are, this one included.
+
+        The tenant's message and byte rates are shared in proportion to its connections (this
+        worker's now against the others' of the last round): clients spread evenly over the
+        workers (the kernel's SO_REUSEPORT hash) get the rate they would on one process. Its
+        connect rate is shared evenly (connections arrive evenly spread), each worker keeping a
+        burst of at least one CONNECT."""
+        self._host_others = others
+        self._host_workers = max(workers, 1)
+        for (tenant, name), bucket in self._tenant_buckets.items():
+            policy = self.policy(tenant)
+            rate = policy.limit(f"tenant_{name}") if policy is not None else None
+            if rate:
+                rate *= self._share(tenant)
+                _rescale(bucket, rate, rate, now)
+        for tenant, bucket in self._connect_buckets.items():
+            policy = self.policy(tenant)
+            rate = policy.limit("connect_rate") if policy is not None else None
+            if rate:
+                rate /= self._host_workers
+                _rescale(bucket, rate, max(rate, 1.0), now)
+
+    def _share(self, tenant: str) -> float:
+        """This worker's share of ``tenant``'s host-wide rates (1.0 alone on its host)."""
+        others = self._host_others.get(tenant, 0)
+        if not others:
+            return 1.0
+        mine = max(self.connected.get(tenant, 0), 1)
+        return mine / (mine + others)
 
     def keep_limiters(self, tenant: str, client_id: str, limit_in, limit_out, now: float) -> None:
         """A client of ``tenant`` disconnects: its own buckets that are not full
@@ -287,6 +331,17 @@ class TenantControl:
 
 
 MAX_KEPT_BUCKETS = 20_000       # clients whose buckets are kept between connections, per node (~0.5 KB each)
+
+
+def _rescale(bucket: Bucket, rate: float, burst: float, now: float) -> None:
+    """``bucket`` fills at ``rate`` from ``now`` on (what it saved up or owes so far kept, up to ``burst``)."""
+    if bucket.rate == rate and bucket.burst == burst:
+        return
+    tokens = bucket.tokens + (now - bucket.at) * bucket.rate
+    bucket.tokens = tokens if tokens < burst else burst
+    bucket.at = now
+    bucket.rate = rate
+    bucket.burst = burst
 
 
 def _full(bucket: Bucket, now: float) -> bool:

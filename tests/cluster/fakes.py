@@ -476,6 +476,9 @@ class FakeBroker:
     def tenant_stats(self):
         return {}
 
+    def host_shares(self, others, workers, now) -> None:
+        self.shares = (others, workers)
+
 
 class Connecting:
     """``ports.ClaimingChannel``: a CONNECT waiting for its client id; ``cont``

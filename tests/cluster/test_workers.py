@@ -13,8 +13,10 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import time
 import urllib.request
 import uuid
 
@@ -528,3 +530,55 @@ def test_a_worker_told_more_than_once_that_its_supervisor_died_stops_gracefully(
     wait_until(lambda: re.search(r"\[h\.0\]: stopped$|exiting now", parent.log, re.M), timeout=20,
                message=f"the worker did not stop:\n{parent.log}")
     assert "exiting now" not in parent.log, parent.log
+
+
+# ---------------------------------------------------------------------- tenant rates
+
+def test_a_tenants_rates_are_the_hosts_not_each_workers(cluster, tag, tmp_path):
+    """A tenant limited to 1,000 bytes/s with a publisher on each worker: each one's 3,000-byte
+    message puts the host's bucket in debt, shared by the two workers, so neither publisher's next
+    message goes for more than 3 s (at least 3.5 s at two thirds of the rate). Before, each worker
+    applied the whole rate: both went after 2 s, the tenant sending twice its quota (16 times with
+    ``--workers auto`` on 16 cores). And a tenant's connect rate of 2/s lets 2 of a burst of 20
+    CONNECTs in on the host, not 2 per worker."""
+    from ..controlplane import ControlPlane
+    from ..integration.raw import connect_packet
+    from ..mqtt import PahoClient
+
+    (tmp_path / "console").mkdir()
+    plane = ControlPlane(tmp_path / "console")
+    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "devices": ["d"],
+                                "quota": {"tenant_bytes_in": 1000}},
+                               {"slug": "burst", "default_acl": "allow", "devices": ["d"],
+                                "quota": {"connect_rate": 2}},
+                               {"slug": "default", "default_acl": "allow", "devices": []}])   # (Host's probes)
+    h = Host(cluster, "h", 2)
+    h.proc.env = {**plane.env, **h.proc.env}
+    started(cluster, h)
+
+    def device(cid):
+        return lambda: PahoClient(cid, V311, username="acme/d", password=secrets["acme/d"]).connect(h.port)
+
+    sub = device(f"{tag}-sub")()
+    sub.subscribe("t", 1)
+    pubs = [h.on_worker(device(f"{tag}-p{i}"), f"{tag}-p{i}", lambda n, i=i: n == f"h.{i}")[0] for i in range(2)]
+    time.sleep(2.5)                     # membership rounds (every second): each worker learns the other's share
+    for p in pubs:
+        p.publish("t", b"x" * 3000, qos=1, wait=False)
+    assert [len(m.payload) for m in sub.expect_n(2, timeout=10)] == [3000, 3000]
+    for i, p in enumerate(pubs):
+        p.publish("t", b"after%d" % i, qos=1, wait=False)
+    sub.expect_none(3.0)                # each worker owes at least 2,333 bytes at most 667 bytes/s
+    assert sorted(m.payload for m in sub.expect_n(2, timeout=15)) == [b"after0", b"after1"]
+    for c in [sub, *pubs]:
+        c.disconnect()
+
+    socks = []
+    for i in range(20):
+        s = socket.create_connection(("127.0.0.1", h.port), timeout=10)
+        s.sendall(connect_packet(f"{tag}-b{i}", 5, username="burst/d", password=secrets["burst/d"].encode()))
+        socks.append(s)
+    codes = [s.recv(64)[3] for s in socks]          # CONNACK: 0x20, length, flags, reason
+    for s in socks:
+        s.close()
+    assert 1 <= codes.count(0) <= 2 and codes.count(0x9F) >= 18, codes
