@@ -335,8 +335,8 @@ class AdminApi:
             topic = req.query.get("topic")
             if m == "GET" and topic is None:
                 sys_too = req.query.get("sys", "0") in ("1", "true")
-                return json_response(200, api.paginate(
-                    api.retained_list(b, tenant, req.query.get("prefix", ""), sys_too), req.query))
+                return json_response(200, api.retained_page(b, tenant, req.query.get("prefix", ""), sys_too,
+                                                             req.query))
             if m == "GET":
                 msg = b.router.retained_message(tenant, topic)
                 if msg is None:

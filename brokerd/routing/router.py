@@ -327,10 +327,10 @@ class Router:
         ns = self.namespaces.get(tenant)
         return ns.sessions.get(client_id) if ns is not None else None
 
-    def retained_items(self, tenant: str) -> list:
-        """[(topic, message)] retained in ``tenant``."""
+    def retained_items(self, tenant: str):
+        """(topic, message) of each message retained in ``tenant``, made as they are taken."""
         ns = self.namespaces.get(tenant)
-        return list(ns.retained.items()) if ns is not None else []
+        return ns.retained.items() if ns is not None else iter(())
 
     def retained_message(self, tenant: str, topic: str):
         ns = self.namespaces.get(tenant)
