@@ -744,6 +744,10 @@ class Broker:
     # drop accounting, called by channels
     def queue_dropped(self, session, dropped: list) -> None:
         self.acct.queue_full(session.ns, dropped)
+        self._forget_queued(session, dropped)
+
+    def _forget_queued(self, session, dropped: list) -> None:
+        """Deliveries taken out of ``session``'s queue unsent: out of its stored queue, their packet ids free."""
         if session.durable:
             for d in dropped:
                 if d.entry:
@@ -753,6 +757,11 @@ class Broker:
             # (one sent before, waiting to go again past the client's Receive Maximum, kept its id)
             for d in dropped:
                 reserved.discard(d.pid)
+
+    def queue_denied(self, session, denied: list) -> None:
+        """Queued deliveries taken out because the client may no longer read their topics."""
+        self.acct.delivery_denied(session.ns, denied)
+        self._forget_queued(session, denied)
 
     def discarded(self, session, d: Delivery, expired: bool) -> None:
         """A queued delivery left without being sent: expired, or too large for the client."""

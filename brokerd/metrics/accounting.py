@@ -97,6 +97,12 @@ class Accounting:
         self.stats.denied_subscribe += 1
         ns.m.acl_denied += 1
 
+    def delivery_denied(self, ns, deliveries) -> None:
+        """Queued deliveries whose topic the client may no longer read (its ACL changed)."""
+        ns.m.acl_denied += len(deliveries)
+        for d in deliveries:
+            self._log(ns, d.msg.topic, U_ACL)
+
     def subscription_over_quota(self, ns) -> None:
         self.stats.quota_refused += 1
         ns.m.quota += 1

@@ -223,6 +223,24 @@ class MessageQueue:
         self._account(-len(d.msg.payload), -1)
         return d
 
+    def remove(self, unwanted) -> list:
+        """Take out the queued deliveries ``unwanted(delivery)`` is true of; -> them."""
+        out = []
+        for name in ("_q0", "_q12"):
+            q = getattr(self, name)
+            if not q or not any(unwanted(d) for _, d in q):
+                continue
+            kept = deque()
+            for item in q:
+                d = item[1]
+                if unwanted(d):
+                    out.append(d)
+                    self._account(-len(d.msg.payload), -1)
+                else:
+                    kept.append(item)
+            setattr(self, name, kept if kept else _NONE)
+        return out
+
     def drain(self) -> list:
         """Remove and return everything, oldest first."""
         out = []

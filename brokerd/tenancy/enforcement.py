@@ -31,6 +31,9 @@ class EnforcementBroker(Protocol):
     limits: object
     wall_offset: float
 
+    def queue_denied(self, session, denied: list) -> None:
+        """Queued deliveries taken out: the client may no longer read their topics."""
+
 
 class Enforcement:
     def __init__(self, broker: EnforcementBroker, anonymous_tenant: str):
@@ -122,6 +125,12 @@ class Enforcement:
             if check:
                 session.read_acl = acl
         ns.cache.clear()
+        if acl is not None and session.queue:
+            # what was queued for it before: a message on a topic it may no longer read is not sent
+            # either (nor one of a subscription just removed, unless another still allows it)
+            denied = session.queue.remove(lambda d: not d.msg.topic.startswith("$SYS") and not acl.can_read(d.msg.topic))
+            if denied:
+                b.queue_denied(session, denied)
 
     def reauthorize_all(self) -> None:
         """After start-up: restored sessions get their clients' ACLs."""

@@ -470,3 +470,41 @@ def test_a_suspended_tenants_devices_do_not_lock_out_their_neighbours(control_pl
         assert wrong[:10] == [0x86] * 10 and wrong[10:] == [0x9F, 0x9F]
     finally:
         node.stop()
+
+
+@pytest.mark.parametrize("store", [False, True])
+def test_messages_queued_before_a_read_right_is_revoked_are_not_delivered(control_plane, tmp_path, store):
+    """dev1's persistent session subscribed to ``dev1/#`` is away while three messages are queued
+    for it; the console then denies it ``dev1/secret/#``. When it comes back it gets the two it
+    may still read, not the secret one (nor after a restart, from the store). Before, what was
+    queued before the change was delivered whatever the new ACL said."""
+    secrets = control_plane.provision([{"slug": "acme", "acl": RULES, "devices": ["dev1"]}])
+    flags = ("--store", f"sqlite:///{tmp_path}/s.sqlite3") if store else ()
+    node = control_plane.broker(*flags)
+    try:
+        sub = client(secrets, "acme/dev1", client_id="away", clean=False)
+        sub.connect(node.port(), properties=_expiry(300))
+        sub.subscribe("dev1/#", 1)
+        sub.disconnect()
+        with client(secrets, "acme/dev1").connect(node.port()) as pub:
+            for topic in ("dev1/a", "dev1/secret/x", "dev1/b"):
+                pub.publish(topic, topic.encode(), qos=1)
+            proc = control_plane.manage("acl", "add", "acme", "--deny", "--action", "subscribe",
+                                        "--topic", "dev1/secret/#", "--position", "1")
+            assert proc.returncode == 0
+            wait_until(lambda: pub.subscribe("dev1/secret/#", 1)[0].value == 0x87, timeout=5, what="new rule")
+        if store:
+            node.stop()
+            node = control_plane.broker(*flags)
+        back = client(secrets, "acme/dev1", client_id="away", clean=False)
+        with back.connect(node.port(), properties=_expiry(300)) as c:
+            assert [m.payload for m in c.expect_n(2)] == [b"dev1/a", b"dev1/b"]
+            c.expect_none(1.0)
+    finally:
+        node.stop()
+
+
+def _expiry(seconds: int):
+    from ..mqtt import PacketTypes, props
+
+    return props(PacketTypes.CONNECT, SessionExpiryInterval=seconds)
