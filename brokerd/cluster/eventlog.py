@@ -80,6 +80,8 @@ class Orphans(Protocol):
 
     def awaiting(self, node: str) -> None: ...
 
+    def reaping(self, node: str) -> None: ...
+
     def settled(self, node: str) -> None: ...
 
 
@@ -159,6 +161,9 @@ class EventLog:
         elif kind == "gone":                # node "of" is adopted: nothing of it awaits any more
             if e["of"] != self.id:
                 self.orphans.settled(e["of"])
+        elif kind == "reaping":             # node "of"'s sessions are still being adopted
+            if e["of"] != self.id:
+                self.orphans.reaping(e["of"])
         elif kind == "retain":
             self.broker.retained_copy(e["tn"], e["tp"], retained_message(e, self.broker.wall_offset))
 

@@ -19,7 +19,7 @@ import pytest
 from ..durability.test_crash import TOTAL, drain, received_in_order
 from ..hbase_double import HBaseDoubleProcess
 from ..integration.helpers import Client, connect
-from ..integration.raw import CONNACK, RawClient
+from ..integration.raw import CONNACK, PUBACK, RawClient
 from ..mqtt import V5, V311, PacketTypes, props
 from .conftest import PacedPublisher, TcpProxy, settle, wait_until
 
@@ -306,3 +306,52 @@ def test_a_node_that_rejoined_after_a_netsplit_is_adopted_when_it_dies(cluster, 
     assert watcher.expect(timeout=10).payload == b"gone"
     again = persistent(n1.port(), f"{tag}-dev")
     assert again.session_present
+
+
+@pytest.mark.slow
+def test_a_slow_adoption_keeps_refusing_messages_for_the_sessions_not_adopted_yet(cluster, tmp_path, tag):
+    """n2 dies holding 45 stored sessions and its store answers slowly (every HBase call 150 ms):
+    n1 takes more than 40 s to adopt them all. A QoS 1 message published on n1 for a session not
+    adopted yet must be refused (the publisher sends it again) until the session is adopted, then
+    delivered. Before, the survivors stopped refusing ORPHAN_TIMEOUT (30 s) after the death,
+    however far the adoption had got: the messages published then for the sessions still waiting
+    were acknowledged for nobody, and lost (the survivor says "reaping" every 10 s now)."""
+    gateway = HBaseDoubleProcess(tmp_path / "hbase.db").start()
+    try:
+        cluster.store = f"hbase://{gateway.address}?table_prefix=slow&timeout=10000"
+        n1, n2 = cluster.start(2)
+        n = 45
+        for i in range(n):
+            c = persistent(n2.port(), f"{tag}-s{i}")
+            c.subscribe(f"{tag}/{i}", qos=1)
+            c.disconnect()
+        gateway.control("latency", 150)
+        n2.kill()
+        died = time.monotonic()
+        pub = RawClient(n1.port(), timeout=30)
+        pub.connect(f"{tag}-pub", version=5)
+        wait_until(lambda: "node n2 left the cluster" in n1.log or None, timeout=15,
+                   message="n1 did not see n2 go")
+        time.sleep(max(0.0, died + 5 + 33 - time.monotonic()))     # past ORPHAN_TIMEOUT after the death
+        assert not re.search(r"adopted \d+ sessions of node n2", n1.log), "adopted too fast to show anything"
+        pending = list(range(n))
+        pid = 0
+        while pending:
+            refused = []
+            for i in pending:
+                pid = pid % 65535 + 1
+                pub.publish(f"{tag}/{i}", b"for %d" % i, qos=1, pid=pid)
+                if pub.expect(PUBACK).code >= 0x80:
+                    refused.append(i)
+            pending = refused
+            assert time.monotonic() - died < 240, f"messages for {ranges(pending)} still refused"
+            if pending:
+                time.sleep(1)
+        adopted_by([n1], "n2", timeout=120)
+        gateway.control("latency", 0)
+        for i in range(n):
+            c = persistent(n1.port(), f"{tag}-s{i}")
+            assert c.expect(timeout=10).payload == b"for %d" % i, f"session {i} lost its message"
+            c.disconnect()
+    finally:
+        gateway.stop()
