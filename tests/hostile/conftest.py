@@ -30,6 +30,15 @@ def rss_kib(broker: BrokerProcess) -> int:
     raise AssertionError("no VmRSS")
 
 
+def peak_rss_kib(broker: BrokerProcess) -> int:
+    """VmHWM (the most RSS the brokerd process has had), in KiB."""
+    with open(f"/proc/{broker.proc.pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
 def open_fds(broker: BrokerProcess) -> int:
     return len(os.listdir(f"/proc/{broker.proc.pid}/fd"))
 

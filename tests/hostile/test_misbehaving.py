@@ -13,7 +13,7 @@ import pytest
 from ..integration import raw
 from ..integration.helpers import V5, V311, connect, wait_until
 from ..integration.raw import DISCONNECT, PUBACK, PUBCOMP, PUBLISH, PUBREC, PUBREL, SUBACK, Closed, RawClient
-from .conftest import MIB, client_info, metrics, report, rss_kib, sys_value
+from .conftest import MIB, client_info, metrics, peak_rss_kib, report, rss_kib, sys_value
 
 
 def _drain(c: RawClient, quiet: float = 1.5, limit: float = 20.0) -> list:
@@ -272,6 +272,49 @@ def test_packet_id_reuse_and_acks_for_unknown_ids(hostile_broker, canary_for, re
 
 
 __all__ = ["Closed", "struct"]
+
+
+@pytest.mark.parametrize("kind", ["pingreq", "qos1"])
+def test_a_flood_of_tiny_packets_does_not_swell_the_node_between_two_writes(hostile_broker, canary_for, request,
+                                                                           kind):
+    """A client sends tiny packets that each get an answer (PINGREQ -> PINGRESP, a QoS 1 PUBLISH
+    to nobody -> PUBACK) as fast as it can, with the kernel's default buffers (megabytes the
+    socket takes before the client must read). The event loop hands a socket up to 32 reads of
+    256 KB between two writes of its answers: 4 million PINGRESPs piled up in the connection's
+    output at once and the node went from 40 MB to 390 MB for a moment (QoS 1: +70 MB), one
+    client doing it. Now a connection's answers are written once 4,096 are waiting, and its
+    socket is no longer read while they are not read (the bound of the test above)."""
+    b = hostile_broker()
+    canary = canary_for(b)
+    s = socket.create_connection(("127.0.0.1", b.port()), timeout=5)
+    s.sendall(raw.connect_packet(f"tiny-{kind}", version=4, keepalive=0))
+    assert s.recv(4) == b"\x20\x02\x00\x00"
+    if kind == "pingreq":
+        chunk = b"\xc0\x00" * 32768
+    else:
+        chunk = b"".join(raw.publish_packet("nobody/here", b"", 1, pid=i + 1) for i in range(8192))
+    s.settimeout(0.5)
+    stop = time.monotonic() + 4
+    sent = [0]
+
+    def flood():
+        while time.monotonic() < stop:
+            try:
+                s.sendall(chunk)
+                sent[0] += len(chunk)
+            except TimeoutError:
+                pass                                  # the broker stopped reading: it is not read either
+
+    peak0 = peak_rss_kib(b)
+    sender = threading.Thread(target=flood, daemon=True)
+    with canary.running():
+        sender.start()
+        sender.join(10)
+    grown = peak_rss_kib(b) - peak0
+    s.close()
+    canary.check()
+    report(request, sent_mb=sent[0] // 1_000_000, peak_grown_kib=grown, canary_worst_s=round(canary.worst, 3))
+    assert grown < 32 * MIB, f"the node's peak RSS grew by {grown // 1024} MiB"
 
 
 def test_pingreqs_not_read_do_not_pile_up(hostile_broker, canary_for, request):

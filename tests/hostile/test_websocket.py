@@ -9,7 +9,7 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, BytesMessage, Ping, Pong, Request
 
 from ..integration import raw
-from .conftest import MIB, report, rss_kib
+from .conftest import MIB, peak_rss_kib, report, rss_kib
 from .test_connect_phase import _closed_by_peer
 
 
@@ -142,3 +142,33 @@ def test_partial_upgrade_requests_are_bounded_node_wide(hostile_broker, canary_f
     assert peak - rss0 < 8 * MIB, (rss0, peak)
     report(request, sockets=1000, request_bytes=len(data), cut_at_once=cut, held_at_most=1000 - cut,
            rss_before_kib=rss0, rss_peak_kib=peak, canary_worst_s=round(canary.worst, 3))
+
+
+def test_a_flood_of_tiny_mqtt_packets_over_websocket_does_not_swell_the_node(hostile_broker, canary_for, request):
+    """test_misbehaving's flood of PINGREQs over ws://: frames of 32,768 PINGREQs each, sent as
+    fast as the socket takes them (default buffers), nothing read. Before, the answers of many
+    reads piled up between two writes and nothing paused the socket: the node's peak RSS rose by
+    hundreds of MB. Now they are written once 4,096 wait and the socket is no longer read while
+    its write buffer is past its bound."""
+    b = hostile_broker()
+    canary = canary_for(b)
+    peer = WsPeer(b.port("ws"))
+    peer.sock.sendall(peer.ws.send(BytesMessage(data=raw.connect_packet("ws-tiny", version=4, keepalive=0))))
+    assert peer.read_until(lambda ev: isinstance(ev, BytesMessage))[-1].data == b"\x20\x02\x00\x00"
+    frame = peer.ws.send(BytesMessage(data=b"\xc0\x00" * 32768))
+    peer.sock.settimeout(0.5)
+    stop = time.monotonic() + 4
+    sent = 0
+    peak0 = peak_rss_kib(b)
+    with canary.running():
+        while time.monotonic() < stop:
+            try:
+                peer.sock.sendall(frame)
+                sent += len(frame)
+            except TimeoutError:
+                pass
+    grown = peak_rss_kib(b) - peak0
+    peer.close()
+    canary.check()
+    report(request, sent_mb=sent // 1_000_000, peak_grown_kib=grown, canary_worst_s=round(canary.worst, 3))
+    assert grown < 32 * MIB, f"the node's peak RSS grew by {grown // 1024} MiB"
