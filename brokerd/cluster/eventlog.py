@@ -29,6 +29,11 @@ log = logging.getLogger("brokerd.cluster")
 COMPACT_EVERY = float(os.environ.get("BROKERD_COMPACT_INTERVAL", "30"))   # seconds between route snapshots
 COMPACT_LEASE = max(1, int(COMPACT_EVERY * 0.8))   # whole seconds (Redis refuses an expiry of 0)
 SNAPSHOT_KEY = "cluster.routes"
+# Entries read from the log at a time. The announcer packs a round's events into entries of at most
+# 256 events and about 1 MiB (``announce.ENTRY_BYTES``; a larger retained message goes alone): 16 of
+# them are about 16 MiB at most. Before, a read took 1,000 -- about 1 GB when a node fell behind
+# while large retained messages were published (a stopped or slow node, one joining).
+READ_ENTRIES = 16
 SNAPSHOT_EVENT_KEY = "cluster.routes.event"     # the snapshot's position, kept apart: read without the table
 
 _malloc_trim = None                             # glibc: give the snapshot's freed heap back to the system
@@ -118,14 +123,15 @@ class EventLog:
 
     # -------------------------------------------------------------- reading
 
-    async def read(self, block_ms: int = 1000) -> None:
-        """Apply what the log holds after ``last_event`` (waits up to ``block_ms``; raises when the bus failed)."""
+    async def read(self, block_ms: int = 1000) -> bool:
+        """Apply what the log holds after ``last_event`` (waits up to ``block_ms``; raises when the bus
+        failed); -> whether there may be more already (a full read: read again at once)."""
         epoch = self.epoch
-        events = await self.bus.read_events(self.last_event, block_ms=block_ms, own=self.id)
+        events = await self.bus.read_events(self.last_event, block_ms=block_ms, count=READ_ENTRIES, own=self.id)
         if epoch != self.epoch:
             # the table was reloaded meanwhile (a fenced node rejoining): these events follow the old
             # position, and taking them would skip those between the snapshot and it
-            return
+            return False
         for eid, e in events:
             self.last_event = eid
             if e is None or e.get("n") == self.id or self.fence.fenced:       # (None: one of ours, not parsed)
@@ -136,6 +142,7 @@ class EventLog:
                 log.exception("bad cluster event %r", e)
         if events and self.applied is not None:
             self.applied()
+        return len(events) >= READ_ENTRIES
 
     def apply(self, e: dict) -> None:
         kind = e["t"]
