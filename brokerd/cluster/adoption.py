@@ -17,6 +17,7 @@ also adopts the stored sessions no live node holds (the whole cluster was
 down, or Redis lost its registry).
 """
 
+import asyncio
 import logging
 import time
 from typing import Protocol
@@ -29,6 +30,8 @@ log = logging.getLogger("brokerd.cluster")
 
 ORPHAN_TIMEOUT = 30.0    # how long messages for a dead node's sessions are refused awaiting word of their adoption
 REAP_PROGRESS = ORPHAN_TIMEOUT / 3     # the adopting survivor says "reaping" this often while it goes on
+REAP_AT_ONCE = 32        # a dead node's sessions adopted at once (3,000 on sqlite: 3.1 s one by one, 1.8 s)
+REAP_LOCK = 30.0         # seconds a client id's lock is held (and waited for) while its session is adopted
 ORPHANS_LEASE = 60       # seconds the "orphans" lease is held at a time (renewed while the walk goes on)
 ORPHANS_PAGE = 1000      # stored sessions' keys read, and their owners asked of Redis, at a time
 
@@ -95,25 +98,26 @@ class Adoption:
         except Exception:
             log.exception("adopting the sessions of node %s failed", node)
             return
+        progress = None
         try:
             graceful = await self.bus.left_gracefully(node)
-            adopted = 0
-            said = self.clock()
-            for tenant, cid in await self.bus.owned(node):
-                if self.clock() - said >= REAP_PROGRESS:
-                    said = self.clock()
-                    self.reaping(node)
-                    self.events.queue_event({"t": "reaping", "n": self.id, "of": node})
-                token = await self.bus.lock(tenant, cid)
-                try:
-                    if await self.bus.owner(tenant, cid) != node:
-                        continue
-                    if await self.sessions.load(tenant, cid, wills=not graceful):
-                        await self.bus.claim(tenant, cid, True, node)
+            adopted = failed = 0
+            owned = await self.bus.owned(node)
+            progress = asyncio.ensure_future(self._say_reaping(node))
+            for start in range(0, len(owned), REAP_AT_ONCE):
+                # a few at once: each is mostly waiting for Redis and the store
+                done = await asyncio.gather(*(self._adopt(node, tenant, cid, graceful)
+                                              for tenant, cid in owned[start:start + REAP_AT_ONCE]),
+                                            return_exceptions=True)
+                for r in done:
+                    if isinstance(r, BaseException):
+                        if isinstance(r, asyncio.CancelledError):
+                            raise r
+                        failed += 1
+                        if failed == 1:
+                            log.error("adopting a session of node %s failed: %s", node, r)
+                    elif r:
                         adopted += 1
-                finally:
-                    if token:
-                        await self.bus.unlock(tenant, cid, token)
             wills = 0
             if not graceful:
                 now = self.clock()
@@ -123,13 +127,39 @@ class Adoption:
                         self.broker.publish_gone_will(tenant, cid, will, now)
                         wills += 1
             await self.bus.forget_node(node)
-            log.warning("adopted %d sessions of node %s%s", adopted, node,
-                        "" if graceful else f", published {wills} wills of its clients")
+            log.warning("adopted %d sessions of node %s%s%s", adopted, node,
+                        "" if graceful else f", published {wills} wills of its clients",
+                        f" ({failed} failed: adopted by the next CONNECT of each or a node joining)" if failed else "")
         except Exception:
             log.exception("adopting the sessions of node %s failed", node)
         finally:
+            if progress is not None:
+                progress.cancel()
             self.settled(node)
             self.events.queue_event({"t": "gone", "n": self.id, "of": node})
+
+    async def _say_reaping(self, node: str) -> None:
+        """While this node adopts ``node``'s sessions: the others (and this one) go on refusing
+        messages for those not adopted yet."""
+        while True:
+            await asyncio.sleep(REAP_PROGRESS)
+            self.reaping(node)
+            self.events.queue_event({"t": "reaping", "n": self.id, "of": node})
+
+    async def _adopt(self, node: str, tenant: str, cid: str, graceful: bool) -> bool:
+        """One of dead ``node``'s sessions, under its client id's lock as a CONNECT would take it (held
+        for REAP_LOCK at most: the store reads of the sessions adopted at once wait for each other)."""
+        token = await self.bus.lock(tenant, cid, REAP_LOCK)
+        try:
+            if await self.bus.owner(tenant, cid) != node:
+                return False
+            if await self.sessions.load(tenant, cid, wills=not graceful):
+                await self.bus.claim(tenant, cid, True, node)
+                return True
+            return False
+        finally:
+            if token:
+                await self.bus.unlock(tenant, cid, token)
 
     async def adopt_orphans(self) -> None:
         """Stored sessions no live node holds (the whole cluster was down, or

@@ -310,7 +310,7 @@ def test_a_node_that_rejoined_after_a_netsplit_is_adopted_when_it_dies(cluster, 
 
 @pytest.mark.slow
 def test_a_slow_adoption_keeps_refusing_messages_for_the_sessions_not_adopted_yet(cluster, tmp_path, tag):
-    """n2 dies holding 45 stored sessions and its store answers slowly (every HBase call 150 ms):
+    """n2 dies holding 45 stored sessions and its store answers slowly (every HBase call 300 ms):
     n1 takes more than 40 s to adopt them all. A QoS 1 message published on n1 for a session not
     adopted yet must be refused (the publisher sends it again) until the session is adopted, then
     delivered. Before, the survivors stopped refusing ORPHAN_TIMEOUT (30 s) after the death,
@@ -325,7 +325,7 @@ def test_a_slow_adoption_keeps_refusing_messages_for_the_sessions_not_adopted_ye
             c = persistent(n2.port(), f"{tag}-s{i}")
             c.subscribe(f"{tag}/{i}", qos=1)
             c.disconnect()
-        gateway.control("latency", 150)
+        gateway.control("latency", 300)
         n2.kill()
         died = time.monotonic()
         pub = RawClient(n1.port(), timeout=30)
@@ -338,12 +338,17 @@ def test_a_slow_adoption_keeps_refusing_messages_for_the_sessions_not_adopted_ye
         pid = 0
         while pending:
             refused = []
-            for i in pending:
-                pid = pid % 65535 + 1
-                pub.publish(f"{tag}/{i}", b"for %d" % i, qos=1, pid=pid)
-                if pub.expect(PUBACK).code >= 0x80:
-                    refused.append(i)
-            pending = refused
+            for start in range(0, len(pending), 16):      # 16 at once (the broker's Receive Maximum: 32)
+                sent = {}
+                for i in pending[start:start + 16]:
+                    pid = pid % 65535 + 1
+                    sent[pid] = i
+                    pub.publish(f"{tag}/{i}", b"for %d" % i, qos=1, pid=pid)
+                for _ in sent:
+                    ack = pub.expect(PUBACK)
+                    if ack.code >= 0x80:
+                        refused.append(sent[ack.pid])
+            pending = sorted(refused)
             assert time.monotonic() - died < 240, f"messages for {ranges(pending)} still refused"
             if pending:
                 time.sleep(1)

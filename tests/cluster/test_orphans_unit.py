@@ -102,3 +102,34 @@ def test_the_walk_keeps_its_lease_and_stops_once_another_node_has_it(small_pages
         assert net.state.leases == {"orphans": "other"}
 
     run(go())
+
+
+def test_a_dead_nodes_session_that_fails_to_load_does_not_stop_the_adoption_of_the_others(caplog):
+    """``z`` died holding 70 stored sessions; reading one of them fails. The survivor adopts the
+    69 others (a few at once) and says how many failed. Before, the first failure ended the
+    adoption: every session after it in the list stayed orphaned until its client connected
+    again or a node joined."""
+    async def go():
+        net = FakeNet()
+        b = await net.node("b")
+        cids = [f"dead-{i:02d}" for i in range(70)]
+        for cid in cids:
+            net.store.add("t", cid, [f"o/{cid}"])
+            net.state.clients.setdefault("t", {})[cid] = "z"
+            net.state.owned.setdefault("z", set()).add(("t", cid))
+        real = net.store.load_session
+
+        async def flaky(tenant, cid):
+            if cid == "dead-03":
+                raise OSError("the store refused the read")
+            return await real(tenant, cid)
+
+        net.store.load_session = flaky
+        with caplog.at_level(logging.WARNING, logger="brokerd.cluster"):
+            await b.adoption.reap("z")
+        assert set(b.broker.sessions) == {("t", cid) for cid in cids if cid != "dead-03"}
+        assert "adopted 69 sessions of node z" in caplog.text and "(1 failed" in caplog.text
+        assert net.state.clients["t"]["dead-03"] == "z"          # left for its next CONNECT or a joining node
+        assert net.state.locks == {}
+
+    run(go())
