@@ -563,9 +563,19 @@ class Broker:
         return any(e[0].durable and e[1] for e in entries) or any(
             s.durable and sub.qos for g in groups for s, sub in g.members.items())
 
-    def publish_will(self, ns: Namespace, msg: Publish, now: float) -> None:
-        """A will, as the registry hands it over (retained if it says so)."""
+    def publish_will(self, ns: Namespace, msg: Publish, now: float, quota: dict | None = None) -> bool:
+        """A will, as the registry hands it over (retained if it says so), within the tenant's quota of
+        now (``quota``): a payload over ``max_payload`` is not published (the CONNECT was refused if it
+        was over then); a retained one past ``max_retained`` is published without being retained (EMQX's
+        retainer, full, does the same). Both counted as over quota. -> whether it was published."""
+        if quota is not None:
+            code = self._publish_quota(ns, msg, quota)
+            if code == rc.PACKET_TOO_LARGE:
+                return False
+            if code:
+                msg.retain = False          # (a message of its own: made for this will by the registry)
         self.publish_internal(ns, msg, now)
+        return True
 
     def publish_rule(self, ns: Namespace, msg: Publish, origin, now: float) -> int:
         """A rule's republish, as its triggering client's (``origin``) publish: the tenant's

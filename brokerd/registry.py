@@ -123,6 +123,11 @@ class ClientRegistry:
             b.acct.publish_denied(ns, will.topic)
             channel.refuse(rc.NOT_AUTHORIZED, "will topic not authorized")
             return
+        if will is not None and quota is not None and len(will.payload) > quota.get("max_payload", len(will.payload)):
+            # as a PUBLISH of it would be (0x95): refused now rather than published past the tenant's quota
+            b.acct.publish_over_quota(ns, will.topic)
+            channel.refuse(rc.PACKET_TOO_LARGE, "will payload over the tenant's max_payload")
+            return
         if p.protocol_level == MQTT5:
             expiry = (p.properties or {}).get(P.SESSION_EXPIRY_INTERVAL, 0)
         else:
@@ -352,8 +357,10 @@ class ClientRegistry:
             # the client's rights changed since its CONNECT (or its tenant is gone): as its PUBLISH would be
             self.b.acct.publish_denied(ns, w.topic)
             return
-        self.b.acct.stats.wills_published += 1
-        self.b.publish_will(session.ns, self._will_message(w, session, now), now)
+        policy = self.b.auth.policy(ns.name)
+        quota = policy.quota if policy is not None and policy.quota else None
+        if self.b.publish_will(ns, self._will_message(w, session, now), now, quota):
+            self.b.acct.stats.wills_published += 1
 
     def publish_gone_will(self, tenant: str, client_id: str, will, now: float) -> None:
         """The will of a client of a node that died (published by a survivor)."""

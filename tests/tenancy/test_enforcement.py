@@ -508,3 +508,34 @@ def _expiry(seconds: int):
     from ..mqtt import PacketTypes, props
 
     return props(PacketTypes.CONNECT, SessionExpiryInterval=seconds)
+
+
+@pytest.mark.parametrize("version", [V5, V311])
+def test_wills_are_held_to_the_tenants_payload_and_retained_quotas(control_plane, version):
+    """A will is a PUBLISH its client asks for: its payload within ``max_payload`` and its
+    retained copy within ``max_retained``, as a PUBLISH of it would be. A will over
+    ``max_payload`` is refused at CONNECT (0x95; 3.1.1: 3); a retained will past
+    ``max_retained`` reaches its subscribers without being retained. Before, the tenant's quotas
+    did not apply to wills: a device limited to 100-byte payloads set a 5,000-byte will and had the
+    broker publish it by dropping its connection; a tenant with a cap of 1 retained message had 2."""
+    secrets = control_plane.provision([{"slug": "q", "default_acl": "allow", "devices": ["d"],
+                                        "quota": {"max_payload": 100, "max_retained": 1}}])
+    node = control_plane.broker()
+    try:
+        big = client(secrets, "q/d", version)
+        big.client.will_set("wills/big", b"w" * 5000, qos=1)
+        code = connack_code(big, node.port())
+        assert code == (0x95 if version == V5 else 3), code
+        with client(secrets, "q/d", version).connect(node.port()) as watcher:
+            watcher.subscribe("wills/#", 1)
+            watcher.client.publish("kept", b"the one retained message", qos=1, retain=True).wait_for_publish(5)
+            dev = client(secrets, "q/d", version)
+            dev.client.will_set("wills/small", b"gone", qos=1, retain=True)
+            dev.connect(node.port())
+            dev.drop()
+            assert watcher.expect().payload == b"gone"                  # published to its subscribers
+        with client(secrets, "q/d", version).connect(node.port()) as late:
+            late.subscribe("wills/#", 1)
+            late.expect_none(1.0)                                       # and not retained: the cap is 1
+    finally:
+        node.stop()
