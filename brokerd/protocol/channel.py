@@ -74,6 +74,14 @@ NEW, CONNECTING, CONNECTED, CLOSED = 0, 1, 2, 3
 # a client over its inbound rate for this long is disconnected (0x96)
 ABUSE_SECONDS = 10.0
 
+# The loop may hand a connection many reads before its flush (uvloop reads a socket up to 32 times,
+# 256 KB each, per wake-up): a flood of tiny packets -- PINGREQs, QoS 1 PUBLISHes, each answered --
+# piled up millions of answers in ``out`` between two flushes (one connection took the node from
+# 40 MB to 390 MB for a moment). Past OUT_AT_ONCE after a read they are written at once
+# (``hooks.flush_now``), and the transport's bound on what the client leaves unread applies read by
+# read. (Only a read of several packets can get there: one PUBLISH or PUBACK alone is not checked.)
+OUT_AT_ONCE = 4096
+
 # A channel not connected yet asks (handle_timeout) to be looked at again within this many seconds:
 # once connected, its keepalive says when (at least 1.5 s after its CONNECT, keepalive 1 being the least).
 LOOK_AGAIN = 1.0
@@ -362,6 +370,9 @@ class Channel:
                     raise self.decoder.error
             except RemoteProtocolError as exc:
                 self._peer_error(exc, now)
+                return
+            if len(self.out) > OUT_AT_ONCE:
+                self.hooks.flush_now()
             return
         self._process(pkts, now)
 

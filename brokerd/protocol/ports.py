@@ -40,6 +40,10 @@ class TransportHooks(Protocol):
     def peer_address(self) -> str:
         """The client's address ("host:port"), for a Channel made with ``peer=None``."""
 
+    def flush_now(self) -> None:
+        """``channel.out`` holds many answers (``OUT_AT_ONCE``): write them now, not at the end of the
+        loop's iteration, and read no more while the client does not read them."""
+
 
 class ChannelBroker(Protocol):
     # ------------------------------------------------------------ connection

@@ -26,12 +26,6 @@ PAUSE_OUTPUT = 8     # the client does not read what it asked for (its write buf
 # buffer holds. A client sending those and reading nothing made the broker hold all of it; past
 # OUTPUT_HELD times write_high its socket is no longer read until the buffer drains (resume_writing).
 OUTPUT_HELD = 4
-# The loop may hand a connection many reads before its flush (uvloop reads a socket up to 32 times,
-# 256 KB each, per wake-up): a flood of tiny packets -- PINGREQs, QoS 1 PUBLISHes, each answered --
-# piled up millions of answers in ``Channel.out`` between two flushes (a single connection took the
-# node from 40 MB to 390 MB for a moment). Past OUT_AT_ONCE answers they are written at once, and the
-# write buffer's bound above applies read by read.
-OUT_AT_ONCE = 4096
 
 
 class Flusher:
@@ -216,6 +210,9 @@ class _Closed:
     def throttle_output(self, wait):
         pass
 
+    def flush_now(self):
+        pass
+
     def peer_address(self):
         return ""
 
@@ -264,10 +261,14 @@ class MqttConnection(asyncio.Protocol):
             self.channel.receive_data(data, self.time())
         finally:
             pacer.reading = None
-        ch = self.channel
-        if len(ch.out) > OUT_AT_ONCE:
-            self.flush()
-        if ch.congested:
+        if self.channel.congested:
+            self.hold_output()
+
+    def flush_now(self) -> None:
+        """Many answers wait in ``channel.out`` (a flood of tiny packets): written now, and the socket
+        no longer read while the client does not read them (``Channel.OUT_AT_ONCE``)."""
+        self.flush()
+        if self.channel.congested:
             self.hold_output()
 
     def hold_output(self) -> None:

@@ -20,7 +20,7 @@ from wsproto.events import (
 )
 from wsproto.utilities import RemoteProtocolError as WsProtocolError
 
-from .connection import OUT_AT_ONCE, MqttConnection, close_gently
+from .connection import MqttConnection, close_gently
 
 log = logging.getLogger("brokerd.ws")
 
@@ -41,11 +41,8 @@ class WsMqttConnection(MqttConnection):
     def data_received(self, data: bytes) -> None:
         if self.open:
             self._receive(data)
-            ch = self.channel
-            if len(ch.out) > OUT_AT_ONCE and not self.closed:
-                self.flush()
-            if ch.congested:
-                self.hold_output()
+            if self.channel.congested:
+                self.hold_output()          # (as MqttConnection.data_received)
             return
         self._receive(data)
         # An upgrade request that did not come whole in this read is held (by h11, up to 16 KiB a

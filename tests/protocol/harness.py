@@ -71,6 +71,9 @@ class Hooks:
         self.paused = False
         self.calls.append("resume")
 
+    def flush_now(self):
+        self.calls.append("flush_now")        # (the harness reads ``out`` itself)
+
 
 class UnknownAlias(AssertionError):
     """The server used a topic alias it never set up on this connection."""
