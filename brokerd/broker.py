@@ -222,8 +222,8 @@ class Broker:
     def publish_gone_will(self, tenant: str, client_id: str, will, now: float) -> None:
         self.registry.publish_gone_will(tenant, client_id, will, now)
 
-    def reauthorize_all(self) -> None:
-        self.enforcement.reauthorize_all()
+    def reauthorize_all(self, now: float) -> None:
+        self.enforcement.reauthorize_all(now)
 
     def policy_changed(self, tenant: str, old, new, now: float, wall: float) -> None:
         self.enforcement.policy_changed(tenant, old, new, now, wall)
@@ -768,10 +768,19 @@ class Broker:
             for d in dropped:
                 reserved.discard(d.pid)
 
-    def queue_denied(self, session, denied: list) -> None:
-        """Queued deliveries taken out because the client may no longer read their topics."""
-        self.acct.delivery_denied(session.ns, denied)
+    def queue_denied(self, session, denied: list, now: float) -> None:
+        """Queued deliveries taken out because the client may no longer read their topics. Those
+        owed through a shared subscription go to another member of the group, as when a member's
+        session ends (``ClientRegistry.end_session``) -- except a QoS 2 one sent before, which the
+        client may have processed ([MQTT-4.8.2-5])."""
         self._forget_queued(session, denied)
+        ns = session.ns
+        lost = []
+        for d in denied:
+            if d.share is None or (d.qos == 2 and d.dup) or not self._deliver_shared(ns, d.share, d.msg, now, session):
+                lost.append(d)
+        if lost:
+            self.acct.delivery_denied(ns, lost)
 
     def discarded(self, session, d: Delivery, expired: bool) -> None:
         """A queued delivery left without being sent: expired, or too large for the client."""

@@ -293,7 +293,7 @@ class Server:
         await self.open_store()
         await self.open_delayed()
         if self.config.control_plane:
-            self.broker.reauthorize_all()
+            self.broker.reauthorize_all(self.loop.time())
         for lst in self.config.listeners():
             if lst.tls and self.tls is None:
                 self.tls = tls_context(self.config)

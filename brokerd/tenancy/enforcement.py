@@ -31,8 +31,9 @@ class EnforcementBroker(Protocol):
     limits: object
     wall_offset: float
 
-    def queue_denied(self, session, denied: list) -> None:
-        """Queued deliveries taken out: the client may no longer read their topics."""
+    def queue_denied(self, session, denied: list, now: float) -> None:
+        """Queued deliveries taken out: the client may no longer read their topics (shared ones go
+        to another member of their group)."""
 
 
 class Enforcement:
@@ -53,7 +54,7 @@ class Enforcement:
         channel.limit_in, channel.limit_out = auth.limiters(session.ns.name, now, session.client_id)
         if present and (session.device != device or acl is not None or session.read_acl is not None):
             session.device = device
-            self.reauthorize(session, acl)
+            self.reauthorize(session, acl, now)
         session.device = device
         expires = credential_expiry(identity, policy)
         if expires is not None:
@@ -100,7 +101,7 @@ class Enforcement:
 
     # ---------------------------------------------------------------- sessions
 
-    def reauthorize(self, session, acl) -> None:
+    def reauthorize(self, session, acl, now: float) -> None:
         """Check a session's subscriptions against the client's (new) ACL:
         those now refused are removed, those allowed in part are checked on
         each delivery."""
@@ -130,9 +131,9 @@ class Enforcement:
             # either (nor one of a subscription just removed, unless another still allows it)
             denied = session.queue.remove(lambda d: not d.msg.topic.startswith("$SYS") and not acl.can_read(d.msg.topic))
             if denied:
-                b.queue_denied(session, denied)
+                b.queue_denied(session, denied, now)
 
-    def reauthorize_all(self) -> None:
+    def reauthorize_all(self, now: float) -> None:
         """After start-up: restored sessions get their clients' ACLs."""
         auth = self.b.auth
         for tenant, session in self.b.router.sessions():
@@ -140,7 +141,7 @@ class Enforcement:
                 continue                     # device unknown: judged when it reconnects
             acl = auth.client_acl(Identity(tenant, session.device), session.client_id)
             if acl is not None:
-                self.reauthorize(session, acl)
+                self.reauthorize(session, acl, now)
 
     def policy_changed(self, tenant: str, old, new, now: float, wall: float) -> None:
         """A tenant's policy changed in the console: enforce it on live clients
@@ -178,7 +179,7 @@ class Enforcement:
                 continue                         # device unknown: judged when it reconnects
             else:
                 acl = auth.client_acl(Identity(tenant, session.device), session.client_id)
-            self.reauthorize(session, acl)
+            self.reauthorize(session, acl, now)
             max_queued = new.quota.get("max_queued")
             session.queue.max_len = limits.max_queued if max_queued is None else min(limits.max_queued, max_queued)
 

@@ -539,3 +539,39 @@ def test_wills_are_held_to_the_tenants_payload_and_retained_quotas(control_plane
             late.expect_none(1.0)                                       # and not retained: the cap is 1
     finally:
         node.stop()
+
+
+@pytest.mark.parametrize("store", [False, True])
+def test_shared_messages_queued_for_a_member_whose_read_right_is_revoked_go_to_another_member(
+        control_plane, tmp_path, store):
+    """Two devices share ``$share/g/jobs/#``; both persistent sessions are away, so the group's
+    messages are queued for them in turn. The console then denies dev1 ``jobs/#``: what was queued
+    for dev1 through the group goes to dev2 (as when a member's session ends), not nowhere. Before,
+    dev1's share was dropped: dev2 got only its own half of the jobs."""
+    rules = RULES + [{"topic": "jobs/#", "action": "both", "allow": True}]
+    secrets = control_plane.provision([{"slug": "acme", "acl": rules, "devices": ["dev1", "dev2"]}])
+    flags = ("--store", f"sqlite:///{tmp_path}/s.sqlite3") if store else ()
+    node = control_plane.broker(*flags)
+    try:
+        for dev in ("dev1", "dev2"):
+            with client(secrets, f"acme/{dev}", client_id=f"worker-{dev}", clean=False).connect(
+                    node.port(), properties=_expiry(300)) as c:
+                assert c.subscribe("$share/g/jobs/#", 1)[0].value == 1
+        jobs = [b"job%d" % i for i in range(6)]
+        with client(secrets, "acme/dev2").connect(node.port()) as pub:
+            for job in jobs:
+                pub.publish("jobs/x", job, qos=1)
+        control_plane.manage("acl", "add", "acme", "--deny", "--action", "subscribe", "--topic", "jobs/#",
+                             "--device", "dev1", "--position", "1")
+        with client(secrets, "acme/dev1").connect(node.port()) as probe:
+            wait_until(lambda: probe.subscribe("jobs/#", 1)[0].value == 0x87, timeout=5, what="new rule")
+        back = client(secrets, "acme/dev2", client_id="worker-dev2", clean=False)
+        with back.connect(node.port(), properties=_expiry(300)) as c:
+            assert c.session_present
+            assert sorted(m.payload for m in c.expect_n(len(jobs))) == jobs
+            c.expect_none(1.0)
+        back = client(secrets, "acme/dev1", client_id="worker-dev1", clean=False)
+        with back.connect(node.port(), properties=_expiry(300)) as c:
+            c.expect_none(1.0)
+    finally:
+        node.stop()
