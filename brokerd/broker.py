@@ -936,7 +936,9 @@ class Broker:
         to its stored queue), sent when the client is back, here or on another node. Only while
         the queue has room: a subscription matching millions of retained messages queues at most
         ``--max-queued`` of them (as Mosquitto's ``max_queued_messages``); the first that does
-        not fit is counted as a queue overflow and the rest are not sent."""
+        not fit is counted as a queue overflow and the rest are not sent. One expired since the
+        SUBSCRIBE (the feed judged expiry then) is not queued: it would take the room of one
+        that can be sent."""
         queue = session.queue
         stored = session.durable and self.persist is not None
         qos0 = self.limits.queue_qos0
@@ -945,6 +947,8 @@ class Broker:
                 continue
             for msg, qos, ids in it:
                 if not qos and not qos0:
+                    continue
+                if msg.expiry_at is not None and now > msg.expiry_at:
                     continue
                 if queue.full(len(msg.payload)):
                     self.acct.queue_full(session.ns, [Delivery(msg, qos, True, ids)])

@@ -342,3 +342,41 @@ def test_retained_owed_at_disconnect_are_queued_only_while_the_queue_has_room(br
             c.ack(raw.PUBACK, p.pid)
         assert len(got) == 5 + 20, got                          # the window again, and a full queue
         assert len(set(got)) == len(got)
+
+
+def test_retained_owed_at_disconnect_that_expired_meanwhile_take_no_room_in_the_queue(broker_factory, client_id):
+    """The retained messages a session is still owed when its client goes are queued as far as its
+    queue has room -- those that expired since the SUBSCRIBE are not: they would never be sent, and
+    took the room of those that can. Before, 20 expired ones filled the queue (``--max-queued 20``)
+    and the 10 that do not expire never came."""
+    b = broker_factory("--max-inflight", "5", "--max-queued", "20")
+    expiring = [f"owed/e{i}" for i in range(30)]
+    kept = [f"owed/k{i}" for i in range(10)]
+    with RawClient(b.port(), timeout=10) as pub:
+        pub.connect("retainer", version=5)
+        pub.send(b"".join(raw.publish_packet(t, _payload(t), 1, True, pid=i + 1, version=5,
+                                             props={raw.MESSAGE_EXPIRY_INTERVAL: 1})
+                          for i, t in enumerate(expiring)))
+        pub.send(b"".join(raw.publish_packet(t, _payload(t), 1, True, pid=100 + i, version=5)
+                          for i, t in enumerate(kept)))
+        pub.send(b"\xc0\x00")                                   # PINGREQ: answered once all before it are done
+        pub.expect(raw.PINGRESP, timeout=30, skip=(raw.PUBACK,))
+    expiry = {raw.SESSION_EXPIRY_INTERVAL: 300}
+    with RawClient(b.port(), timeout=10) as c:
+        c.connect(client_id, version=5, clean=True, props=expiry)
+        c.send(raw.subscribe_packet(1, [("owed/+", 1)], 5))
+        c.expect(raw.SUBACK)
+        assert {c.expect(PUBLISH).topic for _ in range(5)} <= set(expiring)   # the window: not acknowledged
+        time.sleep(1.5)                                         # every one of the 30 expires
+    with RawClient(b.port(), timeout=10) as c:
+        assert c.connect(client_id, version=5, clean=False, props=expiry).session_present
+        got = set()
+        while True:
+            try:
+                p = c.recv(1)
+            except TimeoutError:
+                break
+            got.add(p.topic)
+            if p.qos:
+                c.ack(raw.PUBACK, p.pid)
+        assert set(kept) <= got, sorted(got)
