@@ -241,6 +241,9 @@ REPORTS_TOP_N = envint("REPORTS_TOP_N", 10)
 REPORTS_MAX_RETRIES = envint("REPORTS_MAX_RETRIES", 3)
 REPORTS_RETRY_BACKOFF = envint("REPORTS_RETRY_BACKOFF", 30)  # seconds before the first retry, doubled each time
 REPORTS_DISPATCH_INTERVAL = envint("REPORTS_DISPATCH_INTERVAL", 60)
+# A schedule whose runs were missed (beat or the workers down) runs once per missed period, at most
+# REPORTS_MAX_CATCH_UP of them (the latest) when dispatch comes back
+REPORTS_MAX_CATCH_UP = envint("REPORTS_MAX_CATCH_UP", 7)
 # A running report's worker marks it alive every REPORTS_HEARTBEAT seconds; beat's dispatch queues again
 # a run not marked for REPORTS_STALLED_AFTER seconds (its worker was killed: a deploy, the OOM killer)
 REPORTS_HEARTBEAT = envint("REPORTS_HEARTBEAT", 30)

@@ -225,25 +225,43 @@ def due_schedules(now: datetime):
     return ReportSchedule.objects.filter(enabled=True, next_run_at__lte=now).select_related("tenant")
 
 
+def missed_occurrences(schedule: ReportSchedule, now: datetime) -> list[datetime]:
+    """The runs of a due ``schedule`` from its next run to ``now``, oldest first, one per period: several
+    when beat or the workers were down over more than one of them, at most REPORTS_MAX_CATCH_UP (the
+    latest ones; the older ones are not reported)."""
+    bound = max(1, settings.REPORTS_MAX_CATCH_UP)
+    out: list[datetime] = [schedule.next_run_at]      # may be off the regular times (set by hand)
+    periods = {schedules.period_for(schedule.frequency, schedule.next_run_at)}
+    at = schedules.next_run(schedule.frequency, schedule.hour, schedule.next_run_at)
+    if now - at > timedelta(days=32 * bound):      # down for long: start near the bound, not years back
+        at = schedules.next_run(schedule.frequency, schedule.hour, now - timedelta(days=32 * bound))
+    while at <= now:
+        period = schedules.period_for(schedule.frequency, at)
+        if period not in periods:
+            periods.add(period)
+            out.append(at)
+        at = schedules.next_run(schedule.frequency, schedule.hour, at)
+    return out[-bound:]
+
+
 @transaction.atomic
-def claim_schedule(schedule: ReportSchedule, now: datetime) -> ReportRun | None:
-    """The run of a due ``schedule``, or None when another dispatcher claimed
-    it first. The claim is a conditional update of its next run, so two beats
-    (or a task delivered twice) start it once; runs missed while nothing
-    dispatched collapse into the latest one. ``tasks.dispatch_due`` queues
-    the run once this transaction committed."""
-    due = schedules.latest_due(schedule.frequency, schedule.hour, now)
-    if due < schedule.next_run_at:
-        due = schedule.next_run_at   # set by hand (or by a test) off the regular times
+def claim_schedule(schedule: ReportSchedule, now: datetime) -> list[ReportRun]:
+    """The runs of a due ``schedule`` (``missed_occurrences``: one per period whose run was missed while
+    nothing dispatched, bounded), or [] when another dispatcher claimed it first. The claim is a
+    conditional update of its next run, so two beats (or a task delivered twice) start them once.
+    ``tasks.dispatch_due`` queues the runs once this transaction committed."""
+    occurrences = missed_occurrences(schedule, now)
     following = schedules.next_run(schedule.frequency, schedule.hour, now)
     claimed = ReportSchedule.objects.filter(pk=schedule.pk, next_run_at=schedule.next_run_at).update(
         next_run_at=following, last_run_at=now)
     if not claimed:
-        return None
-    first, last = schedules.period_for(schedule.frequency, due)
-    run = create_run(ReportRun.Kind.TENANT, first, last, tenant=schedule.tenant, schedule=schedule)
-    ReportSchedule.objects.filter(pk=schedule.pk).update(last_run=run)
-    return run
+        return []
+    runs = []
+    for due in occurrences:
+        first, last = schedules.period_for(schedule.frequency, due)
+        runs.append(create_run(ReportRun.Kind.TENANT, first, last, tenant=schedule.tenant, schedule=schedule))
+    ReportSchedule.objects.filter(pk=schedule.pk).update(last_run=runs[-1])
+    return runs
 
 
 def send_now_run(schedule: ReportSchedule, user, now: datetime | None = None) -> ReportRun:

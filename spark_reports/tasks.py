@@ -5,7 +5,7 @@ What puts a run on the queue, once the transaction that records it commits
 
 - ``request_run(...)``: a new run (the "Run report" button);
 - ``retry_run(run)``: a failed run again (the retry button);
-- ``dispatch_due(now)``: a run for every schedule due, each claimed once;
+- ``dispatch_due(now)``: a run for every schedule due (one per missed period), each claimed once;
 - ``send_now(schedule, user)``: a schedule's run at once (its "Send now").
 
 The tasks, thin wrappers over ``services`` and ``delivery``:
@@ -77,19 +77,20 @@ def send_now(schedule, user) -> ReportRun:
 
 
 def dispatch_due(now=None) -> list[ReportRun]:
-    """Start a run for every enabled schedule whose next run has come, each
-    claimed once (``services.claim_schedule``) and queued when its claim commits."""
+    """Start the runs of every enabled schedule whose next run has come (one per period missed while
+    nothing dispatched, ``services.missed_occurrences``), each schedule claimed once
+    (``services.claim_schedule``) and its runs queued when the claim commits."""
     now = now or timezone.now()
     started = []
     for schedule in services.due_schedules(now):
         with transaction.atomic():
-            run = services.claim_schedule(schedule, now)
-            if run is None:
-                continue
-            _enqueue(run)
-        log.info("schedule %s of %s: report %s over %s..%s", schedule.pk, schedule.tenant, run.pk,
-                 run.period_start.date(), run.last_day)
-        started.append(run)
+            runs = services.claim_schedule(schedule, now)
+            for run in runs:
+                _enqueue(run)
+        for run in runs:
+            log.info("schedule %s of %s: report %s over %s..%s", schedule.pk, schedule.tenant, run.pk,
+                     run.period_start.date(), run.last_day)
+        started += runs
     return started
 
 

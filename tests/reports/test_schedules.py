@@ -68,13 +68,32 @@ def test_dispatch_starts_due_schedules_once(acme, globex, django_capture_on_comm
     assert due.next_run_at == at(2026, 3, 16, 6) and due.last_run == run
 
 
-def test_missed_runs_collapse_into_the_latest(acme):
+def test_runs_missed_while_beat_was_down_each_run_once_when_it_is_back(
+        acme, django_capture_on_commit_callbacks, monkeypatch):
+    """Before: the four days' runs missed collapsed into one report of the last day; the other days'
+    reports were never sent. Now each missed day gets its own run (and email), oldest first, once."""
+    sent = []
+    monkeypatch.setattr("spark_reports.tasks.run_report.delay", lambda run_id: sent.append(run_id))
     s = ReportSchedule.objects.create(tenant=acme, frequency="daily", recipients=["ops@acme.test"],
                                       next_run_at=at(2026, 3, 1, 6))
-    (run,) = tasks.dispatch_due(at(2026, 3, 5, 7))           # beat was down for four days
-    assert run.period_start == at(2026, 3, 4)
+    with django_capture_on_commit_callbacks(execute=True):
+        runs = tasks.dispatch_due(at(2026, 3, 5, 7))         # beat was down from 3/1 05:00 to 3/5 07:00
+        assert tasks.dispatch_due(at(2026, 3, 5, 7, 1)) == []
+    assert [r.period_start for r in runs] == [at(2026, 2, 28), at(2026, 3, 1), at(2026, 3, 2), at(2026, 3, 3),
+                                              at(2026, 3, 4)]
+    assert all(r.period_end - r.period_start == timedelta(days=1) and r.schedule == s for r in runs)
+    assert sent == [r.pk for r in runs]
     s.refresh_from_db()
-    assert s.next_run_at == at(2026, 3, 6, 6)
+    assert s.next_run_at == at(2026, 3, 6, 6) and s.last_run == runs[-1]
+
+
+def test_catching_up_is_bounded_to_the_latest_periods(acme, settings):
+    settings.REPORTS_MAX_CATCH_UP = 3
+    ReportSchedule.objects.create(tenant=acme, frequency="weekly", recipients=["ops@acme.test"],
+                                  next_run_at=at(2025, 3, 3, 6))                   # down for a year
+    runs = tasks.dispatch_due(at(2026, 3, 11, 12))
+    assert [(r.period_start, r.period_end) for r in runs] == [
+        (at(2026, 2, 16), at(2026, 2, 23)), (at(2026, 2, 23), at(2026, 3, 2)), (at(2026, 3, 2), at(2026, 3, 9))]
 
 
 def _scheduled_run(tenant, recipients):
