@@ -91,6 +91,19 @@ def execute_run(run: ReportRun, attempt: int) -> ReportRun:
         return _execute(run, report)
 
 
+def report_period(run: ReportRun) -> Period:
+    """The run's period, starting no earlier than its tenant's ``usage_since`` (a slug reused after a
+    tenant was deleted: the rows before are the deleted tenant's), rounded up to the minute (a traffic
+    row is a minute's, stamped with its start: the minute of the re-creation may hold the deleted
+    tenant's)."""
+    period = Period.between(run.period_start, run.period_end)
+    since = run.tenant.usage_since if run.tenant_id else None
+    if since is None or since.timestamp() <= period.start:
+        return period
+    start = min(-(-since.timestamp() // 60) * 60, period.end)
+    return Period(start, period.end)
+
+
 def _execute(run: ReportRun, report) -> ReportRun:
 
     def progress(step: int, total: int, text: str) -> None:
@@ -99,7 +112,7 @@ def _execute(run: ReportRun, report) -> ReportRun:
     if not spark_running():
         _update(run.pk, progress="Starting Spark: the worker's first report waits for it (up to half a minute)")
     spark = get_spark()
-    result = report.run(spark, usage_dir(), Period.between(run.period_start, run.period_end),
+    result = report.run(spark, usage_dir(), report_period(run),
                         tenant=run.tenant.slug if run.tenant_id else None, top_n=settings.REPORTS_TOP_N,
                         progress=progress, lake=lake_dir())
     _update(run.pk, status=ReportRun.Status.SUCCEEDED, result=result, error="", finished_at=timezone.now(),

@@ -49,6 +49,9 @@ class Tenant(models.Model):
     default_acl = models.CharField(max_length=8, choices=DefaultAcl.choices, default=DefaultAcl.DENY)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # set when the slug was a deleted tenant's: the usage log keys rows by slug, so rows before this
+    # instant are that tenant's, and this one's reports leave them out (spark_reports.services)
+    usage_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["slug"]

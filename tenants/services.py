@@ -101,6 +101,8 @@ def create_tenant(slug: str, *, name: str = "", contact_emails=(), default_acl: 
     _clean_tenant(tenant)
     if Tenant.objects.filter(slug=slug).exists():
         raise Conflict(f"tenant {slug!r} already exists")
+    if (policy_snapshot.load(slug) or {}).get("status") == "deleted":
+        tenant.usage_since = timezone.now()     # the usage rows of the slug until now are the deleted tenant's
     _save(tenant, f"tenant {slug!r} already exists")
     Quota.objects.create(tenant=tenant)
     SystemTopicSetting.objects.create(tenant=tenant)
