@@ -49,6 +49,11 @@ class ReportRun(models.Model):
     # while running: the worker's last sign of life (REPORTS_HEARTBEAT); none for REPORTS_STALLED_AFTER
     # seconds -- the worker is gone -- and beat queues the run again (services.requeue_stalled)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # while queued: when it was put on Celery's queue (a retry: when it is due). A queued run no worker
+    # took for REPORTS_STALLED_AFTER seconds after that -- its message was lost with a worker that had
+    # fetched it, or never sent -- is queued again by beat (services.requeue_lost); a worker takes a
+    # run only from "queued" (services.execute_run), so a second message of it is a no-op
+    queued_at = models.DateTimeField(null=True, blank=True)
     # scheduled runs: the email
     emailed_at = models.DateTimeField(null=True, blank=True)
     emailed_to = LineListField()

@@ -14,6 +14,7 @@ from datetime import UTC, date, datetime, timedelta
 
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from . import reports, schedules
@@ -35,14 +36,14 @@ def create_run(kind: str, first: date, last: date, tenant=None, user=None, sched
         kind=kind, tenant=tenant if kind != ReportRun.Kind.PLATFORM else None,
         period_start=_midnight(first), period_end=_midnight(last) + timedelta(days=1),
         requested_by=user if user is not None and user.is_authenticated else None, schedule=schedule,
-        progress="Waiting for a worker", progress_total=len(reports.get(kind).steps))
+        progress="Waiting for a worker", progress_total=len(reports.get(kind).steps), queued_at=timezone.now())
 
 
 def requeue_run(run: ReportRun) -> ReportRun:
     """A failed run back to queued (the retry button; ``tasks.retry_run`` hands it over)."""
     ReportRun.objects.filter(pk=run.pk).update(
         status=ReportRun.Status.QUEUED, error="", progress="Waiting for a worker", progress_step=0,
-        started_at=None, finished_at=None)
+        started_at=None, finished_at=None, queued_at=timezone.now())
     run.refresh_from_db()
     return run
 
@@ -80,13 +81,17 @@ class _Heartbeat:
         self.thread.join(5)
 
 
-def execute_run(run: ReportRun, attempt: int) -> ReportRun:
-    """Run the report now (in this process); raise what the job raised."""
+def execute_run(run: ReportRun, attempt: int) -> ReportRun | None:
+    """Run the report now (in this process); raise what the job raised. None: the run is not queued
+    (another worker took it, from a second message of it: ``requeue_lost``), nothing done."""
     report = reports.get(run.kind)
     now = timezone.now()
-    _update(run.pk, status=ReportRun.Status.RUNNING, started_at=now, heartbeat_at=now, finished_at=None,
-            attempts=run.attempts + 1, progress=f"Starting (attempt {attempt})", progress_step=0,
-            progress_total=len(report.steps))
+    taken = ReportRun.objects.filter(pk=run.pk, status=ReportRun.Status.QUEUED).update(
+        status=ReportRun.Status.RUNNING, started_at=now, heartbeat_at=now, finished_at=None,
+        attempts=F("attempts") + 1, progress=f"Starting (attempt {attempt})", progress_step=0,
+        progress_total=len(report.steps))
+    if not taken:
+        return None
     with _Heartbeat(run.pk):
         return _execute(run, report)
 
@@ -159,7 +164,28 @@ def requeue_stalled(now: datetime | None = None) -> list[ReportRun]:
         reason = STALLED.format(step=run.progress_step, total=run.progress_total)
         if ReportRun.objects.filter(pk=run.pk, status=ReportRun.Status.RUNNING,
                                     heartbeat_at=run.heartbeat_at).update(
-                status=ReportRun.Status.QUEUED, error=reason, progress="Waiting for a worker", progress_step=0):
+                status=ReportRun.Status.QUEUED, error=reason, progress="Waiting for a worker", progress_step=0,
+                queued_at=now):
+            run.refresh_from_db()
+            out.append(run)
+    return out
+
+
+def requeue_lost(now: datetime | None = None) -> list[ReportRun]:
+    """Runs "queued" that no worker took REPORTS_STALLED_AFTER seconds after they were queued (or their
+    retry was due): their Celery message went with a worker that had fetched it and was killed or
+    restarted (a worker fetches messages ahead of running them; a retry waits in the worker that
+    failed), or was never sent. Each is noted queued again now (a conditional update: once per beat
+    however many dispatch) for ``tasks.requeue_stalled`` to send once more; a run that was only
+    waiting behind others gets a second message, which finds it taken and does nothing."""
+    now = now or timezone.now()
+    cut = now - timedelta(seconds=settings.REPORTS_STALLED_AFTER)
+    waiting = ReportRun.objects.filter(status=ReportRun.Status.QUEUED)
+    waiting = waiting.filter(Q(queued_at__lt=cut) | Q(queued_at__isnull=True, created_at__lt=cut))
+    out = []
+    for run in waiting:
+        if ReportRun.objects.filter(pk=run.pk, status=ReportRun.Status.QUEUED, queued_at=run.queued_at).update(
+                queued_at=now):
             run.refresh_from_db()
             out.append(run)
     return out
@@ -187,6 +213,7 @@ def record_failure(run_id: int, exc: BaseException, final: bool, retry_in: float
                 progress="Failed")
     else:
         _update(run_id, status=ReportRun.Status.QUEUED, error=reason,
+                queued_at=timezone.now() + timedelta(seconds=retry_in or 0),
                 progress=f"Attempt failed; retrying in {retry_in:.0f} s" if retry_in else "Attempt failed; retrying")
 
 

@@ -19,7 +19,8 @@ The tasks, thin wrappers over ``services`` and ``delivery``:
 - ``dispatch_due_schedules()``: run by beat every REPORTS_DISPATCH_INTERVAL
   seconds from the database schedule (django-celery-beat); starts the
   ReportSchedules that are due, and queues again the runs whose worker is
-  gone (``requeue_stalled``: no heartbeat for REPORTS_STALLED_AFTER seconds).
+  gone (``requeue_stalled``: no heartbeat for REPORTS_STALLED_AFTER seconds), and the queued
+  runs that no worker took that long after they were queued (their message was lost with a worker).
 - ``compact_usage()``: run by beat every LAKE_COMPACT_INTERVAL seconds (0: not
   scheduled); one compaction run of the landed usage log into the lake
   (``spark_reports.lake``) on the worker's SparkSession; a run already going
@@ -98,11 +99,13 @@ def dispatch_due(now=None) -> list[ReportRun]:
              retry_backoff=settings.REPORTS_RETRY_BACKOFF, retry_backoff_max=3600, retry_jitter=False)
 def run_report(self, run_id: int) -> str:
     run = ReportRun.objects.select_related("tenant", "schedule").filter(pk=run_id).first()
-    if run is None or run.status == ReportRun.Status.SUCCEEDED:
-        return "gone" if run is None else "already done"
+    if run is None or run.status != ReportRun.Status.QUEUED:
+        return "gone" if run is None else f"not queued ({run.status})"     # a second message of it
     retries = self.request.retries
     try:
         run = services.execute_run(run, attempt=retries + 1)
+        if run is None:
+            return "taken by another worker"
     except Exception as exc:
         final = retries >= self.max_retries
         delay = None if final else min(3600, self.retry_backoff * 2 ** retries)
@@ -130,10 +133,15 @@ def deliver_report(self, run_id: int) -> str:
 
 
 def requeue_stalled(now=None) -> list[ReportRun]:
-    """Queue again the runs whose worker is gone (``services.requeue_stalled``), once each."""
+    """Queue again the runs whose worker is gone (``services.requeue_stalled``) and the queued runs
+    whose message is (``services.requeue_lost``), once each."""
     runs = []
     for run in services.requeue_stalled(now):
         log.warning("report %s: %s", run.pk, run.error)
+        transaction.on_commit(lambda pk=run.pk: run_report.delay(pk))
+        runs.append(run)
+    for run in services.requeue_lost(now):
+        log.warning("report %s: queued and not taken by a worker; queued again", run.pk)
         transaction.on_commit(lambda pk=run.pk: run_report.delay(pk))
         runs.append(run)
     return runs

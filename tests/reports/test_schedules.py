@@ -274,3 +274,18 @@ def test_a_schedule_moved_later_the_same_day_does_not_send_the_same_period_again
     services.send_now_run(other, get_user_model().objects.create_user("alice"), now=edited)
     services.schedule_saved(other, now=edited)
     assert other.next_run_at == ran.replace(hour=hour, minute=0, second=0)
+
+
+def test_a_second_message_of_a_run_does_nothing(acme, monkeypatch):
+    """A queued run queued again (its message looked lost: services.requeue_lost) may have two messages:
+    the worker that takes the second one finds the run taken, done or failed, and leaves it."""
+    from spark_reports.tasks import run_report
+
+    ran = []
+    monkeypatch.setattr(services, "_execute", lambda run, report: ran.append(run.pk) or run)
+    run = ReportRun.objects.create(tenant=acme, period_start=at(2026, 3, 2), period_end=at(2026, 3, 9))
+    for status in ("running", "succeeded", "failed"):
+        ReportRun.objects.filter(pk=run.pk).update(status=status)
+        assert run_report.apply(args=[run.pk], throw=True).get() == f"not queued ({status})"
+        assert services.execute_run(run, attempt=1) is None
+    assert ran == []

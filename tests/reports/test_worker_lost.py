@@ -50,3 +50,41 @@ def test_a_run_whose_worker_was_killed_is_run_again(people, plane, settings):
     run.refresh_from_db()
     assert run.status == "succeeded" and run.error == "" and run.attempts == 2
     assert "The worker running it stopped" in page       # what the page said meanwhile
+
+
+def test_a_run_queued_behind_another_when_the_worker_was_killed_is_run_too(people, plane, settings):
+    """A worker fetches messages ahead of running them (the filesystem broker deletes a fetched one; Redis
+    gives it back only after an hour): killed, the run waiting behind the one it was running stayed
+    "queued" for ever -- the page said "Waiting for a worker" and no worker ever took it."""
+    from spark_reports import tasks
+    from spark_reports.models import ReportRun
+
+    acme, client = people
+    queue = plane.dir / "celery" / "queue"
+    first = Proc([*WORKER[:4], "1", *WORKER[5:]], plane.env, ready="ready.")      # one thread: one at a time
+    try:
+        ids = []
+        for preset in ("last_7", "last_30"):
+            response = client.post(reverse("reports", args=["acme"]), {"preset": preset})
+            ids.append(int(response["Location"].rstrip("/").rsplit("/", 1)[1]))
+        # the first one running, the second fetched by the worker (no message left in the queue)
+        wait_for(lambda: ReportRun.objects.get(pk=ids[0]).status == "running" and not list(queue.glob("*.msg")),
+                 60, first.log)
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait()
+    finally:
+        first.stop()
+    assert [ReportRun.objects.get(pk=pk).status for pk in ids] == ["running", "queued"]
+    settings.REPORTS_STALLED_AFTER = 1
+    time.sleep(1.5)
+    tasks.dispatch_due_schedules()           # beat's dispatch
+    tasks.dispatch_due_schedules()           # and its next tick: nothing queued twice
+    assert len(list(queue.glob("*.msg"))) == 2
+    second = Proc(WORKER, plane.env, ready="ready.")
+    try:
+        for pk in ids:
+            wait_for_run(pk, second, 150)
+    finally:
+        second.stop()
+    runs = [ReportRun.objects.get(pk=pk) for pk in ids]
+    assert [(r.status, r.attempts) for r in runs] == [("succeeded", 2), ("succeeded", 1)]
