@@ -463,6 +463,27 @@ def _rollup(spark, fs, lake, dataset, result, now, keep, row_group_bytes) -> lis
     return old
 
 
+_ROLLUP_RUN = re.compile("/" + ROLLUPS + "/(" + "|".join(ROLLED) + r")/date=(\d{4}-\d{2}-\d{2})/(run=[\w.-]+)/")
+
+
+def drop_damaged_rollups(spark, lake: str, error: str) -> list[str]:
+    """The rollup runs of ``lake`` that ``error`` (a failed read's message) names -- a part file cut
+    short or damaged on disk -- deleted, their dates marked for the next compaction to make again:
+    a rollup is the lake's rows grouped, so readers read the date's raw rows meanwhile, where a
+    damaged one made every report over the date fail. -> the run directories deleted."""
+    fs = HadoopFS(spark)
+    out = []
+    for dataset, day, run in sorted(set(_ROLLUP_RUN.findall(error))):
+        uri = f"{rollup_root(lake, dataset)}/date={day}/{run}"
+        if fs.exists(uri):
+            _mark(fs, lake, dataset, day)
+            fs.delete(uri, True)
+            log.warning("damaged daily rollup %s deleted: its date is read from its rows until the next "
+                        "compaction makes it again", uri)
+            out.append(uri)
+    return out
+
+
 def _commit_rollup(fs, lake, dataset, run, staged_root, day, source, stats, now) -> None:
     staged = f"{staged_root}/date={day}"
     fs.mkdirs(staged)                 # a date without a row still gets its (empty) rollup

@@ -10,6 +10,7 @@ from pyspark import StorageLevel
 from pyspark.sql import functions as F
 
 from . import jobs
+from . import lake as lakes
 from .jobs import Period
 from .report_base import TOP_N, Progress, Report, _header, _iso, _noop  # noqa: F401  (_iso: tests read it here)
 from .telemetry import TelemetryReport
@@ -128,6 +129,28 @@ def _rejections(totals: dict) -> list[dict]:
     return [{"kind": kind, "label": label, "count": totals[kind]} for kind, label in jobs.REJECTION_KINDS]
 
 
+def _past_damaged_rollups(spark, root, lake, run_once, tries: int = 3) -> dict:
+    """``run_once()``; where it failed reading a daily rollup (a damaged file: a disk's fault, a host
+    crash before the file reached the disk), that rollup deleted (``lake.drop_damaged_rollups``: the
+    next compaction makes it again) and the report run again, reading that date's raw rows. Before,
+    every report over the date failed until someone removed the file by hand."""
+    for _ in range(tries):
+        try:
+            return run_once()
+        except Exception as exc:
+            if not lakes.drop_damaged_rollups(spark, lake or lakes.default_lake(root), _error_text(exc)):
+                raise
+    return run_once()
+
+
+def _error_text(exc: BaseException) -> str:
+    java = getattr(exc, "java_exception", None)
+    try:
+        return f"{exc}\n{java.toString() if java is not None else ''}"
+    except Exception:       # the JVM gone meanwhile
+        return str(exc)
+
+
 class TenantUsageReport(Report):
     code = "tenant"
     title = "Tenant usage"
@@ -143,6 +166,10 @@ class TenantUsageReport(Report):
 
     def run(self, spark, root, period, tenant=None, top_n=TOP_N, progress=_noop, lake=None, rollups=True) -> dict:
         assert tenant, "a tenant report needs a tenant"
+        return _past_damaged_rollups(spark, root, lake, lambda: self._run(spark, root, period, tenant, top_n,
+                                                                          progress, lake, rollups))
+
+    def _run(self, spark, root, period, tenant, top_n, progress, lake, rollups) -> dict:
         n = len(self.steps)
         progress(1, n, self.steps[0])
         jobs.check_usage_dir(spark, root)
@@ -176,6 +203,10 @@ class PlatformReport(Report):
         return is_platform_admin(user)
 
     def run(self, spark, root, period, tenant=None, top_n=TOP_N, progress=_noop, lake=None, rollups=True) -> dict:
+        return _past_damaged_rollups(spark, root, lake, lambda: self._run(spark, root, period, top_n, progress,
+                                                                          lake, rollups))
+
+    def _run(self, spark, root, period, top_n, progress, lake, rollups) -> dict:
         n = len(self.steps)
         progress(1, n, self.steps[0])
         jobs.check_usage_dir(spark, root)
