@@ -1112,11 +1112,16 @@ class Broker:
         if hasattr(self.auth, "remote_connected"):
             self.auth.remote_connected = counts
 
-    def host_shares(self, others: dict[str, int], workers: int, now: float) -> None:
-        """A worker (--workers): each tenant's connections on its host's other workers, and how
-        many live workers the host has -- the tenants' rates are the host's (``TenantControl.host_shares``)."""
+    def host_shares(self, others: dict[str, int], workers: int, now: float, claims=None) -> None:
+        """A worker (--workers): each tenant's connections on its host's other workers, their claims
+        on its rates, and how many live workers the host has -- the tenants' rates are the host's
+        (``TenantControl.host_shares``)."""
         if hasattr(self.auth, "host_shares"):
-            self.auth.host_shares(others, workers, now)
+            self.auth.host_shares(others, workers, now, claims)
+
+    def rate_weights(self, now: float) -> dict[str, dict[str, float]]:
+        """A worker: its claims on its tenants' host-wide rates (``TenantControl.rate_weights``)."""
+        return self.auth.rate_weights(now) if hasattr(self.auth, "rate_weights") else {}
 
     def tenant_stats(self) -> dict[str, dict]:
         """Each tenant's figures on this node, for its host's ``$SYS/broker`` trees (--workers)."""

@@ -18,6 +18,8 @@ from redis.exceptions import RedisError
 from .bus import redacted
 from .ports import ClusterBroker, ClusterError, MemberBus, NodeAddresses
 
+RATE_CLAIMS = "rate_claims"     # in a worker's figures per tenant: its claims on the tenant's rates (not summed)
+
 
 class Membership:
     def __init__(self, node_id: str, bus: MemberBus, broker: ClusterBroker, addresses: NodeAddresses | None,
@@ -103,23 +105,32 @@ class Membership:
 
     async def _host_tenants(self, host: str, siblings: set) -> None:
         """Each tenant's figures summed over the host's workers (its tenant $SYS trees)."""
-        workers = await self.bus.set_host_tenants(host, self.broker.tenant_stats())
+        figures_here = self.broker.tenant_stats()
+        for tenant, claims in self.broker.rate_weights(self.clock()).items():
+            figures_here.setdefault(tenant, {})[RATE_CLAIMS] = claims
+        workers = await self.bus.set_host_tenants(host, figures_here)
         summed: dict[str, dict] = {}
         others: dict[str, int] = {}     # each tenant's connections on the other workers (its rates are the host's)
+        claims: dict[str, dict[str, float]] = {}    # the other workers' claims on each tenant's rates, summed
         gone = []
         for node, tenants in workers.items():
             if node != self.id and node not in siblings:
                 gone.append(node)       # (a worker that just joined and is not listed yet writes again)
                 continue
             for tenant, figures in tenants.items():
-                if node != self.id and figures.get("connected"):
-                    others[tenant] = others.get(tenant, 0) + figures["connected"]
+                theirs = figures.pop(RATE_CLAIMS, None)
+                if node != self.id:
+                    if figures.get("connected"):
+                        others[tenant] = others.get(tenant, 0) + figures["connected"]
+                    for name, w in (theirs or {}).items():
+                        into_claims = claims.setdefault(tenant, {})
+                        into_claims[name] = into_claims.get(name, 0.0) + w
                 into = summed.setdefault(tenant, {})
                 for k, v in figures.items():
                     # retained messages are copied to every node: the host holds them once
                     into[k] = max(into.get(k, 0), v) if k == "retained" else into.get(k, 0) + v
         self.host_tenants = summed
-        self.broker.host_shares(others, len(siblings) + 1, self.clock())
+        self.broker.host_shares(others, len(siblings) + 1, self.clock(), claims)
         await self.bus.drop_host_tenants(host, gone)
 
     def other_node_url(self, scheme: str = "mqtt") -> str | None:

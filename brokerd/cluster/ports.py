@@ -124,9 +124,12 @@ class ClusterBroker(Protocol):
     def remote_connections(self, counts: dict[str, int]) -> None:
         """Connected clients per tenant on the other nodes (tenant connection quotas)."""
 
-    def host_shares(self, others: dict[str, int], workers: int, now: float) -> None:
-        """A worker: each tenant's connections on its host's other live workers, and how many
-        live workers the host has (the tenants' rates are the host's, shared among them)."""
+    def host_shares(self, others: dict[str, int], workers: int, now: float, claims=None) -> None:
+        """A worker: each tenant's connections on its host's other live workers, their claims on its
+        rates, and how many live workers the host has (the tenants' rates are the host's, shared)."""
+
+    def rate_weights(self, now: float) -> dict[str, dict[str, float]]:
+        """A worker: its claims on its tenants' host-wide rates, for the other workers."""
 
     def node_stats(self) -> dict[str, float]:
         """This node's figures for the cluster-wide ``$SYS`` tree."""

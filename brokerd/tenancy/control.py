@@ -52,6 +52,9 @@ class TenantControl:
         # --workers: a tenant's rates are the host's, shared among its workers (``host_shares``)
         self._host_workers = 1                        # live workers on this host
         self._host_others: dict[str, int] = {}        # tenant -> its connections on the host's other workers
+        self._weights: dict[tuple[str, str], float] = {}     # (tenant, bucket) -> this worker's claim on it
+        self._spent_seen: dict[tuple[str, str], float] = {}  # (tenant, bucket) -> its ``spent`` at the last round
+        self._weighed_at: float | None = None
         # (tenant, client id) -> its own buckets left not full when it disconnected, oldest first: a
         # client that reconnects goes on with them (a new connection's full bucket forgave its debt)
         self._client_buckets: OrderedDict[tuple[str, str], dict] = OrderedDict()
@@ -276,24 +279,61 @@ class TenantControl:
 
     # ------------------------------------------------- rates of a host's workers
 
-    def host_shares(self, others: dict[str, int], workers: int, now: float) -> None:
+    def rate_weights(self, now: float) -> dict[str, dict[str, float]]:
+        """A worker of a host that runs ``--workers N``, every membership round: its claim on each of
+        its tenants' host-wide rates, for the host's other workers (``host_shares``) -> {tenant:
+        {bucket: tokens a second}}. A claim is what the worker's clients took since the last round,
+        plus its fair share (the tenant's rate by its share of the tenant's connections) when they
+        took nearly all it had (they want more), plus a twentieth of that fair share while the
+        tenant has clients here (room for one to start)."""
+        dt = now - self._weighed_at if self._weighed_at is not None else 0.0
+        self._weighed_at = now
+        out: dict[str, dict[str, float]] = {}
+        seen = self._spent_seen
+        for key, bucket in self._tenant_buckets.items():
+            tenant, name = key
+            policy = self.policy(tenant)
+            full = policy.limit(f"tenant_{name}") if policy is not None else None
+            if not full:
+                continue
+            used = (bucket.spent - seen[key]) / dt if key in seen and dt > 0 else 0.0
+            seen[key] = bucket.spent
+            fair = full * self._share(tenant) if self.connected.get(tenant) else 0.0
+            weight = used + fair / 20
+            if used >= 0.9 * bucket.rate:
+                weight += fair
+            self._weights[key] = weight
+            out.setdefault(tenant, {})[name] = round(weight, 3)
+        for key in [k for k in seen if k not in self._tenant_buckets]:
+            del seen[key]
+            self._weights.pop(key, None)
+        return out
+
+    def host_shares(self, others: dict[str, int], workers: int, now: float,
+                    weights: dict[str, dict[str, float]] | None = None) -> None:
         """A worker of a host that runs ``--workers N`` (every membership round): a tenant's rates
         are the host's, as if it were one node, not each worker's (N workers let a tenant through
         at N times its rate). ``others``: each tenant's connections on the host's other live
-        workers; ``workers``: how many live ones there are, this one included.
+        workers; ``weights``: the other workers' claims on the tenants' rates (``rate_weights``,
+        summed); ``workers``: how many live ones there are, this one included.
 
-        The tenant's message and byte rates are shared in proportion to its connections (this
-        worker's now against the others' of the last round): clients spread evenly over the
-        workers (the kernel's SO_REUSEPORT hash) get the rate they would on one process. Its
-        connect rate is shared evenly (connections arrive evenly spread), each worker keeping a
-        burst of at least one CONNECT."""
+        A tenant's message and byte rates are shared by the workers' claims: a single busy device
+        gets nearly the whole rate within a round or two wherever it is, and workers whose clients
+        all want more converge to shares in proportion to their connections. Without claims (no
+        traffic yet) by connections. Its connect rate is shared evenly (connections arrive evenly
+        spread), each worker keeping a burst of at least one CONNECT."""
         self._host_others = others
         self._host_workers = max(workers, 1)
-        for (tenant, name), bucket in self._tenant_buckets.items():
+        weights = weights or {}
+        for key, bucket in self._tenant_buckets.items():
+            tenant, name = key
             policy = self.policy(tenant)
             rate = policy.limit(f"tenant_{name}") if policy is not None else None
             if rate:
-                rate *= self._share(tenant)
+                mine = self._weights.get(key, 0.0)
+                theirs = weights.get(tenant, {}).get(name, 0.0)
+                share = mine / (mine + theirs) if mine + theirs > 0 else self._share(tenant)
+                rate *= max(share, MIN_SHARE)
                 _rescale(bucket, rate, rate, now)
         for tenant, bucket in self._connect_buckets.items():
             policy = self.policy(tenant)
@@ -303,7 +343,7 @@ class TenantControl:
                 _rescale(bucket, rate, max(rate, 1.0), now)
 
     def _share(self, tenant: str) -> float:
-        """This worker's share of ``tenant``'s host-wide rates (1.0 alone on its host)."""
+        """This worker's share of ``tenant``'s connections on its host (1.0 alone on its host)."""
         others = self._host_others.get(tenant, 0)
         if not others:
             return 1.0
@@ -330,6 +370,7 @@ class TenantControl:
             saved[(tenant, client_id)] = own
 
 
+MIN_SHARE = 0.01        # of a tenant's host-wide rate, the least a worker's bucket gets (never a rate of 0)
 MAX_KEPT_BUCKETS = 20_000       # clients whose buckets are kept between connections, per node (~0.5 KB each)
 
 

@@ -4,13 +4,14 @@
 class Bucket:
     """``rate`` tokens per second, at most ``burst`` saved up (one second's worth by default)."""
 
-    __slots__ = ("rate", "burst", "tokens", "at")
+    __slots__ = ("rate", "burst", "tokens", "at", "spent")
 
     def __init__(self, rate: float, burst: float | None = None, now: float = 0.0):
         self.rate = float(rate)
         self.burst = float(burst if burst is not None else rate)
         self.tokens = self.burst
         self.at = now
+        self.spent = 0.0                # tokens taken in all (a host's workers share a tenant's rates by it)
 
     def take(self, n: float, now: float) -> float:
         """Spend ``n`` tokens (possibly going into debt); -> seconds until the
@@ -21,6 +22,7 @@ class Bucket:
         tokens -= n
         self.tokens = tokens
         self.at = now
+        self.spent += n
         return 0.0 if tokens >= 0 else -tokens / self.rate
 
     def allow(self, now: float, n: float = 1.0) -> bool:
@@ -33,6 +35,7 @@ class Bucket:
             self.tokens = tokens
             return False
         self.tokens = tokens - n
+        self.spent += n
         return True
 
 

@@ -476,8 +476,11 @@ class FakeBroker:
     def tenant_stats(self):
         return {}
 
-    def host_shares(self, others, workers, now) -> None:
+    def host_shares(self, others, workers, now, claims=None) -> None:
         self.shares = (others, workers)
+
+    def rate_weights(self, now):
+        return {}
 
 
 class Connecting:

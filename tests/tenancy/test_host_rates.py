@@ -61,3 +61,66 @@ def test_a_tenants_connect_rate_is_shared_evenly_with_at_least_one_connect_each(
 
 def _connect_bucket(auth: TenantControl, now: float):
     return auth.connect_bucket("acme", auth.policy("acme").limit("connect_rate"), now)
+
+
+class Host:
+    """``n`` workers' TenantControls of one tenant, exchanging connections and claims every round
+    as ``cluster.membership`` has them do; each worker's clients want ``wants[i]`` bytes a second."""
+
+    def __init__(self, n: int, conns: list[int], rate: int = 1000):
+        self.workers = [_control(tenant_bytes_in=rate) for _ in range(n)]
+        self.limiters = []
+        for w, c in zip(self.workers, conns, strict=True):
+            w.connected["acme"] = c
+        self.now = 0.0
+        self.round()                                            # they learn of each other's connections
+        self.limiters = [w.limiters("acme", self.now, f"c{i}")[0] for i, w in enumerate(self.workers)]
+
+    def rates(self) -> list[float]:
+        return [next(b for b, _ in lim.buckets).rate for lim in self.limiters]
+
+    def run(self, wants: list[float], seconds: int) -> None:
+        """Each worker's clients send what they want, as their bucket lets them (a round a second)."""
+        for _ in range(seconds):
+            for lim, want in zip(self.limiters, wants, strict=True):
+                t = self.now
+                while want and t < self.now + 1:
+                    wait = lim.charge(1, want / 20, t)          # 20 messages a second of want/20 bytes
+                    t += max(wait, 1 / 20)
+            self.now += 1
+            self.round()
+
+    def round(self) -> None:
+        claims = [w.rate_weights(self.now) for w in self.workers]
+        for i, w in enumerate(self.workers):
+            others = sum(o.connected["acme"] for j, o in enumerate(self.workers) if j != i)
+            theirs = sum(c.get("acme", {}).get("bytes_in", 0.0) for j, c in enumerate(claims) if j != i)
+            w.host_shares({"acme": others} if others else {}, len(self.workers), self.now,
+                          {"acme": {"bytes_in": theirs}})
+
+
+def test_a_single_busy_device_gets_nearly_the_tenants_whole_rate_on_a_host_of_workers():
+    """One device of a tenant sends all it may, its 99 fellow devices are idle, spread over 4
+    workers. Shared by connections its worker had a quarter of the tenant's rate: the device was
+    held to 250 of its tenant's 1,000 bytes/s (and disconnected with 0x96 after 10 s over it),
+    although the tenant was far under its rate. Shared by the workers' claims its worker has
+    nearly all of it within two rounds."""
+    host = Host(4, [25, 25, 25, 25])
+    assert [round(r) for r in host.rates()] == [250, 250, 250, 250]
+    host.run([5000, 0, 0, 0], 3)
+    busy, *idle = host.rates()
+    assert busy > 900, host.rates()
+    assert all(r >= 10 for r in idle)                           # room for an idle device to start
+    assert sum(host.rates()) <= 1000 * 1.05
+
+
+def test_workers_whose_clients_all_want_more_share_the_rate_by_connections():
+    """A tenant over its rate on both workers (one busy device each, 30 and 10 connections): the
+    shares converge to the connections' (750 and 250) from wherever they started, the one that came
+    second included."""
+    host = Host(2, [30, 10])
+    host.run([5000, 0], 3)                                       # the first alone: nearly all of it
+    assert host.rates()[0] > 900
+    host.run([5000, 5000], 12)
+    a, b = host.rates()
+    assert abs(a - 750) < 60 and abs(b - 250) < 60, host.rates()
