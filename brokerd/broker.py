@@ -923,6 +923,9 @@ class Broker:
         is part of the session's state until acknowledged (sent again with DUP by the
         node the session moves to, or after a restart) and its packet id is reserved
         in the store. (Straight to the channel it was in this node's memory alone.)"""
+        acl = channel.acl
+        if acl is not None and not acl.can_read(msg.topic) and not msg.topic.startswith("$SYS"):
+            return                  # (the feed was made with the ACL of its SUBSCRIBE: the client's changed since)
         session = channel.session
         if qos and session.durable and self.persist is not None:
             self._deliver_stored(session, msg, qos, True, sub_ids, None)

@@ -119,6 +119,8 @@ class Enforcement:
             if not granted:
                 del session.subscriptions[sub.filter]
                 b.router.remove(ns, session, sub)
+                if session.channel is not None:
+                    session.channel.stop_retained({sub.filter})     # nor the rest of its retained messages
                 if session.durable:
                     b.persist.unsubscribed(session, ns.name, sub.filter)
                 continue

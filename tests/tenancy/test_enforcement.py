@@ -575,3 +575,46 @@ def test_shared_messages_queued_for_a_member_whose_read_right_is_revoked_go_to_a
             c.expect_none(1.0)
     finally:
         node.stop()
+
+
+def test_retained_messages_still_owed_when_a_read_right_is_revoked_are_not_sent(control_plane):
+    """dev1 subscribes to ``dev1/#`` with 300 retained messages under it, half under
+    ``dev1/secret/``; it acknowledges slowly, so most are still owed (sent as the window frees)
+    when the console denies it ``dev1/secret/#``. From then on no secret one comes (but the window's
+    in flight). Before, the feed went on with the ACL of the SUBSCRIBE: every secret one was sent."""
+    from ..integration import raw
+    from ..integration.raw import PUBLISH, RawClient
+
+    secrets = control_plane.provision([{"slug": "acme", "acl": RULES, "devices": ["dev1"]}])
+    node = control_plane.broker("--max-inflight", "5")
+    try:
+        with client(secrets, "acme/dev1").connect(node.port()) as pub:
+            for i in range(150):
+                pub.publish(f"dev1/open/{i:03d}", b"o", qos=1, retain=True, wait=False)
+                pub.publish(f"dev1/secret/{i:03d}", b"s", qos=1, retain=True, wait=False)
+            pub.publish("dev1/open/zzz", b"last", qos=1, retain=True)
+        with RawClient(node.port(), timeout=10) as c:
+            c.connect("slow-reader", version=5, username="acme/dev1", password=secrets["acme/dev1"].encode())
+            c.send(raw.subscribe_packet(1, [("dev1/#", 1)], 5))
+            c.expect(raw.SUBACK)
+            first = [c.expect(PUBLISH) for _ in range(5)]              # the window: the feed waits
+            proc = control_plane.manage("acl", "add", "acme", "--deny", "--action", "subscribe",
+                                        "--topic", "dev1/secret/#", "--position", "1")
+            assert proc.returncode == 0
+            with client(secrets, "acme/dev1").connect(node.port()) as probe:
+                wait_until(lambda: probe.subscribe("dev1/secret/#", 1)[0].value == 0x87, timeout=5, what="new rule")
+            got = []
+            for p in first:
+                c.ack(raw.PUBACK, p.pid)
+            while True:
+                try:
+                    p = c.recv(2)
+                except TimeoutError:
+                    break
+                if p.type == PUBLISH:
+                    got.append(p.topic)
+                    c.ack(raw.PUBACK, p.pid)
+            assert got and "dev1/open/zzz" in got
+            assert not [t for t in got if t.startswith("dev1/secret/")], got[:10]
+    finally:
+        node.stop()
