@@ -101,7 +101,7 @@ class Enforcement:
 
     # ---------------------------------------------------------------- sessions
 
-    def reauthorize(self, session, acl, now: float) -> None:
+    def reauthorize(self, session, acl, now: float, queued: bool = True) -> None:
         """Check a session's subscriptions against the client's (new) ACL:
         those now refused are removed, those allowed in part are checked on
         each delivery."""
@@ -128,7 +128,7 @@ class Enforcement:
             if check:
                 session.read_acl = acl
         ns.cache.clear()
-        if acl is not None and session.queue:
+        if queued and acl is not None and session.queue:
             # what was queued for it before: a message on a topic it may no longer read is not sent
             # either (nor one of a subscription just removed, unless another still allows it)
             denied = session.queue.remove(lambda d: not d.msg.topic.startswith("$SYS") and not acl.can_read(d.msg.topic))
@@ -173,6 +173,8 @@ class Enforcement:
             self._tenant_deleted(ns, now)
             return
         limits = b.limits
+        # the queues are looked through only when the rules changed (a new device, a quota: not again)
+        acl_changed = old is None or old.acl != new.acl or old.default_allow != new.default_allow
         for session in list(ns.sessions.values()):
             ch = session.channel
             if ch is not None:
@@ -181,7 +183,7 @@ class Enforcement:
                 continue                         # device unknown: judged when it reconnects
             else:
                 acl = auth.client_acl(Identity(tenant, session.device), session.client_id)
-            self.reauthorize(session, acl, now)
+            self.reauthorize(session, acl, now, acl_changed)
             max_queued = new.quota.get("max_queued")
             session.queue.max_len = limits.max_queued if max_queued is None else min(limits.max_queued, max_queued)
 
