@@ -116,31 +116,47 @@ def offline_summary(node: str, tenant: str, s, wall_offset: float) -> dict:
     }
 
 
-def list_clients(broker, node: str, q: dict, now: float) -> list[dict]:
-    """Clients of this node matching the query (connected, and offline persistent sessions)."""
+def list_clients(broker, node: str, q: dict, now: float, first: int) -> tuple[list[dict], int]:
+    """Clients of this node matching the query (connected, and offline persistent sessions) -> the
+    ``first`` of them by (tenant, client id), described, and how many match. Only those are
+    described: a page of 50 of a node's 100,000 clients made 100,000 dicts (tens of MB, and the
+    event loop's time) on every request before."""
     tenant = q.get("tenant")
     cid = q.get("client_id")
     username = q.get("username")
     ip = q.get("ip")
     want = q.get("connected")          # None, "true", "false"
+    total = 0
+
+    def matching():
+        nonlocal total
+        for name, session in broker.router.sessions(tenant or None):
+            if cid and cid not in session.client_id:
+                continue
+            ch = session.channel
+            if ch is not None:
+                if want == "false":
+                    continue
+                if username and (ch.username or "") != username:
+                    continue
+                if ip and _peer_ip(ch.peer) != ip:
+                    continue
+            elif want == "true" or username or ip:
+                continue
+            total += 1
+            yield name, session.client_id, session
+
+    chosen = heapq.nsmallest(first, matching(), key=_name_and_id)
     out = []
-    for name, session in broker.router.sessions(tenant or None):
-        if cid and cid not in session.client_id:
-            continue
+    for name, _, session in chosen:
         ch = session.channel
-        if ch is not None:
-            if want == "false":
-                continue
-            if username and (ch.username or "") != username:
-                continue
-            if ip and _peer_ip(ch.peer) != ip:
-                continue
-            out.append(client_summary(node, ch, now, broker.wall_offset))
-        else:
-            if want == "true" or username or ip:
-                continue
-            out.append(offline_summary(node, name, session, broker.wall_offset))
-    return out
+        out.append(client_summary(node, ch, now, broker.wall_offset) if ch is not None
+                   else offline_summary(node, name, session, broker.wall_offset))
+    return out, total
+
+
+def _name_and_id(m) -> tuple:
+    return m[0], m[1]
 
 
 def session_detail(broker, node: str, tenant: str, client_id: str, now: float) -> dict | None:
@@ -347,11 +363,9 @@ def paginate(items: list, q: dict, total: int | None = None) -> dict:
             "pages": (total + per_page - 1) // per_page}
 
 
-def head(items: list, q: dict) -> dict:
-    """The first ``top`` of ``items`` (sorted) and how many there are: one node's part of a page
-    another node gathers (its page is among the first page * per_page of every node's)."""
+def top_of(q: dict) -> int:
+    """The ``top`` of a query (one node's part of a page another node gathers)."""
     try:
-        top = max(0, int(q["top"]))
+        return max(0, int(q["top"]))
     except ValueError:
         raise ApiError(400, "'top' must be an integer")
-    return {"items": items[:top], "total": len(items)}

@@ -260,17 +260,20 @@ class AdminApi:
             nodes.sort(key=lambda n: n["node"])
             return json_response(200, {"at": time.time(), "items": nodes, **cluster_metrics(nodes)})
         if parts == ["clients"] and m == "GET":
-            items = api.list_clients(b, self.node, req.query, now)
-            if req.query.get("node"):
-                items = [c for c in items if c["node"] == req.query["node"]]
-            items.sort(key=_client_order)
+            page, per_page = api.page_of(req.query)
             if local and "top" in req.query:
-                return json_response(200, api.head(items, req.query))
-            total = len(items)
+                first = api.top_of(req.query)
+            else:
+                first = page * per_page
+            if req.query.get("node") and req.query["node"] != self.node:
+                items, total = [], 0
+            else:
+                items, total = api.list_clients(b, self.node, req.query, now, first)
+            if local and "top" in req.query:
+                return json_response(200, {"items": items, "total": total})
             if not local:
                 # each other node's first page * per_page (the page is among them) and its count
-                page, per_page = api.page_of(req.query)
-                for part in await self._gather(req, "clients", {"top": str(page * per_page)}, whole=True):
+                for part in await self._gather(req, "clients", {"top": str(first)}, whole=True):
                     items += part["items"]
                     total += part["total"]
                 items.sort(key=_client_order)
