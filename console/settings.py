@@ -115,7 +115,10 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 LANGUAGE_CODE = "en-us"
-TIME_ZONE = envstr("TIME_ZONE", "UTC")
+# Every time the console shows (pages, emails, CSV) is labelled UTC, and report periods and schedule
+# hours are UTC days and hours: shown in another zone they were the day before, "UTC" still beside
+# them (TIME_ZONE used to come from the environment). Not a setting.
+TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
