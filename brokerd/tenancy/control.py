@@ -53,7 +53,7 @@ class TenantControl:
         self._host_workers = 1                        # live workers on this host
         self._host_others: dict[str, int] = {}        # tenant -> its connections on the host's other workers
         self._weights: dict[tuple[str, str], float] = {}     # (tenant, bucket) -> this worker's claim on it
-        self._spent_seen: dict[tuple[str, str], float] = {}  # (tenant, bucket) -> its ``spent`` at the last round
+        self._spent_seen: dict[tuple[str, str], tuple] = {}  # (tenant, bucket) -> (it, its ``spent``) at the last round
         self._weighed_at: float | None = None
         # (tenant, client id) -> its own buckets left not full when it disconnected, oldest first: a
         # client that reconnects goes on with them (a new connection's full bucket forgave its debt)
@@ -296,8 +296,10 @@ class TenantControl:
             full = policy.limit(f"tenant_{name}") if policy is not None else None
             if not full:
                 continue
-            used = (bucket.spent - seen[key]) / dt if key in seen and dt > 0 else 0.0
-            seen[key] = bucket.spent
+            last = seen.get(key)
+            # (a bucket made again since -- the tenant's policy changed -- starts from its own 0)
+            used = (bucket.spent - last[1]) / dt if last is not None and last[0] is bucket and dt > 0 else 0.0
+            seen[key] = (bucket, bucket.spent)
             fair = full * self._share(tenant) if self.connected.get(tenant) else 0.0
             weight = used + fair / 20
             if used >= 0.9 * bucket.rate:

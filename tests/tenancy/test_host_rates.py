@@ -124,3 +124,17 @@ def test_workers_whose_clients_all_want_more_share_the_rate_by_connections():
     host.run([5000, 5000], 12)
     a, b = host.rates()
     assert abs(a - 750) < 60 and abs(b - 250) < 60, host.rates()
+
+
+def test_a_policy_change_between_two_rounds_claims_nothing_strange():
+    """The tenant's policy changes between two rounds (its buckets are made again, from 0): the
+    worker's claim is not what the old bucket had spent taken from the new one's (a negative claim
+    made a share below 0)."""
+    host = Host(2, [1, 1])
+    host.run([5000, 5000], 2)
+    for w in host.workers:
+        w.apply("acme", 2, {"schema": 1, "default_acl": "allow", "quota": {"tenant_bytes_in": 1000}})
+    host.limiters = [w.limiters("acme", host.now, f"c{i}")[0] for i, w in enumerate(host.workers)]
+    host.now += 1
+    claims = [w.rate_weights(host.now) for w in host.workers]
+    assert all(c["acme"]["bytes_in"] >= 0 for c in claims), claims
