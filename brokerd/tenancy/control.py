@@ -333,9 +333,9 @@ class TenantControl:
             rate = policy.limit(f"tenant_{name}") if policy is not None else None
             if rate:
                 mine = self._weights.get(key, 0.0)
-                theirs = weights.get(tenant, {}).get(name, 0.0)
+                theirs = max(weights.get(tenant, {}).get(name, 0.0), 0.0)
                 share = mine / (mine + theirs) if mine + theirs > 0 else self._share(tenant)
-                rate *= max(share, MIN_SHARE)
+                rate *= min(max(share, MIN_SHARE), 1.0)
                 _rescale(bucket, rate, rate, now)
         for tenant, bucket in self._connect_buckets.items():
             policy = self.policy(tenant)
