@@ -275,6 +275,18 @@ def test_retained_sent_as_the_window_frees_and_unsubscribe_stops_them(broker_fac
         assert len(late) <= 6 and not late & got
 
 
+EXPIRY = {raw.SESSION_EXPIRY_INTERVAL: 300}
+
+
+def _owed(c: RawClient, client_id: str, filt: str) -> set:
+    """``c`` opens a persistent session subscribed to ``filt`` at QoS 1 and reads the window's 5
+    retained messages without acknowledging them; -> their topics."""
+    c.connect(client_id, version=5, clean=True, props=EXPIRY)
+    c.send(raw.subscribe_packet(1, [(filt, 1)], 5))
+    c.expect(raw.SUBACK)
+    return {c.expect(PUBLISH).topic for _ in range(5)}
+
+
 @pytest.mark.parametrize("store,takeover", [(None, False), ("sqlite", False), ("sqlite", True)])
 def test_retained_messages_a_persistent_session_was_still_owed_at_disconnect_come_on_reconnect(
         broker_factory, tmp_path, client_id, store, takeover):
@@ -289,12 +301,9 @@ def test_retained_messages_a_persistent_session_was_still_owed_at_disconnect_com
     b = broker_factory(*args)
     topics = [f"owed/{i}" for i in range(40)]
     _publish_retained(b.port(), topics, 1)
-    expiry = {raw.SESSION_EXPIRY_INTERVAL: 300}
+    expiry = EXPIRY
     with RawClient(b.port(), timeout=10) as c:
-        c.connect(client_id, version=5, clean=True, props=expiry)
-        c.send(raw.subscribe_packet(1, [("owed/+", 1)], 5))
-        c.expect(raw.SUBACK)
-        first = {c.expect(PUBLISH).topic for _ in range(5)}
+        first = _owed(c, client_id, "owed/+")
         with pytest.raises(TimeoutError):
             c.recv(0.3)                                         # the window (5) is full
         c2 = RawClient(b.port(), timeout=10)
@@ -323,13 +332,9 @@ def test_retained_owed_at_disconnect_are_queued_only_while_the_queue_has_room(br
     b = broker_factory("--max-inflight", "5", "--max-queued", "20")
     topics = [f"many/{i}" for i in range(300)]
     _publish_retained(b.port(), topics, 1)
-    expiry = {raw.SESSION_EXPIRY_INTERVAL: 300}
+    expiry = EXPIRY
     with RawClient(b.port(), timeout=10) as c:
-        c.connect(client_id, version=5, clean=True, props=expiry)
-        c.send(raw.subscribe_packet(1, [("many/+", 1)], 5))
-        c.expect(raw.SUBACK)
-        for _ in range(5):
-            c.expect(PUBLISH)
+        _owed(c, client_id, "many/+")
     with RawClient(b.port(), timeout=10) as c:
         assert c.connect(client_id, version=5, clean=False, props=expiry).session_present
         got = []
@@ -361,12 +366,9 @@ def test_retained_owed_at_disconnect_that_expired_meanwhile_take_no_room_in_the_
                           for i, t in enumerate(kept)))
         pub.send(b"\xc0\x00")                                   # PINGREQ: answered once all before it are done
         pub.expect(raw.PINGRESP, timeout=30, skip=(raw.PUBACK,))
-    expiry = {raw.SESSION_EXPIRY_INTERVAL: 300}
+    expiry = EXPIRY
     with RawClient(b.port(), timeout=10) as c:
-        c.connect(client_id, version=5, clean=True, props=expiry)
-        c.send(raw.subscribe_packet(1, [("owed/+", 1)], 5))
-        c.expect(raw.SUBACK)
-        assert {c.expect(PUBLISH).topic for _ in range(5)} <= set(expiring)   # the window: not acknowledged
+        assert _owed(c, client_id, "owed/+") <= set(expiring)   # the window: not acknowledged
         time.sleep(1.5)                                         # every one of the 30 expires
     with RawClient(b.port(), timeout=10) as c:
         assert c.connect(client_id, version=5, clean=False, props=expiry).session_present
