@@ -47,6 +47,7 @@ log = logging.getLogger("brokerd.usage")
 MAX_TOPICS = 10_000
 MAX_TOPIC_BYTES = 4 * 1024 * 1024          # per tenant and minute: its rows' topics and the rows
 MAX_NODE_TOPIC_BYTES = 32 * 1024 * 1024    # every tenant's together
+MAX_PENDING = 2                            # days' last minutes kept apart while the log cannot be written
 ROW_COST = 200                             # bytes of a row (list of 12 ints) and its dict slot
 OTHER = "(other)"
 # the traffic row's counters, in list order
@@ -66,6 +67,9 @@ class UsageLog:
         self.checkpoint = checkpoint if 0 < checkpoint < interval else 0.0
         self._names: dict[tuple, Path] = {}      # (dataset, date) -> this minute's file, chosen at its first write
         self._superseded: list[Path] = []        # a failed minute's checkpoints, its rows now in a later minute's
+        # the last minute of a day that could not be written, kept with its own time until it is: merged
+        # into the next minute it would be the next day's (a daily report's figures one day off)
+        self._pending: list[tuple] = []
         self._writing = threading.Lock()
         self.traffic: dict[str, dict[str, list]] = {}
         self.topic_bytes: dict[str, int] = {}    # per tenant, this minute's rows (topic_cost + ROW_COST)
@@ -130,6 +134,7 @@ class UsageLog:
             self._task.cancel()
         batch = self._take(self._minute_start(time.time()))
         try:
+            await asyncio.to_thread(self._write_pending)
             await asyncio.to_thread(self.write, *batch)
         except Exception as exc:
             log.error("usage log not written on the way out: %s", exc)
@@ -169,12 +174,36 @@ class UsageLog:
                 continue
             batch = self._take(ts)
             try:
+                await asyncio.to_thread(self._write_pending)
                 await asyncio.to_thread(self.write, *batch)
             except Exception as exc:
                 # kept for the next round rather than lost
                 log.warning("usage log not written (%s); trying again next minute", exc)
                 kept = await asyncio.to_thread(self._drop, batch[3])
-                self._merge(*batch[:3], kept)
+                self._failed(batch, kept)
+
+    def _failed(self, batch: tuple, kept: list) -> None:
+        """The minute ``batch`` could not be written: its rows go into the next minute's -- unless the
+        next minute is another (UTC) day: then it waits with its own time (``_pending``), written
+        before the next minute is. (Days of failures keep MAX_PENDING such minutes at most, the
+        oldest merged into the next: a minute holds up to MAX_NODE_TOPIC_BYTES of rows.)"""
+        ts = batch[0]
+        if _day(ts) == _day(ts + self.interval):
+            self._merge(*batch[:3], kept)
+            return
+        self._superseded.extend(kept)
+        self._pending.append((ts, batch[1], batch[2]))
+        if len(self._pending) > MAX_PENDING:
+            _, traffic, connections = self._pending.pop(0)
+            _add_rows(self._pending[0][1], traffic)
+            self._pending[0][2][:0] = connections
+
+    def _write_pending(self) -> None:
+        """The days' last minutes that could not be written, each with its own time (raises: still not)."""
+        while self._pending:
+            ts, traffic, connections = self._pending[0]
+            self.write(ts, traffic, connections, {})
+            self._pending.pop(0)
 
     @staticmethod
     def _drop(names: dict) -> list[Path]:
@@ -197,6 +226,7 @@ class UsageLog:
                 mine = self._row(tenant, topic)
                 for i, v in enumerate(row):
                     mine[i] += v
+
 
     def write(self, ts: int, traffic: dict, connections: list, names: dict | None = None) -> None:
         """Write (or replace) the minute's files; ``names`` keeps the files the minute's earlier
@@ -256,3 +286,19 @@ class UsageLog:
         replacing = path.exists()                 # a checkpoint of the same minute: not one more file
         os.replace(tmp, path)
         self.files_written += not replacing
+
+
+def _day(ts: float) -> int:
+    return int(ts // 86400)
+
+
+def _add_rows(into: dict, traffic: dict) -> None:
+    for tenant, rows in traffic.items():
+        mine = into.setdefault(tenant, {})
+        for topic, row in rows.items():
+            have = mine.get(topic)
+            if have is None:
+                mine[topic] = list(row)
+            else:
+                for i, v in enumerate(row):
+                    have[i] += v

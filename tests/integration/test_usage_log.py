@@ -195,6 +195,27 @@ def test_a_negative_checkpoint_is_refused(tmp_path):
     assert proc.returncode == 2 and "--usage-checkpoint" in proc.stderr
 
 
+def test_the_last_minute_of_a_day_that_cannot_be_written_stays_in_its_day(tmp_path):
+    """23:59's write fails; the next minute is the next day's. Merged into it (as a failed minute is
+    within a day) its rows were counted on the next day: a daily report one day off. Now that minute
+    waits with its own time and is written, in its own day's folder, before the next minute."""
+    from brokerd.metrics.usage import UsageLog
+
+    log = UsageLog(str(tmp_path), "n1", 0.0, interval=60.0)
+    last = 1_780_012_800 - 60                                 # 2026-05-28 23:59 UTC
+    for _ in range(3):
+        log.published("acme", "t", 1, 10)
+    batch = log._take(last)                                   # its write fails
+    log._failed(batch, log._drop(batch[3]))
+    log.published("acme", "t", 1, 10)
+    log._write_pending()
+    log.write(*log._take(last + 60))
+    got = {(r["ts"], r["msgs_in_q1"]) for r in rows(tmp_path, "traffic")}
+    assert got == {(last, 3), (last + 60, 1)}
+    assert sorted(p.parent.name for p in (tmp_path / "traffic").glob("date=*/*.jsonl")) == \
+        ["date=2026-05-28", "date=2026-05-29"]
+
+
 def test_a_minute_that_cannot_be_written_leaves_no_checkpoint_to_count_twice(tmp_path):
     """The minute's last write fails (a full disk, say): its rows go into the next minute's files and
     its checkpoint file goes, or the reports would count the checkpointed part twice."""
@@ -208,7 +229,7 @@ def test_a_minute_that_cannot_be_written_leaves_no_checkpoint_to_count_twice(tmp
     assert sum(r["msgs_in_q1"] for r in rows(tmp_path, "traffic")) == 4
     log.published("acme", "t", 1, 10)
     batch = log._take(minute)                               # the minute's end; its write fails
-    log._merge(*batch[:3], log._drop(batch[3]))
+    log._failed(batch, log._drop(batch[3]))
     assert rows(tmp_path, "traffic") == []
     log.published("acme", "t", 1, 10)
     log.write(*log._take(minute + 60))                      # the next minute holds all six
