@@ -130,8 +130,11 @@ class Enforcement:
         ns.cache.clear()
         if queued and acl is not None and session.queue:
             # what was queued for it before: a message on a topic it may no longer read is not sent
-            # either (nor one of a subscription just removed, unless another still allows it)
-            denied = session.queue.remove(lambda d: not d.msg.topic.startswith("$SYS") and not acl.can_read(d.msg.topic))
+            # either (nor one of a subscription just removed, unless another still allows it) -- but a
+            # QoS 2 one sent before, waiting to go again: the client holds its packet id until the
+            # exchange ends, and a new message under that id would be taken for it ([MQTT-4.3.3])
+            denied = session.queue.remove(lambda d: not (d.qos == 2 and d.dup) and not d.msg.topic.startswith("$SYS")
+                                          and not acl.can_read(d.msg.topic))
             if denied:
                 b.queue_denied(session, denied, now)
 

@@ -618,3 +618,49 @@ def test_retained_messages_still_owed_when_a_read_right_is_revoked_are_not_sent(
             assert not [t for t in got if t.startswith("dev1/secret/")], got[:10]
     finally:
         node.stop()
+
+
+def test_a_qos2_message_sent_before_a_read_right_is_revoked_is_still_sent_again(control_plane):
+    """dev1 received five QoS 2 messages under ``dev1/secret/`` and answered none (PUBREC) before it
+    went away; it comes back with Receive Maximum 1, so four wait in the queue with their packet ids
+    and DUP, and then the console denies it ``dev1/secret/#``. They go again all the same: the
+    client holds their packet ids until each exchange ends, and a message sent later under a freed id
+    would be taken for the old one and dropped. Before, the four were taken out with their ids."""
+    from ..integration import raw
+    from ..integration.raw import PUBLISH, RawClient
+
+    secrets = control_plane.provision([{"slug": "acme", "acl": RULES, "devices": ["dev1"]}])
+    node = control_plane.broker()
+    password = secrets["acme/dev1"].encode()
+    expiry = {raw.SESSION_EXPIRY_INTERVAL: 300}
+    try:
+        with RawClient(node.port(), timeout=10) as c:
+            c.connect("held", version=5, clean=True, props=expiry, username="acme/dev1", password=password)
+            c.send(raw.subscribe_packet(1, [("dev1/#", 2)], 5))
+            c.expect(raw.SUBACK)
+            with client(secrets, "acme/dev1").connect(node.port()) as pub:
+                for i in range(5):
+                    pub.publish(f"dev1/secret/{i}", b"%d" % i, qos=2)
+            first = [c.expect(PUBLISH) for _ in range(5)]                # no PUBREC sent
+        with RawClient(node.port(), timeout=10) as c:
+            c.connect("held", version=5, clean=False, props={**expiry, raw.RECEIVE_MAXIMUM: 1},
+                      username="acme/dev1", password=password)
+            p = c.expect(PUBLISH)                                       # one again; four wait in the queue
+            proc = control_plane.manage("acl", "add", "acme", "--deny", "--action", "subscribe",
+                                        "--topic", "dev1/secret/#", "--position", "1")
+            assert proc.returncode == 0
+            with client(secrets, "acme/dev1").connect(node.port()) as probe:
+                wait_until(lambda: probe.subscribe("dev1/secret/#", 1)[0].value == 0x87, timeout=5,
+                           what="new rule")
+            again = []
+            for i in range(5):
+                if i:
+                    p = c.expect(PUBLISH)
+                assert p.dup and p.qos == 2, p
+                again.append((p.pid, p.topic))
+                c.ack(raw.PUBREC, p.pid)
+                c.expect(raw.PUBREL)
+                c.ack(raw.PUBCOMP, p.pid)
+            assert sorted(again) == sorted((p.pid, p.topic) for p in first)
+    finally:
+        node.stop()
