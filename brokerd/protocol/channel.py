@@ -79,7 +79,9 @@ ABUSE_SECONDS = 10.0
 # piled up millions of answers in ``out`` between two flushes (one connection took the node from
 # 40 MB to 390 MB for a moment). Past OUT_AT_ONCE after a read they are written at once
 # (``hooks.flush_now``), and the transport's bound on what the client leaves unread applies read by
-# read. (Only a read of several packets can get there: one PUBLISH or PUBACK alone is not checked.)
+# read -- whichever way the read's packets went: the fast way, a rate-limited client's (a PINGREQ is
+# no message: the limit does not slow it), the packets held during the CONNECT. (Only a read of several
+# packets can get there: one PUBLISH or PUBACK alone is not checked.)
 OUT_AT_ONCE = 4096
 
 # A channel not connected yet asks (handle_timeout) to be looked at again within this many seconds:
@@ -356,6 +358,8 @@ class Channel:
             self.last_rx = now
         if self.limit_in is not None and self.state == CONNECTED:
             self._run_limited(pkts, now)
+            if len(self.out) > OUT_AT_ONCE and self.state == CONNECTED:
+                self.hooks.flush_now()
             return
         if self.state == CONNECTED and self._held is None:
             try:
@@ -375,6 +379,8 @@ class Channel:
                 self.hooks.flush_now()
             return
         self._process(pkts, now)
+        if len(self.out) > OUT_AT_ONCE and self.state == CONNECTED:
+            self.hooks.flush_now()          # (the packets held while the CONNECT was decided, and after them)
 
     # Before its CONNECT the peer is not authenticated, and what it may cost is
     # bounded: an address the broker refuses before any decoding (the failed-
@@ -469,6 +475,8 @@ class Channel:
         held, self._rate_held = self._rate_held, None
         if held and self.state == CONNECTED:
             self._run_limited(held, now)
+            if len(self.out) > OUT_AT_ONCE and self.state == CONNECTED:
+                self.hooks.flush_now()
 
     def _process(self, pkts, now):
         try:
@@ -638,6 +646,8 @@ class Channel:
             self._held = None
             self.hooks.resume_reading()
             self._process(held, now)
+            if len(self.out) > OUT_AT_ONCE and self.state == CONNECTED:
+                self.hooks.flush_now()
 
     def refuse(self, code: int, reason: str | None = None) -> None:
         """Answer the CONNECT with a refusal and close."""

@@ -664,3 +664,39 @@ def test_a_qos2_message_sent_before_a_read_right_is_revoked_is_still_sent_again(
             assert sorted(again) == sorted((p.pid, p.topic) for p in first)
     finally:
         node.stop()
+
+
+def test_a_flood_of_pingreqs_from_a_rate_limited_client_does_not_swell_the_node(control_plane):
+    """tests/hostile's flood of tiny packets (PINGREQs as fast as the socket takes them, nothing
+    read), from a device of a tenant with an inbound rate limit. A PINGREQ is not a message: the
+    limit does not slow it, and each one is answered. The answers must be written as they pile up
+    (OUT_AT_ONCE) and the socket no longer read while they are not read, as for a client without a
+    limit. Before, a rate-limited client's packets went a way that never wrote its answers before
+    the end of the loop's iteration: 32 reads of 256 KB made millions of PINGRESPs at once and the
+    node's peak RSS grew by hundreds of MB."""
+    from ..hostile.conftest import MIB, peak_rss_kib
+    from ..integration import raw
+
+    secrets = control_plane.provision([{"slug": "lim", "default_acl": "allow", "devices": ["d"],
+                                        "quota": {"client_msgs_in": 1000}}])
+    node = control_plane.broker()
+    try:
+        s = socket.create_connection(("127.0.0.1", node.port()), timeout=5)
+        s.sendall(raw.connect_packet("flood", version=4, keepalive=0, username="lim/d", password=secrets["lim/d"]))
+        assert s.recv(4) == b"\x20\x02\x00\x00"
+        chunk = b"\xc0\x00" * 32768
+        s.settimeout(0.5)
+        peak0 = peak_rss_kib(node)
+        stop = time.monotonic() + 4
+        while time.monotonic() < stop:
+            try:
+                s.sendall(chunk)
+            except TimeoutError:
+                pass                                  # the broker stopped reading: it is not read either
+        grown = peak_rss_kib(node) - peak0
+        s.close()
+        with client(secrets, "lim/d").connect(node.port()) as c:          # the node still answers
+            c.subscribe("x", 1)
+        assert grown < 32 * MIB, f"the node's peak RSS grew by {grown // 1024} MiB"
+    finally:
+        node.stop()
