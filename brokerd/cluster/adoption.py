@@ -31,7 +31,11 @@ log = logging.getLogger("brokerd.cluster")
 ORPHAN_TIMEOUT = 30.0    # how long messages for a dead node's sessions are refused awaiting word of their adoption
 REAP_PROGRESS = ORPHAN_TIMEOUT / 3     # the adopting survivor says "reaping" this often while it goes on
 REAP_AT_ONCE = 32        # a dead node's sessions adopted at once (3,000 on sqlite: 3.1 s one by one, 1.8 s)
-REAP_LOCK = 30.0         # seconds a client id's lock is held (and waited for) while its session is adopted
+# seconds a client id's lock is waited for, and lives, while its session is adopted: kept alive every third
+# of it until the session is loaded and claimed (a batch's reads wait for each other on the store: on a slow
+# one the last of them came after the lock lapsed -- a CONNECT elsewhere took the session meanwhile, and this
+# node loaded and claimed it as well: the session lived on two nodes)
+REAP_LOCK = 30.0
 ORPHANS_LEASE = 60       # seconds the "orphans" lease is held at a time (renewed while the walk goes on)
 ORPHANS_PAGE = 1000      # stored sessions' keys read, and their owners asked of Redis, at a time
 
@@ -147,9 +151,10 @@ class Adoption:
             self.events.queue_event({"t": "reaping", "n": self.id, "of": node})
 
     async def _adopt(self, node: str, tenant: str, cid: str, graceful: bool) -> bool:
-        """One of dead ``node``'s sessions, under its client id's lock as a CONNECT would take it (held
-        for REAP_LOCK at most: the store reads of the sessions adopted at once wait for each other)."""
+        """One of dead ``node``'s sessions, under its client id's lock as a CONNECT would take it (kept
+        alive while it waits: the store reads of the sessions adopted at once wait for each other)."""
         token = await self.bus.lock(tenant, cid, REAP_LOCK)
+        keeper = asyncio.ensure_future(self._keep_lock(tenant, cid, token)) if token else None
         try:
             if await self.bus.owner(tenant, cid) != node:
                 return False
@@ -158,8 +163,20 @@ class Adoption:
                 return True
             return False
         finally:
+            if keeper is not None:
+                keeper.cancel()
             if token:
                 await self.bus.unlock(tenant, cid, token)
+
+    async def _keep_lock(self, tenant: str, cid: str, token: str) -> None:
+        while True:
+            await asyncio.sleep(REAP_LOCK / 3)
+            try:
+                if not await self.bus.keep_lock(tenant, cid, token, REAP_LOCK):
+                    log.warning("the lock of %s/%s lapsed while its session was being adopted", tenant, cid)
+                    return
+            except Exception as exc:
+                log.warning("the lock of %s/%s not kept while its session is adopted: %s", tenant, cid, exc)
 
     async def adopt_orphans(self) -> None:
         """Stored sessions no live node holds (the whole cluster was down, or

@@ -39,6 +39,11 @@ _UNLOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+# a client id's lock kept longer by its holder (ARGV: token, ttl ms) -> 1 if still held
+_KEEP_LOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
 # (HSETNX first: a free id -- the usual CONNECT -- takes two calls, not three)
 _TRY_CLAIM = """
 if redis.call('EXISTS', KEYS[2]) == 1 then return '!' end
@@ -361,6 +366,7 @@ class Bus:
                                max_bytes=CLAIMS_QUEUED_BYTES, size=_claim_size)
         self._claim_line = self._line(pool)
         self._unlock = self.redis.register_script(_UNLOCK)
+        self._keep_lock = self.redis.register_script(_KEEP_LOCK)
         self._lease = self.redis.register_script(_LEASE)
         self._gone = self.redis.register_script(_GONE)
         self._gones = Batches(self._gone_batch, GONE_PER_CALL, drop_given_up=False)
@@ -489,6 +495,11 @@ class Bus:
 
     async def unlock(self, tenant: str, client_id: str, token: str) -> None:
         await self._unlock(keys=[self.k("lock", tenant, client_id)], args=[token])
+
+    async def keep_lock(self, tenant: str, client_id: str, token: str, seconds: float) -> bool:
+        """The lock ``token`` holds on a client id lives ``seconds`` more; -> False if it is not held any more."""
+        return bool(await self._keep_lock(keys=[self.k("lock", tenant, client_id)],
+                                          args=[token, int(seconds * 1000)]))
 
     def try_claim(self, tenant: str, client_id: str) -> asyncio.Future:
         """In one round trip: the client id is now this node's if it was free or

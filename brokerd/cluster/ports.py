@@ -286,6 +286,8 @@ class ReapBus(ClientBus, LeaseBus, Protocol):
 
     async def forget_node(self, node: str) -> None: ...
 
+    async def keep_lock(self, tenant: str, client_id: str, token: str, seconds: float) -> bool: ...
+
 
 class ClusterBus(MemberBus, EventBus, ReapBus, Protocol):
     """All of ``bus.Bus`` the cluster uses."""

@@ -172,6 +172,10 @@ class FakeBus:
         if self.s.locks.get((tenant, client_id)) == token:
             del self.s.locks[(tenant, client_id)]
 
+    async def keep_lock(self, tenant: str, client_id: str, token: str, seconds: float) -> bool:
+        self._check()
+        return self.s.locks.get((tenant, client_id)) == token
+
     async def try_claim(self, tenant: str, client_id: str) -> str | None:
         self._check()
         if (tenant, client_id) in self.s.locks:
