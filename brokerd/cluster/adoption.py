@@ -19,6 +19,7 @@ down, or Redis lost its registry).
 
 import asyncio
 import logging
+import os
 import time
 from typing import Protocol
 
@@ -28,14 +29,15 @@ from .routes import ClusterRoutes
 
 log = logging.getLogger("brokerd.cluster")
 
-ORPHAN_TIMEOUT = 30.0    # how long messages for a dead node's sessions are refused awaiting word of their adoption
+# how long messages for a dead node's sessions are refused awaiting word of their adoption (the same on every node)
+ORPHAN_TIMEOUT = float(os.environ.get("BROKERD_ORPHAN_TIMEOUT", "30"))
 REAP_PROGRESS = ORPHAN_TIMEOUT / 3     # the adopting survivor says "reaping" this often while it goes on
 REAP_AT_ONCE = 32        # a dead node's sessions adopted at once (3,000 on sqlite: 3.1 s one by one, 1.8 s)
 # seconds a client id's lock is waited for, and lives, while its session is adopted: kept alive every third
 # of it until the session is loaded and claimed (a batch's reads wait for each other on the store: on a slow
 # one the last of them came after the lock lapsed -- a CONNECT elsewhere took the session meanwhile, and this
 # node loaded and claimed it as well: the session lived on two nodes)
-REAP_LOCK = 30.0
+REAP_LOCK = float(os.environ.get("BROKERD_REAP_LOCK", "30"))
 ORPHANS_LEASE = 60       # seconds the "orphans" lease is held at a time (renewed while the walk goes on)
 ORPHANS_PAGE = 1000      # stored sessions' keys read, and their owners asked of Redis, at a time
 

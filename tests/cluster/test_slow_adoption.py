@@ -2,7 +2,7 @@
 late): how long the adoption takes must not matter -- messages for the sessions not adopted yet are
 refused until they are (the publisher sends them again), and no session ends up on two nodes.
 Apart from test_failover.py, whose nodes they share the helpers of: these two take a minute or more
-each, mostly waiting."""
+each, mostly waiting (on the shorter ORPHAN_TIMEOUT and REAP_LOCK the environment can set)."""
 
 import re
 import time
@@ -19,17 +19,18 @@ from .test_failover import EXPIRY, adopted_by, persistent, ranges
 
 @pytest.mark.slow
 def test_a_slow_adoption_keeps_refusing_messages_for_the_sessions_not_adopted_yet(cluster, tmp_path, tag):
-    """n2 dies holding 45 stored sessions and its store answers slowly (every HBase call 300 ms):
-    n1 takes more than 40 s to adopt them all. A QoS 1 message published on n1 for a session not
+    """n2 dies holding 24 stored sessions and its store answers slowly (every HBase call 300 ms):
+    n1 takes more than 20 s to adopt them all, longer than ORPHAN_TIMEOUT (10 s here). A QoS 1 message published on n1 for a session not
     adopted yet must be refused (the publisher sends it again) until the session is adopted, then
-    delivered. Before, the survivors stopped refusing ORPHAN_TIMEOUT (30 s) after the death,
+    delivered. Before, the survivors stopped refusing ORPHAN_TIMEOUT after the death,
     however far the adoption had got: the messages published then for the sessions still waiting
     were acknowledged for nobody, and lost (the survivor says "reaping" every 10 s now)."""
     gateway = HBaseDoubleProcess(tmp_path / "hbase.db").start()
     try:
         cluster.store = f"hbase://{gateway.address}?table_prefix=slow&timeout=10000"
+        cluster.env = {"BROKERD_ORPHAN_TIMEOUT": "10"}
         n1, n2 = cluster.start(2)
-        n = 45
+        n = 24
         for i in range(n):
             c = persistent(n2.port(), f"{tag}-s{i}")
             c.subscribe(f"{tag}/{i}", qos=1)
@@ -41,7 +42,7 @@ def test_a_slow_adoption_keeps_refusing_messages_for_the_sessions_not_adopted_ye
         pub.connect(f"{tag}-pub", version=5)
         wait_until(lambda: "node n2 left the cluster" in n1.log or None, timeout=15,
                    message="n1 did not see n2 go")
-        time.sleep(max(0.0, died + 5 + 33 - time.monotonic()))     # past ORPHAN_TIMEOUT after the death
+        time.sleep(max(0.0, died + 5 + 12 - time.monotonic()))     # past ORPHAN_TIMEOUT after the death
         assert not re.search(r"adopted \d+ sessions of node n2", n1.log), "adopted too fast to show anything"
         pending = list(range(n))
         pid = 0
@@ -73,9 +74,9 @@ def test_a_slow_adoption_keeps_refusing_messages_for_the_sessions_not_adopted_ye
 
 @pytest.mark.slow
 def test_a_slow_adoption_never_leaves_a_session_on_two_nodes(cluster, tmp_path, tag):
-    """n3 dies holding 32 stored sessions and its store answers slowly (every HBase call 600 ms):
-    the survivor adopting them locks all 32 client ids at once, then reads the sessions one after
-    another -- past the 30 s its locks lived (REAP_LOCK). A client whose session was not read yet
+    """n3 dies holding 20 stored sessions and its store answers slowly (every HBase call 300 ms):
+    the survivor adopting them locks all 20 client ids at once, then reads the sessions one after
+    another -- past the time its locks lived (REAP_LOCK, 10 s here). A client whose session was not read yet
     then connects to the other survivor, which finds its id free and takes the session; the
     adopting survivor must not load it as well. Before, it did (and took the id in the registry):
     the session lived on both nodes, and a message the client got on one was still queued on
@@ -83,8 +84,9 @@ def test_a_slow_adoption_never_leaves_a_session_on_two_nodes(cluster, tmp_path, 
     gateway = HBaseDoubleProcess(tmp_path / "hbase.db").start()
     try:
         cluster.store = f"hbase://{gateway.address}?table_prefix=twice&timeout=10000"
+        cluster.env = {"BROKERD_REAP_LOCK": "10"}
         n1, n2, n3 = cluster.start(3)
-        n = 32
+        n = 20
         for i in range(n):
             c = persistent(n3.port(), f"{tag}-s{i}")
             c.subscribe(f"{tag}/{i}", qos=1)
@@ -92,14 +94,14 @@ def test_a_slow_adoption_never_leaves_a_session_on_two_nodes(cluster, tmp_path, 
         r = cluster.redis.client()
         p = cluster.prefix
         tenant = next(k.decode().rsplit(":", 1)[1] for k in r.scan_iter(f"{p}:clients:*"))
-        gateway.control("latency", 600)
+        gateway.control("latency", 300)
         n3.kill()
         reaper_name = wait_until(lambda: (r.get(f"{p}:reap:n3") or b"").decode() or None, timeout=20,
                                  message="no survivor began adopting n3")
         reaper, other = (n1, n2) if reaper_name == "n1" else (n2, n1)
         wait_until(lambda: r.exists(*[f"{p}:lock:{tenant}:{tag}-s{i}" for i in range(n)]) or None, timeout=10,
                    message="the adoption took no lock")
-        time.sleep(33)                                  # past REAP_LOCK after the locks were taken
+        time.sleep(12)                                  # past REAP_LOCK after the locks were taken
         pending = [i for i in range(n) if r.hget(f"{p}:clients:{tenant}", f"{tag}-s{i}") == b"n3"]
         assert pending, "adopted too fast to show anything"
         i = pending[-1]
