@@ -287,6 +287,21 @@ def _owed(c: RawClient, client_id: str, filt: str) -> set:
     return {c.expect(PUBLISH).topic for _ in range(5)}
 
 
+def _back(c: RawClient, client_id: str) -> list:
+    """``c`` takes the persistent session of ``client_id`` back and reads what comes, acknowledging
+    each QoS 1 message, until nothing comes for a second; -> their topics in order."""
+    assert c.connect(client_id, version=5, clean=False, props=EXPIRY).session_present
+    got = []
+    while True:
+        try:
+            p = c.recv(1)
+        except TimeoutError:
+            return got
+        got.append(p.topic)
+        if p.qos:
+            c.ack(raw.PUBACK, p.pid)
+
+
 @pytest.mark.parametrize("store,takeover", [(None, False), ("sqlite", False), ("sqlite", True)])
 def test_retained_messages_a_persistent_session_was_still_owed_at_disconnect_come_on_reconnect(
         broker_factory, tmp_path, client_id, store, takeover):
@@ -332,19 +347,10 @@ def test_retained_owed_at_disconnect_are_queued_only_while_the_queue_has_room(br
     b = broker_factory("--max-inflight", "5", "--max-queued", "20")
     topics = [f"many/{i}" for i in range(300)]
     _publish_retained(b.port(), topics, 1)
-    expiry = EXPIRY
     with RawClient(b.port(), timeout=10) as c:
         _owed(c, client_id, "many/+")
     with RawClient(b.port(), timeout=10) as c:
-        assert c.connect(client_id, version=5, clean=False, props=expiry).session_present
-        got = []
-        while True:
-            try:
-                p = c.recv(1)
-            except TimeoutError:
-                break
-            got.append(p.topic)
-            c.ack(raw.PUBACK, p.pid)
+        got = _back(c, client_id)
         assert len(got) == 5 + 20, got                          # the window again, and a full queue
         assert len(set(got)) == len(got)
 
@@ -366,19 +372,9 @@ def test_retained_owed_at_disconnect_that_expired_meanwhile_take_no_room_in_the_
                           for i, t in enumerate(kept)))
         pub.send(b"\xc0\x00")                                   # PINGREQ: answered once all before it are done
         pub.expect(raw.PINGRESP, timeout=30, skip=(raw.PUBACK,))
-    expiry = EXPIRY
     with RawClient(b.port(), timeout=10) as c:
         assert _owed(c, client_id, "owed/+") <= set(expiring)   # the window: not acknowledged
         time.sleep(1.5)                                         # every one of the 30 expires
     with RawClient(b.port(), timeout=10) as c:
-        assert c.connect(client_id, version=5, clean=False, props=expiry).session_present
-        got = set()
-        while True:
-            try:
-                p = c.recv(1)
-            except TimeoutError:
-                break
-            got.add(p.topic)
-            if p.qos:
-                c.ack(raw.PUBACK, p.pid)
+        got = set(_back(c, client_id))
         assert set(kept) <= got, sorted(got)
