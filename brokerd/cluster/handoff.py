@@ -40,12 +40,21 @@ HANDOFF_TIMEOUT = 1.0    # how long the old owner waits for the new one to hold 
 SYNC_TIMEOUT = 2.0       # how long it waits for the other nodes to switch routes
 
 
+_NOT_JSON = object()
+
+
+def _json(text: str):
+    """``text`` parsed, or ``_NOT_JSON``: a peer's text nested deeper than the parser recurses (a
+    HANDOFF of 100,000 "[") raised RecursionError, which no ``except ValueError`` caught."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return _NOT_JSON
+
+
 def handoff_of(text: str) -> tuple[str, str, list[str]] | None:
     """(tenant, client id, filters) of a HANDOFF's text; None when it is not one."""
-    try:
-        d = json.loads(text)
-    except ValueError:
-        return None
+    d = _json(text)
     if not isinstance(d, dict):
         return None
     tenant, cid, filters = d.get("tenant"), d.get("client_id"), d.get("filters")
@@ -58,9 +67,8 @@ def handoff_of(text: str) -> tuple[str, str, list[str]] | None:
 def counts_of(text, filters: list[str]) -> dict | None:
     """{filter: [subs, durable]} of a HOLDING's text for ``filters``: ``{}``
     when the new owner does not hold, None when the text is not an answer."""
-    try:
-        d = json.loads(text)
-    except ValueError:
+    d = _json(text)
+    if d is _NOT_JSON:
         return None
     if d is None:
         return {}

@@ -17,7 +17,7 @@ from brokerd.cluster import frames
 from ..hostile.conftest import Canary, rss_kib
 from ..integration.helpers import Client, connect
 from ..mqtt import V5, PacketTypes, props
-from .conftest import settle
+from .conftest import settle, wait_until
 from .test_links import RawLink, link_port
 
 
@@ -100,13 +100,43 @@ def test_a_handoff_that_is_not_one_closes_the_link(cluster, tag):
     as for any frame that is not one, and the node goes on."""
     n1, n2, n3 = cluster.start(3)
     for text in ("not json", '{"tenant": 1}', '{"tenant": "t", "client_id": "c", "filters": "x/#"}',
-                 '{"tenant": "t", "client_id": "c", "filters": [7]}', "[]"):
+                 '{"tenant": "t", "client_id": "c", "filters": [7]}', "[]", "[" * 100000,
+                 '{"tenant": ' * 50000):
         rogue = RawLink(link_port(n1))
         rogue.handshake(cluster.secret.encode(), cluster.name(n3))
         rogue.send(frames.handoff(5, text))
         assert rogue.closed_by_node(5), f"a HANDOFF of {text!r} was taken"
         rogue.close()
     time.sleep(0.2)
+    assert "Task exception" not in n1.log and "Traceback" not in n1.log, n1.log[-3000:]
+    sub = connect(n2.port(), f"{tag}-sub", V5)
+    sub.subscribe(f"{tag}/t", qos=1)
+    pub = connect(n1.port(), f"{tag}-pub", V5)
+    settle(pub, f"{tag}/t", sub)
+
+
+def test_a_holding_nested_too_deep_closes_the_link(cluster, tag):
+    """A member holding a client id's lock takes its session over: the node
+    asks it to hold the session's messages (HANDOFF) and reads its answer
+    (HOLDING, JSON). An answer nested deeper than the JSON parser recurses
+    raised RecursionError in the takeover's task: no RELEASED came, the link
+    stayed open and the session's filters stayed frozen (their counts never
+    announced again). Now it is an answer that is not one: the link is
+    closed, saying so in one line."""
+    n1, n2, n3 = cluster.start(3)
+    dev = persistent(n1.port(), f"{tag}-dev")
+    dev.subscribe(f"{tag}/owned", qos=1)
+    time.sleep(0.3)
+    rogue = RawLink(link_port(n1))
+    rogue.handshake(cluster.secret.encode(), cluster.name(n3))
+    # the rogue's node id holds the client id's lock, as a CONNECT's claim there would
+    cluster.redis.client().set(f"{cluster.prefix}:lock:default:{tag}-dev", f"{cluster.name(n3)}:1", px=10000)
+    rogue.send(frames.takeover(9, "default", f"{tag}-dev"))
+    kind, req, text = rogue.read_decoded()
+    assert kind == frames.HANDOFF and f"{tag}/owned" in text
+    rogue.send(frames.holding(req, "[" * 100000))
+    assert rogue.closed_by_node(5), "a HOLDING nested too deep was taken"
+    wait_until(lambda: "that is no answer to its HANDOFF" in n1.log, timeout=5, message=n1.log[-3000:])
     assert "Task exception" not in n1.log and "Traceback" not in n1.log, n1.log[-3000:]
     sub = connect(n2.port(), f"{tag}-sub", V5)
     sub.subscribe(f"{tag}/t", qos=1)
