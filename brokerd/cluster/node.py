@@ -279,11 +279,12 @@ class ClusterNode:
     def tick(self, now: float) -> None:
         """Deadlines: quiet links pinged, dead ones closed; holders whose
         session did not come flushed; requests unanswered failed; orphans no
-        one adopted let go."""
+        one adopted let go; refused TAKEOVERs summed up in the log."""
         self.peers.tick(now)
         self.handoff.expire(now)
         self.requests.expire(now)
         self.adoption.expire(now)
+        self.takeover.refusals.tick(now)
 
     def _arm(self, deadline: float) -> None:
         """A request waits for its answer until ``deadline`` (the loop's clock):

@@ -34,6 +34,44 @@ RELEASED, NOT_HERE, REFUSED, NOT_WRITTEN = 0, 1, 2, 3
 WRITES_WAIT = RELEASE_TIMEOUT - 2.0      # seconds the old node waits for its writes: it answers in the asker's time
 
 
+# seconds between two log lines of the TAKEOVERs refused from one node: the first is logged at once, the
+# ones after it counted and summed up in one line per node this often (a member sending them without end
+# wrote a line for each, as fast as it sent)
+REFUSALS_LOG_EVERY = 5.0
+
+
+class RefusalLog:
+    """The TAKEOVERs refused from each node, in the log: the first at once,
+    the rest in one line per node every ``REFUSALS_LOG_EVERY`` seconds
+    (``tick``, from the node's timer round)."""
+
+    def __init__(self):
+        self.since: dict[str, float] = {}     # node -> when its last line was logged
+        self.counts: dict[str, int] = {}      # node -> refusals since, not logged yet
+        self.last: dict[str, tuple] = {}      # node -> (tenant, client id) of the last of them
+
+    def refused(self, node: str, tenant: str, cid: str, now: float) -> None:
+        if node not in self.since:
+            log.warning("takeover of %s/%s refused: node %s does not hold the client id's lock", tenant, cid, node)
+            self.since[node] = now
+            return
+        self.counts[node] = self.counts.get(node, 0) + 1
+        self.last[node] = (tenant, cid)
+
+    def tick(self, now: float) -> None:
+        for node, since in list(self.since.items()):
+            if now - since < REFUSALS_LOG_EVERY:
+                continue
+            n = self.counts.pop(node, 0)
+            if not n:                       # quiet since its last line: the next refusal is logged at once
+                del self.since[node]
+                continue
+            tenant, cid = self.last.pop(node)
+            log.warning("%d more takeover%s refused in the last %.0f s: node %s does not hold the client ids' "
+                        "locks (the last: %s/%s)", n, "" if n == 1 else "s", now - since, node, tenant, cid)
+            self.since[node] = now
+
+
 class SessionLoader(Protocol):
     async def load(self, tenant: str, cid: str, wills: bool = True) -> bool: ...
     async def stored_will(self, tenant: str, cid: str): ...
@@ -67,6 +105,7 @@ class Takeover:
         # done): its connection's disconnect update, on the bus's own line, waits for it -- else the update
         # could overtake it and leave the will registered (published when this node dies) or the mark set
         self.opening: dict[tuple[str, str], asyncio.Future] = {}
+        self.refusals = RefusalLog()      # TAKEOVERs refused, in the log at most every few seconds a node
 
     # ========================================================== new owner
 
@@ -316,8 +355,7 @@ class Takeover:
             if checked is not None:
                 checked()
         if holder_node != link.peer:
-            log.warning("takeover of %s/%s refused: node %s does not hold the client id's lock", tenant, cid,
-                        link.peer)
+            self.refusals.refused(link.peer, tenant, cid, self.clock())
             link.send(frames.released(req, REFUSED))
             return
         claims = self.claiming.get((tenant, cid))

@@ -9,6 +9,7 @@ The rogue member is a raw socket that authenticated with the cluster secret
 under another member's node id (``RawLink.handshake``).
 """
 
+import re
 import threading
 import time
 
@@ -165,6 +166,39 @@ def test_a_flood_of_takeovers_from_a_member_leaves_the_node_in_the_cluster(clust
     print(f"canary worst {canary.worst * 1000:.0f} ms")
     assert "fenc" not in n1.log, n1.log[-3000:]
     assert "node n1 left the cluster" not in n2.log + n3.log
+    assert n1.proc.poll() is None
+    rogue.close()
+
+
+def test_refused_takeovers_are_summed_up_in_the_log(cluster, tag):
+    """A TAKEOVER from a member that does not hold the client id's lock is
+    refused, and each refusal was a line in the node's log: a member sending
+    them without end wrote the node's log as fast as it sent (3,000 TAKEOVERs,
+    3,000 lines). Now the first refusal from a node is logged at once, and the
+    ones after it in one line per node every few seconds, with their count."""
+    n1, n2, n3 = cluster.start(3)
+    canary = Canary(n1, f"{tag}-c")
+    canary.check()
+    total = 3000
+    rogue = RawLink(link_port(n1))
+    rogue.handshake(cluster.secret.encode(), cluster.name(n3))
+    with canary.running():
+        rogue.send(b"".join(frames.takeover(req, "default", f"{tag}-{req}") for req in range(1, total + 1)))
+        answers = [rogue.read_decoded(10) for _ in range(total)]
+    assert {a[0] for a in answers} == {frames.RELEASED} and {a[2] for a in answers} == {2}
+    lines = lambda: [line for line in n1.output if "brokerd.cluster: " in line and " refused" in line]  # noqa: E731
+
+    def counted() -> int:
+        n = 0
+        for line in lines():
+            m = re.search(r"(\d+) more takeovers? refused", line)
+            n += int(m.group(1)) if m else 1
+        return n
+
+    wait_until(lambda: counted() == total, timeout=15,
+               message=f"the refusals logged do not add up to {total}: {lines()[:5]} ({len(lines())} lines)")
+    print("\n".join(lines()))
+    assert len(lines()) <= 4, f"{len(lines())} log lines for {total} refused TAKEOVERs"
     assert n1.proc.poll() is None
     rogue.close()
 

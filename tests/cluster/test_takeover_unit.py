@@ -550,3 +550,27 @@ def test_a_claim_answered_after_the_node_fenced_itself_opens_nothing(stored):
     assert opened == []
     assert channel.refused == (rc.SERVER_UNAVAILABLE, "this node is out of the cluster")
     assert t.claiming == {}
+
+
+def test_refused_takeovers_are_logged_once_then_summed_per_node(caplog):
+    """The first refusal from a node is a line at once; those after it one line
+    per node every REFUSALS_LOG_EVERY s with their count; after a quiet spell
+    the next is a line at once again."""
+    from brokerd.cluster.takeover import REFUSALS_LOG_EVERY, RefusalLog
+
+    refusals = RefusalLog()
+    lines = lambda: [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]   # noqa: E731
+    with caplog.at_level("WARNING", logger="brokerd.cluster"):
+        for i in range(1000):
+            refusals.refused("n3", "t", f"c{i}", 0.001 * i)
+        refusals.refused("n2", "t", "x", 0.5)
+        refusals.tick(1.0)
+        assert lines() == ["takeover of t/c0 refused: node n3 does not hold the client id's lock",
+                           "takeover of t/x refused: node n2 does not hold the client id's lock"]
+        refusals.tick(REFUSALS_LOG_EVERY + 0.1)
+        assert lines()[2:] == [f"999 more takeovers refused in the last {REFUSALS_LOG_EVERY:.0f} s: node n3 does "
+                               "not hold the client ids' locks (the last: t/c999)"]
+        refusals.tick(2 * REFUSALS_LOG_EVERY + 1)     # quiet: nothing to sum up, n2 and n3 forgotten
+        assert len(lines()) == 3 and refusals.since == {}
+        refusals.refused("n3", "t", "again", 2 * REFUSALS_LOG_EVERY + 2)
+        assert lines()[3:] == ["takeover of t/again refused: node n3 does not hold the client id's lock"]
