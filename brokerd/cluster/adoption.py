@@ -191,30 +191,42 @@ class Adoption:
         lease is renewed as the walk goes (it may outlast ``ORPHANS_LEASE``)."""
         store = self.store
         if store is None or not store.durable:
+            await self.bus.registry_complete()          # nothing is stored: nothing can be missing
             return
         if not await self.bus.try_lease("orphans", ORPHANS_LEASE):
             return
         lease = _Lease(self.bus, "orphans")
         adopted = 0
+        whole = False                                   # the walk went over every stored session
         try:
             after = None
             while await lease.keep():
                 keys = await store.session_keys(after, ORPHANS_PAGE)
                 if not keys:
+                    whole = True
                     break
                 after = keys[-1]
                 alive = set(self.members_of()) | {self.id}
+                cut = False                             # the lease went to another node midway
                 for (tenant, cid), owner in zip(keys, await self.bus.owners(keys), strict=True):
                     if owner in alive:
                         continue
                     if not await lease.keep():
+                        cut = True
                         break
                     if await self._adopt_orphan(tenant, cid, alive):
                         adopted += 1
+                if cut:
+                    break
                 if len(keys) < ORPHANS_PAGE:
+                    whole = True
                     break
             if adopted:
                 log.warning("adopted %d stored sessions no live node held", adopted)
+            if whole:
+                # every stored session has a record in the registry now: a Clean Start of a client id it
+                # calls free need not look in the store (``takeover``), until Redis loses this key with it
+                await self.bus.registry_complete()
         finally:
             if lease.held:
                 await self.bus.drop_lease("orphans")

@@ -12,6 +12,9 @@ Keys, all under a prefix (``brokerd`` by default, ``?prefix=NAME`` in the URL):
                         stored session (published by a survivor if the node dies)
 ``conns:{tenant}``      node -> live connections (tenant quotas, cluster-wide)
 ``lock:{tenant}:{cid}`` short lock around a client id's connect (takeover)
+``registry``            set once a walk of the store found every stored session held by a node (``Bus.
+                        registry_complete``): gone, Redis lost the registry (restarted empty), and a stored
+                        session may have no record in it
 ``reap:{node}``         which survivor adopts a dead node's sessions (once)
 ``stats:{node}``        the node's counters, for the cluster-wide ``$SYS`` tree
 ``left:{node}``         a node that left gracefully (its survivor publishes no wills)
@@ -44,21 +47,23 @@ _KEEP_LOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
 """
-# (HSETNX first: a free id -- the usual CONNECT -- takes two calls, not three)
+# (HSETNX first: a free id -- the usual CONNECT -- takes two calls, not three) -> {answer, whether the
+# registry is whole (KEYS[3], ``registry``)}
 _TRY_CLAIM = """
-if redis.call('EXISTS', KEYS[2]) == 1 then return '!' end
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then return '' end
+local whole = redis.call('EXISTS', KEYS[3])
+if redis.call('EXISTS', KEYS[2]) == 1 then return {'!', whole} end
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then return {'', whole} end
 local owner = redis.call('HGET', KEYS[1], ARGV[1])
-if owner ~= ARGV[2] then return owner end
-return ''
+if owner ~= ARGV[2] then return {owner, whole} end
+return {'', whole}
 """
 # the claims gathered by ``Batches`` (an event-loop iteration's, a round trip's or a gap's) in one call: KEYS
-# are (clients:{tenant}, lock:{tenant}:{cid}) pairs, ARGV the node then the client ids; each claim is
-# _TRY_CLAIM's, in order -> '!', the owner or '' per claim
+# are (clients:{tenant}, lock:{tenant}:{cid}) pairs, then ``registry``; ARGV the node then the client ids;
+# each claim is _TRY_CLAIM's, in order -> '!', the owner or '' per claim, then whether the registry is whole
 _TRY_CLAIMS = """
 local node = ARGV[1]
 local out = {}
-for i = 1, #KEYS, 2 do
+for i = 1, #KEYS - 1, 2 do
   local cid = ARGV[(i + 1) / 2 + 1]
   if redis.call('EXISTS', KEYS[i + 1]) == 1 then
     out[#out + 1] = '!'
@@ -73,6 +78,7 @@ for i = 1, #KEYS, 2 do
     end
   end
 end
+out[#out + 1] = redis.call('EXISTS', KEYS[#KEYS])
 return out
 """
 # a lease: taken when free, renewed by its holder (ARGV: holder, ttl ms) -> 1 if held now
@@ -365,6 +371,9 @@ class Bus:
         self._claims = Batches(self._claim_batch, CLAIMS_PER_CALL, drop_given_up=True, gap=claim_gap,
                                max_bytes=CLAIMS_QUEUED_BYTES, size=_claim_size)
         self._claim_line = self._line(pool)
+        # whether Redis's registry knew every stored session at the last claim's answer (``registry``): when
+        # not, a stored session of a client id it calls free may be there all the same (``takeover``)
+        self.registry_whole = True
         self._unlock = self.redis.register_script(_UNLOCK)
         self._keep_lock = self.redis.register_script(_KEEP_LOCK)
         self._lease = self.redis.register_script(_LEASE)
@@ -514,14 +523,24 @@ class Bus:
     async def _claim_batch(self, batch: list[tuple[str, str]]) -> list[str | None]:
         if len(batch) == 1:
             tenant, client_id = batch[0]
-            answers = [await self._claim_line.evalsha(
-                self._try_claim, [self.k("clients", tenant), self.k("lock", tenant, client_id)], [client_id, self.node])]
+            answer, whole = await self._claim_line.evalsha(
+                self._try_claim, [self.k("clients", tenant), self.k("lock", tenant, client_id), self.k("registry")],
+                [client_id, self.node])
+            answers = [answer]
         else:
             keys = []
             for tenant, client_id in batch:
                 keys += (self.k("clients", tenant), self.k("lock", tenant, client_id))
-            answers = await self._claim_line.evalsha(self._try_claims, keys, [self.node, *(cid for _, cid in batch)])
+            keys.append(self.k("registry"))
+            *answers, whole = await self._claim_line.evalsha(self._try_claims, keys,
+                                                             [self.node, *(cid for _, cid in batch)])
+        self.registry_whole = bool(whole)       # (set before the claims' futures are: their callbacks read it)
         return [(a.decode() if isinstance(a, bytes) else a) or None for a in answers]
+
+    async def registry_complete(self) -> None:
+        """A walk of the store found every stored session held by a live node (or adopted it): the
+        registry is whole (until Redis loses it, this key with it)."""
+        await self.redis.set(self.k("registry"), self.node)
 
     async def mark_owned(self, tenant: str, client_id: str) -> None:
         await self.redis.sadd(self.k("owned", self.node), key_of(tenant, client_id))

@@ -249,6 +249,10 @@ class LeaseBus(Protocol):
 class ClientBus(Protocol):
     """The client-id registry and its locks."""
 
+    # whether the registry knew every stored session at the last claim's answer (Redis did not lose it
+    # since a walk of the store): when not, a client id it calls free may have a stored session all the same
+    registry_whole: bool
+
     async def lock(self, tenant: str, client_id: str, wait: float = 5.0) -> str | None: ...
 
     async def lock_holder(self, tenant: str, client_id: str) -> str | None: ...
@@ -277,6 +281,9 @@ class ReapBus(ClientBus, LeaseBus, Protocol):
     """What adopting a dead node's sessions needs."""
 
     async def reap(self, node: str) -> bool: ...
+
+    async def registry_complete(self) -> None:
+        """A walk of the store found every stored session held (``registry_whole`` from now on)."""
 
     async def left_gracefully(self, node: str) -> bool: ...
 

@@ -136,7 +136,8 @@ class Takeover:
         later = False
         try:
             if (tried.cancelled() or tried.exception() is not None or tried.result() is not None
-                    or not (clean_start or self.broker.holds(tenant, cid))):
+                    or not (clean_start or self.broker.holds(tenant, cid))
+                    or not (self.bus.registry_whole or self.broker.holds(tenant, cid))):
                 self.spawn(self.run_claim(channel, tenant, cid, clean_start, will, cont, tried))
                 later = True
                 return
@@ -205,19 +206,19 @@ class Takeover:
                 if not clean_start:
                     await self.sessions.load(tenant, cid)
                 elif not self.broker.holds(tenant, cid):
-                    # Clean Start: the session the other node let go of (or held when it died) is over,
-                    # in the store too -- not loaded again by the next CONNECT without it, elsewhere; the
-                    # will it still owes goes now, as the session ends (3.1.4; as on a single node)
-                    will_left = await self.sessions.stored_will(tenant, cid)
-                    if will_left is not None:
-                        self.broker.publish_gone_will(tenant, cid, will_left, self.clock())
-                    self.broker.discard_stored(tenant, cid)
+                    # Clean Start: the session the other node let go of (or held when it died) is over
+                    await self._end_stored(tenant, cid)
                 self.handoff.flush_arriving(tenant, cid)
                 await self.bus.claim(tenant, cid, False, owner)
-            elif not clean_start and not self.broker.holds(tenant, cid):
+            elif not self.broker.holds(tenant, cid):
                 # free in the registry but perhaps stored: Redis may have lost its registry (restarted
                 # empty) before anyone adopted the session -- the store, not the registry, is the truth
-                await self.sessions.load(tenant, cid)
+                if not clean_start:
+                    await self.sessions.load(tenant, cid)
+                elif not self.bus.registry_whole:
+                    # (while the registry is whole, a stored session always has a record in it: a Clean
+                    # Start of a free id -- the usual CONNECT -- does not read the store)
+                    await self._end_stored(tenant, cid)
             if channel in self.lost:
                 # another node claimed the id while this one read the session from the store (on_takeover
                 # found nothing to release then, and refused this CONNECT): what was read is theirs
@@ -243,6 +244,15 @@ class Takeover:
                     await self.bus.unlock(tenant, cid, token)
                 except Exception:
                     pass
+
+    async def _end_stored(self, tenant: str, cid: str) -> None:
+        """A Clean Start here of a session this node does not hold: the stored session of the id is
+        over, in the store too -- not loaded again by the next CONNECT without it, elsewhere -- and the
+        will it still owes goes now, as the session ends ([MQTT-3.1.2-4]; 3.1.4; as on a single node)."""
+        will_left = await self.sessions.stored_will(tenant, cid)
+        if will_left is not None:
+            self.broker.publish_gone_will(tenant, cid, will_left, self.clock())
+        self.broker.discard_stored(tenant, cid)
 
     async def _opened(self, channel: ClaimingChannel, tenant, cid, will, session) -> None:
         """What follows opening ``session`` here (``cont``): the will of a connection it took over goes

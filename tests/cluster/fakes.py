@@ -70,6 +70,7 @@ class BusState:
         self.host_tenants: dict[str, dict] = {}   # host -> {worker: {tenant: figures}}
         self.tokens = 0
         self.owner_batches = 0                 # owners() calls (a round trip each)
+        self.registry = False                  # the ``registry`` key: a walk of the store found every session held
 
 
 class FakeBus:
@@ -83,6 +84,7 @@ class FakeBus:
         self.node = node
         self.ttl = ttl
         self.reachable = True
+        self.registry_whole = True             # as the last claim's answer said
 
     def _check(self) -> None:
         if not self.reachable:
@@ -178,6 +180,7 @@ class FakeBus:
 
     async def try_claim(self, tenant: str, client_id: str) -> str | None:
         self._check()
+        self.registry_whole = self.s.registry
         if (tenant, client_id) in self.s.locks:
             return "!"
         owner = self.s.clients.get(tenant, {}).get(client_id)
@@ -185,6 +188,10 @@ class FakeBus:
             return owner
         self.s.clients.setdefault(tenant, {})[client_id] = self.node
         return None
+
+    async def registry_complete(self) -> None:
+        self._check()
+        self.s.registry = True
 
     async def owner(self, tenant: str, client_id: str) -> str | None:
         self._check()

@@ -49,6 +49,7 @@ def test_a_will_still_being_registered_when_its_client_drops_is_not_left_behind_
             channel.session = Session(durable=False)
 
         try:
+            await bus.registry_complete()                    # as a node's join does (its walk of the store)
             t.claim(channel, "acme", "dev", True, Will("fleet/dev/status", b"offline", 1), cont)
             await asyncio.wait_for(bus.setting.wait(), 5)    # the will's registration is on its way
             assert await bus.owner("acme", "dev") == "a"

@@ -58,6 +58,16 @@ def test_the_bus_tells_a_page_of_holders_at_once_and_renews_its_lease(redis_serv
             assert await n1.owners(keys) == ["n1", "n2", None, None, "n2", "n2"]
             assert await n1.owners([]) == []
 
+            # whether the registry knows every stored session comes with each claim's answer, alone or in a batch
+            assert await n1.try_claim("t1", "c1") is None and not n1.registry_whole
+            await n2.registry_complete()                # a walk of the store found every session held
+            assert await n1.try_claim("t1", "c2") is None and n1.registry_whole
+            assert await asyncio.gather(n1.try_claim("t1", "c3"), n1.try_claim("t1", "a")) == [None, None]
+            assert n1.registry_whole
+            await n1.redis.delete(n1.k("registry"))     # Redis lost it (restarted empty, the registry too)
+            assert await asyncio.gather(n1.try_claim("t1", "c4"), n1.try_claim("t1", "c5")) == [None, None]
+            assert not n1.registry_whole
+
             assert await n1.try_lease("orphans", 2)
             assert await n1.renew_lease("orphans", 60)
             assert 50_000 < await n1.redis.pttl(n1.k("orphans")) <= 60_000
