@@ -43,7 +43,7 @@ ORPHANS_PAGE = 1000      # stored sessions' keys read, and their owners asked of
 
 
 class SessionLoader(Protocol):
-    async def load(self, tenant: str, cid: str, wills: bool = True) -> bool: ...
+    async def load(self, tenant: str, cid: str, wills: bool = True, still_ours=None) -> bool: ...
 
 
 class EventQueue(Protocol):
@@ -157,10 +157,21 @@ class Adoption:
         alive while it waits: the store reads of the sessions adopted at once wait for each other)."""
         token = await self.bus.lock(tenant, cid, REAP_LOCK)
         keeper = asyncio.ensure_future(self._keep_lock(tenant, cid, token)) if token else None
+
+        async def still_locked() -> bool:
+            # once the session is read: the lock kept REAP_LOCK more for the restore and the claim -- or,
+            # lapsed all the same (Redis lost it, keeping it failed), the session is left to whoever holds
+            # the id now (a CONNECT elsewhere may have taken it meanwhile: loaded here too, it would live
+            # on two nodes)
+            if token is None or await self.bus.keep_lock(tenant, cid, token, REAP_LOCK):
+                return True
+            log.warning("the lock of %s/%s lapsed while its session was read: not adopted here", tenant, cid)
+            return False
+
         try:
             if await self.bus.owner(tenant, cid) != node:
                 return False
-            if await self.sessions.load(tenant, cid, wills=not graceful):
+            if await self.sessions.load(tenant, cid, wills=not graceful, still_ours=still_locked):
                 await self.bus.claim(tenant, cid, True, node)
                 return True
             return False

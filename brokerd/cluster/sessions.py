@@ -17,13 +17,17 @@ class SessionLoader:
         self.routes = routes
         self.clock = clock
 
-    async def load(self, tenant: str, cid: str, wills: bool = True) -> bool:
+    async def load(self, tenant: str, cid: str, wills: bool = True, still_ours=None) -> bool:
         """-> whether the session is here now (``wills``: False for a node that
-        left gracefully -- its clients' wills are not owed)."""
+        left gracefully -- its clients' wills are not owed; ``still_ours``: an
+        async check, once read, that the client id is still this node's to take:
+        False, nothing is loaded)."""
         if self.store is None:
             return False
         rec = await self.store.load_session(tenant, cid)
         if rec is None:
+            return False
+        if still_ours is not None and not await still_ours():
             return False
         if not wills:
             rec.will = None

@@ -133,3 +133,50 @@ def test_a_dead_nodes_session_that_fails_to_load_does_not_stop_the_adoption_of_t
         assert net.state.locks == {}
 
     run(go())
+
+
+def test_a_session_whose_lock_lapsed_while_it_was_read_is_left_to_the_connect_that_took_it(caplog):
+    """``z`` died holding a stored session; ``b`` adopts it, and its store read is slow. Meanwhile
+    the client id's lock lapses anyway (Redis lost it -- a failover, a restart --, or keeping it
+    failed for REAP_LOCK), and a CONNECT on ``a`` takes the id and loads the session. ``b`` must
+    not load and claim it as well once its read is back. Before, the keeper only logged that the
+    lock had lapsed and ``b`` went on: the session lived on both nodes, the registry named ``b``,
+    and what ``a``'s client was given was queued again on ``b``."""
+    async def go():
+        net = FakeNet()
+        a = await net.node("a")
+        b = await net.node("b")
+        net.store.add("t", "dead-0", ["o/dead-0"])
+        net.state.clients.setdefault("t", {})["dead-0"] = "z"
+        net.state.owned.setdefault("z", set()).add(("t", "dead-0"))
+        real = net.store.load_session
+        reading, answer = asyncio.Event(), asyncio.Event()
+
+        async def slow(tenant, cid):
+            if not reading.is_set():                     # b's read, the first: slow
+                reading.set()
+                await answer.wait()
+            return await real(tenant, cid)
+
+        net.store.load_session = slow
+        with caplog.at_level(logging.WARNING, logger="brokerd.cluster"):
+            reap = asyncio.ensure_future(b.adoption.reap("z"))
+            await reading.wait()
+            assert net.state.locks.pop(("t", "dead-0")).startswith("b:")      # the lock lapses
+            conn = Connecting()
+            a.claim(conn, "t", "dead-0", False, None, conn.cont)
+            await net.settle()
+            assert conn.opened and ("t", "dead-0") in a.broker.sessions
+            answer.set()
+            await reap
+            await net.settle()
+        assert ("t", "dead-0") not in b.broker.sessions
+        assert net.state.clients["t"]["dead-0"] == "a"
+        assert ("t", "dead-0") in net.state.owned["a"] and ("t", "dead-0") not in net.state.owned.get("b", ())
+        assert net.state.locks == {}
+        ack = publish(b, "t", "o/dead-0", b"once")                 # b forwards it to a's session
+        await net.settle()
+        assert ack.done and ack.ok
+        assert net.store.queues[("t", "dead-0")] == [b"once"]
+
+    run(go())
