@@ -192,17 +192,20 @@ class UsageLog:
             self._merge(*batch[:3], kept)
             return
         self._superseded.extend(kept)
-        self._pending.append((ts, batch[1], batch[2]))
+        self._pending.append((ts, batch[1], batch[2], {}))
         if len(self._pending) > MAX_PENDING:
-            _, traffic, connections = self._pending.pop(0)
+            _, traffic, connections, names = self._pending.pop(0)
             _add_rows(self._pending[0][1], traffic)
             self._pending[0][2][:0] = connections
+            self._superseded.extend(names.values())         # what a try of it wrote: its rows go with the next
 
     def _write_pending(self) -> None:
         """The days' last minutes that could not be written, each with its own time (raises: still not)."""
         while self._pending:
-            ts, traffic, connections = self._pending[0]
-            self.write(ts, traffic, connections, {})
+            # ``names``: the files a try that failed midway wrote (a traffic file, not the connections'),
+            # replaced by the next try -- new ones beside them counted the minute twice
+            ts, traffic, connections, names = self._pending[0]
+            self.write(ts, traffic, connections, names)
             self._pending.pop(0)
 
     @staticmethod

@@ -216,6 +216,36 @@ def test_the_last_minute_of_a_day_that_cannot_be_written_stays_in_its_day(tmp_pa
         ["date=2026-05-28", "date=2026-05-29"]
 
 
+def test_a_days_last_minute_written_in_part_is_not_counted_twice_when_written_again(tmp_path):
+    """23:59's write fails, and so does its first try on its own: its traffic file is written, its
+    connections file is not (the disk filled up between the two). The next try must replace that
+    traffic file, not add another beside it: before, each try chose new files, and the day's
+    figures counted the minute twice."""
+    from brokerd.metrics.usage import UsageLog
+
+    log = UsageLog(str(tmp_path), "n1", 0.0, interval=60.0)
+    last = 1_780_012_800 - 60                                 # 2026-05-28 23:59 UTC
+    for _ in range(3):
+        log.published("acme", "t", 1, 10)
+    log.connections.append({"tenant": "acme", "client_id": "c1", "disconnected_at": last + 30.0})
+    batch = log._take(last)                                   # its write fails
+    log._failed(batch, log._drop(batch[3]))
+    real = log._file
+
+    def full(dataset, *args, **kwargs):
+        if dataset == "connections":
+            raise OSError(28, "No space left on device")
+        return real(dataset, *args, **kwargs)
+
+    log._file = full
+    with pytest.raises(OSError):
+        log._write_pending()                                  # the traffic file only
+    log._file = real
+    log._write_pending()
+    assert sum(r["msgs_in_q1"] for r in rows(tmp_path, "traffic")) == 3
+    assert [r["client_id"] for r in rows(tmp_path, "connections")] == ["c1"]
+
+
 def test_a_minute_that_cannot_be_written_leaves_no_checkpoint_to_count_twice(tmp_path):
     """The minute's last write fails (a full disk, say): its rows go into the next minute's files and
     its checkpoint file goes, or the reports would count the checkpointed part twice."""
