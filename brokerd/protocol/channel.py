@@ -979,6 +979,16 @@ class Channel:
             sub_id = p.properties.get(P.SUBSCRIPTION_IDENTIFIER)
             if sub_id == 0:
                 raise RemoteProtocolError("Subscription Identifier of 0")
+        if self.version == MQTT5:
+            # a SUBACK holds a reason code per filter and nothing of it may be left out: one above the
+            # client's Maximum Packet Size cannot be sent ([MQTT-3.1.2-24]) -- refused before anything
+            # is subscribed, with DISCONNECT 0x95, rather than a SUBACK it must not get or silence
+            n = len(p.topics) + 3                   # packet id, empty properties, the codes
+            size = n + (2 if n < 128 else 3 if n < 16384 else 4 if n < 2097152 else 5)
+            if size > self.client_max_packet:
+                self.disconnect(rc.PACKET_TOO_LARGE, f"the SUBACK for {len(p.topics)} topic filters would be "
+                                f"{size} bytes, above your Maximum Packet Size", now)
+                return
         codes, retained = self.broker.subscribe(self, p.topics, sub_id, p.properties, now)
         if self.version != MQTT5:
             codes = [c if c < 0x80 else rc.V3_SUBACK_FAILURE for c in codes]

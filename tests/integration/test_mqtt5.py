@@ -452,3 +452,28 @@ def test_resubscribe_replaces_subscription_identifier(broker, client_id, topic):
         sub.subscribe(topic, 1)
         mosq_pub(broker.port(), topic, "b", qos=1)
         assert not hasattr(sub.expect().properties, "SubscriptionIdentifier")
+
+
+def test_suback_above_the_clients_maximum_packet_size(broker, client_id, topic):
+    """[MQTT-3.1.2-24]: a SUBACK is never larger than the client's Maximum Packet Size. A SUBSCRIBE
+    of 100 filters from a client that takes packets of 64 bytes at most cannot be answered (the
+    SUBACK holds a reason code per filter, none may be left out): DISCONNECT 0x95 (Packet too
+    large), and none of the filters subscribed -- not a 106-byte SUBACK, nor silence."""
+    filters = [f"{topic}/{i}" for i in range(100)]
+    small = {raw.MAXIMUM_PACKET_SIZE: 64, raw.SESSION_EXPIRY_INTERVAL: 60}
+    with RawClient(broker.port()) as c:
+        c.connect(client_id, version=5, props=small)
+        c.send(raw.subscribe_packet(1, [(f, 1) for f in filters], 5))
+        got = c.expect_closed()
+        assert [(p.type, p.code) for p in got] == [(DISCONNECT, 0x95)]
+        assert all(2 + len(p.body) <= 64 for p in got)
+    with RawClient(broker.port()) as pub, RawClient(broker.port()) as c:
+        assert c.connect(client_id, version=5, clean=False, props=small).session_present
+        pub.connect(client_id + "p", version=5)
+        pub.publish(filters[99], b"not subscribed")
+        # a SUBACK that fits is sent: 59 filters, 64 bytes
+        c.send(raw.subscribe_packet(2, [(f, 1) for f in filters[:59]], 5))
+        ack = c.expect(raw.SUBACK)
+        assert ack.codes == [1] * 59
+        pub.publish(filters[0], b"subscribed")
+        assert c.expect(PUBLISH).payload == b"subscribed"
