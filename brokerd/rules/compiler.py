@@ -405,6 +405,8 @@ class _Compiler:
         compiled = tuple(self.expr(a) for a in args)
         if name == "regex_match":
             return self.regex_match(args, compiled)
+        if name == "concat":
+            return _bounded_concat(compiled)
         if name in GROWS:
             return _bounded(f"{name}()", self._call(fn, compiled, name in NULL_AWARE, wants_ctx))
         return self._call(fn, compiled, name in NULL_AWARE, wants_ctx)
@@ -503,6 +505,28 @@ def _bounded(name: str, fn):
         return v
 
     return bounded
+
+
+def _bounded_concat(compiled: tuple):
+    """``concat(...)`` whose length is checked before the text is built (as
+    ``_bounded``'s): one call naming a 256 KiB payload 2,000 times built
+    500 MiB before the check refused it."""
+
+    def concat(ctx):
+        parts, n = [], 0
+        for a in compiled:
+            v = a(ctx)
+            if v is None:
+                continue
+            parts.append(v := _text(v))
+            n += len(v)
+            if n > MAX_TEXT:
+                raw = ctx.raw
+                if n > MAX_TEXT + 2 * (len(raw) if raw is not None else 0):
+                    raise RuleEvalError(f"concat(): the result is too large (more than {n} characters)")
+        return "".join(parts)
+
+    return concat
 
 
 def _once(fn):

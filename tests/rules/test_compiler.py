@@ -281,3 +281,24 @@ def test_growing_text_within_its_bounds_is_unchanged():
     row = run('SELECT base64_encode(payload) AS b, payload || payload AS d, upper(payload) AS u FROM "#"',
               msg(payload=big))
     assert len(row["b"]) == 4 << 20 and len(row["d"]) == 6 << 20 and row["u"] == "X" * (3 << 20)
+
+
+def test_one_wide_concat_fails_before_it_builds_its_text():
+    """concat() naming a 256 KiB payload 2,000 times (a 6 KB rule) built
+    500 MiB of text for each message before the bound refused it; the
+    length is now summed as the arguments come, and the rule fails for that
+    message having held about the bound."""
+    import tracemalloc
+
+    sql = "SELECT payload AS p, concat(" + ", ".join(["p"] * 2000) + ') AS x FROM "#"'
+    rule = compile_rule(sql)
+    tracemalloc.start()
+    try:
+        with pytest.raises(RuleEvalError, match="too large"):
+            rule.run(msg(payload=b"x" * (256 << 10)))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20
+    assert run('SELECT concat(payload, payload, payload) AS x FROM "#"',
+               msg(payload=b"x" * (1 << 20)))["x"] == "x" * (3 << 20)

@@ -222,6 +222,41 @@ def test_a_function_asked_for_a_gigantic_number_fails_the_rule_and_the_node_goes
         node.stop()
 
 
+def _peak_rss_kib(node) -> int:
+    with open(f"/proc/{node.proc.pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:"))
+
+
+def test_one_wide_concat_fails_the_rule_without_building_its_text_and_the_node_goes_on(scene):
+    """concat() naming a 256 KiB payload 2,000 times (a 6 KB statement) built
+    500 MiB of text inside the event loop for each message before the bound
+    refused it: the node's memory went past 1 GiB. It now fails as soon as the
+    arguments passed the bound."""
+    plane, _, secrets, token = scene
+    node = plane.broker("--admin", "127.0.0.1:0")
+    try:
+        sql = "SELECT payload AS p, concat(" + ", ".join(["p"] * 2000) + ') AS x FROM "sensors/+/wide"'
+        rid = add(plane, "acme", "--sql", sql, "--republish", "alerts/wide")
+        loaded(node, token, "acme", rid)
+        before = _peak_rss_kib(node)
+        sub = client(node, secrets, "globex/watch", "canary-sub")
+        sub.subscribe("sensors/canary", qos=1)
+        canary = client(node, secrets, "globex/d1", "canary-pub")
+        dev = client(node, secrets, "acme/d1", "d1-wide")
+        dev.publish("sensors/x/wide", b"x" * (256 << 10), qos=1, timeout=30)
+        canary.publish("sensors/canary", b"still served", qos=1, timeout=30)
+        [got] = sub.expect_n(1, timeout=30)
+        assert got.payload == b"still served"
+        view = wait_for(lambda: (v := rule_view(node, token, "acme", rid))["failed"] == 1 and v, what="the failure")
+        assert "concat()" in view["last_error"] and "too large" in view["last_error"] and view["passed"] == 0
+        assert _peak_rss_kib(node) - before < 100 << 10, "the node built the text before refusing it"
+        for c in (dev, canary, sub):
+            c.disconnect()
+        plane.manage("rules", "delete", "acme", str(rid))
+    finally:
+        node.stop()
+
+
 def test_a_retained_republish_counts_against_the_tenants_retained_quota(scene):
     """A rule republishing with --retain stored a retained message per distinct topic whatever the
     tenant's max_retained: a device capped at 2 retained messages (0x97 past them) had a rule
