@@ -387,8 +387,9 @@ class Server:
         """What a rule's webhook may never call: this node's own listeners."""
         ports = {lst.port for lst in self.bound}
         hosts = {lst.host for lst in self.bound}
+        # the link port as bound: --cluster-listen's default (and a usual setting) is port 0, any port
         for address in (self.admin.address if self.admin is not None else None,
-                        self.config.cluster_listen if self.config.cluster else None):
+                        self.cluster.peers.address if self.cluster is not None else None):
             if address:
                 host, _, port = address.rpartition(":")
                 if port.isdigit() and int(port):

@@ -207,3 +207,30 @@ def test_a_node_listening_on_every_address_refuses_its_own_ports_on_each_of_them
     allowance.check("hooks.internal", 1883, "203.0.113.7")          # another host's port 1883: allowed
     only_loopback = Allowance(f"{mine}/32", own_ports=[1883], own_hosts=["127.0.0.1"])
     only_loopback.check("node.internal", 1883, mine)               # the node is not on that address
+
+
+def test_the_node_link_port_is_refused_as_bound_not_as_configured():
+    """--cluster-listen 0.0.0.0:0 (port 0, any: the default's) listens on a
+    port the OS picks, but the node's own ports were taken from the setting:
+    port 0, so none -- with private addresses allowed, a tenant's webhook
+    could call the node's link port on the host's own address (or on
+    loopback with 127.0.0.0/8 allowed). Only deciding: no request is made."""
+    from types import SimpleNamespace
+
+    from brokerd.server import Server
+
+    allowance = Allowance("127.0.0.0/8")
+    node = SimpleNamespace(
+        bound=[SimpleNamespace(host="127.0.0.1", port=1883)], admin=None,
+        config=SimpleNamespace(cluster="redis://127.0.0.1:6379", cluster_listen="0.0.0.0:0"),
+        cluster=SimpleNamespace(peers=SimpleNamespace(address="0.0.0.0:41234")),
+        webhooks=SimpleNamespace(allowance=allowance))
+    Server._own_ports(node)
+    for port in (1883, 41234):
+        with pytest.raises(Refused, match="this node's own port"):
+            allowance.check("node.internal", port, "127.0.0.1")
+    allowance.check("hooks.internal", 8080, "127.0.0.1")       # another service of the host: allowed
+    mine = host_address()
+    if mine is not None:
+        with pytest.raises(Refused, match="this node's own port"):
+            Allowance(f"{mine}/32", own_ports=allowance.own_ports, own_hosts=["0.0.0.0"]).check("n", 41234, mine)
