@@ -384,17 +384,18 @@ class Server:
             self._preauth_logged = (refused, sweeps)
 
     def _own_ports(self) -> None:
-        """What a rule's webhook may never call: this node's own listeners."""
-        ports = {lst.port for lst in self.bound}
-        hosts = {lst.host for lst in self.bound}
-        # the link port as bound: --cluster-listen's default (and a usual setting) is port 0, any port
-        for address in (self.admin.address if self.admin is not None else None,
-                        self.cluster.peers.address if self.cluster is not None else None):
-            if address:
-                host, _, port = address.rpartition(":")
-                if port.isdigit() and int(port):
-                    ports.add(int(port))
-                    hosts.add(host.strip("[]"))
+        """What a rule's webhook may never call: this node's own listeners, as bound -- the addresses and
+        ports of their sockets, not the settings' (a host name, or port 0 for one the OS picks)."""
+        socks = [sock for srv in self.servers for sock in srv.sockets]
+        if self.admin is not None:
+            socks += self.admin.sockets()        # a worker's shared port and its own
+        if self.cluster is not None:
+            socks += self.cluster.peers.sockets()
+        ports, hosts = set(), set()
+        for sock in socks:
+            host, port = sock.getsockname()[:2]
+            ports.add(port)
+            hosts.add(host)
         self.webhooks.allowance.set_own(ports, hosts)
 
     async def stop(self, timeout: float = 5.0) -> None:

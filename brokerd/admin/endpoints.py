@@ -176,6 +176,10 @@ class AdminApi:
             self._servers.append(own)
             self.address = f"{self.host}:{own.sockets[0].getsockname()[1]}"
 
+    def sockets(self) -> list:
+        """The listening sockets (a worker's shared port and its own)."""
+        return [sock for srv in self._servers for sock in srv.sockets]
+
     async def stop(self) -> None:
         for srv in self._servers:
             srv.close()

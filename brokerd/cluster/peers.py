@@ -153,6 +153,12 @@ class Peers:
         self.address = f"{s.host}:{port}"
         return self.address
 
+    def sockets(self) -> list:
+        """The link port's listening sockets."""
+        if self._server is not None:
+            return list(self._server.sockets)
+        return [self._tls_listener] if self._tls_listener is not None else []
+
     def _listen_tls(self, host: str, port: int) -> int:
         """Accept the links on mutual TLS: each socket counts against the caps on unauthenticated links from
         its accept, before its TLS handshake (a server accepting with TLS calls the protocol only once the

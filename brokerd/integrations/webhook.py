@@ -71,6 +71,7 @@ class Allowance:
 
     def set_own(self, ports, hosts) -> None:
         self.own_ports = frozenset(ports)
+        hosts = [h.split("%", 1)[0] for h in hosts if h]
         self.own_hosts = frozenset(ipaddress.ip_address(h) for h in hosts if _is_ip(h))
         # a listener on 0.0.0.0 or :: is this node's on every address of the host, not only loopback's
         self.own_any = any(h.is_unspecified for h in self.own_hosts)

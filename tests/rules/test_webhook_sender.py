@@ -4,6 +4,7 @@ allowance accepts (on resolved addresses), and the byte bounds of its buffer
 test_webhook_e2e.py."""
 
 import asyncio
+import socket
 import ssl
 
 import pytest
@@ -209,28 +210,85 @@ def test_a_node_listening_on_every_address_refuses_its_own_ports_on_each_of_them
     only_loopback.check("node.internal", 1883, mine)               # the node is not on that address
 
 
+class _Listening:
+    """Listening sockets, as a server's ``sockets``, closed by ``close()``."""
+
+    def __init__(self, *addresses):
+        self.sockets = []
+        for host in addresses:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sock.listen(1)
+            self.sockets.append(sock)
+
+    def port(self, i: int = 0) -> int:
+        return self.sockets[i].getsockname()[1]
+
+    def close(self):
+        for sock in self.sockets:
+            sock.close()
+
+
+def _node(allowance, mqtt, admin=None, links=None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        servers=[mqtt], admin=admin and SimpleNamespace(sockets=lambda: admin.sockets),
+        cluster=links and SimpleNamespace(peers=SimpleNamespace(sockets=lambda: links.sockets)),
+        webhooks=SimpleNamespace(allowance=allowance))
+
+
 def test_the_node_link_port_is_refused_as_bound_not_as_configured():
     """--cluster-listen 0.0.0.0:0 (port 0, any: the default's) listens on a
     port the OS picks, but the node's own ports were taken from the setting:
     port 0, so none -- with private addresses allowed, a tenant's webhook
     could call the node's link port on the host's own address (or on
     loopback with 127.0.0.0/8 allowed). Only deciding: no request is made."""
-    from types import SimpleNamespace
-
     from brokerd.server import Server
 
     allowance = Allowance("127.0.0.0/8")
-    node = SimpleNamespace(
-        bound=[SimpleNamespace(host="127.0.0.1", port=1883)], admin=None,
-        config=SimpleNamespace(cluster="redis://127.0.0.1:6379", cluster_listen="0.0.0.0:0"),
-        cluster=SimpleNamespace(peers=SimpleNamespace(address="0.0.0.0:41234")),
-        webhooks=SimpleNamespace(allowance=allowance))
-    Server._own_ports(node)
-    for port in (1883, 41234):
-        with pytest.raises(Refused, match="this node's own port"):
-            allowance.check("node.internal", port, "127.0.0.1")
-    allowance.check("hooks.internal", 8080, "127.0.0.1")       # another service of the host: allowed
+    mqtt, links = _Listening("127.0.0.1"), _Listening("0.0.0.0")
+    try:
+        Server._own_ports(_node(allowance, mqtt, links=links))
+        for port in (mqtt.port(), links.port()):
+            with pytest.raises(Refused, match="this node's own port"):
+                allowance.check("node.internal", port, "127.0.0.1")
+        allowance.check("hooks.internal", 8080, "127.0.0.1")       # another service of the host: allowed
+        mine = host_address()
+        if mine is not None:
+            with pytest.raises(Refused, match="this node's own port"):
+                Allowance(f"{mine}/32", own_ports=allowance.own_ports, own_hosts=["0.0.0.0"]).check(
+                    "n", links.port(), mine)
+    finally:
+        mqtt.close()
+        links.close()
+
+
+def test_listeners_named_by_host_name_and_a_workers_shared_admin_port_are_the_nodes_own():
+    """The node's own addresses were the settings' host strings, and a host
+    name is no address: a node listening on ``mqtt://node.internal:1883``
+    (the host's private address) had its ports refused on loopback only, so
+    with private addresses allowed a tenant's webhook could call its MQTT,
+    admin or link port on that address. And a worker's admin API listens on
+    the host's shared port and on one of its own: only its own was refused,
+    the shared one (the one users reach) was allowed on loopback with
+    127.0.0.0/8 allowed. Now the listening sockets' addresses and ports are
+    taken, whatever the settings name. Only deciding: no request is made."""
+    from brokerd.server import Server
+
     mine = host_address()
-    if mine is not None:
+    if mine is None:
+        pytest.skip("this host has no address but loopback")
+    allowance = Allowance(f"{mine}/32, 127.0.0.0/8")
+    mqtt, admin = _Listening(mine), _Listening("127.0.0.1", "127.0.0.1")   # admin: shared port, own port
+    try:
+        Server._own_ports(_node(allowance, mqtt, admin=admin))
         with pytest.raises(Refused, match="this node's own port"):
-            Allowance(f"{mine}/32", own_ports=allowance.own_ports, own_hosts=["0.0.0.0"]).check("n", 41234, mine)
+            allowance.check("node.internal", mqtt.port(), mine)
+        for i in (0, 1):
+            with pytest.raises(Refused, match="this node's own port"):
+                allowance.check("localhost", admin.port(i), "127.0.0.1")
+        allowance.check("hooks.internal", 8080, mine)               # another service of the host: allowed
+    finally:
+        mqtt.close()
+        admin.close()
