@@ -152,6 +152,20 @@ DISCONNECT_CODES = frozenset({
 })
 
 
+def _bad_message_property(props: dict) -> str | None:
+    """What makes a message's properties (a PUBLISH's, a will's) a Protocol Error, else None. They
+    are forwarded as they are, and a server must not send a Response Topic with a wildcard
+    ([MQTT-3.3.2-14]) nor a Payload Format Indicator other than 0 or 1 (3.3.2.3.2); Mosquitto and
+    EMQX refuse both the same way."""
+    pfi = props.get(P.PAYLOAD_FORMAT_INDICATOR)
+    if pfi is not None and pfi > 1:
+        return f"Payload Format Indicator {pfi} (0 or 1)"
+    topic = props.get(P.RESPONSE_TOPIC)
+    if topic is not None and ("+" in topic or "#" in topic):
+        return f"wildcard in the Response Topic {topic[:100]!r}"
+    return None
+
+
 @dataclass(slots=True)
 class ChannelLimits:
     """Server-side limits a channel enforces and advertises."""
@@ -547,6 +561,9 @@ class Channel:
                 if v != MQTT5:
                     raise RemoteProtocolError("invalid will topic")
                 return self.refuse(rc.TOPIC_NAME_INVALID, "invalid will topic")
+            bad = _bad_message_property(will.properties) if will.properties else None
+            if bad is not None:
+                return self.refuse(rc.PROTOCOL_ERROR, "will: " + bad)
             if will.properties and will.properties.get(P.PAYLOAD_FORMAT_INDICATOR) == 1:
                 try:
                     will.payload.decode("utf-8")
@@ -696,6 +713,9 @@ class Channel:
                     p.topic = topic
             if P.SUBSCRIPTION_IDENTIFIER in props:
                 raise RemoteProtocolError("PUBLISH from a client with a Subscription Identifier")
+            bad = _bad_message_property(props)
+            if bad is not None:
+                raise RemoteProtocolError(bad)
             expiry = props.get(P.MESSAGE_EXPIRY_INTERVAL)
             if expiry is not None:
                 p.expiry_at = now + expiry

@@ -171,6 +171,34 @@ def test_request_response_properties(broker, client_id, topic):
         assert (r.payload, r.properties.CorrelationData) == (b"pong", b"\x00id-42")
 
 
+@pytest.mark.parametrize("bad", [{raw.RESPONSE_TOPIC: "reply/#"}, {raw.RESPONSE_TOPIC: "reply/+/x"},
+                                 {raw.PAYLOAD_FORMAT_INDICATOR: 2}])
+def test_response_topic_wildcard_or_payload_format_above_1_is_a_protocol_error(broker, client_id, topic, bad):
+    """[MQTT-3.3.2-14]: a Response Topic has no wildcard; 3.3.2.3.2: a Payload Format Indicator is
+    0 or 1. The properties are forwarded as received, so the server would send them on: a PUBLISH
+    carrying one is a Protocol Error (DISCONNECT 0x82, nothing forwarded), and a will carrying one
+    is refused (CONNACK 0x82) -- as Mosquitto and EMQX do. (Before: forwarded to subscribers.)"""
+    with RawClient(broker.port()) as sub, RawClient(broker.port()) as pub:
+        sub.connect(client_id + "s", version=5)
+        sub.subscribe(topic + "/#", 1)
+        pub.connect(client_id, version=5)
+        pub.publish(topic + "/req", b"x", qos=1, pid=1, props=bad)
+        assert [(p.type, p.code) for p in pub.expect_closed()] == [(DISCONNECT, 0x82)]
+        with RawClient(broker.port()) as w:
+            ack = w.connect(client_id + "w", version=5, will=(topic + "/will", b"w", 1, False, bad))
+            assert ack.code == 0x82
+        with pytest.raises(TimeoutError):
+            sub.expect(PUBLISH, timeout=0.3)
+        # the canary: a valid Response Topic and Payload Format Indicator still go through
+        with RawClient(broker.port()) as ok:
+            ok.connect(client_id + "ok", version=5)
+            ok.publish(topic + "/req", b"y", qos=1, pid=2,
+                       props={raw.RESPONSE_TOPIC: topic + "/reply", raw.PAYLOAD_FORMAT_INDICATOR: 1})
+            assert ok.expect(PUBACK).code == 0
+        m = sub.expect(PUBLISH)
+        assert m.payload == b"y" and m.props[raw.RESPONSE_TOPIC] == topic + "/reply"
+
+
 def test_user_properties_order_and_duplicates_kept(broker, client_id, topic):
     """[MQTT-3.3.2-17/18]: user properties are forwarded unaltered, in order, duplicates included."""
     up = [("a", "1"), ("b", "2"), ("a", "3"), ("ключ", "значение")]
