@@ -723,7 +723,7 @@ class Channel:
                 try:
                     p.payload.decode("utf-8")
                 except UnicodeDecodeError:
-                    return self._refuse_publish(p, rc.PAYLOAD_FORMAT_INVALID, "payload is not valid UTF-8")
+                    return self._refuse_publish(p, rc.PAYLOAD_NOT_UTF8)
             if not props:
                 p.properties = None
         topic = p.topic
@@ -911,10 +911,12 @@ class Channel:
     def _rel_stored(self, pid: int, kind: int, ok: bool) -> None:
         self._ack_ready(kind, pid, 0 if ok else STORE_UNAVAILABLE)
 
-    def _refuse_publish(self, p: Publish, code: int, reason: str) -> None:
+    def _refuse_publish(self, p: Publish, code: int) -> None:
+        """A PUBLISH the channel refuses itself (``code``: one of ``rc.REFUSALS``): its negative
+        ack in line behind the acks still waiting ([MQTT-4.6.0-2/3]), with its reason string."""
         if p.qos:
-            self._send_ack(PUBACK if p.qos == 1 else PUBREC, p.packet_id, code, reason)
-        self.broker.dropped(self, p, code)
+            self._queue_ack(PUBACK if p.qos == 1 else PUBREC, p.packet_id, code)
+        self.broker.dropped(self, p, code & 0xFF)
 
     def _send_ack(self, kind: int, pid: int, code: int, reason: str | None = None) -> None:
         if self.version == MQTT5:

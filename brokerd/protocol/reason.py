@@ -60,9 +60,11 @@ WILDCARD_SUBSCRIPTIONS_NOT_SUPPORTED = 0xA2
 REFUSAL = 0x200
 DELAYED_TOPIC_INVALID = REFUSAL | TOPIC_NAME_INVALID
 DELAYED_QUOTA_EXCEEDED = REFUSAL | QUOTA_EXCEEDED
+PAYLOAD_NOT_UTF8 = REFUSAL | PAYLOAD_FORMAT_INVALID      # (5.0 only: Payload Format Indicator 1)
 REFUSALS = {
     DELAYED_TOPIC_INVALID: "$delayed topic: $delayed/{seconds 0..4294967}/{topic not starting with $}",
     DELAYED_QUOTA_EXCEEDED: "the tenant's delayed messages quota is used up",
+    PAYLOAD_NOT_UTF8: "payload is not valid UTF-8",
 }
 
 # MQTT 3.1.1 CONNACK return codes

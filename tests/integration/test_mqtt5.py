@@ -254,6 +254,27 @@ def test_invalid_utf8_with_payload_format_indicator_refused(broker, client_id, t
         assert sub.expect().payload == "fine ✓".encode()
 
 
+@pytest.mark.parametrize("qos", [1, 2])
+def test_ack_of_a_payload_not_utf8_keeps_its_place_behind_acks_waiting_for_the_store(broker_factory, tmp_path,
+                                                                                       client_id, topic, qos):
+    """[MQTT-4.6.0-2/3]: PUBACKs (PUBRECs) go in the order of the PUBLISHes. With a store, the ack of
+    a message for a stored session waits for the commit; the 0x99 of a PUBLISH behind it (Payload
+    Format Indicator 1, payload not UTF-8) went at once, ahead of it: acks 2, 1, 3 for PUBLISHes 1, 2, 3."""
+    b = broker_factory("--store", f"sqlite:///{tmp_path}/b.sqlite3")
+    kind = PUBACK if qos == 1 else raw.PUBREC
+    with RawClient(b.port()) as sub, RawClient(b.port()) as pub:
+        sub.connect(client_id + "s", version=5, clean=True, props={raw.SESSION_EXPIRY_INTERVAL: 60})
+        sub.subscribe(topic, 1)
+        pub.connect(client_id, version=5)
+        pub.send(raw.publish_packet(topic, b"1", qos, pid=1, version=5)
+                 + raw.publish_packet(topic, b"\xff", qos, pid=2, version=5, props={raw.PAYLOAD_FORMAT_INDICATOR: 1})
+                 + raw.publish_packet(topic, b"3", qos, pid=3, version=5))
+        acks = [pub.expect(kind) for _ in range(3)]
+        assert [(a.pid, a.code) for a in acks] == [(1, 0), (2, 0x99), (3, 0)]
+        assert acks[1].props.get(raw.REASON_STRING) == "payload is not valid UTF-8"
+        assert sorted(sub.expect(PUBLISH).payload for _ in range(2)) == [b"1", b"3"]
+
+
 def test_no_matching_subscribers_reason_code(broker, client_id, topic):
     """5.0 3.4.2.1: PUBACK 0x10 No matching subscribers."""
     with connect(broker.port(), client_id, V5) as pub:
