@@ -1115,10 +1115,13 @@ class Channel:
                 if tenant_cap is not None and tenant_cap < cap:
                     cap = tenant_cap
             self.session.expiry_interval = min(new, cap)
-        if p.reason_code != rc.DISCONNECT_WITH_WILL:
+        # [MQTT-3.1.2-8] / [MQTT-3.14.4-3]: only a Normal disconnection (0x00; every 3.x DISCONNECT)
+        # deletes the will -- 0x04 asks for it, and so does leaving with an error code (0x80 ...)
+        will = p.reason_code != rc.NORMAL_DISCONNECTION
+        if not will:
             self.will = None
         self.close_reason = (p.reason_code, "client disconnected")
-        self._close(now, will=p.reason_code == rc.DISCONNECT_WITH_WILL)
+        self._close(now, will=will)
 
     def _on_connect_again(self, p, now):
         raise RemoteProtocolError("second CONNECT")

@@ -69,6 +69,19 @@ def test_v5_disconnect_with_will_message_sends_it(broker, client_id, topic, watc
     assert watcher.expect().payload == b"gone"
 
 
+@pytest.mark.parametrize("code", [0x80, 0x83, 0x96])
+def test_v5_disconnect_with_an_error_reason_code_sends_the_will(broker, client_id, topic, watcher, code):
+    """[MQTT-3.1.2-8] / [MQTT-3.14.4-3]: only DISCONNECT 0x00 (Normal disconnection) deletes the will;
+    a client leaving with an error code (0x80 Unspecified error, 0x83, 0x96 ...) has its will published
+    (as EMQX does). Before, every code but 0x04 deleted it: the subscribers never heard the client
+    had failed."""
+    with RawClient(broker.port()) as c:
+        c.connect(client_id, version=5, will=(topic + "/will", b"failed", 1, False, None))
+        c.disconnect(code)
+    m = watcher.expect()
+    assert (m.topic, m.payload) == (topic + "/will", b"failed")
+
+
 @pytest.mark.parametrize("version", [4, 5])
 def test_will_sent_on_keepalive_timeout(broker, client_id, topic, watcher, version):
     """[MQTT-3.1.2-22 / 5.0 3.1.2.10]: no packet within 1.5 x keepalive -> the server closes the
