@@ -1001,16 +1001,8 @@ class Channel:
             sub_id = p.properties.get(P.SUBSCRIPTION_IDENTIFIER)
             if sub_id == 0:
                 raise RemoteProtocolError("Subscription Identifier of 0")
-        if self.version == MQTT5:
-            # a SUBACK holds a reason code per filter and nothing of it may be left out: one above the
-            # client's Maximum Packet Size cannot be sent ([MQTT-3.1.2-24]) -- refused before anything
-            # is subscribed, with DISCONNECT 0x95, rather than a SUBACK it must not get or silence
-            n = len(p.topics) + 3                   # packet id, empty properties, the codes
-            size = n + (2 if n < 128 else 3 if n < 16384 else 4 if n < 2097152 else 5)
-            if size > self.client_max_packet:
-                self.disconnect(rc.PACKET_TOO_LARGE, f"the SUBACK for {len(p.topics)} topic filters would be "
-                                f"{size} bytes, above your Maximum Packet Size", now)
-                return
+        if self.version == MQTT5 and not self._answer_fits("SUBACK", len(p.topics), now):
+            return
         codes, retained = self.broker.subscribe(self, p.topics, sub_id, p.properties, now)
         if self.version != MQTT5:
             codes = [c if c < 0x80 else rc.V3_SUBACK_FAILURE for c in codes]
@@ -1019,6 +1011,19 @@ class Channel:
             self.broker.after_commit(partial(self._suback, p.packet_id, codes, retained))
             return
         self._suback(p.packet_id, codes, retained, True, now)
+
+    def _answer_fits(self, kind: str, filters: int, now: float) -> bool:
+        """A SUBACK / UNSUBACK holds a reason code per filter and nothing of it may be left out: one
+        above the client's Maximum Packet Size cannot be sent ([MQTT-3.1.2-24]). False: the SUBSCRIBE /
+        UNSUBSCRIBE is refused before anything is (un)subscribed, with DISCONNECT 0x95, rather than
+        answered with a packet the client must not get, or with silence."""
+        n = filters + 3                         # packet id, empty properties, the codes
+        size = n + (2 if n < 128 else 3 if n < 16384 else 4 if n < 2097152 else 5)
+        if size <= self.client_max_packet:
+            return True
+        self.disconnect(rc.PACKET_TOO_LARGE, f"the {kind} for {filters} topic filters would be {size} bytes, "
+                        "above your Maximum Packet Size", now)
+        return False
 
     def _suback(self, pid: int, codes: list, retained: list, ok: bool, now: float | None = None) -> None:
         if self.state != CONNECTED:
@@ -1082,6 +1087,8 @@ class Channel:
             self.retained_feed = None
 
     def _on_unsubscribe(self, p, now):
+        if self.version == MQTT5 and not self._answer_fits("UNSUBACK", len(p.topics), now):
+            return
         codes = self.broker.unsubscribe(self, p.topics, now)
         if self._rare is not None and self._rare.retained_feed:
             self.stop_retained(set(p.topics))

@@ -526,3 +526,30 @@ def test_suback_above_the_clients_maximum_packet_size(broker, client_id, topic):
         assert ack.codes == [1] * 59
         pub.publish(filters[0], b"subscribed")
         assert c.expect(PUBLISH).payload == b"subscribed"
+
+
+def test_unsuback_above_the_clients_maximum_packet_size(broker, client_id, topic):
+    """[MQTT-3.1.2-24], as for the SUBACK above: an UNSUBACK holds a reason code per filter too. An
+    UNSUBSCRIBE of 100 filters from a client that takes packets of 64 bytes at most got a 105-byte
+    UNSUBACK; now DISCONNECT 0x95 and none of the filters unsubscribed. One that fits is answered."""
+    filters = [f"{topic}/{i}" for i in range(100)]
+    small = {raw.MAXIMUM_PACKET_SIZE: 64, raw.SESSION_EXPIRY_INTERVAL: 60}
+    unsubscribe = raw.UNSUBSCRIBE << 4 | 2
+    with RawClient(broker.port()) as c:
+        c.connect(client_id, version=5, props=small)
+        for i in range(0, 100, 50):
+            c.send(raw.subscribe_packet(i + 1, [(f, 1) for f in filters[i:i + 50]], 5))
+            assert c.expect(raw.SUBACK).codes == [1] * 50
+        c.send(raw.packet(unsubscribe, b"\x00\x07\x00" + b"".join(raw.s(f) for f in filters)))
+        got = c.expect_closed()
+        assert [(p.type, p.code) for p in got] == [(DISCONNECT, 0x95)]
+        assert all(2 + len(p.body) <= 64 for p in got)
+    with RawClient(broker.port()) as pub, RawClient(broker.port()) as c:
+        assert c.connect(client_id, version=5, clean=False, props=small).session_present
+        pub.connect(client_id + "p", version=5)
+        pub.publish(filters[99], b"kept")  # (small: the client takes 64 bytes)
+        assert c.expect(PUBLISH).payload == b"kept"
+        # an UNSUBACK that fits is sent: 59 filters, 64 bytes
+        c.send(raw.packet(unsubscribe, b"\x00\x08\x00" + b"".join(raw.s(f) for f in filters[:59])))
+        ack = c.expect(raw.UNSUBACK)
+        assert ack.codes == [0] * 59 and 2 + len(ack.body) == 64
