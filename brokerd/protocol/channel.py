@@ -948,7 +948,8 @@ class Channel:
         session = self.session
         d, released = session.pubrec(p.packet_id, p.reason_code)
         if d is None:
-            self._send_ack(PUBREL, p.packet_id, rc.PACKET_IDENTIFIER_NOT_FOUND)
+            # (in line behind the PUBRELs waiting for the store: [MQTT-4.6.0-4])
+            self._queue_ack(PUBREL, p.packet_id, rc.PACKET_IDENTIFIER_NOT_FOUND)
             return
         if p.reason_code >= 0x80:
             if d.entry:
@@ -961,7 +962,7 @@ class Channel:
                 self.broker.released(session, d)
             self._pubrel_when_durable(p.packet_id)
             return
-        self._send_ack(PUBREL, p.packet_id, 0)
+        self._queue_ack(PUBREL, p.packet_id, 0)
 
     def _pubrel_when_durable(self, pid: int) -> None:
         """PUBREL for a stored QoS 2 delivery, once its row's state ("PUBREL owed") is durable:

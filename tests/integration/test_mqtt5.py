@@ -478,6 +478,23 @@ def test_pubrel_for_unknown_packet_id(broker, client_id):
         assert c.is_open()
 
 
+def test_pubrel_for_an_unknown_pubrec_keeps_its_place_behind_pubrels_waiting_for_the_store(
+        broker_factory, tmp_path, client_id, topic):
+    """[MQTT-4.6.0-4]: PUBRELs go in the order of the PUBRECs. With a store, the PUBREL of a stored
+    QoS 2 delivery waits for the commit of its new state; the PUBREL 0x92 answering a PUBREC for an
+    unknown packet id behind it went at once, ahead of it (PUBRECs 1, 101 answered 101, 1)."""
+    b = broker_factory("--store", f"sqlite:///{tmp_path}/b.sqlite3")
+    with RawClient(b.port()) as sub, RawClient(b.port()) as pub:
+        sub.connect(client_id + "s", version=5, props={raw.SESSION_EXPIRY_INTERVAL: 60})
+        sub.subscribe(topic, 2)
+        pub.connect(client_id, version=5)
+        pub.publish(topic, b"x", qos=2, pid=1)
+        m = sub.expect(PUBLISH)
+        sub.send(raw.ack_packet(raw.PUBREC, m.pid, 5) + raw.ack_packet(raw.PUBREC, m.pid + 100, 5))
+        rels = [sub.expect(raw.PUBREL) for _ in range(2)]
+        assert [(r.pid, r.code) for r in rels] == [(m.pid, 0), (m.pid + 100, 0x92)]
+
+
 def test_topic_alias_does_not_survive_reconnect(broker, client_id, topic):
     """[MQTT-3.3.2-7]: topic alias mappings belong to one network connection."""
     with RawClient(broker.port()) as c:
