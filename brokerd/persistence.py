@@ -234,6 +234,10 @@ class Persistence:
             # the entries sent before: up to ``rec.sent`` if the record says (written at a disconnect)
             upto = rec.sent if rec.disconnected_at is not None and rec.sent is not None else None
             sent = upto or 0
+            # those that may have been sent go back into the window, as the session held them (at most
+            # a window's worth, the oldest): put in the bounded queue, they would be dropped to make room
+            # for the messages queued behind them -- messages the node kept had it not restarted
+            room = broker.limits.max_inflight
             for e in rec.queue:
                 msg = self.message(e.msg)
                 share = broker.shared_group(ns, e.share) if e.share else None
@@ -244,6 +248,9 @@ class Persistence:
                 d.entry, d.pid, d.state, d.dup = e, e.pid, e.state, dup
                 if e.state != AWAIT_ACK:
                     session.window()[d.pid] = d   # PUBREL owed: resent on reconnect
+                elif (dup and len(session.inflight) < room and d.pid not in session.inflight
+                      and (msg.expiry_at is None or msg.expiry_at > now)):
+                    session.window()[d.pid] = d   # sent, not acknowledged: resent (DUP) on reconnect
                 else:
                     reserved.add(d.pid)
                     for lost in session.queue.put(d):

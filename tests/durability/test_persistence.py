@@ -310,3 +310,54 @@ def test_an_unsuback_means_the_unsubscribe_survives_a_sigkill(hbase_url, hbase_d
         sub.disconnect()
     finally:
         b.stop()
+
+
+def _take_all(dev, wait=1.0) -> list:
+    """Every PUBLISH the node sends, acknowledged: [(payload, dup)]."""
+    got = []
+    while True:
+        try:
+            p = dev.expect(PUBLISH, timeout=wait)
+        except Exception:
+            return got
+        got.append((p.payload, p.dup))
+        dev.ack(raw.PUBACK, p.pid)
+
+
+@pytest.mark.parametrize("how", ["disconnected", "connected"])
+def test_a_restart_drops_no_unacknowledged_delivery_for_the_queue_bound(store, how):
+    """--max-queued 3: messages sent to the subscriber and not acknowledged are in its window, not
+    in its queue, and a full queue does not push them out. A restart put them into the queue with
+    the rest, and the bound dropped the oldest -- messages the publisher had been acknowledged and
+    that the node, had it not restarted, would have sent again. Now they come back, with DUP."""
+    flags = ("--max-queued", "3", "--max-inflight", "2")
+    b = node(store, *flags)
+    try:
+        dev = RawClient(b.port())
+        dev.connect("window-dev", version=4, clean=False)
+        dev.subscribe("window/t", 1)
+        with PahoClient("window-pub").connect(b.port()) as pub:
+            pub.publish("window/t", b"a", qos=1)
+            pub.publish("window/t", b"b", qos=1)
+            assert [dev.expect(PUBLISH).payload for _ in range(2)] == [b"a", b"b"]    # not acknowledged
+            if how == "disconnected":
+                dev.disconnect()
+                dev.close()
+                time.sleep(0.5)                  # the broker has seen the client go
+            for payload in (b"c", b"d", b"e"):
+                pub.publish("window/t", payload, qos=1)
+        time.sleep(0.3)
+    finally:
+        b.kill()
+    dev.close()
+    b = node(store, *flags)
+    try:
+        with RawClient(b.port()) as dev:
+            dev.connect("window-dev", version=4, clean=False)
+            got = _take_all(dev)
+        assert [p for p, _ in got] == [b"a", b"b", b"c", b"d", b"e"]
+        assert got[0][1] and got[1][1]
+        if how == "disconnected":
+            assert [dup for _, dup in got[2:]] == [False, False, False]
+    finally:
+        b.stop()
