@@ -202,6 +202,7 @@ class Persistence:
             broker.namespace(tenant).retained.set(topic, self.message(m))
             counts["retained"] += 1
         pending = []
+        owed = []               # (ns, QueueEntry) of shared subscriptions of sessions that expired
         for rec in records:
             if gone(rec.tenant):
                 # its tenant was deleted: the session goes, its will with it (a tenant created later
@@ -217,6 +218,14 @@ class Persistence:
                 self.journal.add(("session_del", rec.tenant, rec.client_id))
                 if rec.will is not None:
                     pending.append((ns, rec, None))
+                # what it owed through shared subscriptions goes to another member, as when a session
+                # ends on a running node (``end_session``) -- but a QoS 2 message that may have been
+                # sent, which the member may have processed ([MQTT-4.8.2-5])
+                upto = rec.sent if rec.disconnected_at is not None and rec.sent is not None else None
+                for e in rec.queue:
+                    if e.share and not (e.qos == 2 and (e.state != AWAIT_ACK or upto is None or e.seq <= upto)) \
+                            and (e.msg.expiry_at is None or e.msg.expiry_at > wall_now):
+                        owed.append((ns, e))
                 continue
             session = broker.new_session(ns, rec.client_id, rec.expiry_interval)
             session.durable = True
@@ -260,6 +269,10 @@ class Persistence:
             counts["sessions"] += 1
             if rec.will is not None:
                 pending.append((ns, rec, session))
+        for ns, e in owed:
+            group = broker.shared_group(ns, e.share)
+            if group is not None:
+                broker.redeliver_shared(ns, group, self.message(e.msg), now, None)
         for ns, rec, session in pending:
             counts["wills"] += 1
             broker.restore_will(ns, rec, session, self.loop_time(rec.will_due) if rec.will_due else None, now)

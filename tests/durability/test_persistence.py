@@ -361,3 +361,33 @@ def test_a_restart_drops_no_unacknowledged_delivery_for_the_queue_bound(store, h
             assert [dup for _, dup in got[2:]] == [False, False, False]
     finally:
         b.stop()
+
+
+def test_what_a_session_expired_while_the_node_was_down_owed_a_shared_group_goes_to_another_member(store):
+    """Two persistent members of $share/g, offline, one with Session Expiry 2 s; four QoS 1
+    messages, two queued for each. A running node gives the expired member's two to the other
+    member when its session ends; a node that was down when it expired deleted the session with
+    them at restart -- messages acknowledged to their publisher, lost with a member still there."""
+    b = node(store)
+    try:
+        for cid, expiry in (("share-keep", 3600), ("share-short", 2)):
+            c = PahoClient(cid, V5, clean=False).connect(b.port(), properties=session_props(expiry))
+            c.subscribe("$share/g/share/t", qos=1)
+            c.disconnect()
+        with PahoClient("share-pub", V5).connect(b.port()) as pub:
+            for i in range(4):
+                pub.publish("share/t", b"%d" % i, qos=1)
+        time.sleep(0.3)            # the disconnect times are written behind
+    finally:
+        b.kill()
+    time.sleep(2.5)
+    b = node(store)
+    try:
+        c = PahoClient("share-keep", V5, clean=False).connect(b.port(), properties=session_props())
+        assert c.session_present
+        got = sorted(m.payload for m in c.expect_n(4))
+        c.expect_none(0.5)
+        assert got == [b"0", b"1", b"2", b"3"]
+        c.disconnect()
+    finally:
+        b.stop()
