@@ -262,8 +262,13 @@ class Persistence:
                     session.window()[d.pid] = d   # sent, not acknowledged: resent (DUP) on reconnect
                 else:
                     reserved.add(d.pid)
-                    for lost in session.queue.put(d):
-                        self.done(session, rec.tenant, lost)
+                    lost = session.queue.put(d)
+                    if lost:
+                        # over a bound lowered since (--max-queued, a tenant's quota): dropped and counted,
+                        # as the queue drops at any other time
+                        broker.acct.queue_full(ns, lost)
+                        for gone_d in lost:
+                            self.done(session, rec.tenant, gone_d)
                 counts["messages"] += 1
             session.sent_seq = sent
             counts["sessions"] += 1

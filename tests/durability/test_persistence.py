@@ -391,3 +391,30 @@ def test_what_a_session_expired_while_the_node_was_down_owed_a_shared_group_goes
         c.disconnect()
     finally:
         b.stop()
+
+
+def test_messages_a_lowered_queue_bound_drops_at_restart_are_counted(store):
+    """Four QoS 1 messages queued under --max-queued 4; restarted with --max-queued 2, the node keeps
+    the newest two, as its drop policy does -- and counts the other two in
+    $SYS/broker/publish/messages/dropped, as any drop of a full queue. They were deleted unseen."""
+    b = node(store, "--max-queued", "4")
+    try:
+        c = PahoClient("lower-dev", V311, clean=False).connect(b.port())
+        c.subscribe("lower/t", qos=1)
+        c.disconnect()
+        with PahoClient("lower-pub").connect(b.port()) as pub:
+            for i in range(4):
+                pub.publish("lower/t", b"%d" % i, qos=1)
+    finally:
+        b.stop()
+    b = node(store, "--max-queued", "2", "--sys-interval", "1")
+    try:
+        with PahoClient("lower-sys").connect(b.port()) as watch:
+            watch.subscribe("$SYS/broker/publish/messages/dropped", qos=0)
+            assert watch.expect(timeout=5).payload == b"2"
+        c = PahoClient("lower-dev", V311, clean=False).connect(b.port())
+        assert [m.payload for m in c.expect_n(2)] == [b"2", b"3"]
+        c.expect_none(0.5)
+        c.disconnect()
+    finally:
+        b.stop()
