@@ -1030,6 +1030,13 @@ class Channel:
         if self.state != CONNECTED:
             return
         now = self.last_rx if now is None else now
+        if not ok:
+            # the store did not take the subscriptions (it is retried): not acknowledged as
+            # granted -- a crash before the retry got through would lose them, and with them the
+            # messages the client counts on. (They may still take effect, as a refused PUBLISH may.)
+            failed = STORE_UNAVAILABLE if self.version == MQTT5 else rc.V3_SUBACK_FAILURE
+            self._send(encode(Suback(pid, [c if c >= 0x80 else failed for c in codes]), self.version))
+            return
         self._send(encode(Suback(pid, codes), self.version))
         self.send_retained(retained, now)
 
@@ -1102,6 +1109,13 @@ class Channel:
     def _unsuback(self, pid: int, codes: list, ok: bool) -> None:
         if self.state != CONNECTED:
             return
+        if not ok:
+            # as for a SUBACK: the unsubscribe is not stored (a crash would bring the subscription
+            # back); 3.1.1's UNSUBACK has no reason code: the client is disconnected, as for a PUBACK
+            if self.version != MQTT5:
+                self.disconnect(STORE_UNAVAILABLE, "session store unavailable", self.last_rx)
+                return
+            codes = [c if c >= 0x80 else STORE_UNAVAILABLE for c in codes]
         self._send(encode(Unsuback(pid, codes if self.version == MQTT5 else []), self.version))
 
     def _on_pingreq(self, p, now):

@@ -13,6 +13,8 @@ acknowledgements tell them to.
 import sqlite3
 import time
 
+import pytest
+
 from ..integration import raw
 from ..integration.raw import RawClient
 from ..mqtt import V311, PahoClient
@@ -206,5 +208,88 @@ def test_a_qos2_id_refused_for_the_store_is_not_left_in_it(tmp_path):
             got.append(sub.expect(timeout=5).payload)        # (the refused one may come: at least once)
         assert set(got) <= {b"refused", b"after", b"new"}, got
         sub.disconnect()
+    finally:
+        b.stop()
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_a_subscription_the_store_did_not_take_is_not_acknowledged_as_granted(tmp_path, version):
+    """A persistent session subscribes while the disk is full: the store refuses the batch (it is
+    retried). The SUBACK granted the subscription all the same; the node then died before the
+    retry got through, and after the restart the session had no such subscription -- the client,
+    told it was subscribed, never got the messages published to it. Now the SUBACK says the
+    subscription failed (MQTT 5: 0x83; 3.1.1: 0x80); one it grants survives the crash."""
+    path = tmp_path / "brokerd.db"
+    store = f"sqlite:///{path}"
+    props = {raw.SESSION_EXPIRY_INTERVAL: 3600} if version == 5 else None
+    b = node(store)
+    try:
+        with RawClient(b.port()) as dev:
+            dev.connect("full-dev", version=version, clean=False, props=props)
+            time.sleep(0.3)                                   # (its session row is written)
+            _file_size_limit(b.proc.pid, 1)                   # the disk is full
+            dev.send(raw.subscribe_packet(1, [("full/t", 1)], version))
+            codes = dev.expect(raw.SUBACK, timeout=30).codes
+            b.kill()                                          # before the store had room again
+    finally:
+        b.kill()
+    b = node(store)
+    try:
+        with RawClient(b.port()) as dev:
+            dev.connect("full-dev", version=version, clean=False, props=props)
+            with PahoClient("full-pub", V311).connect(b.port()) as pub:
+                pub.publish("full/t", b"for the subscriber", qos=1)
+            try:
+                delivered = dev.expect(raw.PUBLISH, timeout=1.5).payload == b"for the subscriber"
+            except TimeoutError:
+                delivered = False
+        assert codes[0] >= 0x80 or delivered, f"SUBACK {codes} granted a subscription lost in a crash"
+        assert codes == [0x83 if version == 5 else 0x80]
+    finally:
+        b.stop()
+
+
+def _unsubscribe_packet(pid: int, topic: str, version: int) -> bytes:
+    body = pid.to_bytes(2, "big") + (b"\x00" if version == 5 else b"") + len(topic).to_bytes(2, "big") + topic.encode()
+    return bytes([0xA2, len(body)]) + body
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_an_unsubscribe_the_store_did_not_take_is_not_acknowledged(tmp_path, version):
+    """The same for UNSUBSCRIBE: acknowledged while the disk was full, then a crash, and the
+    subscription was back after the restart. Now MQTT 5 gets UNSUBACK 0x83; 3.1.1, whose
+    UNSUBACK has no reason code, is disconnected (as for a PUBACK the store could not give)."""
+    path = tmp_path / "brokerd.db"
+    store = f"sqlite:///{path}"
+    props = {raw.SESSION_EXPIRY_INTERVAL: 3600} if version == 5 else None
+    b = node(store)
+    try:
+        with RawClient(b.port()) as dev:
+            dev.connect("unfull-dev", version=version, clean=False, props=props)
+            dev.send(raw.subscribe_packet(1, [("unfull/t", 1)], version))
+            dev.expect(raw.SUBACK)
+            time.sleep(0.3)
+            _file_size_limit(b.proc.pid, 1)                   # the disk is full
+            dev.send(_unsubscribe_packet(2, "unfull/t", version))
+            try:
+                unsuback = dev.expect(raw.UNSUBACK, timeout=30)
+                acked = version == 4 or unsuback.codes[0] < 0x80
+            except raw.Closed:
+                acked = False
+            b.kill()
+    finally:
+        b.kill()
+    b = node(store)
+    try:
+        with RawClient(b.port()) as dev:
+            dev.connect("unfull-dev", version=version, clean=False, props=props)
+            with PahoClient("unfull-pub", V311).connect(b.port()) as pub:
+                pub.publish("unfull/t", b"not for it", qos=1)
+            try:
+                delivered = dev.expect(raw.PUBLISH, timeout=1.5) is not None
+            except TimeoutError:
+                delivered = False
+        assert not (acked and delivered), "an acknowledged UNSUBSCRIBE came undone in a crash"
+        assert not acked
     finally:
         b.stop()
