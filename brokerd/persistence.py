@@ -257,9 +257,10 @@ class Persistence:
                 d.entry, d.pid, d.state, d.dup = e, e.pid, e.state, dup
                 if e.state != AWAIT_ACK:
                     session.window()[d.pid] = d   # PUBREL owed: resent on reconnect
-                elif (dup and len(session.inflight) < room and d.pid not in session.inflight
-                      and (msg.expiry_at is None or msg.expiry_at > now)):
-                    session.window()[d.pid] = d   # sent, not acknowledged: resent (DUP) on reconnect
+                elif dup and len(session.inflight) < room and d.pid not in session.inflight:
+                    # sent, not acknowledged: resent (DUP) on reconnect -- also once expired: its
+                    # delivery started, and the client may hold its packet id (QoS 2)
+                    session.window()[d.pid] = d
                 else:
                     reserved.add(d.pid)
                     lost = session.queue.put(d)

@@ -1259,7 +1259,10 @@ class Channel:
     def _send_inflight(self, d, now) -> None:
         msg = d.msg
         session = self.session
-        if msg.expiry_at is not None and now > msg.expiry_at:
+        if msg.expiry_at is not None and now > msg.expiry_at and not d.dup:
+            # (one sent before -- DUP -- is not: its delivery started, and a QoS 2 receiver holds
+            # its packet id until the flow ends; dropped, the id went to the next message, which
+            # the receiver took for this one again, [MQTT-4.3.3-10])
             self.broker.discarded(session, d, True)
             return
         pid = session.take_pid(d)

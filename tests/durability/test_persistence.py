@@ -418,3 +418,40 @@ def test_messages_a_lowered_queue_bound_drops_at_restart_are_counted(store):
         c.disconnect()
     finally:
         b.stop()
+
+
+def test_a_qos2_message_sent_before_a_restart_is_sent_again_after_its_expiry_not_dropped(store):
+    """A QoS 2 message (Message Expiry Interval 1 s) reached its subscriber, whose PUBREC was lost
+    with its connection: the subscriber holds the packet id until a PUBREL. The node restarts after
+    the message expired, and dropped it as expired -- although its delivery had started -- freeing
+    the id; the next message went under it, and the subscriber took it for the first one again and
+    never delivered it ([MQTT-4.3.3-10]). A message whose delivery started is sent again (DUP)."""
+    from .test_acked_when_durable import _Qos2Receiver
+
+    v5 = {raw.SESSION_EXPIRY_INTERVAL: 3600}
+    rx = _Qos2Receiver()
+    b = node(store)
+    try:
+        with RawClient(b.port()) as dev:
+            dev.connect("exp2-dev", version=5, clean=False, props=v5)
+            dev.subscribe("exp2/t", 2)
+            with PahoClient("exp2-pub", V5).connect(b.port()) as pub:
+                pub.publish("exp2/t", b"first", qos=2, properties=props(PacketTypes.PUBLISH, MessageExpiryInterval=1))
+            p = dev.expect(PUBLISH)
+            rx.delivered.append(p.payload)           # delivered; its PUBREC is lost with the connection
+            rx.awaiting.add(p.pid)
+        time.sleep(0.5)                              # (the disconnect is written)
+    finally:
+        b.kill()
+    time.sleep(1.2)                                  # the message expires
+    b = node(store)
+    try:
+        with RawClient(b.port()) as dev:
+            dev.connect("exp2-dev", version=5, clean=False, props=v5)
+            with PahoClient("exp2-pub", V5).connect(b.port()) as pub:
+                pub.publish("exp2/t", b"second", qos=2)
+            rx.run(dev, 1.5)
+        assert rx.delivered == [b"first", b"second"]
+        assert not rx.awaiting
+    finally:
+        b.stop()
