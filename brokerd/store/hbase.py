@@ -981,7 +981,8 @@ def _purge_queue_rows(conn, table, page, now) -> int:
     gone = []
     for key, data in page:
         owner = found.get(skeys[key], {})
-        if data.get(b"m:e") and float(data[b"m:e"]) <= now or b"s:e" not in owner \
+        # (an expired QoS 2 delivery stays, as in the SQLite store's purge)
+        if data.get(b"m:e") and float(data[b"m:e"]) <= now and (data.get(b"m:f") or b"\0\0")[1] & 3 != 2 or b"s:e" not in owner \
                 or not _owned(data, owner.get(b"s:g", b"")):
             gone.append(key)
     if gone:

@@ -122,7 +122,7 @@ class MemoryStore(Store):
             del self.sessions[k]
         n = len(gone)
         for r in self.sessions.values():
-            keep = [e for e in r.queue if e.msg.expiry_at is None or e.msg.expiry_at > now]
+            keep = [e for e in r.queue if e.msg.expiry_at is None or e.msg.expiry_at > now or e.qos == 2]
             n += len(r.queue) - len(keep)
             r.queue = keep
         old = [k for k, m in self.retained.items() if m.expiry_at is not None and m.expiry_at <= now]

@@ -437,7 +437,10 @@ class SQLiteStore(Store):
                 "SELECT tenant, client_id FROM sessions WHERE disconnected_at IS NOT NULL "
                 "AND expiry_interval != 4294967295 AND disconnected_at + expiry_interval <= ?", (now,)).fetchall()
             n = _delete_sessions(db, gone)
-            n += db.execute("DELETE FROM entries WHERE expiry_at IS NOT NULL AND expiry_at <= ?", (now,)).rowcount
+            # (a QoS 2 delivery stays: it may have been sent, and its receiver holds its packet id until
+            # the flow ends -- it goes when acknowledged, or dropped unsent, as the broker decides)
+            n += db.execute("DELETE FROM entries WHERE expiry_at IS NOT NULL AND expiry_at <= ? AND qos < 2",
+                            (now,)).rowcount
             n += db.execute("DELETE FROM retained WHERE expiry_at IS NOT NULL AND expiry_at <= ?", (now,)).rowcount
             for table in ("subscriptions", "awaiting_rel"):
                 n += db.execute(f"DELETE FROM {table} WHERE NOT EXISTS (SELECT 1 FROM sessions s WHERE "

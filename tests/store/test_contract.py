@@ -1172,3 +1172,18 @@ def test_two_nodes_claiming_at_once_never_get_the_same_delayed_message(url):
     finally:
         a.close()
         b.close()
+
+
+def test_purge_keeps_an_expired_qos2_delivery(store):
+    """The purge took every expired queue row, a QoS 2 delivery sent and not completed among them
+    (PUBLISH sent, or PUBREL owed). Its receiver holds the packet id until the flow ends; after a
+    restart the node, not knowing it any more, gave the id to a new message, which the receiver
+    took for the old one again and never delivered ([MQTT-4.3.3-10]). A QoS 2 delivery stays until
+    the broker ends it; an expired QoS 1 one still goes."""
+    q2 = message("q2", qos=2, expiry_at=NOW - 1)
+    sent = entry(q2, qos=2, pid=7)
+    owed = entry(q2, qos=2, pid=8, state=1)
+    store.apply([session("q2", expiry=NEVER, disconnected_at=NOW - 5),
+                 q("q2", sent), q("q2", owed), q("q2", entry(message("q1", expiry_at=NOW - 1)))])
+    assert store.purge(NOW) > 0
+    assert store.session(T1, "q2")["queue"] == [sent, owed]
