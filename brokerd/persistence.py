@@ -203,6 +203,7 @@ class Persistence:
             counts["retained"] += 1
         pending = []
         owed = []               # (ns, QueueEntry) of shared subscriptions of sessions that expired
+        closed = []             # (tenant, Session) of sessions connected when the node stopped
         for rec in records:
             if gone(rec.tenant):
                 # its tenant was deleted: the session goes, its will with it (a tenant created later
@@ -273,6 +274,8 @@ class Persistence:
                 counts["messages"] += 1
             session.sent_seq = sent
             counts["sessions"] += 1
+            if rec.disconnected_at is None:
+                closed.append((rec.tenant, session))
             if rec.will is not None:
                 pending.append((ns, rec, session))
         for ns, e in owed:
@@ -282,6 +285,10 @@ class Persistence:
         for ns, rec, session in pending:
             counts["wills"] += 1
             broker.restore_will(ns, rec, session, self.loop_time(rec.will_due) if rec.will_due else None, now)
+        # a session that was connected counts as disconnected from now: so written, or every later
+        # restart would start its expiry again, and publish its will (published above) once more
+        for tenant, session in closed:
+            self.session_closed(session, tenant, now)
         return counts
 
 

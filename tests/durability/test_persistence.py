@@ -455,3 +455,38 @@ def test_a_qos2_message_sent_before_a_restart_is_sent_again_after_its_expiry_not
         assert not rx.awaiting
     finally:
         b.stop()
+
+
+def test_a_session_connected_at_a_crash_expires_and_wills_once_across_further_restarts(store):
+    """A client (Session Expiry 4 s, a will) was connected when the node died. The first restart
+    starts its expiry and publishes its will -- but wrote neither: the store still said
+    "connected", so a second restart 2 s later published the will again and started the expiry
+    over, and the session was still there after its 4 s."""
+    b = node(store)
+    try:
+        watcher = PahoClient("once-watch", V311, clean=False).connect(b.port())
+        watcher.subscribe("once/status", qos=1)
+        watcher.disconnect()
+        dev = PahoClient("once-dev", V5, clean=False)
+        dev.connect(b.port(), properties=session_props(4), will=("once/status", b"offline", 1, False))
+        time.sleep(0.3)                             # (the session record is written behind the CONNACK)
+    finally:
+        b.kill()
+    dev.drop()
+    b = node(store)                                 # the expiry starts, the will goes
+    try:
+        time.sleep(1.5)
+    finally:
+        b.kill()
+    b = node(store)
+    try:
+        watcher = PahoClient("once-watch", V311, clean=False).connect(b.port())
+        assert [m.payload for m in watcher.expect_n(1)] == [b"offline"]
+        watcher.expect_none(0.5)
+        watcher.disconnect()
+        time.sleep(2.5)                             # 4 s after the first restart
+        dev = PahoClient("once-dev", V5, clean=False).connect(b.port(), properties=session_props(60))
+        assert not dev.session_present
+        dev.disconnect()
+    finally:
+        b.stop()
