@@ -212,9 +212,12 @@ class Persistence:
                 counts["deleted"] += 1
                 continue
             ns = broker.namespace(rec.tenant)
-            never = rec.expiry_interval == 0xFFFFFFFF
+            # a --max-session-expiry lowered since the session was stored holds for it too, as for a
+            # CONNECT now (an operator lowering it expects the sessions left behind to go by it)
+            interval = min(rec.expiry_interval, broker.limits.max_session_expiry)
+            never = interval == 0xFFFFFFFF
             gone_at = rec.disconnected_at if rec.disconnected_at is not None else wall_now
-            if rec.expiry_interval == 0 or (not never and gone_at + rec.expiry_interval <= wall_now):
+            if interval == 0 or (not never and gone_at + interval <= wall_now):
                 counts["expired"] += 1
                 self.journal.add(("session_del", rec.tenant, rec.client_id))
                 if rec.will is not None:
@@ -228,11 +231,11 @@ class Persistence:
                             and (e.msg.expiry_at is None or e.msg.expiry_at > wall_now):
                         owed.append((ns, e))
                 continue
-            session = broker.new_session(ns, rec.client_id, rec.expiry_interval)
+            session = broker.new_session(ns, rec.client_id, interval)
             session.durable = True
             session.device = rec.device
             if not never:
-                session.expires_at = self.loop_time(gone_at) + rec.expiry_interval
+                session.expires_at = self.loop_time(gone_at) + interval
                 broker.schedule_expiry(session)
             for s in rec.subscriptions:
                 shared = parse_shared(s.filter)

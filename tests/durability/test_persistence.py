@@ -490,3 +490,34 @@ def test_a_session_connected_at_a_crash_expires_and_wills_once_across_further_re
         dev.disconnect()
     finally:
         b.stop()
+
+
+def test_a_lowered_max_session_expiry_holds_for_the_sessions_stored_before(store):
+    """An operator lowers --max-session-expiry (here from forever to 2 s) and restarts: the
+    sessions stored before kept the interval they were stored with -- a 3.1.1 device's
+    persistent session, and a v5 one asking for an hour, stayed for ever / an hour, and their
+    queues with them. Now the restore holds them to the setting, as a CONNECT now would be."""
+    b = node(store)
+    try:
+        old = PahoClient("cap-old", V311, clean=False).connect(b.port())
+        old.subscribe("cap/t", qos=1)
+        old.disconnect()
+        v5 = PahoClient("cap-v5", V5, clean=False).connect(b.port(), properties=session_props(3600))
+        v5.subscribe("cap/t", qos=1)
+        v5.disconnect()
+        with PahoClient("cap-pub").connect(b.port()) as pub:
+            pub.publish("cap/t", b"queued", qos=1)
+    finally:
+        b.stop()
+    b = node(store, "--max-session-expiry", "2")
+    try:
+        time.sleep(2.5)
+        old = PahoClient("cap-old", V311, clean=False).connect(b.port())
+        assert not old.session_present
+        old.expect_none(0.3)
+        old.disconnect()
+        v5 = PahoClient("cap-v5", V5, clean=False).connect(b.port(), properties=session_props(60))
+        assert not v5.session_present
+        v5.disconnect()
+    finally:
+        b.stop()
