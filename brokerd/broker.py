@@ -596,6 +596,12 @@ class Broker:
             self._retain(ns, msg)
         return self._dispatch(ns, msg, now)
 
+    def clear_retained(self, ns: Namespace, topic: str) -> None:
+        """Take the retained message on ``topic`` out (the admin API's delete): from this node,
+        the store and every node's copy -- sent to no subscriber, as a client's empty retained
+        PUBLISH would be."""
+        self._retain(ns, Publish(topic, b"", 0, True))
+
     def _retain(self, ns: Namespace, msg: Publish) -> None:
         if msg.payload:
             ns.retained.set(msg.topic, msg)

@@ -341,7 +341,7 @@ def retained_view(tenant: str, topic: str, msg, wall_offset: float, with_payload
 def retained_delete(broker, tenant: str, topic: str, now: float) -> bool:
     if broker.router.retained_message(tenant, topic) is None:
         return False
-    broker.publish_internal(broker.namespace(tenant), Publish(topic, b"", 0, True), now)
+    broker.clear_retained(broker.namespace(tenant), topic)     # no empty message to current subscribers
     return True
 
 

@@ -215,7 +215,7 @@ OPENAPI = {
                                    _q("sys", "1: list the broker's own $SYS/... messages too (default 0)"), *_PAGE],
                     "responses": {"200": {"description": "a page of retained messages, or one"},
                                   "404": {"description": "no retained message", **_ERR}, **_AUTH}},
-            "delete": {"summary": "clear a retained message",
+            "delete": {"summary": "clear a retained message (on every node; nothing is sent to current subscribers)",
                        "parameters": [_q("tenant", "tenant slug", required=True),
                                       _q("topic", "topic", required=True)],
                        "responses": {"200": {"description": "cleared"}, "404": {"description": "none", **_ERR},

@@ -192,3 +192,44 @@ def test_a_publish_refused_for_its_expiry_is_retained_on_no_node(three, tokens):
     for node in nodes:
         assert Http(node.admin_url)("GET", f"/api/v1/retained?tenant=default&topic={topic}",
                                     token=tokens["read"])[0] == 404
+
+
+def test_a_retained_message_deleted_through_another_node_is_gone_everywhere_and_sends_nothing(three, tokens):
+    """The console says of deleting a retained message: "new subscribers no longer receive
+    it. Current subscribers are not affected." But the delete was a publish of an empty
+    retained message: every current subscriber, on every node, was sent a zero-byte message
+    on the topic (a device reading its configuration from it got an empty one). Now the
+    message is taken out of every node's retained messages and nothing is sent."""
+    c, (n1, n2, n3) = three
+    stem = f"rdel-{time.monotonic_ns()}"
+    topic = f"{stem}/config"
+    subs = [PahoClient(f"{stem}-s{i}", version=V5).connect(node.port()) for i, node in enumerate((n1, n2))]
+    pub = PahoClient(f"{stem}-pub").connect(n2.port())
+    try:
+        for s in subs:
+            s.subscribe(f"{stem}/#", qos=1)
+        settle(pub, f"{stem}/probe", *subs)
+        pub.publish(topic, b'{"mode": "eco"}', qos=1, retain=True)
+        for s in subs:
+            assert s.expect().payload == b'{"mode": "eco"}'
+        for node in (n1, n3):            # the copy of every node
+            wait_until(lambda node=node: Http(node.admin_url)(
+                "GET", f"/api/v1/retained?tenant=default&topic={topic}", token=tokens["read"])[0] == 200,
+                timeout=5, message="retained message not copied to every node")
+        status, _, body = Http(n1.admin_url)("DELETE", f"/api/v1/retained?tenant=default&topic={topic}",
+                                             token=tokens["write"])
+        assert (status, body) == (200, {"deleted": topic})
+        for node in (n1, n2, n3):
+            wait_until(lambda node=node: Http(node.admin_url)(
+                "GET", f"/api/v1/retained?tenant=default&topic={topic}", token=tokens["read"])[0] == 404,
+                timeout=5, message="deleted retained message still on a node")
+        for s in subs:
+            s.expect_none(0.5)
+        late = PahoClient(f"{stem}-late").connect(n3.port())
+        late.subscribe(f"{stem}/#", qos=1)
+        late.expect_none(0.5)
+        late.disconnect()
+    finally:
+        for s in subs:
+            s.disconnect()
+        pub.disconnect()
