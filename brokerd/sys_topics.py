@@ -7,7 +7,8 @@ minutes. Differences from Mosquitto: ``messages/*`` count PUBLISH packets
 
 In a cluster, ``$SYS/broker/...`` is the node's own tree and
 ``$SYS/cluster/...`` the sum over every node (nodes, clients, sessions,
-subscriptions, retained messages, messages and bytes). A host that runs
+subscriptions, messages and bytes; retained messages, copied to every node,
+the largest node's count). A host that runs
 ``--workers N`` is one node to its users: each worker publishes the host's
 figures -- its workers' summed through the cluster bus (refreshed every
 second; the gauges only a ``$SYS`` round computes, in flight, stored,

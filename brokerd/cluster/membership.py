@@ -92,7 +92,9 @@ class Membership:
             if node not in alive:
                 continue                # gone, not reaped (yet, or ever: the cluster restarted under new ids)
             for k, v in stats.items():
-                totals_stats[k] = totals_stats.get(k, 0) + float(v)
+                # retained messages are copied to every node: the cluster holds them once
+                totals_stats[k] = max(totals_stats.get(k, 0), float(v)) if k == "retained" else \
+                    totals_stats.get(k, 0) + float(v)
                 if node in siblings or (host is not None and node == self.id):
                     # retained messages are copied to every node: the host holds them once
                     host_stats[k] = max(host_stats.get(k, 0), float(v)) if k == "retained" else \

@@ -189,3 +189,47 @@ def test_a_message_expiry_interval_above_2_to_the_31_crosses_nodes(cluster, tag)
         m = sub.expect(timeout=10)
         assert m.payload == b"%d" % interval
         assert interval - 5 <= m.properties.MessageExpiryInterval <= interval
+
+
+def test_sys_cluster_counts_each_retained_message_once(cluster, tag):
+    """Every node holds a copy of every retained message, and $SYS/cluster summed the
+    nodes' counts: 30 retained messages on two nodes read 60 more in
+    "$SYS/cluster/retained messages/count" (three times as many on three nodes) -- while
+    the admin API's cluster figure, and a --workers host's tree, count them once. Now the
+    cluster's count is the largest node's: the node watched (the same copies) reads the
+    same figure."""
+    n1, n2 = cluster.start(2, "--sys-interval", "1")
+
+    def retained_count(node) -> int:
+        c = connect(node.port(), f"{tag}-count", V311)
+        c.subscribe(f"{tag}/#", qos=0)
+        n = 0
+        try:
+            while True:
+                c.expect(0.3)
+                n += 1
+        except AssertionError:
+            return n
+        finally:
+            c.disconnect()
+
+    pub = connect(n2.port(), f"{tag}-pub", V311)
+    for i in range(30):
+        pub.publish(f"{tag}/r{i}", b"kept", qos=1, retain=True)
+    wait_until(lambda: retained_count(n1) >= 30, timeout=5, message="retained messages not copied to node 1")
+    watcher = connect(n1.port(), f"{tag}-sys", V5)
+    watcher.subscribe("$SYS/cluster/nodes", qos=0)
+    watcher.subscribe("$SYS/+/retained messages/count", qos=0)
+    last: dict[str, int] = {}
+    deadline = time.monotonic() + 4                 # rounds of both nodes' figures shared
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            msg = watcher.expect(left)
+        except AssertionError:
+            break
+        last[msg.topic] = int(msg.payload)
+    assert last["$SYS/cluster/nodes"] == 2
+    mine = last["$SYS/broker/retained messages/count"]       # the 30 and node 1's own $SYS tree
+    assert mine >= 30 and last["$SYS/cluster/retained messages/count"] == mine, last
+    pub.disconnect()
+    watcher.disconnect()
