@@ -72,6 +72,20 @@ def _bool(body: dict, key: str) -> bool:
     return value
 
 
+def switch(q: dict, name: str, default=False):
+    """A yes/no query parameter: 1/true/yes or 0/false/no (any case); absent or empty: ``default``.
+    Anything else is 400 -- ``clear_session=on`` must not kick a client and keep the session
+    the administrator asked to end."""
+    value = q.get(name)
+    if value is None or value == "":
+        return default
+    if value.lower() in ("1", "true", "yes"):
+        return True
+    if value.lower() in ("0", "false", "no"):
+        return False
+    raise ApiError(400, f"{name!r} must be true or false (1/0, yes/no), not {value!r}"[:300])
+
+
 def _peer_ip(peer: str) -> str:
     return peer.rsplit(":", 1)[0] if peer else ""
 
@@ -125,7 +139,7 @@ def list_clients(broker, node: str, q: dict, now: float, first: int) -> tuple[li
     cid = q.get("client_id")
     username = q.get("username")
     ip = q.get("ip")
-    want = q.get("connected")          # None, "true", "false"
+    want = switch(q, "connected", None)     # None: connected or not
     total = 0
 
     def matching():
@@ -135,13 +149,13 @@ def list_clients(broker, node: str, q: dict, now: float, first: int) -> tuple[li
                 continue
             ch = session.channel
             if ch is not None:
-                if want == "false":
+                if want is False:
                     continue
                 if username and (ch.username or "") != username:
                     continue
                 if ip and _peer_ip(ch.peer) != ip:
                     continue
-            elif want == "true" or username or ip:
+            elif want is True or username or ip:
                 continue
             total += 1
             yield name, session.client_id, session

@@ -293,7 +293,7 @@ class AdminApi:
                     raise ApiError(404, "no such client")
                 return json_response(200, detail)
             if rest == [] and m == "DELETE":
-                clear = req.query.get("clear_session") in ("1", "true", "yes")
+                clear = api.switch(req.query, "clear_session")
                 before = api.session_detail(b, self.node, tenant, cid, now)
                 if not api.kick(b, tenant, cid, clear, now):
                     raise ApiError(404, "no such client")
@@ -341,7 +341,7 @@ class AdminApi:
                 raise ApiError(400, "'tenant' query parameter required")
             topic = req.query.get("topic")
             if m == "GET" and topic is None:
-                sys_too = req.query.get("sys", "0") in ("1", "true")
+                sys_too = api.switch(req.query, "sys")
                 return json_response(200, api.retained_page(b, tenant, req.query.get("prefix", ""), sys_too,
                                                              req.query))
             if m == "GET":

@@ -148,6 +148,34 @@ def test_a_subscription_with_a_value_out_of_range_is_400_and_adds_nothing(node, 
         c.disconnect()
 
 
+def test_a_switch_in_the_query_that_is_neither_true_nor_false_is_400_and_does_nothing(node, api, client_id):
+    """``DELETE /api/v1/clients/...?clear_session=on`` (or ``=True``, ``=2``: anything but 1,
+    true, yes) kicked the client, kept its session and answered 200: the administrator had
+    asked for the session to go. And ``connected=yes`` listed every client. Now a value that
+    is not a yes or a no (1/true/yes, 0/false/no, any case) is 400 naming the parameter, and
+    nothing is done."""
+    c = PahoClient(client_id, clean=False).connect(node.port())
+    c.subscribe("keep/#", qos=1)
+    try:
+        for value in ("on", "2", "maybe"):
+            status, _, answer = api("DELETE", f"/api/v1/clients/default/{client_id}?clear_session={value}")
+            assert status == 400 and "clear_session" in answer["error"], (value, answer)
+            c.expect_none(0.1)
+            assert c.disconnects.empty() and c.client.is_connected()
+        status, _, answer = api("GET", f"/api/v1/clients?client_id={client_id}&connected=yes-please")
+        assert status == 400 and "connected" in answer["error"], answer
+        status, _, answer = api("GET", "/api/v1/retained?tenant=default&sys=all")
+        assert status == 400 and "sys" in answer["error"], answer
+        assert api("GET", f"/api/v1/clients?client_id={client_id}&connected=FALSE")[2]["total"] == 0
+        assert api("GET", f"/api/v1/clients?client_id={client_id}&connected=True")[2]["total"] == 1
+        status, _, answer = api("DELETE", f"/api/v1/clients/default/{client_id}?clear_session=True")
+        assert (status, answer) == (200, {"kicked": True, "session_cleared": True})
+        c.expect_disconnect()
+        assert api("GET", f"/api/v1/clients/default/{client_id}")[0] == 404
+    finally:
+        c.disconnect()
+
+
 def test_a_publish_to_a_tenant_that_does_not_exist_is_404(node, api, client_id):
     """With a control plane the tenants are its tenants (and the anonymous one, when
     anonymous clients are allowed): "acme" exists, "ghost" does not."""
