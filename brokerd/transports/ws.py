@@ -154,6 +154,12 @@ class WsMqttConnection(MqttConnection):
         out = ch.out
         if not out or self.transport is None:
             return
+        if self.closed:
+            # closed by the WebSocket side (a text or close frame): the channel hears it only at
+            # connection_lost, up to DRAIN_SECONDS later, and its output has nowhere to go --
+            # framed, wsproto raises (the socket is past OPEN) and the flusher's round stops there
+            out.clear()
+            return
         data = out[0] if len(out) == 1 else b"".join(out)
         out.clear()
         ch.bytes_out += len(data)

@@ -238,6 +238,31 @@ def test_websocket_ping_and_text_frame(broker):
         c.close()
 
 
+def test_websocket_closed_for_a_text_frame_does_not_stall_other_clients(client_id, topic):
+    """A WebSocket subscriber sends a text frame (closed with 1003, [MQTT-6.0.0-1]), then neither
+    reads nor closes its socket. Until its socket went (2 s of draining), messages routed to it
+    were still framed: wsproto raised LocalProtocolError out of the flusher, which then skipped
+    every other connection of that round -- their output stayed queued and, never woken again,
+    they got nothing more: the publisher's PUBACK and the other subscriber's messages were lost
+    for good. Now that socket's output is dropped and everyone else carries on."""
+    with BrokerProcess() as b:
+        c = WsClient(b.port("ws"))
+        c.send_frames(raw.connect_packet(client_id + "-ws", version=4))
+        assert c.mqtt_bytes(4) == b"\x20\x02\x00\x00"
+        c.send_frames(raw.subscribe_packet(1, [(topic, 0)]))
+        assert c.mqtt_bytes(5).startswith(b"\x90\x03\x00\x01")
+        with connect(b.port(), client_id + "-sub", V311) as sub, connect(b.port(), client_id + "-pub", V311) as pub:
+            sub.subscribe(topic, 0)
+            c.sock.sendall(c.ws.send(TextMessage(data="not mqtt")))
+            time.sleep(0.2)
+            for n in range(3):
+                pub.publish(topic, b"m%d" % n, qos=1, timeout=3)      # its PUBACK arrives
+            assert [m.payload for m in sub.expect_n(3, timeout=3)] == [b"m0", b"m1", b"m2"]
+        c.close()
+        time.sleep(0.2)
+        assert "Traceback" not in b.log, b.log[-2000:]
+
+
 class WsRawClient(raw.RawClient):
     """raw.RawClient over a WebSocket (wsproto, client side): MQTT bytes in binary frames."""
 
