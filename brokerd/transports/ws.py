@@ -125,7 +125,9 @@ class WsMqttConnection(MqttConnection):
         if req.subprotocols and not offered:
             self._reject(RejectConnection(status_code=400, has_body=False))
             return
-        self.transport.write(self.ws.send(AcceptConnection(subprotocol=offered[0] if offered else None)))
+        # [MQTT-6.0.0-4]: "mqtt" whenever offered, whatever the client's order; "mqttv3.1" (MQTT 3.1's) otherwise
+        chosen = "mqtt" if "mqtt" in offered else offered[0] if offered else None
+        self.transport.write(self.ws.send(AcceptConnection(subprotocol=chosen)))
         self.open = True
 
     def _reject(self, answer: RejectConnection) -> None:

@@ -125,6 +125,21 @@ def test_websocket_upgrade_only_on_listener_path(broker):
     assert _http_upgrade(broker.port("ws"), "/mqtt", protocol="chat").startswith(b"HTTP/1.1 400")
 
 
+def test_websocket_subprotocol_mqtt_is_chosen_whenever_offered(broker):
+    """[MQTT-6.0.0-4] (3.1.1 and 5.0): the subprotocol the server selects MUST be "mqtt".
+    A client offering "mqttv3.1, mqtt" (the legacy name first) got "mqttv3.1" back: the first
+    offered name the broker knew, in the client's order. Now "mqtt" whenever it is offered;
+    "mqttv3.1" alone is still accepted and echoed (Mosquitto accepts both)."""
+    def selected(protocol):
+        answer = _http_upgrade(broker.port("ws"), "/mqtt", protocol=protocol)
+        assert answer.startswith(b"HTTP/1.1 101"), answer
+        return [line.split(b":", 1)[1].strip() for line in answer.split(b"\r\n")
+                if line.lower().startswith(b"sec-websocket-protocol:")]
+    assert selected("mqttv3.1, mqtt") == [b"mqtt"]
+    assert selected("chat, mqtt") == [b"mqtt"]
+    assert selected("mqttv3.1") == [b"mqttv3.1"]
+
+
 def _http_exchange(port, request: bytes) -> bytes:
     """What the listener answers to ``request``, up to its close."""
     with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
