@@ -51,24 +51,43 @@ class Flusher:
     def flush(self) -> None:
         pending = self.pending
         self.pending = []
-        for conn in pending:
-            if conn.__class__ is MqttConnection:       # (not WsMqttConnection: it frames)
-                # MqttConnection.flush, written out (two per QoS 1 message at a steady rate)
-                ch = conn.channel
-                out = ch.out
-                transport = conn.transport
-                if out and transport is not None:
-                    data = out[0] if len(out) == 1 else b"".join(out)
-                    out.clear()
-                    ch.bytes_out += len(data)
-                    transport.write(data)
-                    ch.pending = 0
-                    if ch.blocked:
-                        ch.flushed(conn.time())
-            else:
-                conn.flush()
+        while pending:
+            try:
+                for conn in pending:
+                    if conn.__class__ is MqttConnection:       # (not WsMqttConnection: it frames)
+                        # MqttConnection.flush, written out (two per QoS 1 message at a steady rate)
+                        ch = conn.channel
+                        out = ch.out
+                        transport = conn.transport
+                        if out and transport is not None:
+                            data = out[0] if len(out) == 1 else b"".join(out)
+                            out.clear()
+                            ch.bytes_out += len(data)
+                            transport.write(data)
+                            ch.pending = 0
+                            if ch.blocked:
+                                ch.flushed(conn.time())
+                    else:
+                        conn.flush()
+            except Exception:
+                # one connection's failure is its own: it is closed, and the others of the round are
+                # written (they are not woken again while their output waits)
+                _write_failed(conn)
+                pending = pending[pending.index(conn) + 1:]
+                continue
+            break
         if self.after is not None:
             self.after()
+
+
+def _write_failed(conn) -> None:
+    log.exception("writing to %s failed: its connection is closed", getattr(conn.channel, "peer", "a client"))
+    try:
+        conn.channel.out.clear()
+        if conn.transport is not None:
+            conn.transport.abort()
+    except Exception:
+        log.exception("closing it failed too")
 
 
 class TimeoutWheel:

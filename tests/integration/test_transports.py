@@ -492,3 +492,37 @@ def test_connect_timeout_before_tls_handshake(tls_timeout_broker):
     minute each (asyncio's ssl_handshake_timeout), whatever --connect-timeout says."""
     with socket.create_connection(("127.0.0.1", tls_timeout_broker.port("mqtts")), timeout=3) as s:
         assert s.recv(10) == b""
+
+
+def test_a_connection_whose_write_fails_does_not_stop_the_flushers_round():
+    """The flusher writes every connection with output once per loop iteration, and a connection
+    is not woken again while its output waits. One whose write raised (as wsproto did for a
+    WebSocket closed by a text frame, 220a1ca) ended the round: the connections after it kept
+    their output -- PUBACKs and messages -- for good. Now the failing one is closed and the others
+    are written. (In-process: the flusher with connections that only record.)"""
+    from types import SimpleNamespace
+
+    from brokerd.transports.connection import Flusher
+
+    class Conn:
+        def __init__(self, fails):
+            self.fails, self.flushed, self.aborted = fails, 0, 0
+            self.channel = SimpleNamespace(out=[b"x"], peer="127.0.0.1:1")
+            self.transport = SimpleNamespace(abort=self.abort)
+
+        def abort(self):
+            self.aborted += 1
+
+        def flush(self):
+            if self.fails:
+                raise RuntimeError("cannot send in state LOCAL_CLOSING")
+            self.flushed += 1
+
+    soon = []
+    flusher = Flusher(SimpleNamespace(call_soon=soon.append, time=lambda: 0.0))
+    conns = [Conn(False), Conn(True), Conn(False), Conn(False)]
+    for c in conns:
+        flusher.add(c)
+    soon.pop()()
+    assert [c.flushed for c in conns] == [1, 0, 1, 1]
+    assert [c.aborted for c in conns] == [0, 1, 0, 0] and conns[1].channel.out == []
