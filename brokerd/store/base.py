@@ -159,7 +159,8 @@ class Store:
 
     async def delayed_claim(self, now: float, owner: str, lease: float, limit: int) -> list[DelayedMessage]:
         """Up to ``limit`` messages due at ``now`` (wall clock) that nobody holds
-        (or whose holder's lease ran out), earliest first, now held by ``owner``
+        (or whose holder's lease ran out), earliest first (those due at the same time in the
+        order of their ids: a node's ids sort in the order it took them), now held by ``owner``
         until ``now + lease``: two claimers never get the same message in one lease."""
         return await self._run(self._delayed_claim, now, owner, now + lease, limit)
 

@@ -65,6 +65,7 @@ class DelayedRunner:
         self._tasks: list[asyncio.Task] = []
         self._stopping = asyncio.Event()
         self._undeleted: list[DelayedMessage] = []      # published, delete not yet written
+        self._last_ns = 0                               # the time part of the last id made (_new_id)
         self.written = 0
         self.published = 0
         queue.wake = self._wake
@@ -116,7 +117,7 @@ class DelayedRunner:
                 await self._purge()
                 self._idle.set()
                 continue
-            items = [DelayedMessage(uuid.uuid4().hex, tenant, due,
+            items = [DelayedMessage(self._new_id(), tenant, due,
                                     StoredMessage(m.topic, m.payload, m.qos, m.retain, m.properties), publisher)
                      for tenant, due, m, _, publisher in taken]
             try:
@@ -145,6 +146,14 @@ class DelayedRunner:
                 self._event.set()
             else:
                 self._idle.set()
+
+    def _new_id(self) -> str:
+        """A unique id that sorts after every id this process made before (and, the wall clock
+        permitting, before any made after a restart): the store claims messages due at the same time
+        in the order of their ids, and the loop's clock is millisecond-grained -- messages taken within
+        one millisecond share their due time, and random ids released them shuffled."""
+        ns = self._last_ns = max(time.time_ns(), self._last_ns + 1)
+        return f"{ns:016x}{uuid.uuid4().hex[:16]}"
 
     async def _purge(self) -> None:
         """Delete the messages of tenants deleted meanwhile (``DelayedQueue.forget``), after

@@ -73,7 +73,7 @@ class MemoryStore(Store):
 
     def _delayed_claim(self, now, owner, until, limit):
         due = sorted((e for e in self.delayed.values() if e[0].due <= now and (e[1] is None or e[1] <= now)),
-                     key=lambda e: e[0].due)[:limit]
+                     key=lambda e: (e[0].due, e[0].id))[:limit]
         for e in due:
             e[1] = until
         return [copy.deepcopy(e[0]) for e in due]

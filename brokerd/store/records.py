@@ -73,7 +73,8 @@ class SessionRecord:
 class DelayedMessage:
     """A message published to ``$delayed/{seconds}/{topic}``: to be published to
     ``msg.topic`` in ``tenant`` at ``due`` (wall clock). ``id`` is unique in the
-    store (random, made by the node that took the message). ``publisher``: who
+    store (made by the node that took the message, sorting
+    in the order it took them: ties of ``due`` are claimed in id order). ``publisher``: who
     published it, ``(client_id, username, device)`` -- the tenant's rules run on
     its release as on that client's publish (None: not known, a message stored
     by an older node)."""

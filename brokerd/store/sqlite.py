@@ -469,7 +469,7 @@ class SQLiteStore(Store):
     def _delayed_claim(self, now, owner, until, limit):
         def claim(db):
             rows = db.execute("SELECT id, tenant, due, topic, payload, qos, retain, props, publisher FROM delayed "
-                              "WHERE due <= ? AND (lease IS NULL OR lease <= ?) ORDER BY due LIMIT ?",
+                              "WHERE due <= ? AND (lease IS NULL OR lease <= ?) ORDER BY due, id LIMIT ?",
                               (now, now, limit)).fetchall()
             db.executemany("UPDATE delayed SET owner = ?, lease = ? WHERE id = ?", [(owner, until, r[0]) for r in rows])
             return [DelayedMessage(i, t, due, StoredMessage(topic, payload, qos, bool(retain), unpack_props(props)),

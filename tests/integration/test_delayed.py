@@ -15,6 +15,8 @@ import pytest
 
 from ..mqtt import V5, V311, PacketTypes, PahoClient, props
 from ..procs import BrokerProcess
+from . import raw
+from .raw import RawClient
 
 
 class AckedPahoClient(PahoClient):
@@ -166,3 +168,31 @@ def test_a_delayed_message_survives_a_sigkill_and_is_published_once_after_the_re
             again.disconnect()
     finally:
         b.stop()
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+def test_delayed_messages_with_the_same_delay_are_released_in_the_order_published(broker_factory, tmp_path, topic,
+                                                                                    store):
+    """Ten QoS 1 ``$delayed/1/...`` PUBLISHes in one write, then five one by one: delivered in the order
+    published ([MQTT-4.6.0-6]: one publisher's messages on a topic keep their order). The event loop's
+    clock is millisecond-grained, so messages taken within one millisecond share their due time; the
+    store broke the tie by their random ids -- with SQLite they came out shuffled."""
+    args = ["--sys-interval", "0"] + (["--store", f"sqlite:///{tmp_path}/s.db"] if store == "sqlite" else [])
+    b = broker_factory(*args)
+    with RawClient(b.port()) as sub, RawClient(b.port()) as pub:
+        sub.connect(f"osub-{time.monotonic_ns()}", version=5)
+        sub.subscribe(f"{topic}/#", 1)
+        pub.connect(f"opub-{time.monotonic_ns()}", version=5)
+        pub.send(b"".join(raw.publish_packet(f"$delayed/1/{topic}/o", b"%d" % i, 1, False, False, i + 1, 5)
+                          for i in range(10)))
+        for _ in range(10):
+            pub.expect(raw.PUBACK)
+        for i in range(10, 15):
+            pub.publish(f"$delayed/1/{topic}/o", b"%d" % i, 1, pid=i + 1)
+            pub.expect(raw.PUBACK)
+        got = []
+        for _ in range(15):
+            m = sub.expect(raw.PUBLISH, timeout=8)
+            sub.ack(raw.PUBACK, m.pid)
+            got.append(int(m.payload))
+        assert got == list(range(15))

@@ -1074,6 +1074,14 @@ def test_delayed_messages_round_trip_in_due_order_and_only_when_due(store):
     assert [m.id for m in run(st.delayed_claim(NOW + 60, "n1", 30, 100))] == ["d0001"]
 
 
+def test_delayed_messages_due_at_the_same_time_are_claimed_in_the_order_of_their_ids(store):
+    """A node's ids sort in the order it took its messages, and the loop's clock is millisecond-grained:
+    ties of ``due`` come out in id order, not stored order (SQLite broke them by its index, at random)."""
+    st = store.store
+    run(st.delayed_add([delayed(3, NOW + 1), delayed(1, NOW + 1), delayed(4, NOW + 2), delayed(2, NOW + 1)]))
+    assert [m.id for m in run(st.delayed_claim(NOW + 5, "n1", 30, 100))] == ["d0001", "d0002", "d0003", "d0004"]
+
+
 def test_a_deleted_tenants_delayed_messages_are_purged_and_no_one_elses(store):
     st = store.store
     run(st.delayed_add([delayed(1, NOW + 10), delayed(2, NOW + 20, tenant=T2), delayed(3, NOW + 30)]))
