@@ -127,8 +127,15 @@ class WsMqttConnection(MqttConnection):
             return
         # [MQTT-6.0.0-4]: "mqtt" whenever offered, whatever the client's order; "mqttv3.1" (MQTT 3.1's) otherwise
         chosen = "mqtt" if "mqtt" in offered else offered[0] if offered else None
+        # bytes that came after the request in the same read (a client that sent its CONNECT without
+        # waiting for the 101): h11 keeps them, and wsproto's server side does not pass them on to
+        # the WebSocket it opens -- fed here, their events follow in the caller's loop (at most one
+        # read, then checked as any frames)
+        leftover = self.ws.handshake._h11_connection.trailing_data[0]
         self.transport.write(self.ws.send(AcceptConnection(subprotocol=chosen)))
         self.open = True
+        if leftover:
+            self.ws.receive_data(bytes(leftover))
 
     def _reject(self, answer: RejectConnection) -> None:
         """Answer the upgrade request with an HTTP error and close (half-closed and drained, as

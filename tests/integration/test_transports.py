@@ -240,6 +240,35 @@ def test_websocket_mqtt_split_and_packed_across_frames(broker):
         c.close()
 
 
+def test_websocket_mqtt_sent_with_the_upgrade_request_is_read(broker):
+    """A client that sends its CONNECT in the same write as the upgrade request, not waiting for
+    the 101 (RFC 6455 4.1 says it should wait; some embedded clients do not): the frames that
+    followed the request were dropped (wsproto's server handshake does not hand h11's leftover
+    bytes to the WebSocket), and the client waited for a CONNACK that never came. Now they are
+    read as if they had come after the answer."""
+    port = broker.port("ws")
+    def masked(payload):                                # a client's binary frame (payload < 126 bytes)
+        mask = os.urandom(4)
+        return bytes([0x82, 0x80 | len(payload)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+    pipelined = masked(raw.connect_packet("ws-pipelined", version=4)) + masked(raw.subscribe_packet(1, [("wsp/t", 0)]))
+    ws = WSConnection(ConnectionType.CLIENT)
+    request = ws.send(Request(host="127.0.0.1", target="/mqtt", subprotocols=["mqtt"]))
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as s:
+        s.sendall(request + pipelined)
+        mqtt, deadline = b"", time.monotonic() + 3
+        while len(mqtt) < 4 + 5 and time.monotonic() < deadline:
+            try:
+                data = s.recv(65536)
+            except TimeoutError:
+                break
+            ws.receive_data(data or None)
+            mqtt += b"".join(e.data for e in ws.events() if isinstance(e, BytesMessage))
+            if not data:
+                break
+    assert mqtt == b"\x20\x02\x00\x00" + b"\x90\x03\x00\x01\x00"   # CONNACK, then SUBACK granted QoS 0
+
+
 def test_websocket_ping_and_text_frame(broker):
     """A WebSocket ping gets a pong; a text frame closes the connection ([MQTT-6.0.0-1])."""
     c = WsClient(broker.port("ws"))
