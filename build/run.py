@@ -68,7 +68,7 @@ def services() -> dict[str, list[str]]:
                     "--usage-dir", os.environ.get("USAGE_DIR", str(var_dir() / "usage"))],
         # no --proxy-headers: daphne would take any client's X-Forwarded-For as its address;
         # the console believes forwarded headers only from TRUSTED_PROXIES (console/forwarded.py)
-        "console": [PY, "-m", "daphne", "-b", console_host, "-p", console_port, "console.asgi:application"],
+        "console": [PY, "-m", "console.serve", "-b", console_host, "-p", console_port, "console.asgi:application"],
         # usage reports: Spark jobs in a Celery worker (threads share one Spark session), schedules by beat
         "worker": [PY, "-m", "celery", "-A", "console", "worker", "-P", "threads",
                    "-c", os.environ.get("REPORTS_WORKER_CONCURRENCY", "2"), "--without-mingle", "--without-gossip",

@@ -43,10 +43,10 @@ case "$role" in
         # takes forwarded headers only from the proxies in TRUSTED_PROXIES (console/forwarded.py)
         if [ -n "${CONSOLE_TLS_CERT:-}" ]; then
             # twisted's endpoint syntax: ':' and '=' in paths would need escaping, so keep them plain
-            exec daphne -e "ssl:port=$port:interface=$host:privateKey=${CONSOLE_TLS_KEY:?CONSOLE_TLS_KEY is needed with CONSOLE_TLS_CERT}:certKey=$CONSOLE_TLS_CERT" \
+            exec python -m console.serve -e "ssl:port=$port:interface=$host:privateKey=${CONSOLE_TLS_KEY:?CONSOLE_TLS_KEY is needed with CONSOLE_TLS_CERT}:certKey=$CONSOLE_TLS_CERT" \
                 "$@" console.asgi:application
         fi
-        exec daphne -b "$host" -p "$port" "$@" console.asgi:application
+        exec python -m console.serve -b "$host" -p "$port" "$@" console.asgi:application
         ;;
     worker)
         record_role

@@ -73,7 +73,7 @@ class Stack:
         self.env["BROKERD_ADMIN_URL"] = self.broker.admin_url
         with open(self.log_path, "w") as log:       # the child keeps its own copy of the descriptor
             self.console = subprocess.Popen(
-                [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port),
+                [sys.executable, "-m", "console.serve", "-b", "127.0.0.1", "-p", str(self.port),
                  "console.asgi:application"], cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while True:

@@ -116,7 +116,7 @@ def base_env(var) -> dict:
 class Console:
     """daphne started by one of the launchers on a copy of ``database``."""
 
-    def __init__(self, launcher: str, database, var, trusted: str = ""):
+    def __init__(self, launcher: str, database, var, trusted: str = "", extra_env: dict | None = None):
         self.var = var
         shutil.copy(database, var / "console.sqlite3")
         self.port = free_port()
@@ -124,6 +124,7 @@ class Console:
         env = base_env(var)
         if trusted:
             env["TRUSTED_PROXIES"] = trusted
+        env.update(extra_env or {})
         if launcher == "make-run":
             cmd = make_run_console_command("127.0.0.1", self.port)
         else:
