@@ -30,6 +30,7 @@ import sys
 import time
 
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+from twisted.protocols.tls import TLSMemoryBIOProtocol
 
 log = logging.getLogger("console.serve")
 
@@ -112,10 +113,12 @@ class GuardedConnection(ProtocolWrapper):
         self._disarm()
         self.transport.write(b"HTTP/1.1 " + status + b"\r\nContent-Type: text/plain\r\nContent-Length: "
                              + str(len(text)).encode() + b"\r\nConnection: close\r\n\r\n" + text)
-        try:
+        if isinstance(self.transport, TLSMemoryBIOProtocol):
+            # TLS: the answer is written at the reactor's next turn, a close_notify after it (a
+            # half-close of the socket now would come first and the client read nothing)
+            self.transport.loseConnection()
+        else:
             self.transport.loseWriteConnection()
-        except (AttributeError, NotImplementedError):
-            pass
         self.timer = reactor.callLater(LINGER_SECONDS, self._abort)
 
     # --
