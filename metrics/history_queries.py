@@ -15,6 +15,7 @@ tenants it served).
 """
 
 import datetime as dt
+import math
 
 from django.db.models import Sum
 from django.utils import timezone
@@ -39,13 +40,18 @@ def _floor(t: dt.datetime, step: int) -> int:
 
 
 def series(range_key: str, *, tenant: str = "", node: str | None = None, now: dt.datetime | None = None,
-           since: dt.datetime | None = None) -> dict:
+           since: dt.datetime | None = None, reused_at: dt.datetime | None = None) -> dict:
     """``{"range", "step", "t": [unix...], "connections": [...], "msgs_in": [...], ..., "totals": {...}}``:
     the cluster (``tenant=""``), one tenant, or one node (``node``). ``since``: the tenant's creation --
     rows are kept by slug, and a deleted tenant's slug may be given to a new one: the periods before
-    are unknown (gaps), never the previous tenant's figures."""
+    are unknown (gaps), never the previous tenant's figures. ``reused_at``: when the slug was given again
+    (``Tenant.usage_since``): the rows of the minute or hour it fell in hold the deleted tenant's figures
+    too, so the tenant's rows start with the next one."""
     resolution, step, points = RANGES[range_key]
-    cut = None if since is None else _floor(since, 3600 if resolution == Sample.Resolution.HOUR else 60)
+    row_seconds = 3600 if resolution == Sample.Resolution.HOUR else 60
+    cut = None if since is None else _floor(since, row_seconds)
+    if reused_at is not None:
+        cut = max(cut or 0, math.ceil(reused_at.timestamp() / row_seconds) * row_seconds)
     now = now or timezone.now()
     end = _floor(now, step)
     start = end - (points - 1) * step

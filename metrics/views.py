@@ -125,7 +125,8 @@ def tenant(request, slug):
 def _tenant_series(request, slug, tenant_obj) -> dict:
     """The tenant's history since it was created (a reused slug's rows are the previous tenant's)."""
     since = tenant_obj.created_at if tenant_obj is not None else None
-    return history_queries.series(_range(request), tenant=slug, since=since)
+    reused_at = tenant_obj.usage_since if tenant_obj is not None else None
+    return history_queries.series(_range(request), tenant=slug, since=since, reused_at=reused_at)
 
 
 @login_required
