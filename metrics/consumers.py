@@ -52,6 +52,15 @@ def may_watch(user, slug: str | None) -> bool:
     return tenant is not None and membership_of(user, tenant) is not None
 
 
+def reused_since(slug: str | None) -> float | None:
+    """When the tenant's slug was given again after a deleted tenant had it (``Tenant.usage_since``),
+    as a Unix time; None otherwise: the hub's points of the slug before it are the deleted tenant's."""
+    if not slug:
+        return None
+    since = Tenant.objects.filter(slug=slug).values_list("usage_since", flat=True).first()
+    return since.timestamp() if since is not None else None
+
+
 class MetricsConsumer(AsyncJsonWebsocketConsumer):
     slug: str | None = None
     group: str | None = None
@@ -68,6 +77,7 @@ class MetricsConsumer(AsyncJsonWebsocketConsumer):
             await self.close(code=FORBIDDEN)
             return
         self.user_id, self.checked_at = user.pk, time.monotonic()
+        since = await database_sync_to_async(reused_since)(self.slug)
         hub = get_hub()
         hub.ensure_started()
         self.group = hub.group(self.slug)
@@ -79,7 +89,7 @@ class MetricsConsumer(AsyncJsonWebsocketConsumer):
             for part in self.scope.get("query_string", b"").decode("latin-1").split("&"):
                 if part.startswith("node="):
                     node = part[5:] or None
-        await self.send_json(hub.hello(self.slug, node))
+        await self.send_json(hub.hello(self.slug, node, since=since))
 
     async def disconnect(self, code):
         if self.group is not None:

@@ -134,11 +134,16 @@ class Hub:
                     self.tenant_series.pop(slug, None)
                     self.latest_tenant.pop(slug, None)
 
-    def hello(self, slug: str | None = None, node: str | None = None) -> dict:
-        """The first message on a new socket: the recent chart points and the last update."""
+    def hello(self, slug: str | None = None, node: str | None = None, since: float | None = None) -> dict:
+        """The first message on a new socket: the recent chart points and the last update (a
+        tenant's: only those from ``since`` on, when its slug was given again after a deleted
+        tenant had it -- the points are kept by slug)."""
         if slug:
             latest = self.latest_tenant.get(slug)
             series = list(self.tenant_series.get(slug) or ())
+            if since is not None:
+                series = [p for p in series if p[0] >= since]
+                latest = latest if latest is not None and (latest.get("at") or 0) >= since else None
         else:
             latest = self.latest
             series = list(self.series)

@@ -272,3 +272,44 @@ def test_a_socket_is_closed_once_its_user_loses_access(settings, monkeypatch, pe
     assert closed["code"] == code
     assert updates <= 1          # at most the update already on its way when access went
     assert not get_hub().watchers
+
+
+def test_a_tenant_made_with_a_deleted_tenants_slug_opens_on_none_of_its_points(people, tenants):
+    """The hub keeps a tenant's last minutes of points by slug (10 minutes after its last page closed,
+    or while it is among the busiest): a tenant made with the slug of a deleted one opened its page on
+    the deleted customer's connections and rates, and on its last update. Now only points from the
+    moment the slug was given again."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    from tenants import services
+    from tenants.models import Membership
+
+    hub = get_hub()
+    hub.watch("acme")
+    old = time.time() - 60
+    for i in range(5):
+        hub.tenant_series["acme"].append([old + i, 40, 900.0, 0, 0, 0, 0])
+    hub.latest_tenant["acme"] = {"type": "update", "state": "ok", "at": old + 4, "tenant": "acme",
+                                 "totals": {"connections": 40}}
+    hub.unwatch("acme")                                  # its page closed: kept for a reload
+    services.delete_tenant(tenants["acme"])
+    again = services.create_tenant("acme", name="Another customer")
+    assert again.usage_since is not None
+    carol = get_user_model().objects.create_user("carol", password="correct-horse-battery-9")
+    Membership.objects.create(user=carol, tenant=again, role=Membership.Role.ADMIN)
+    browser = Client()
+    browser.force_login(carol)
+
+    async def scenario():
+        comm = socket("/ws/metrics/tenants/acme/", browser)
+        connected, _ = await comm.connect()
+        assert connected
+        hello = await comm.receive_json_from(timeout=5)
+        await comm.disconnect()
+        return hello
+
+    hello = run(scenario)
+    assert hello["tenant"] == "acme"
+    assert [p for p in hello["series"] if p[1] == 40] == []
+    assert hello["latest"] is None or hello["latest"]["at"] >= again.usage_since.timestamp()
