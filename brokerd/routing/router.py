@@ -180,6 +180,13 @@ class Namespace:
         self.connects = 0
         self.m = TenantCounters()               # the tenant's counters on this node (brokerd.metrics)
 
+    def reset_counters(self) -> None:
+        """Counters from zero: the namespace outlives its tenant, and a tenant made again under a
+        deleted one's name must not take over what the deleted one did."""
+        self.closed = [0, 0, 0, 0]
+        self.connects = 0
+        self.m = TenantCounters()
+
     def route(self, topic: str) -> tuple:
         """Subscribers of ``topic``: one merged entry per session, and the shared groups.
 

@@ -155,6 +155,10 @@ class Enforcement:
         ns = b.router.namespaces.get(tenant)
         if ns is None:
             return
+        if old is None and new is not None:
+            # the tenant appears while the slug's namespace is here: the namespace is a deleted
+            # tenant's of the same name (or held only refused logins): its figures are not this one's
+            ns.reset_counters()
         auth = b.auth
         for ch in list(ns.channels):
             reason = auth.still_valid(ch.identity, wall) if ch.identity is not None else None

@@ -55,3 +55,56 @@ def test_a_tenant_deleted_while_the_node_was_down_leaves_nothing_to_its_successo
     finally:
         node.stop()
     assert "2 sessions and retained messages of deleted tenants removed" in node.log, node.log[-2000:]
+
+
+def test_a_tenant_made_again_under_a_deleted_ones_name_starts_its_counters_at_zero(control_plane):
+    """A node keeps a tenant's counters (messages, bytes, connects, drops, auth failures, the highest
+    number of connections) on the slug's namespace, which outlives the tenant: a tenant made again
+    under the name of a deleted one took them over -- its dashboard's "in all" figures, its $SYS
+    figures and the admin API's counted the deleted customer's traffic as its own."""
+    from ..admin.conftest import Http
+    from ..procs import BrokerProcess
+
+    secrets = control_plane.provision([{"slug": "acme", "acl": RULES, "devices": ["dev"]}])
+    token = control_plane.issue_token("acme-reader", "read")
+    node = BrokerProcess("--sys-interval", "0", "--admin", "127.0.0.1:0", env=control_plane.env).start()
+    api = Http(node.admin_url)
+
+    def figures():
+        _, _, body = api("GET", "/api/v1/metrics?local=1", token)
+        return body["tenants"].get("acme") or {}
+
+    try:
+        old = PahoClient("dev-old", V311, username="acme/dev", password=secrets["acme/dev"]).connect(node.port())
+        for i in range(7):
+            old.publish("t/x", b"the old customer's %d" % i, qos=1)
+        old.disconnect()
+        deadline = time.monotonic() + 10
+        while figures().get("messages_in", {}).get("1") != 7:
+            assert time.monotonic() < deadline, figures()
+            time.sleep(0.1)
+        old_bytes = figures()["bytes_in"]
+        control_plane.manage("tenants", "delete", "acme")
+        out = control_plane.manage_each(("tenants", "create", "acme"), ("devices", "create", "acme", "dev"),
+                                        ("acl", "add", "acme", "--allow", "--action", "both", "--topic", "t/#"))
+        secret = out[1].strip().splitlines()[-1]
+        deadline = time.monotonic() + 10
+        while True:                                        # the new tenant's policy reaches the node
+            try:
+                new = PahoClient("dev-new", V311, username="acme/dev", password=secret).connect(node.port())
+                break
+            except (ConnectionError, AssertionError):
+                assert time.monotonic() < deadline, "the new tenant's device was never let in"
+                time.sleep(0.2)
+        new.publish("t/x", b"the new customer's", qos=1)
+        new.disconnect()
+        deadline = time.monotonic() + 10
+        while figures().get("disconnects", 0) < 1 or figures().get("connections"):
+            assert time.monotonic() < deadline, figures()
+            time.sleep(0.1)
+        mine = figures()
+        assert mine["messages_in"] == {"0": 0, "1": 1, "2": 0}, mine
+        assert mine["connects"] == 1 and mine["disconnects"] == 1 and mine["connections_max"] == 1, mine
+        assert mine["bytes_in"] < old_bytes, mine          # one publish of its own, not eight
+    finally:
+        node.stop()
