@@ -236,3 +236,27 @@ def test_the_switch_offers_the_list_past_fifty_tenants(clients, acme):
     page = clients["admin"].get("/overview/").content.decode()
     assert len(re.findall(r'<option value="/tenants/[^"]+/">', page)) == 50
     assert '<option value="/tenants/">More tenants…</option>' in page
+
+
+def test_a_change_of_membership_holds_at_the_next_request_of_an_open_session(clients, alice, acme):
+    """Roles are read at every request, never kept in the session: a member demoted to viewer may
+    no longer write, one removed no longer sees the tenant (pages and htmx fragments), a user
+    deactivated is signed out -- at their very next request, in the session they already had."""
+    client = clients["alice"]
+    device = acme.devices.get(name="sensor-1")
+    assert client.get("/tenants/acme/").status_code == 200
+    Membership.objects.filter(user=alice, tenant=acme).update(role=Membership.Role.VIEWER)
+    assert client.post("/tenants/acme/devices/sensor-1/disable/").status_code == 403
+    device.refresh_from_db()
+    assert device.enabled
+    assert client.get("/tenants/acme/devices/").status_code == 200
+    Membership.objects.filter(user=alice, tenant=acme).delete()
+    assert client.get("/tenants/acme/").status_code == 404
+    assert client.get("/tenants/acme/", **HTMX).status_code == 404
+    assert client.get("/tenants/acme/metrics/history/?format=json").status_code == 404
+    Membership.objects.create(user=alice, tenant=acme, role=Membership.Role.ADMIN)
+    assert client.get("/tenants/acme/").status_code == 200
+    alice.is_active = False
+    alice.save(update_fields=["is_active"])
+    response = client.get("/tenants/acme/")
+    assert response.status_code == 302 and response["Location"].startswith("/login/")
