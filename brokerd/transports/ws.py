@@ -89,11 +89,16 @@ class WsMqttConnection(MqttConnection):
                 elif isinstance(event, TextMessage):
                     self._ws_close(1003, "MQTT needs binary frames")
                 elif isinstance(event, CloseConnection):
-                    if ws.state.name not in ("CLOSED", "LOCAL_CLOSING"):
-                        self.transport.write(ws.send(event.response()))
                     self.channel.out.clear()
                     self.closed = True
-                    self.transport.close()
+                    if ws.state.name not in ("CLOSED", "LOCAL_CLOSING"):
+                        # the client's close, or wsproto's for a frame it refused (1002, 1007, 1009):
+                        # answered behind what was already written, half-closed and drained -- closed
+                        # with the client's input unread the socket would reset and lose both
+                        self.transport.write(ws.send(event.response()))
+                        close_gently(self.transport, self, self.server.loop)
+                    else:
+                        self.transport.close()
                     return
                 if self.closed:
                     return

@@ -377,6 +377,45 @@ def test_a_websocket_client_that_keeps_sending_after_a_protocol_error_reads_the_
             assert c.ws_close is not None
 
 
+def test_a_websocket_client_that_breaks_the_framing_reads_the_close_frame(client_id, topic):
+    """A frame wsproto refuses (a reserved opcode: close code 1002) from a client with 2 MB of
+    messages still to read and more frames on their way: the server's close frame goes out behind
+    the messages, and the socket was closed at once with the client's input unread -- the kernel
+    answered with RST and the client read neither the rest of its messages nor why it was closed.
+    Now half-closed and drained, as after a DISCONNECT."""
+    with BrokerProcess() as b:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)     # a client slow to take its input
+        sock.connect(("127.0.0.1", b.port("ws")))
+        c = WsRawClient(b.port("ws"), sock)
+        with c:
+            c.send(raw.connect_packet(client_id, version=4))
+            assert c.recv().type == raw.CONNACK
+            c.send(raw.subscribe_packet(1, [(topic, 0)]))
+            assert c.recv().type == raw.SUBACK
+            with connect(b.port(), client_id + "-pub", V311) as pub:
+                for _ in range(200):               # 2 MB the subscriber does not read yet
+                    pub.publish(topic, b"m" * 10_000, qos=0)
+                pub.publish(topic, b"end", qos=1)
+            mask = os.urandom(4)
+            bad = bytes([0x83, 0x80 | 4]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(b"oops"))
+            flood = bad + c.frame(b"\xc0\x00") * 100_000          # PINGREQs
+
+            def send_flood():
+                try:
+                    c.sock.sendall(flood)
+                except OSError:
+                    pass
+
+            sender = threading.Thread(target=send_flood, daemon=True)
+            sender.start()
+            time.sleep(1.0)                        # the server answered and closed before we read
+            got = c.expect_closed(timeout=15)
+            sender.join(5)
+            assert len(got) == 201 and got[-1].body.endswith(b"end")
+            assert c.ws_close is not None and c.ws_close.code == 1002
+
+
 def test_paho_websocket_wrong_path_fails(broker, client_id):
     c = Client(client_id, V311, transport="websockets")
     c.client.ws_set_options(path="/nope")
