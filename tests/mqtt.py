@@ -8,6 +8,7 @@ publish and collect messages with timeouts, for MQTT 3.1.1 and 5.0.
 """
 
 import queue
+import socket
 import threading
 import time
 
@@ -186,10 +187,14 @@ class PahoClient:
             self.client.disconnect()
         self.client.loop_stop()
 
-    def drop(self):
-        """Close the socket without DISCONNECT (as a network failure would)."""
-        self.client.loop_stop()
+    def drop(self, at_once: bool = False):
+        """Close the socket without DISCONNECT (as a network failure would). paho's loop stops
+        only once what it sent is acknowledged: ``at_once`` shuts the socket first, for a
+        client whose acknowledgements the broker holds back (a rate limit's debt)."""
         sock = self.client.socket()
+        if at_once and sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+        self.client.loop_stop()
         if sock is not None:
             sock.close()
 
