@@ -251,6 +251,10 @@ REPORTS_MAX_CATCH_UP = envint("REPORTS_MAX_CATCH_UP", 7)
 # a run not marked for REPORTS_STALLED_AFTER seconds (its worker was killed: a deploy, the OOM killer)
 REPORTS_HEARTBEAT = envint("REPORTS_HEARTBEAT", 30)
 REPORTS_STALLED_AFTER = envint("REPORTS_STALLED_AFTER", 300)
+# A tenant's reports waiting or running at once: past it "Run report", "Send now" and "Retry" are refused
+# (scheduled runs are not, and count); and the schedules a tenant may have
+REPORTS_MAX_PENDING = envint("REPORTS_MAX_PENDING", 3)
+REPORTS_MAX_SCHEDULES = envint("REPORTS_MAX_SCHEDULES", 20)
 # The usage lake (spark_reports/lake.py): landed files compacted into Parquet
 # under USAGE_LAKE (a path or Hadoop URI) every LAKE_COMPACT_INTERVAL seconds
 # (0: never by beat), minutes LAKE_SETTLE s after they closed; a compacted

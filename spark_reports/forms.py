@@ -3,6 +3,7 @@
 from datetime import UTC, date, datetime, timedelta
 
 from django import forms
+from django.conf import settings
 
 from .models import ReportSchedule
 
@@ -98,3 +99,12 @@ class ScheduleForm(forms.ModelForm):
             self.initial["recipients"] = contacts
         self.fields["frequency"].choices = ReportSchedule.Frequency.choices
         self.no_contacts = not contacts
+        self.tenant = tenant
+
+    def clean(self):
+        data = super().clean()
+        limit = settings.REPORTS_MAX_SCHEDULES
+        if not self.instance.pk and self.tenant.report_schedules.count() >= limit:
+            raise forms.ValidationError(f"This tenant has {limit} report schedules, the most it may have. "
+                                        "Change or delete one of them instead.")
+        return data

@@ -39,6 +39,27 @@ def create_run(kind: str, first: date, last: date, tenant=None, user=None, sched
         progress="Waiting for a worker", progress_total=len(reports.get(kind).steps), queued_at=timezone.now())
 
 
+class TooManyPending(Exception):
+    """The tenant has ``REPORTS_MAX_PENDING`` reports waiting or running: one more on demand is refused
+    (the workers are shared by every tenant: one tenant's button pressed a thousand times would put a
+    thousand Spark jobs before everybody else's reports)."""
+
+
+def check_pending(tenant) -> None:
+    """Raise TooManyPending if ``tenant`` (None: the platform's, not limited) may not queue another
+    run now. Called inside the transaction that creates it, the tenant's row locked where the
+    database can (PostgreSQL), so two requests at once cannot both take the last place."""
+    if tenant is None:
+        return
+    limit = settings.REPORTS_MAX_PENDING
+    list(type(tenant).objects.select_for_update().filter(pk=tenant.pk).values_list("pk", flat=True))
+    pending = ReportRun.objects.filter(tenant=tenant, status__in=(ReportRun.Status.QUEUED,
+                                                                  ReportRun.Status.RUNNING)).count()
+    if pending >= limit:
+        raise TooManyPending(f"{pending} reports of this tenant are waiting or running (at most {limit} at once). "
+                             "Ask again when one of them is done.")
+
+
 def requeue_run(run: ReportRun) -> ReportRun:
     """A failed run back to queued (the retry button; ``tasks.retry_run`` hands it over)."""
     ReportRun.objects.filter(pk=run.pk).update(

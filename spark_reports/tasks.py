@@ -53,8 +53,10 @@ def _enqueue(run: ReportRun) -> None:
 
 def request_run(kind: str, first, last, tenant=None, user=None, schedule=None) -> ReportRun:
     """A queued ReportRun over the days ``first``..``last`` (included), handed
-    to a worker once the transaction commits."""
+    to a worker once the transaction commits (``services.TooManyPending`` past the
+    tenant's REPORTS_MAX_PENDING, as for ``retry_run`` and ``send_now``)."""
     with transaction.atomic():
+        services.check_pending(tenant if kind != ReportRun.Kind.PLATFORM else None)
         run = services.create_run(kind, first, last, tenant=tenant, user=user, schedule=schedule)
         _enqueue(run)
     return run
@@ -63,6 +65,7 @@ def request_run(kind: str, first, last, tenant=None, user=None, schedule=None) -
 def retry_run(run: ReportRun) -> ReportRun:
     """Queue a failed run again (the retry button)."""
     with transaction.atomic():
+        services.check_pending(run.tenant)
         services.requeue_run(run)
         _enqueue(run)
     return run
@@ -72,6 +75,7 @@ def send_now(schedule, user) -> ReportRun:
     """A schedule's report now, over the period its run now would cover,
     emailed to its recipients when done (``run_report`` queues the email)."""
     with transaction.atomic():
+        services.check_pending(schedule.tenant)
         run = services.send_now_run(schedule, user)
         _enqueue(run)
     return run

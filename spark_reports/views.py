@@ -69,10 +69,14 @@ def tenant_reports(request, slug):
     tenant, rw = get_tenant_for_user(request, slug, write=request.method == "POST")
     form = RunReportForm(posted(request), tenant=True)
     if request.method == "POST" and form.is_valid():
-        run = tasks.request_run(form.cleaned_data["kind"], form.cleaned_data["first"], form.cleaned_data["last"],
-                                tenant=tenant, user=request.user)
-        audit.record(request, "report.run", "report", run.pk, tenant=tenant, after=_run_doc(run))
-        return redirect("report", slug=tenant.slug, run_id=run.pk)
+        try:
+            run = tasks.request_run(form.cleaned_data["kind"], form.cleaned_data["first"],
+                                    form.cleaned_data["last"], tenant=tenant, user=request.user)
+        except services.TooManyPending as exc:
+            form.add_error(None, str(exc))
+        else:
+            audit.record(request, "report.run", "report", run.pk, tenant=tenant, after=_run_doc(run))
+            return redirect("report", slug=tenant.slug, run_id=run.pk)
     context = {"tenant": tenant, "rw": rw, "form": form, "platform": False,
                "schedules": tenant.report_schedules.all(),
                **_run_list_context(request, ReportRun.objects.filter(tenant=tenant).select_related(
@@ -143,7 +147,11 @@ def _retry(request, run):
     if run.status != ReportRun.Status.FAILED:
         messages.info(request, "Only a failed report can be retried.")
     else:
-        tasks.retry_run(run)
+        try:
+            tasks.retry_run(run)
+        except services.TooManyPending as exc:
+            messages.error(request, f"Not retried: {exc}")
+            return redirect(_links(run)["page"])
         audit.record(request, "report.retry", "report", run.pk, tenant=run.tenant, after=_run_doc(run))
         messages.success(request, "The report is queued again.")
     return redirect(_links(run)["page"])
@@ -245,7 +253,11 @@ def schedule_send(request, slug, schedule_id):
     if not to:
         messages.error(request, "Not sent: none of the schedule's recipients is still a contact of the tenant.")
         return redirect("report_schedules", slug=slug)
-    run = tasks.send_now(schedule, request.user)
+    try:
+        run = tasks.send_now(schedule, request.user)
+    except services.TooManyPending as exc:
+        messages.error(request, f"Not sent: {exc}")
+        return redirect("report_schedules", slug=slug)
     audit.record(request, "report_schedule.send", "report_schedule", schedule.pk, tenant=schedule.tenant,
                  after={**_schedule_doc(schedule), "run": run.pk, "start": run.period_start.date().isoformat(),
                         "last_day": run.last_day.isoformat()})

@@ -427,3 +427,59 @@ def test_a_quiet_periods_page_says_so_instead_of_empty_charts(clients, make_run,
     busy = make_run(acme)
     page = clients["alice"].get(reverse("report", args=["acme", busy.pk])).content.decode()
     assert page.count('<svg class="chart"') == 2 and "No message was sent" not in page
+
+
+# ---------------------------------------------------------------- one tenant cannot fill the workers' queue
+
+
+def test_a_tenant_may_have_only_so_many_reports_waiting_or_running(clients, make_run, acme, globex, settings):
+    """The workers are every tenant's: a tenant admin pressing "Run report" (or a script posting it) a
+    thousand times queued a thousand Spark jobs ahead of every other tenant's reports and schedules.
+    Past REPORTS_MAX_PENDING runs waiting or running, "Run report", "Send now" and "Retry" say why on
+    the page and queue nothing; once one is done the next is taken; other tenants are not held back."""
+    settings.REPORTS_MAX_PENDING = 3
+    make_run(acme, status="running")
+    url = reverse("reports", args=["acme"])
+    for _ in range(2):
+        assert clients["alice"].post(url, {"preset": "last_7"}).status_code == 302
+    page = clients["alice"].post(url, {"preset": "last_7"})
+    assert page.status_code == 200
+    assert "3 reports of this tenant are waiting or running (at most 3 at once)" in page.content.decode()
+    pending = ReportRun.objects.filter(tenant=acme, status__in=("queued", "running"))
+    assert pending.count() == 3
+    # another tenant's button still works
+    assert clients["bob"].post(reverse("reports", args=["globex"]), {"preset": "last_7"}).status_code == 302
+
+    failed = make_run(acme, status="failed", error="x")
+    page = clients["alice"].post(reverse("report_retry", args=["acme", failed.pk]), follow=True).content.decode()
+    assert "Not retried: 3 reports of this tenant are waiting or running" in page
+    failed.refresh_from_db()
+    assert failed.status == "failed"
+    s = _schedule(acme)
+    page = clients["alice"].post(reverse("report_schedule_send", args=["acme", s.pk]), follow=True).content.decode()
+    assert "Not sent: 3 reports of this tenant are waiting or running" in page
+    assert pending.count() == 3
+
+    ReportRun.objects.filter(pk=pending.first().pk).update(status="succeeded")       # one is done
+    assert clients["alice"].post(reverse("report_retry", args=["acme", failed.pk])).status_code == 302
+    failed.refresh_from_db()
+    assert failed.status == "queued" and pending.count() == 3
+
+
+def test_a_tenant_may_have_only_so_many_schedules(clients, acme, settings):
+    """Each schedule is a Spark job a period: past REPORTS_MAX_SCHEDULES the form says so inline and
+    saves nothing; editing one of them still works."""
+    settings.REPORTS_MAX_SCHEDULES = 2
+    first, _ = _schedule(acme), _schedule(acme)
+    url = reverse("report_schedules", args=["acme"])
+    page = clients["alice"].post(url, {"frequency": "daily", "hour": "6", "recipients": ["ops@acme.test"],
+                                       "enabled": "on"})
+    assert page.status_code == 200
+    assert "This tenant has 2 report schedules, the most it may have" in page.content.decode()
+    assert ReportSchedule.objects.filter(tenant=acme).count() == 2
+    response = clients["alice"].post(reverse("report_schedule_edit", args=["acme", first.pk]),
+                                     {"frequency": "weekly", "hour": "7", "recipients": ["ops@acme.test"],
+                                      "enabled": "on"})
+    assert response.status_code == 302
+    first.refresh_from_db()
+    assert first.frequency == "weekly"
