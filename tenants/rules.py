@@ -17,6 +17,7 @@ Spark telemetry report reads for that tenant only.
 
 import json
 
+from django.conf import settings
 from django.db import transaction
 
 from brokerd.rules import Context, RuleEvalError, RuleSyntaxError
@@ -83,6 +84,11 @@ def get_rule(tenant: Tenant, rule_id: int) -> Rule:
 @transaction.atomic
 def add_rule(tenant: Tenant, *, sql: str, action: str, config: dict, enabled: bool = True,
              request=None, actor=None) -> Rule:
+    Tenant.objects.select_for_update().filter(pk=tenant.pk).exists()
+    limit = settings.TENANT_MAX_RULES
+    if tenant.rules.count() >= limit:
+        raise ServiceError(f"a tenant has at most {limit} rules (every node runs a message through each one "
+                           "its topic matches): change or delete one instead")
     check_sql(sql)
     config = check_action(action, config)
     rule = Rule.objects.create(tenant=tenant, sql=sql, action=action, config=config, enabled=bool(enabled))

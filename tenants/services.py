@@ -15,6 +15,7 @@ hash is stored (see ``tenants.hashing`` for why a fast hash is right here).
 import datetime as dt
 from typing import NamedTuple
 
+from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -451,6 +452,11 @@ def add_acl_rule(
     ``who`` follows from the arguments when not given: ``device`` (a Device or
     its name) -> "device", ``pattern`` (a glob) -> "pattern", else "all".
     """
+    Tenant.objects.select_for_update().filter(pk=tenant.pk).exists()
+    limit = settings.TENANT_MAX_ACL_RULES
+    if tenant.acl_rules.count() >= limit:
+        raise ServiceError(f"a tenant has at most {limit} ACL rules (every node checks a client's new topics "
+                           "against them one by one): change or delete one instead")
     device = _device_of(tenant, device)
     if who is None:
         who = "device" if device is not None else "pattern" if pattern else "all"

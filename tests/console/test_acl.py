@@ -358,3 +358,19 @@ def test_the_acl_page_and_the_audit_log_give_a_rule_one_name(as_alice, as_admin,
         assert "acl_rule" not in log.replace('value="acl_rule"', "")
     page = check(as_alice, "sensor-1", "subscribe", "alerts/x")
     assert f"Decided by <strong>ACL rule {rule.pk}</strong> (position 2)" in page
+
+
+def test_a_tenant_has_at_most_so_many_acl_rules(as_alice, acme, settings):
+    """Every node holds a tenant's ACL rules and checks each client's new topics against them one by
+    one (100,000 rules: 0.2 s a CONNECT, 0.3 s a PUBLISH to a new topic, the node's loop stopped for
+    every tenant meanwhile). Past TENANT_MAX_ACL_RULES (3 here; acme has 2) the form says so and
+    nothing is added, nor published to the nodes; the command line is held to it too."""
+    settings.TENANT_MAX_ACL_RULES = 3
+    assert add(as_alice, topic="alerts/#").status_code == 302
+    page = add(as_alice, headers=HTMX, topic="more/#").content.decode()
+    assert "A tenant has at most 3 ACL rules" in page
+    assert len(rules(acme)) == 3 and "more/#" not in snapshot_topics("acme")
+    with pytest.raises(services.ServiceError, match="at most 3 ACL rules"):
+        services.add_acl_rule(acme, topic="more/#", action="both", allow=True)
+    services.delete_acl_rule(acme.acl_rules.get(position=3))       # one deleted: one may be added
+    assert add(as_alice, topic="more/#").status_code == 302
