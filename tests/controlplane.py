@@ -192,7 +192,9 @@ class ControlPlane:
 
             conn = sqlite3.connect(self.dir / "console.sqlite3")
             try:
-                return conn.execute(sql, params).fetchall()
+                rows = conn.execute(sql, params).fetchall()
+                conn.commit()               # (a write, as on PostgreSQL's autocommit)
+                return rows
             finally:
                 conn.close()
         from urllib.parse import unquote, urlsplit

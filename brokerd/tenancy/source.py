@@ -194,13 +194,26 @@ class PolicySource:
         self.down_since: float | None = None
         self._task: asyncio.Task | None = None
 
+    def _fetch(self, since: int) -> list[tuple]:
+        """(In the poller's thread) the new snapshots, each with its policy built (or the error)."""
+        out = []
+        for slug, version, data in self.db.fetch(since):
+            try:
+                built = self.control.build(slug, version, data)
+            except (ValueError, KeyError, TypeError) as exc:
+                built = exc
+            out.append((slug, version, data, built))
+        return out
+
     async def poll(self) -> int:
         """One round: fetch and apply what changed; -> number of snapshots applied."""
-        rows = await asyncio.to_thread(self.db.fetch, self.control.version)
+        rows = await asyncio.to_thread(self._fetch, self.control.version)
         now = self.loop.time()
-        for slug, version, data in rows:
+        for slug, version, data, built in rows:
             try:
-                old, new = self.control.apply(slug, version, data)
+                if isinstance(built, Exception):
+                    raise built
+                old, new = self.control.apply(slug, version, data, built)
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("policy snapshot of tenant %r (version %d) ignored: %s", slug, version, exc)
                 self.control.version = max(self.control.version, version)
