@@ -335,6 +335,38 @@ class WsRawClient(raw.RawClient):
                 self.ws_close = ev
 
 
+def _slow_ws_client(port: int) -> "WsRawClient":
+    """A WebSocket client whose socket takes its input slowly (a 4 KiB receive buffer)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    return WsRawClient(port, sock)
+
+
+def _owed_2_mb(pub, topic) -> None:
+    """200 messages of 10 kB (QoS 0) and one "end" (QoS 1) to ``topic``'s slow subscriber."""
+    for _ in range(200):
+        pub.publish(topic, b"m" * 10_000, qos=0)
+    pub.publish(topic, b"end", qos=1)
+
+
+def _flood_then_read_to_the_close(c, flood: bytes) -> list:
+    """Send ``flood`` from a thread, not reading for a second (the server answers and closes
+    meanwhile), then read everything up to the close."""
+    def send():
+        try:
+            c.sock.sendall(flood)
+        except OSError:
+            pass
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    time.sleep(1.0)
+    got = c.expect_closed(timeout=15)
+    sender.join(5)
+    return got
+
+
 def test_a_websocket_client_that_keeps_sending_after_a_protocol_error_reads_the_disconnect(client_id, topic):
     """As over TCP (tests/integration/test_qos.py::test_a_client_that_keeps_sending_after_a_protocol_error_reads_the_disconnect):
     a v5 client over ws:// past Receive Maximum whose PUBLISHes keep arriving, and which is slow
@@ -342,10 +374,7 @@ def test_a_websocket_client_that_keeps_sending_after_a_protocol_error_reads_the_
     WebSocket transport closed its socket at once, with the client's input unread: the kernel
     answered with RST and dropped the DISCONNECT queued behind the messages not yet read."""
     with BrokerProcess("--max-inflight", "2") as b:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)     # a client slow to take its input
-        sock.connect(("127.0.0.1", b.port("ws")))
-        c = WsRawClient(b.port("ws"), sock)
+        c = _slow_ws_client(b.port("ws"))
         with c:
             c.send(raw.connect_packet(client_id, version=5))
             c.version = 5
@@ -356,21 +385,8 @@ def test_a_websocket_client_that_keeps_sending_after_a_protocol_error_reads_the_
             flood = b"".join(c.frame(raw.publish_packet(topic, b"x" * 1000, qos=2, pid=pid, version=5))
                              for pid in range(1, 1000))
             with connect(b.port(), client_id + "-pub", V311) as pub:
-                for _ in range(200):               # 2 MB the subscriber does not read yet
-                    pub.publish(topic, b"m" * 10_000, qos=0)
-                pub.publish(topic, b"end", qos=1)
-
-                def send_flood():
-                    try:
-                        c.sock.sendall(flood)
-                    except OSError:
-                        pass
-
-                sender = threading.Thread(target=send_flood, daemon=True)
-                sender.start()
-                time.sleep(1.0)                    # the server answered and closed before we read
-                got = c.expect_closed(timeout=15)
-                sender.join(5)
+                _owed_2_mb(pub, topic)
+                got = _flood_then_read_to_the_close(c, flood)
             kinds = [p.type for p in got]
             assert kinds and kinds[-1] == raw.DISCONNECT, f"{len(kinds)} packets, the last {kinds[-3:]}"
             assert got[-1].code == 0x93
@@ -384,34 +400,17 @@ def test_a_websocket_client_that_breaks_the_framing_reads_the_close_frame(client
     answered with RST and the client read neither the rest of its messages nor why it was closed.
     Now half-closed and drained, as after a DISCONNECT."""
     with BrokerProcess() as b:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)     # a client slow to take its input
-        sock.connect(("127.0.0.1", b.port("ws")))
-        c = WsRawClient(b.port("ws"), sock)
+        c = _slow_ws_client(b.port("ws"))
         with c:
             c.send(raw.connect_packet(client_id, version=4))
             assert c.recv().type == raw.CONNACK
             c.send(raw.subscribe_packet(1, [(topic, 0)]))
             assert c.recv().type == raw.SUBACK
             with connect(b.port(), client_id + "-pub", V311) as pub:
-                for _ in range(200):               # 2 MB the subscriber does not read yet
-                    pub.publish(topic, b"m" * 10_000, qos=0)
-                pub.publish(topic, b"end", qos=1)
+                _owed_2_mb(pub, topic)
             mask = os.urandom(4)
             bad = bytes([0x83, 0x80 | 4]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(b"oops"))
-            flood = bad + c.frame(b"\xc0\x00") * 100_000          # PINGREQs
-
-            def send_flood():
-                try:
-                    c.sock.sendall(flood)
-                except OSError:
-                    pass
-
-            sender = threading.Thread(target=send_flood, daemon=True)
-            sender.start()
-            time.sleep(1.0)                        # the server answered and closed before we read
-            got = c.expect_closed(timeout=15)
-            sender.join(5)
+            got = _flood_then_read_to_the_close(c, bad + c.frame(b"\xc0\x00") * 100_000)     # then PINGREQs
             assert len(got) == 201 and got[-1].body.endswith(b"end")
             assert c.ws_close is not None and c.ws_close.code == 1002
 

@@ -11,6 +11,21 @@ from ..mqtt import V311, PahoClient
 RULES = [{"topic": "t/#", "action": "both", "allow": True}]
 
 
+def _made_again(control_plane, node, client):
+    """Tenant acme created again (a device "dev", topics t/#) and its device connected as soon as the
+    new policy reaches ``node``: ``client(secret)`` makes the (not yet connected) client."""
+    out = control_plane.manage_each(("tenants", "create", "acme"), ("devices", "create", "acme", "dev"),
+                                    ("acl", "add", "acme", "--allow", "--action", "both", "--topic", "t/#"))
+    secret = out[1].strip().splitlines()[-1]
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return client(secret).connect(node.port())
+        except (ConnectionError, AssertionError):
+            assert time.monotonic() < deadline, "the new tenant's device was never let in"
+            time.sleep(0.2)
+
+
 def test_a_tenant_deleted_while_the_node_was_down_leaves_nothing_to_its_successor(control_plane, tmp_path):
     """Before: the restarted node restored the deleted tenant's sessions and
     retained messages from its store into the slug's namespace, and kept
@@ -37,17 +52,7 @@ def test_a_tenant_deleted_while_the_node_was_down_leaves_nothing_to_its_successo
     control_plane.manage("tenants", "delete", "acme")
     node = control_plane.broker("--store", store)          # learns of the deletion as it starts
     try:
-        out = control_plane.manage_each(("tenants", "create", "acme"), ("devices", "create", "acme", "dev"),
-                                        ("acl", "add", "acme", "--allow", "--action", "both", "--topic", "t/#"))
-        secret = out[1].strip().splitlines()[-1]
-        deadline = time.monotonic() + 10
-        while True:                                        # the new tenant's policy reaches the node
-            try:
-                new = client("acme/dev", secret, clean=False).connect(node.port())
-                break
-            except (ConnectionError, AssertionError):
-                assert time.monotonic() < deadline, "the new tenant's device was never let in"
-                time.sleep(0.2)
+        new = _made_again(control_plane, node, lambda secret: client("acme/dev", secret, clean=False))
         assert not new.session_present, "the new tenant's device resumed the old tenant's session"
         new.subscribe("t/#", qos=1)
         new.expect_none(1.0)                              # no retained message, no queued one of the old tenant
@@ -85,17 +90,8 @@ def test_a_tenant_made_again_under_a_deleted_ones_name_starts_its_counters_at_ze
             time.sleep(0.1)
         old_bytes = figures()["bytes_in"]
         control_plane.manage("tenants", "delete", "acme")
-        out = control_plane.manage_each(("tenants", "create", "acme"), ("devices", "create", "acme", "dev"),
-                                        ("acl", "add", "acme", "--allow", "--action", "both", "--topic", "t/#"))
-        secret = out[1].strip().splitlines()[-1]
-        deadline = time.monotonic() + 10
-        while True:                                        # the new tenant's policy reaches the node
-            try:
-                new = PahoClient("dev-new", V311, username="acme/dev", password=secret).connect(node.port())
-                break
-            except (ConnectionError, AssertionError):
-                assert time.monotonic() < deadline, "the new tenant's device was never let in"
-                time.sleep(0.2)
+        new = _made_again(control_plane, node,
+                          lambda secret: PahoClient("dev-new", V311, username="acme/dev", password=secret))
         new.publish("t/x", b"the new customer's", qos=1)
         new.disconnect()
         deadline = time.monotonic() + 10
