@@ -372,7 +372,12 @@ class _Compiler:
 
         def like(ctx):
             x = a(ctx)
-            return None if x is None else match(_text(x))
+            if x is None:
+                return None
+            try:
+                return match(_text(x))
+            except textmatch.TooCostly as exc:
+                raise RuleEvalError(f"LIKE: {exc}") from None
 
         return like
 
@@ -446,7 +451,12 @@ class _Compiler:
 
         def regex_match(ctx):
             x = a0(ctx)
-            return None if x is None else match(_text(x))
+            if x is None:
+                return None
+            try:
+                return match(_text(x))
+            except textmatch.TooCostly as exc:
+                raise RuleEvalError(f"regex_match(): {exc}") from None
 
         return regex_match
 

@@ -14,6 +14,15 @@ lazy: for "does it match" the same), ``^`` and ``$`` (``\\A``, ``\\Z``). What it
 refuses (``PatternError``): back-references, look-arounds, ``\\b``, atomic
 groups and possessive repeats, inline flags, and patterns of more than
 MAX_STATES states once their counted repeats are written out.
+
+Linear, but a DFA step not yet cached walks every live state of the pattern,
+and a pattern such as ``a[ab]{4000}c`` on random ``a``/``b`` text makes a new
+DFA state of ~4,000 live states at every character (about 1 ms each: 17
+minutes for a 1 MiB payload, and 100 KiB of cache a step). So one match may
+walk at most MAX_WORK states building steps (``TooCostly`` past it: the rule
+fails for that message), and the cached DFA states of a pattern hold at most
+MAX_HELD states together (past it the cache starts again). An ordinary
+pattern (a few dozen states) caches its steps and never comes near either.
 """
 
 import re
@@ -23,12 +32,18 @@ import re._parser as sre_parse
 MAX_PATTERN = 1024          # characters of a pattern
 MAX_STATES = 4096           # automaton states, counted repeats written out
 MAX_CACHED = 65536          # DFA steps kept per pattern before the cache starts again
+MAX_WORK = 1 << 19          # live states one match may walk building DFA steps (~0.3 s of a core)
+MAX_HELD = 1 << 18          # states the cached DFA states of one pattern hold together (~8 MiB)
 
 _CHAR, _SPLIT, _BOL, _EOL, _EOS, _MATCH = range(6)
 
 
 class PatternError(ValueError):
     pass
+
+
+class TooCostly(RuntimeError):
+    """This text would make the pattern walk more than MAX_WORK states."""
 
 
 def _category(name):
@@ -166,6 +181,8 @@ class Matcher:
     def _reset(self) -> None:
         self._cache: dict = {}
         self._steps = 0
+        self._held = 0
+        self._work = 0
         self._first = self._state(self._closure((self.start,), True))
         self._later = self._closure((self.start,), False)       # what a search adds at every position
 
@@ -203,6 +220,7 @@ class Matcher:
     def _state(self, states: frozenset) -> _DState:
         d = self._cache.get(states)
         if d is None:
+            self._held += len(states)
             accept = any(self.kind[s] == _MATCH for s in states)
             d = self._cache[states] = _DState(states, accept, self._passes_end(states, True),
                                               self._passes_end(states, False))
@@ -210,16 +228,23 @@ class Matcher:
 
     def _step(self, d: _DState, ch: str) -> _DState:
         kind, arg, out = self.kind, self.arg, self.out
+        work = self._work + len(d.states)
+        if work > MAX_WORK:
+            raise TooCostly(f"too much work for this text (more than {MAX_WORK} automaton states)")
         seeds = [out[s][0] for s in d.states if kind[s] == _CHAR and arg[s](ch)]
         states = self._closure(seeds, False)
         if self.search:
             states |= self._later
-        n = self._state(states)
+        self._work = work + len(states)
         self._steps += 1
-        if self._steps >= MAX_CACHED:        # a text of many different characters: start again (bounded memory)
+        if self._steps >= MAX_CACHED or self._held + len(states) > MAX_HELD:
+            # a text of many different characters, or of many large states: start again (bounded memory)
+            work = self._work
             self._reset()
-        else:
-            d.steps[ch] = n
+            self._work = work
+            return self._state(states)
+        n = self._state(states)
+        d.steps[ch] = n
         return n
 
     def _run(self, text: str):
@@ -236,6 +261,8 @@ class Matcher:
         return d
 
     def match(self, text: str) -> bool:
+        """Raises TooCostly when building the steps this text needs walks more than MAX_WORK states."""
+        self._work = 0
         if self.search and text.endswith("\n"):     # $ matches before a final newline too
             d = self._run(text[:-1])
             if d is True or d.accept or d.accept_eol:

@@ -302,3 +302,29 @@ def test_one_wide_concat_fails_before_it_builds_its_text():
     assert peak < 16 << 20
     assert run('SELECT concat(payload, payload, payload) AS x FROM "#"',
                msg(payload=b"x" * (1 << 20)))["x"] == "x" * (3 << 20)
+
+
+def test_a_pattern_whose_automaton_explodes_fails_in_a_moment_and_holds_bounded_memory():
+    """Each uncached DFA step walks every live state: 'a[ab]{4000}c' on random a/b text made a new
+    ~4,000-state DFA state per character (~1 ms and ~100 KiB each). One match's work and the cache
+    are bounded; an ordinary text of the same pattern still matches."""
+    import random
+    import time
+
+    from brokerd.rules import textmatch
+
+    rnd = random.Random(3)
+    text = "".join(rnd.choice("ab") for _ in range(20000))
+    rule = compile_rule("SELECT clientid FROM \"t\" WHERE regex_match(payload, 'a[ab]{4000}c')")
+    matcher = textmatch.Matcher("a[ab]{4000}c")
+    for _ in range(5):
+        start = time.process_time()
+        with pytest.raises(RuleEvalError, match=r"regex_match\(\): too much work"):
+            rule.run(msg("t", text.encode()))
+        with pytest.raises(textmatch.TooCostly):
+            matcher.match(text)
+        assert time.process_time() - start < 2.0
+        assert matcher._held <= textmatch.MAX_HELD
+    assert matcher.match("x" + "a" + "b" * 4000 + "c") and not matcher.match("a" + "b" * 3999 + "c")
+    assert run("SELECT clientid FROM \"t\" WHERE regex_match(payload, 'a[ab]{4000}c')",
+               msg("t", b"a" + b"b" * 4000 + b"c")) == {"clientid": "c1"}

@@ -3,6 +3,7 @@ console database, loaded by a real brokerd from its policy snapshot, observed
 with paho-mqtt clients and the admin API."""
 
 import json
+import random
 import time
 
 import pytest
@@ -181,6 +182,54 @@ def test_a_rule_pattern_on_an_almost_matching_payload_never_stops_the_node(scene
         view = wait_for(lambda: (v := rule_view(node, token, "acme", rid))["matched"] == 2 and v, what="both run")
         assert (view["no_result"], view["passed"], view["failed"]) == (1, 1, 0)
         for c in (dev, canary, sub):
+            c.disconnect()
+        plane.manage("rules", "delete", "acme", str(rid))
+    finally:
+        node.stop()
+
+
+@pytest.mark.parametrize("where, ordinary", [
+    ("regex_match(payload, 'a[ab]{4000}c')", b"a" + b"b" * 4000 + b"c"),
+    ("payload LIKE '%a" + "_" * 1000 + "c%'", b"a" + b"b" * 1000 + b"c" + b"b" * 3000),
+])
+def test_a_pattern_whose_automaton_explodes_fails_the_rule_and_the_node_goes_on(scene, where, ordinary):
+    """The linear matcher is linear in the text, but each new step of its lazily built DFA walks
+    every live state of the pattern: 'a[ab]{4000}c' on 4 KiB of random a and b (a new DFA state
+    at every character) held the event loop ~5 s -- about 1 ms a character, 17 minutes for a
+    1 MiB payload -- and cached a 4,000-state set per step, ~500 MiB. Now a match may spend a
+    bounded work and the cache a bounded memory: past them the rule fails for that message."""
+    plane, _, secrets, token = scene
+    node = plane.broker("--admin", "127.0.0.1:0")
+    try:
+        rid = add(plane, "acme", "--sql", f'SELECT clientid FROM "sensors/+/dfa" WHERE {where}',
+                  "--republish", "alerts/dfa")
+        loaded(node, token, "acme", rid)
+        before = _peak_rss_kib(node)
+        sub = client(node, secrets, "globex/watch", "canary-sub")
+        sub.subscribe("sensors/canary", qos=1)
+        canary = client(node, secrets, "globex/d1", "canary-pub")
+        watch = client(node, secrets, "acme/watch", "w-dfa")
+        watch.subscribe("alerts/dfa", qos=1)
+        dev = client(node, secrets, "acme/d1", "d1-dfa")
+        rnd = random.Random(7)
+        dev.publish("sensors/x/dfa", "".join(rnd.choice("ab") for _ in range(4096)).encode(), qos=0)
+        time.sleep(0.3)                                  # the node is on it
+        start = time.monotonic()
+        canary.publish("sensors/canary", b"still served", qos=1, timeout=30)
+        [got] = sub.expect_n(1, timeout=30)
+        assert got.payload == b"still served"
+        assert time.monotonic() - start < 1.0, f"the canary waited {time.monotonic() - start:.1f} s"
+        view = wait_for(lambda: (v := rule_view(node, token, "acme", rid))["matched"] == 1 and v, timeout=30,
+                        what="the run")
+        assert (view["passed"], view["failed"]) == (0, 1)
+        assert "too much work" in view["last_error"], view["last_error"]
+        assert _peak_rss_kib(node) - before < 64 << 10, "the DFA cache grew past its bound"
+        # an ordinary text of the same size still matches
+        dev.publish("sensors/x/dfa", ordinary, qos=1)
+        watch.expect_n(1)
+        view = rule_view(node, token, "acme", rid)
+        assert (view["matched"], view["passed"], view["failed"]) == (2, 1, 1)
+        for c in (dev, canary, sub, watch):
             c.disconnect()
         plane.manage("rules", "delete", "acme", str(rid))
     finally:
