@@ -91,6 +91,8 @@ def validate(kind: str, config: dict) -> dict:
     props = config.get("user_properties") or {}
     if not isinstance(props, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in props.items()):
         raise ActionError("republish: user_properties maps names to template strings")
+    if any("\x00" in k for k in props):
+        raise ActionError("republish: a user property's name may not hold U+0000")
     try:
         for text in [topic, payload or "", *props.values()]:
             Template(text)
@@ -118,7 +120,9 @@ class Republish:
     def message(self, row: dict, ctx, acl) -> Publish:
         """The message to publish, or ActionError why not (``acl``: the triggering client's, or None)."""
         topic = self.topic.render(row, ctx)
-        if not is_valid_name(topic) or topic.startswith("$") or len(topic.encode("utf-8")) > MAX_TOPIC_BYTES:
+        if (not is_valid_name(topic) or topic.startswith("$") or "\x00" in topic
+                or len(topic.encode("utf-8")) > MAX_TOPIC_BYTES):
+            # (U+0000: no MQTT string may hold it [MQTT-1.5.4-2]; a client's topic never does, the codec refuses it)
             raise ActionError(f"republish topic {topic!r} is not a topic this rule may publish to")
         if acl is not None and not acl.can_publish(topic):
             raise ActionError(f"the ACL denies {ctx.clientid!r} publishing to {topic!r}")
@@ -129,6 +133,9 @@ class Republish:
         props = None
         if self.props:
             props = {USER_PROPERTY: [(k, t.render(row, ctx)) for k, t in self.props]}
+            for k, v in props[USER_PROPERTY]:
+                if "\x00" in v:
+                    raise ActionError(f"republish user property {k!r}: U+0000 in {v[:80]!r}")
         return Publish(topic, payload, self.qos, self.retain, properties=props)
 
 

@@ -273,3 +273,21 @@ def test_without_a_landing_zone_a_store_rule_counts_as_failed():
     [view] = s.engine.view("acme")
     assert (view["failed"], view["passed"], view["stored"]) == (1, 0, 0)
     assert "stores no telemetry" in view["last_error"]
+
+
+def test_a_republish_whose_topic_or_user_property_would_hold_u0000_fails_the_rule():
+    """No MQTT string may hold U+0000 ([MQTT-1.5.4-2]): a device's PUBLISH with one is refused by the
+    codec, but a rule's templates filled in from the payload sent it on to the subscribers."""
+    s = Scene({"acme": [rule(1, 'SELECT payload.x AS x FROM "sensors/t"', "alerts/${x}"),
+                        rule(2, 'SELECT payload.x AS x FROM "sensors/t"', "alerts/p", user_properties={"x": "${x}"})]})
+    watch = s.client("acme/watch", "w")
+    watch.subscribe("alerts/#")
+    dev = s.client("acme/d1", "d1")
+    dev.publish("sensors/t", json.dumps({"x": "a\u0000b"}).encode())
+    dev.publish("sensors/t", b'{"x": "ok"}')
+    got = watch.publishes()
+    assert [(p.topic, (p.properties or {}).get(P.USER_PROPERTY)) for p in got] == [("alerts/ok", None),
+                                                                           ("alerts/p", [("x", "ok")])]
+    views = {v["id"]: v for v in s.engine.view("acme")}
+    assert [(views[i]["passed"], views[i]["failed"]) for i in (1, 2)] == [(1, 1), (1, 1)]
+    assert "U+0000" in views[2]["last_error"]

@@ -330,3 +330,26 @@ def test_a_retained_republish_counts_against_the_tenants_retained_quota(scene):
     plane.manage("rules", "delete", "initech", str(rid))
     for c in (dev, watch):
         c.disconnect()
+
+
+def test_a_republish_topic_holding_u0000_is_refused(scene):
+    """A device cannot publish to a topic holding U+0000 (the codec refuses it, [MQTT-1.5.4-2]), but a
+    rule's topic template filled in from the payload could: subscribers were sent a PUBLISH whose topic
+    holds U+0000, which a conforming client takes as a malformed packet and closes on."""
+    plane, node, secrets, token = scene
+    rid = add(plane, "acme", "--sql", 'SELECT payload.x AS x FROM "sensors/+/nul"', "--republish", "alerts/${x}")
+    loaded(node, token, "acme", rid)
+    watch = client(node, secrets, "acme/watch", "w-nul")
+    watch.subscribe("alerts/#", qos=1)
+    dev = client(node, secrets, "acme/d1", "d1-nul")
+    dev.publish("sensors/k/nul", json.dumps({"x": "a\u0000b"}).encode(), qos=1)
+    dev.publish("sensors/k/nul", json.dumps({"x": "ok"}).encode(), qos=1)
+    [got] = watch.expect_n(1)
+    watch.expect_none(0.5)
+    assert got.topic == "alerts/ok"
+    view = rule_view(node, token, "acme", rid)
+    assert (view["matched"], view["passed"], view["failed"]) == (2, 1, 1)
+    assert "is not a topic this rule may publish to" in view["last_error"]
+    plane.manage("rules", "delete", "acme", str(rid))
+    for c in (dev, watch):
+        c.disconnect()
