@@ -9,6 +9,8 @@ caller (this package reads no clock).
 
 import json
 
+from .textmatch import MAX_WORK
+
 _UNSET = object()
 
 # fields of every source; those a source does not have read as NULL
@@ -18,7 +20,7 @@ FIELDS = ("event", "clientid", "username", "topic", "qos", "retain", "payload", 
 
 class Context:
     __slots__ = ("event", "clientid", "username", "topic", "qos", "retain", "raw", "timestamp", "props", "peerhost",
-                 "reason", "node", "_json", "_uprops", "memo")
+                 "reason", "node", "_json", "_uprops", "memo", "work")
 
     def __init__(self, event: str = "message.publish", topic: str | None = None, payload: bytes | None = None,
                  clientid: str | None = None, username: str | None = None, qos: int | None = None,
@@ -39,6 +41,7 @@ class Context:
         self._json = _UNSET
         self._uprops = None
         self.memo = None                  # the rules' aliases computed for this message (compiler._once)
+        self.work = MAX_WORK              # automaton states the patterns of this message's rules may still walk
 
     @property
     def payload(self) -> str | None:

@@ -18,11 +18,13 @@ MAX_STATES states once their counted repeats are written out.
 Linear, but a DFA step not yet cached walks every live state of the pattern,
 and a pattern such as ``a[ab]{4000}c`` on random ``a``/``b`` text makes a new
 DFA state of ~4,000 live states at every character (about 1 ms each: 17
-minutes for a 1 MiB payload, and 100 KiB of cache a step). So one match may
-walk at most MAX_WORK states building steps (``TooCostly`` past it: the rule
-fails for that message), and the cached DFA states of a pattern hold at most
-MAX_HELD states together (past it the cache starts again). An ordinary
-pattern (a few dozen states) caches its steps and never comes near either.
+minutes for a 1 MiB payload, and 100 KiB of cache a step). So ``match`` takes
+a budget of states it may walk building steps (``TooCostly`` past it: the
+caller shares one budget among the patterns of every rule a message runs, and
+the rule fails for that message), and the cached DFA states of a pattern hold
+at most MAX_HELD states together (past it the cache starts again). An
+ordinary pattern (a few dozen states) caches its steps and never comes near
+either.
 """
 
 import re
@@ -32,7 +34,7 @@ import re._parser as sre_parse
 MAX_PATTERN = 1024          # characters of a pattern
 MAX_STATES = 4096           # automaton states, counted repeats written out
 MAX_CACHED = 65536          # DFA steps kept per pattern before the cache starts again
-MAX_WORK = 1 << 19          # live states one match may walk building DFA steps (~0.3 s of a core)
+MAX_WORK = 1 << 19          # live states a match may walk building DFA steps, by default (~0.3 s of a core)
 MAX_HELD = 1 << 18          # states the cached DFA states of one pattern hold together (~8 MiB)
 
 _CHAR, _SPLIT, _BOL, _EOL, _EOS, _MATCH = range(6)
@@ -43,7 +45,7 @@ class PatternError(ValueError):
 
 
 class TooCostly(RuntimeError):
-    """This text would make the pattern walk more than MAX_WORK states."""
+    """This text would make the pattern walk more states than its budget."""
 
 
 def _category(name):
@@ -176,13 +178,14 @@ class Matcher:
         self.kind, self.arg, self.out = b.kind, b.arg, b.out
         self.pattern = pattern
         self.search = not whole
+        self._work = 0                    # states the current (or last) match walked building steps
+        self._limit = MAX_WORK            # ... and may walk
         self._reset()
 
     def _reset(self) -> None:
         self._cache: dict = {}
         self._steps = 0
         self._held = 0
-        self._work = 0
         self._first = self._state(self._closure((self.start,), True))
         self._later = self._closure((self.start,), False)       # what a search adds at every position
 
@@ -229,8 +232,10 @@ class Matcher:
     def _step(self, d: _DState, ch: str) -> _DState:
         kind, arg, out = self.kind, self.arg, self.out
         work = self._work + len(d.states)
-        if work > MAX_WORK:
-            raise TooCostly(f"too much work for this text (more than {MAX_WORK} automaton states)")
+        if work > self._limit:
+            self._work = work
+            raise TooCostly(f"too much work for this text (its automaton would walk more than {MAX_WORK} states "
+                            f"for one message)")
         seeds = [out[s][0] for s in d.states if kind[s] == _CHAR and arg[s](ch)]
         states = self._closure(seeds, False)
         if self.search:
@@ -239,9 +244,7 @@ class Matcher:
         self._steps += 1
         if self._steps >= MAX_CACHED or self._held + len(states) > MAX_HELD:
             # a text of many different characters, or of many large states: start again (bounded memory)
-            work = self._work
             self._reset()
-            self._work = work
             return self._state(states)
         n = self._state(states)
         d.steps[ch] = n
@@ -260,9 +263,15 @@ class Matcher:
                 return None
         return d
 
-    def match(self, text: str) -> bool:
-        """Raises TooCostly when building the steps this text needs walks more than MAX_WORK states."""
+    @property
+    def spent(self) -> int:
+        """The states the last ``match`` walked building steps."""
+        return self._work
+
+    def match(self, text: str, budget: int = MAX_WORK) -> bool:
+        """Raises TooCostly when building the steps this text needs would walk more than ``budget`` states."""
         self._work = 0
+        self._limit = budget
         if self.search and text.endswith("\n"):     # $ matches before a final newline too
             d = self._run(text[:-1])
             if d is True or d.accept or d.accept_eol:

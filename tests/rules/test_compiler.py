@@ -328,3 +328,35 @@ def test_a_pattern_whose_automaton_explodes_fails_in_a_moment_and_holds_bounded_
     assert matcher.match("x" + "a" + "b" * 4000 + "c") and not matcher.match("a" + "b" * 3999 + "c")
     assert run("SELECT clientid FROM \"t\" WHERE regex_match(payload, 'a[ab]{4000}c')",
                msg("t", b"a" + b"b" * 4000 + b"c")) == {"clientid": "c1"}
+
+
+def test_a_statement_of_many_large_patterns_is_refused_in_a_moment():
+    """Each pattern was bounded (4,096 states), not a statement's: 400 of them in a 16 KiB statement
+    took ~12 s and ~1.2 GB to compile -- in the console and in every node's event loop."""
+    import time
+
+    big = "regex_match(payload, 'a[ab]{4000}c')"
+    start = time.process_time()
+    err = _error('SELECT * FROM "s" WHERE ' + " AND ".join([big] * 400))
+    assert "patterns are too large together" in str(err) and (err.line, err.column) == (1, 128)
+    assert time.process_time() - start < 1.0
+    compile_rule('SELECT * FROM "s" WHERE ' + " AND ".join([big] * 2))     # two are fine
+    like = "payload LIKE '%" + "_" * 1000 + "%'"
+    assert "too large together" in str(_error('SELECT * FROM "s" WHERE ' + " OR ".join([like] * 9)))
+
+
+def test_one_message_shares_one_pattern_budget_among_its_rules():
+    import random
+
+    rnd = random.Random(5)
+    text = "".join(rnd.choice("ab") for _ in range(20000)).encode()
+    rules = [compile_rule(f"SELECT {i} AS i FROM \"t\" WHERE regex_match(payload, 'a[ab]{{1000}}c')")
+             for i in range(3)]
+    ctx = msg("t", text)
+    for rule in rules:
+        with pytest.raises(RuleEvalError, match="too much work"):
+            rule.run(ctx)
+    assert ctx.work <= 0
+    # a cached pattern spends nothing: an ordinary rule still runs on an exhausted message
+    easy = compile_rule("SELECT 1 AS one FROM \"t\" WHERE regex_match(payload, 'b')")
+    assert easy.run(msg("t", text)) == {"one": 1} and easy.run(ctx) == {"one": 1}

@@ -236,6 +236,42 @@ def test_a_pattern_whose_automaton_explodes_fails_the_rule_and_the_node_goes_on(
         node.stop()
 
 
+def test_the_patterns_of_every_rule_a_message_runs_share_one_bound(scene):
+    """The bound on a pattern's work was per match: sixteen rules of one such pattern each on the
+    same topic made one message walk sixteen times as much -- seconds of the event loop (and a
+    pattern's work tuned just under the bound, as many times as a statement holds patterns). Now
+    every pattern of every rule the message runs draws on one budget."""
+    plane, _, secrets, token = scene
+    node = plane.broker("--admin", "127.0.0.1:0")
+    try:
+        rids = add_each(plane, "acme", *[("--sql", f"SELECT {i} AS i FROM \"sensors/+/dfa\" "
+                                          "WHERE regex_match(payload, 'a[ab]{1000}c')",
+                                          "--republish", "alerts/dfa") for i in range(16)])
+        for rid in rids:
+            loaded(node, token, "acme", rid)
+        sub = client(node, secrets, "globex/watch", "canary-sub")
+        sub.subscribe("sensors/canary", qos=1)
+        canary = client(node, secrets, "globex/d1", "canary-pub")
+        dev = client(node, secrets, "acme/d1", "d1-dfa")
+        rnd = random.Random(11)
+        dev.publish("sensors/x/dfa", "".join(rnd.choice("ab") for _ in range(4096)).encode(), qos=0)
+        time.sleep(0.3)                                  # the node is on it
+        start = time.monotonic()
+        canary.publish("sensors/canary", b"still served", qos=1, timeout=60)
+        [got] = sub.expect_n(1, timeout=60)
+        assert got.payload == b"still served"
+        assert time.monotonic() - start < 1.0, f"the canary waited {time.monotonic() - start:.1f} s"
+        for rid in rids:
+            view = wait_for(lambda rid=rid: (v := rule_view(node, token, "acme", rid))["matched"] == 1 and v,
+                            timeout=60, what="the run")
+            assert (view["passed"], view["failed"]) == (0, 1) and "too much work" in view["last_error"]
+        for c in (dev, canary, sub):
+            c.disconnect()
+        delete_each(plane, "acme", rids)
+    finally:
+        node.stop()
+
+
 def test_a_pattern_the_linear_matcher_cannot_run_is_refused_with_its_position(scene):
     plane, *_ = scene
     for where, says in [("regex_match(payload, '(a)\\1')", "groupref is not supported"),
