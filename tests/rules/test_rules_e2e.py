@@ -389,3 +389,33 @@ def test_a_republish_topic_holding_u0000_is_refused(scene):
     plane.manage("rules", "delete", "acme", str(rid))
     for c in (dev, watch):
         c.disconnect()
+
+
+def test_rules_feeding_their_own_and_each_others_sources_run_once_per_message(scene):
+    """A republish onto the rule's own FROM, two rules feeding each other, and a message_dropped rule
+    republishing where nobody listens: each runs once per device message (republished messages run no
+    rules, nor raise message_dropped), and the canary is served."""
+    plane, node, secrets, token = scene
+    self_loop, ping, pong, dropped = add_each(
+        plane, "acme",
+        ("--sql", 'SELECT payload FROM "sensors/loop/#"', "--republish", "sensors/loop/again"),
+        ("--sql", 'SELECT payload FROM "sensors/ping"', "--republish", "sensors/pong"),
+        ("--sql", 'SELECT payload FROM "sensors/pong"', "--republish", "sensors/ping"),
+        ("--sql", 'SELECT topic FROM "$events/message_dropped"', "--republish", "alerts/nobody/${topic}"))
+    loaded(node, token, "acme", dropped)
+    canary_sub = client(node, secrets, "globex/watch", "canary-sub")
+    canary_sub.subscribe("sensors/canary", qos=1)
+    canary = client(node, secrets, "globex/d1", "canary-pub")
+    dev = client(node, secrets, "acme/d1", "d1-loop")
+    dev.publish("sensors/loop/1", b"x", qos=1)
+    dev.publish("sensors/ping", b"y", qos=1)
+    canary.publish("sensors/canary", b"still served", qos=1)
+    canary_sub.expect_n(1)
+    time.sleep(0.5)
+    views = {r["id"]: r for r in rules_api(node, token, "acme")["items"]}
+    assert [(views[r]["matched"], views[r]["passed"]) for r in (self_loop, ping, pong)] == [(1, 1), (1, 1), (0, 0)]
+    # the device's two messages had no subscriber (the republishes to alerts/nobody/... have none either)
+    assert (views[dropped]["matched"], views[dropped]["passed"]) == (2, 2)
+    for c in (dev, canary, canary_sub):
+        c.disconnect()
+    delete_each(plane, "acme", (self_loop, ping, pong, dropped))
