@@ -20,6 +20,7 @@ landing zone) and ``dropped`` (rows the full buffer or a failed write lost).
 
 import logging
 
+from ..protocol import reason as rc
 from ..protocol.properties import USER_PROPERTY
 from .actions import ActionError, build
 from .context import Context
@@ -124,6 +125,8 @@ class TenantRules:
         if not states:
             return
         msg = fields.pop("msg", None)
+        if name == "client_disconnected" and "reason" not in fields:
+            fields["reason"] = disconnect_reason(getattr(channel, "close_reason", None))
         ctx = Context("$events/" + name, clientid=channel.client_id, username=channel.username,
                       timestamp=_wall_ms(broker, now), peerhost=_host(channel.peer), node=broker.config.node_id,
                       **fields)
@@ -168,6 +171,25 @@ class TenantRules:
                        now + broker.wall_offset)
                 return
         s.passed += 1
+
+
+# why a client left, in EMQX's words for $events/client_disconnected (others: the reason code's name)
+_EMQX_REASONS = {0x8D: "keepalive_timeout", 0x8E: "takenover", 0x98: "kicked"}
+
+
+def disconnect_reason(close_reason) -> str:
+    """``Channel.close_reason`` ((code, text), set before the broker hears of the close) -> ``reason``."""
+    if close_reason is None:
+        return "unknown"
+    code, text = close_reason
+    if text == "client disconnected":          # its DISCONNECT, whatever its code (EMQX: normal)
+        return "normal"
+    if text == "connection lost":              # the socket closed without a DISCONNECT
+        return "tcp_closed"
+    found = _EMQX_REASONS.get(code)
+    if found is not None:
+        return found
+    return rc.NAMES.get(code, f"0x{code:02x}").replace(" ", "_")
 
 
 def _wall_ms(broker, now: float) -> int:

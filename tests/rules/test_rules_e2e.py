@@ -419,3 +419,29 @@ def test_rules_feeding_their_own_and_each_others_sources_run_once_per_message(sc
     for c in (dev, canary, canary_sub):
         c.disconnect()
     delete_each(plane, "acme", (self_loop, ping, pong, dropped))
+
+
+def test_client_disconnected_says_why_the_client_left_in_emqxs_words(scene):
+    """``reason`` of $events/client_disconnected was NULL: a rule written for EMQX
+    (``WHERE reason = 'keepalive_timeout'``, ``SELECT clientid, reason``) never told a normal
+    DISCONNECT from a dropped connection or a session taken over."""
+    plane, node, secrets, token = scene
+    rid = add(plane, "acme", "--sql", 'SELECT clientid, reason FROM "$events/client_disconnected" '
+                                      "WHERE clientid LIKE 'bye-%'", "--republish", "alerts/bye/${clientid}")
+    loaded(node, token, "acme", rid)
+    watch = client(node, secrets, "acme/watch", "w-bye")
+    watch.subscribe("alerts/bye/#", qos=1)
+    client(node, secrets, "acme/d1", "bye-normal").disconnect()
+    client(node, secrets, "acme/d1", "bye-v3", version=V311).disconnect()
+    client(node, secrets, "acme/d1", "bye-dropped").drop()
+    first = client(node, secrets, "acme/d1", "bye-taken")
+    second = client(node, secrets, "acme/d1", "bye-taken")
+    got = {json.loads(m.payload)["clientid"]: json.loads(m.payload)["reason"] for m in watch.expect_n(4)}
+    assert got == {"bye-normal": "normal", "bye-v3": "normal", "bye-dropped": "tcp_closed",
+                   "bye-taken": "takenover"}
+    second.disconnect()
+    [last] = watch.expect_n(1)
+    assert json.loads(last.payload) == {"clientid": "bye-taken", "reason": "normal"}
+    first.client.loop_stop()
+    plane.manage("rules", "delete", "acme", str(rid))
+    watch.disconnect()
