@@ -142,10 +142,15 @@ def test_rule(sql: str, *, topic: str, payload: bytes, client_id: str = "test-cl
         raise ServiceError(f"topic {topic!r} does not match the rule's FROM ({froms})")
     ctx = Context("message.publish", topic, payload, client_id, username, qos, retain, timestamp_ms)
     try:
-        return rule.run(ctx)
+        row = rule.run(ctx)
+        if row is not None:
+            row_json(row)             # as a node would fail it: a row that is not JSON (NaN, Infinity)
+        return row
     except RuleEvalError as exc:
         raise ServiceError(f"the rule fails on this message: {exc}") from None
+    except ValueError as exc:
+        raise ServiceError(f"the rule fails on this message: ValueError: {exc}") from None
 
 
 def row_json(row) -> str:
-    return json.dumps(row, separators=(",", ":"), ensure_ascii=False, default=str)
+    return json.dumps(row, separators=(",", ":"), ensure_ascii=False, default=str, allow_nan=False)

@@ -52,7 +52,9 @@ RESERVED_HEADERS = ("host", "content-length", "transfer-encoding", "connection",
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 MAX_TOPIC_BYTES = 65535
-_to_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str).encode   # made once
+# made once; NaN and infinities are not JSON (RFC 8259): a row holding one fails the rule, as a subscriber's
+# JSON.parse would have failed on {"x":Infinity}
+_to_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str, allow_nan=False).encode
 
 
 class ActionError(ValueError):

@@ -9,6 +9,7 @@ caller (this package reads no clock).
 
 import json
 
+from .functions import decode_json
 from .textmatch import MAX_WORK
 
 _UNSET = object()
@@ -63,7 +64,10 @@ class Context:
         j = self._json
         if j is _UNSET:
             try:
-                j = json.loads(self.raw) if self.raw else None
+                raw = self.raw
+                if isinstance(raw, (bytes, bytearray)):
+                    raw = raw.decode(json.detect_encoding(raw), "surrogatepass")      # as json.loads does
+                j = decode_json(raw) if raw else None
             except (ValueError, TypeError):
                 j = None
             self._json = j

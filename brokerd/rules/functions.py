@@ -33,7 +33,7 @@ def _text(v) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (dict, list)):
-        return json.dumps(v, separators=(",", ":"))
+        return json.dumps(v, separators=(",", ":"), allow_nan=False)
     if isinstance(v, float) and v.is_integer() and abs(v) < 1e16:
         return repr(v)
     return str(v)
@@ -95,12 +95,20 @@ def _log(base, x):
     return math.log(x, base)
 
 
+def _not_json(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+# RFC 8259's JSON: Python's json reads NaN, Infinity and -Infinity as numbers, which no JSON has
+decode_json = json.JSONDecoder(parse_constant=_not_json).decode
+
+
 def _json_decode(s):
-    return json.loads(_text(s))
+    return decode_json(_text(s))
 
 
 def _json_encode(v):
-    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)
+    return json.dumps(v, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def _replace(s, old, new):

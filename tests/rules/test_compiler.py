@@ -58,8 +58,8 @@ def test_payload_that_is_not_json_reads_as_null():
 def test_the_payload_is_decoded_once_and_only_when_read(monkeypatch):
     import brokerd.rules.context as context
     calls = []
-    real = context.json.loads
-    monkeypatch.setattr(context.json, "loads", lambda b: calls.append(b) or real(b))
+    real = context.decode_json
+    monkeypatch.setattr(context, "decode_json", lambda b: calls.append(b) or real(b))
     ctx = msg()
     run('SELECT clientid FROM "#" WHERE topic = \'sensors/d1/temp\'', ctx)
     assert calls == []
@@ -360,3 +360,13 @@ def test_one_message_shares_one_pattern_budget_among_its_rules():
     # a cached pattern spends nothing: an ordinary rule still runs on an exhausted message
     easy = compile_rule("SELECT 1 AS one FROM \"t\" WHERE regex_match(payload, 'b')")
     assert easy.run(msg("t", text)) == {"one": 1} and easy.run(ctx) == {"one": 1}
+
+
+def test_nan_and_infinity_are_not_json():
+    """Python's json reads NaN and Infinity and writes inf as Infinity: neither is JSON."""
+    assert run('SELECT payload.t AS t FROM "#"', msg(payload=b'{"t": NaN}')) == {"t": None}
+    assert run('SELECT payload.t AS t FROM "#"', msg(payload=b'{"t": -Infinity}')) == {"t": None}
+    for sql in ("SELECT json_decode('[NaN]') AS x FROM \"#\"", "SELECT json_encode(float('1e999')) AS x FROM \"#\"",
+                "SELECT str(payload.a) || 'x' AS x FROM \"#\""):
+        with pytest.raises(RuleEvalError, match="JSON"):
+            run(sql, msg(payload=b'{"a": [1e999]}'))

@@ -445,3 +445,34 @@ def test_client_disconnected_says_why_the_client_left_in_emqxs_words(scene):
     first.client.loop_stop()
     plane.manage("rules", "delete", "acme", str(rid))
     watch.disconnect()
+
+
+def _strict_json(data: bytes):
+    """JSON as RFC 8259 has it (no NaN, Infinity), as JavaScript's JSON.parse and most parsers read it."""
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(data, parse_constant=refuse)
+
+
+def test_a_republished_row_is_always_json(scene):
+    """float('1e999') is inf, and the row was republished as {"x":Infinity} -- not JSON: a subscriber
+    parsing it with JSON.parse (or any strict parser) failed. A payload's NaN was read as a number too.
+    Now such a row fails the rule (counted), and NaN/Infinity in a payload is not JSON (NULL)."""
+    plane, node, secrets, token = scene
+    rid = add(plane, "acme", "--sql", 'SELECT float(payload.v) AS x, payload.t AS t FROM "sensors/+/inf"',
+              "--republish", "alerts/inf")
+    loaded(node, token, "acme", rid)
+    watch = client(node, secrets, "acme/watch", "w-inf")
+    watch.subscribe("alerts/inf", qos=1)
+    dev = client(node, secrets, "acme/d1", "d1-inf")
+    for payload in (b'{"v": "1e999"}', b'{"v": "2", "t": NaN}', b'{"v": "2.5", "t": 1}'):
+        dev.publish("sensors/k/inf", payload, qos=1)
+    got = [_strict_json(m.payload) for m in watch.expect_n(2)]
+    watch.expect_none(0.5)
+    assert got == [{"x": None, "t": None}, {"x": 2.5, "t": 1}]          # the NaN payload is not JSON
+    view = rule_view(node, token, "acme", rid)
+    assert (view["matched"], view["passed"], view["failed"]) == (3, 2, 1)
+    assert "JSON" in view["last_error"], view["last_error"]
+    plane.manage("rules", "delete", "acme", str(rid))
+    for c in (dev, watch):
+        c.disconnect()

@@ -129,6 +129,13 @@ def test_rules_test_prints_the_output_row_without_side_effects(tenant):
     assert policy_snapshot.load("acme") == before and not tenant.rules.exists()
 
 
+def test_rules_test_fails_a_row_that_is_not_json_as_a_node_does(tenant):
+    """The tester printed {"x":Infinity} where the node fails the rule (no JSON has Infinity)."""
+    with pytest.raises(CommandError, match="the rule fails on this message: ValueError: Out of range float"):
+        run("rules", "test", "acme", "--sql", 'SELECT float(payload.v) AS x FROM "s"', "--topic", "s",
+            "--payload", '{"v": "1e999"}')
+
+
 def test_unknown_tenant_and_rule(tenant):
     with pytest.raises(NotFound):
         rule_services.get_rule(tenant, 999)
