@@ -38,6 +38,7 @@ from sys import getsizeof
 from ..protocol.packets import Publish
 from ..protocol.properties import USER_PROPERTY
 from ..routing.topic import is_valid_name
+from .functions import MAX_TEXT
 from .template import Template, TemplateError
 
 KINDS = ("republish", "webhook", "store")
@@ -59,6 +60,44 @@ _to_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=s
 
 class ActionError(ValueError):
     pass
+
+
+def out_limit(ctx) -> int:
+    """The most characters a rule's output (its row as JSON, a rendered template) may hold: as
+    the functions' results, 1 MiB more than twice the payload -- a statement naming the payload
+    200 times made one 256 KiB message a 50 MiB republish."""
+    raw = ctx.raw
+    return MAX_TEXT + 2 * (len(raw) if raw is not None else 0)
+
+
+def _row_json(row: dict, ctx) -> str:
+    """The row as JSON, ActionError when it would be longer than ``out_limit`` (estimated before
+    the text is built: its strings, names and items)."""
+    limit = out_limit(ctx)
+    n = 0
+    stack = [row]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            n += len(v) + 2
+        elif isinstance(v, dict):
+            n += 2 + 4 * len(v) + sum(len(k) if isinstance(k, str) else 24 for k in v)
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            n += 2 + len(v)
+            stack.extend(v)
+        else:
+            n += 24 if not isinstance(v, (bytes, bytearray)) else len(v)
+        if n > limit:
+            raise ActionError(f"the output row is too large (more than {limit} characters as JSON)")
+    return _to_json(row)
+
+
+def _render(t: Template, row: dict, ctx, limit: int) -> str:
+    try:
+        return t.render(row, ctx, limit)
+    except TemplateError as exc:
+        raise ActionError(str(exc)) from None
 
 
 def validate(kind: str, config: dict) -> dict:
@@ -121,20 +160,21 @@ class Republish:
 
     def message(self, row: dict, ctx, acl) -> Publish:
         """The message to publish, or ActionError why not (``acl``: the triggering client's, or None)."""
-        topic = self.topic.render(row, ctx)
+        topic = _render(self.topic, row, ctx, MAX_TOPIC_BYTES)
         if (not is_valid_name(topic) or topic.startswith("$") or "\x00" in topic
                 or len(topic.encode("utf-8")) > MAX_TOPIC_BYTES):
             # (U+0000: no MQTT string may hold it [MQTT-1.5.4-2]; a client's topic never does, the codec refuses it)
-            raise ActionError(f"republish topic {topic!r} is not a topic this rule may publish to")
+            raise ActionError(f"republish topic {topic[:200]!r} is not a topic this rule may publish to")
         if acl is not None and not acl.can_publish(topic):
-            raise ActionError(f"the ACL denies {ctx.clientid!r} publishing to {topic!r}")
+            raise ActionError(f"the ACL denies {ctx.clientid!r} publishing to {topic[:200]!r}")
+        limit = out_limit(ctx)
         if self.payload is not None:
-            payload = self.payload.render(row, ctx).encode("utf-8")
+            payload = _render(self.payload, row, ctx, limit).encode("utf-8")
         else:
-            payload = _to_json(row).encode("utf-8")
+            payload = _row_json(row, ctx).encode("utf-8")
         props = None
         if self.props:
-            props = {USER_PROPERTY: [(k, t.render(row, ctx)) for k, t in self.props]}
+            props = {USER_PROPERTY: [(k, _render(t, row, ctx, limit)) for k, t in self.props]}
             for k, v in props[USER_PROPERTY]:
                 if "\x00" in v:
                     raise ActionError(f"republish user property {k!r}: U+0000 in {v[:80]!r}")
@@ -244,20 +284,20 @@ class Webhook:
 
     def message(self, row: dict, ctx, acl) -> WebhookRequest:
         """The request to send, or ActionError why not."""
-        url = self.url.render(row, ctx)
+        url = _render(self.url, row, ctx, MAX_URL)
         if _BAD_VALUE.search(url) or " " in url or len(url) > MAX_URL:
             raise ActionError(f"webhook URL {url[:80]!r} holds spaces or control characters")
         scheme, host, port, target = split_url(url)
         headers = []
         for name, t in self.headers:
-            value = t.render(row, ctx)
+            value = _render(t, row, ctx, out_limit(ctx))
             if _BAD_VALUE.search(value):
                 raise ActionError(f"webhook header {name}: control characters in {value[:80]!r}")
             headers.append((name, value))
         if self.body is not None:
-            body = self.body.render(row, ctx).encode("utf-8")
+            body = _render(self.body, row, ctx, out_limit(ctx)).encode("utf-8")
         else:
-            body = _to_json(row).encode("utf-8")
+            body = _row_json(row, ctx).encode("utf-8")
             if not any(k.lower() == "content-type" for k, _ in headers):
                 headers.append(("Content-Type", "application/json"))
         return WebhookRequest(self.method, scheme, host, port, target, tuple(headers), body, self.timeout,
@@ -292,7 +332,7 @@ class Store:
 
     def message(self, row: dict, ctx, acl) -> TelemetryRecord:
         """The record to append: the row as JSON, with when (``ctx.timestamp``, Unix ms), who and where."""
-        return TelemetryRecord(self.dataset, ctx.timestamp, ctx.clientid, ctx.topic, _to_json(row))
+        return TelemetryRecord(self.dataset, ctx.timestamp, ctx.clientid, ctx.topic, _row_json(row, ctx))
 
 
 def build(kind: str, config: dict):

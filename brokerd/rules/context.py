@@ -21,7 +21,7 @@ FIELDS = ("event", "clientid", "username", "topic", "qos", "retain", "payload", 
 
 class Context:
     __slots__ = ("event", "clientid", "username", "topic", "qos", "retain", "raw", "timestamp", "props", "peerhost",
-                 "reason", "node", "_json", "_uprops", "memo", "work")
+                 "reason", "node", "_json", "_text", "_uprops", "memo", "work")
 
     def __init__(self, event: str = "message.publish", topic: str | None = None, payload: bytes | None = None,
                  clientid: str | None = None, username: str | None = None, qos: int | None = None,
@@ -40,16 +40,21 @@ class Context:
         self.reason = reason
         self.node = node
         self._json = _UNSET
+        self._text = None
         self._uprops = None
         self.memo = None                  # the rules' aliases computed for this message (compiler._once)
         self.work = MAX_WORK              # automaton states the patterns of this message's rules may still walk
 
     @property
     def payload(self) -> str | None:
-        raw = self.raw
-        if raw is None:
-            return None
-        return raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else str(raw)
+        """The payload as text, decoded once (a statement naming it 200 times held 200 copies)."""
+        text = self._text
+        if text is None:
+            raw = self.raw
+            if raw is None:
+                return None
+            text = self._text = raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else str(raw)
+        return text
 
     @property
     def user_properties(self) -> dict:

@@ -42,15 +42,23 @@ class Template:
         self.parts = tuple(p for p in parts if p != "")
         self.names = tuple(".".join(p) for p in self.parts if isinstance(p, tuple))
 
-    def render(self, row: dict, ctx=None) -> str:
+    def render(self, row: dict, ctx=None, limit: int | None = None) -> str:
+        """TemplateError when the text would be longer than ``limit`` characters (checked as the
+        parts are added, before the text is built: 200 ``${payload}`` made 200 times the payload)."""
         out = []
+        n = 0
         for part in self.parts:
-            if part.__class__ is str:
-                out.append(part)
-                continue
-            value = lookup(part, row, ctx)
-            if value is not None:
-                out.append(_text(value))
+            if part.__class__ is not str:
+                value = lookup(part, row, ctx)
+                if value is None:
+                    continue
+                part = _text(value)
+            out.append(part)
+            if limit is not None:
+                n += len(part)
+                if n > limit:
+                    raise TemplateError(f"template {self.text[:40]!r}: the text is too large (more than {limit} "
+                                        "characters)")
         return "".join(out)
 
 

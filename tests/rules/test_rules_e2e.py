@@ -476,3 +476,49 @@ def test_a_republished_row_is_always_json(scene):
     plane.manage("rules", "delete", "acme", str(rid))
     for c in (dev, watch):
         c.disconnect()
+
+
+@pytest.mark.parametrize("how", ["columns", "template"])
+def test_a_republished_row_many_times_the_payload_fails_the_rule_and_the_node_goes_on(scene, how):
+    """A statement naming the payload 200 times (``SELECT payload AS a0, payload AS a1, ...``, or a
+    payload template of 200 ``${payload}``) made one 256 KiB message a 50 MiB republish: the node
+    built it in its event loop (the canary waited), held it, and sent it to the subscribers -- a
+    message 200 times larger than any client may publish. Now a row (or a rendered template) larger
+    than 1 MiB plus twice the payload fails the rule before it is built."""
+    plane, _, secrets, token = scene
+    node = plane.broker("--admin", "127.0.0.1:0")
+    try:
+        if how == "columns":
+            args = ("--sql", "SELECT " + ", ".join(f"payload AS a{i}" for i in range(200)) + ' FROM "sensors/+/fat"',
+                    "--republish", "alerts/fat")
+        else:
+            args = ("--sql", 'SELECT payload FROM "sensors/+/fat"', "--republish", "alerts/fat",
+                    "--payload", "${payload}" * 200)
+        rid = add(plane, "acme", *args)
+        loaded(node, token, "acme", rid)
+        before = _peak_rss_kib(node)
+        watch = client(node, secrets, "acme/watch", "w-fat")
+        watch.subscribe("alerts/fat", qos=1)
+        sub = client(node, secrets, "globex/watch", "canary-sub")
+        sub.subscribe("sensors/canary", qos=1)
+        canary = client(node, secrets, "globex/d1", "canary-pub")
+        dev = client(node, secrets, "acme/d1", "d1-fat")
+        dev.publish("sensors/x/fat", b"x" * (256 << 10), qos=1, timeout=30)
+        dev.publish("sensors/x/fat", b"small", qos=1)
+        canary.publish("sensors/canary", b"still served", qos=1, timeout=30)
+        [got] = sub.expect_n(1, timeout=30)
+        assert got.payload == b"still served"
+        got = [len(m.payload) for m in watch.expect_n(1, timeout=30)]
+        time.sleep(1.0)
+        while not watch.messages.empty():
+            got.append(len(watch.messages.get().payload))
+        assert len(got) == 1 and got[0] < 10_000, f"republished {got} bytes"
+        view = rule_view(node, token, "acme", rid)
+        assert (view["matched"], view["passed"], view["failed"]) == (2, 1, 1)
+        assert "too large" in view["last_error"], view["last_error"]
+        assert _peak_rss_kib(node) - before < 32 << 10, "the node built the row before refusing it"
+        for c in (dev, canary, sub, watch):
+            c.disconnect()
+        plane.manage("rules", "delete", "acme", str(rid))
+    finally:
+        node.stop()
