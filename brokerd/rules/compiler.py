@@ -46,7 +46,16 @@ from ..routing.topic import is_valid_filter, matches
 from . import textmatch
 from .context import FIELDS
 from .errors import EVENT_PREFIX, EVENTS, RuleEvalError, RuleSyntaxError
-from .functions import FUNCTIONS, MAX_INT_BITS, MAX_TEXT, NULL_AWARE, _text
+from .functions import (
+    CHARGED,
+    CHARS_PER_UNIT,
+    CHARS_PER_UNIT_DEFAULT,
+    FUNCTIONS,
+    MAX_INT_BITS,
+    MAX_TEXT,
+    NULL_AWARE,
+    _text,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -310,7 +319,9 @@ class _Compiler:
     def e_Mod(self, n): return self._binary(n, _number(operator.mod))  # noqa: E704
 
     def e_DPipe(self, node):
-        return _bounded("||", self._binary(node, lambda x, y: _text(x) + _text(y)))
+        a, b = self.expr(node.this), self.expr(node.expression)
+        return _bounded("||", _charged("||", lambda x, y: _text(x) + _text(y), (a, b), CHARS_PER_UNIT_DEFAULT,
+                                       False, both=True))
 
     def e_Neg(self, node):
         a = self.expr(node.this)
@@ -412,9 +423,14 @@ class _Compiler:
             return self.regex_match(args, compiled)
         if name == "concat":
             return _bounded_concat(compiled)
+        if name in CHARGED:
+            call = _charged(f"{name}()", fn, compiled, CHARS_PER_UNIT.get(name, CHARS_PER_UNIT_DEFAULT),
+                            name in NULL_AWARE)
+        else:
+            call = self._call(fn, compiled, name in NULL_AWARE, wants_ctx)
         if name in GROWS:
-            return _bounded(f"{name}()", self._call(fn, compiled, name in NULL_AWARE, wants_ctx))
-        return self._call(fn, compiled, name in NULL_AWARE, wants_ctx)
+            return _bounded(f"{name}()", call)
+        return call
 
     @staticmethod
     def _call(fn, compiled: tuple, null_aware: bool, wants_ctx: bool):
@@ -511,9 +527,40 @@ def _budgeted(name: str, matcher, a):
         except textmatch.TooCostly as exc:
             raise RuleEvalError(f"{name}: {exc}") from None
         finally:
-            ctx.work -= matcher.spent
+            ctx.work = max(0, ctx.work - matcher.spent)
 
     return matched
+
+
+def _spend(ctx, units: int, name: str) -> None:
+    left = ctx.work - units
+    if left < 0:
+        ctx.work = 0
+        raise RuleEvalError(f"{name}: {textmatch.TOO_MUCH}")
+    ctx.work = left
+
+
+def _charged(name: str, fn, compiled: tuple, per_unit: int, null_aware: bool, both: bool = False):
+    """``fn`` of the compiled arguments, spending a unit of the message's work budget (``ctx.work``)
+    for every ``per_unit`` characters of its texts -- arguments, then a text result. NULL in: NULL out (the
+    first argument; every one with ``both``), unless ``null_aware``."""
+
+    def charged(ctx):
+        values = [a(ctx) for a in compiled]
+        if not null_aware and (None in values if both else values[0] is None):
+            return None
+        n = 0
+        for v in values:
+            if isinstance(v, (str, bytes, bytearray, list, dict)):
+                n += len(v)
+        if n >= per_unit:
+            _spend(ctx, n // per_unit, name)
+        out = fn(*values)
+        if isinstance(out, str) and len(out) >= per_unit:
+            _spend(ctx, len(out) // per_unit, name)
+        return out
+
+    return charged
 
 
 def _bounded(name: str, fn):
@@ -547,6 +594,8 @@ def _bounded_concat(compiled: tuple):
                 raw = ctx.raw
                 if n > MAX_TEXT + 2 * (len(raw) if raw is not None else 0):
                     raise RuleEvalError(f"concat(): the result is too large (more than {n} characters)")
+        if n >= CHARS_PER_UNIT_DEFAULT:
+            _spend(ctx, 2 * n // CHARS_PER_UNIT_DEFAULT, "concat()")
         return "".join(parts)
 
     return concat

@@ -23,6 +23,14 @@ _UNITS = {"second": 1, "millisecond": 1000, "microsecond": 1_000_000}
 MAX_TEXT = 1 << 20
 MAX_INT_BITS = 16384            # ~4,900 decimal digits: more than Python turns into text (4,300)
 MAX_ROUND_DIGITS = 400
+# what the functions of the rules a message runs spend of its work budget (Context.work, shared with the
+# patterns: textmatch): one unit for so many characters of their texts (arguments and result) -- a
+# statement may call them hundreds of times on a 1 MiB payload (100 split()s: seconds of the event loop)
+CHARS_PER_UNIT = {"split": 8, "json_decode": 32}
+CHARS_PER_UNIT_DEFAULT = 256          # the text functions that run at C speed (lower, md5, replace, ...)
+CHARGED = {"lower", "upper", "trim", "ltrim", "rtrim", "strlen", "length", "substr", "split", "replace", "concat",
+           "str", "int", "float", "md5", "sha", "sha256", "base64_encode", "base64_decode", "json_encode",
+           "json_decode"}
 
 
 def _text(v) -> str:

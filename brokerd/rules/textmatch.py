@@ -19,12 +19,13 @@ Linear, but a DFA step not yet cached walks every live state of the pattern,
 and a pattern such as ``a[ab]{4000}c`` on random ``a``/``b`` text makes a new
 DFA state of ~4,000 live states at every character (about 1 ms each: 17
 minutes for a 1 MiB payload, and 100 KiB of cache a step). So ``match`` takes
-a budget of states it may walk building steps (``TooCostly`` past it: the
-caller shares one budget among the patterns of every rule a message runs, and
-the rule fails for that message), and the cached DFA states of a pattern hold
-at most MAX_HELD states together (past it the cache starts again). An
-ordinary pattern (a few dozen states) caches its steps and never comes near
-either.
+a budget of states it may walk building steps -- and reading the text costs
+one state every CHARS_PER_STATE characters, as even a cached step costs ~70 ns
+-- (``TooCostly`` past it: the caller shares one budget among the patterns and
+functions of every rule a message runs, and the rule fails for that message),
+and the cached DFA states of a pattern hold at most MAX_HELD states together
+(past it the cache starts again). An ordinary pattern (a few dozen states)
+caches its steps and spends little more than its reading.
 """
 
 import re
@@ -35,6 +36,10 @@ MAX_PATTERN = 1024          # characters of a pattern
 MAX_STATES = 4096           # automaton states, counted repeats written out
 MAX_CACHED = 65536          # DFA steps kept per pattern before the cache starts again
 MAX_WORK = 1 << 19          # live states a match may walk building DFA steps, by default (~0.3 s of a core)
+# reading a character from the cache costs ~70 ns, walking a state ~0.5 us: eight characters make one state
+# (one pattern read over a 1 MiB payload 100 times was 7 s of the event loop); charged CHUNK at a time
+CHARS_PER_STATE = 8
+CHUNK = 4096
 MAX_HELD = 1 << 18          # states the cached DFA states of one pattern hold together (~8 MiB)
 
 _CHAR, _SPLIT, _BOL, _EOL, _EOS, _MATCH = range(6)
@@ -42,6 +47,9 @@ _CHAR, _SPLIT, _BOL, _EOL, _EOS, _MATCH = range(6)
 
 class PatternError(ValueError):
     pass
+
+
+TOO_MUCH = "too much work for this message (what its rules' patterns and functions may spend on one message)"
 
 
 class TooCostly(RuntimeError):
@@ -234,8 +242,7 @@ class Matcher:
         work = self._work + len(d.states)
         if work > self._limit:
             self._work = work
-            raise TooCostly(f"too much work for this text (its automaton would walk more than {MAX_WORK} states "
-                            f"for one message)")
+            raise TooCostly(TOO_MUCH)
         seeds = [out[s][0] for s in d.states if kind[s] == _CHAR and arg[s](ch)]
         states = self._closure(seeds, False)
         if self.search:
@@ -251,25 +258,33 @@ class Matcher:
         return n
 
     def _run(self, text: str):
-        """The DFA state after ``text``; True: a search found a match on the way; None: dead."""
+        """The DFA state after ``text``; True: a search found a match on the way; None: dead.
+        Reading costs one unit of the budget for every CHARS_PER_STATE characters, charged a chunk
+        at a time as they come."""
         search = self.search
         d = self._first
-        for ch in text:
-            if search and d.accept:
-                return True
-            n = d.steps.get(ch)
-            d = n if n is not None else self._step(d, ch)
-            if not d.states:
-                return None
+        size = len(text)
+        for start in range(0, size, CHUNK):
+            self._work += (min(CHUNK, size - start) // CHARS_PER_STATE) + 1
+            if self._work > self._limit:
+                raise TooCostly(TOO_MUCH)
+            for ch in text[start:start + CHUNK]:
+                if search and d.accept:
+                    return True
+                n = d.steps.get(ch)
+                d = n if n is not None else self._step(d, ch)
+                if not d.states:
+                    return None
         return d
 
     @property
     def spent(self) -> int:
-        """The states the last ``match`` walked building steps."""
+        """What the last ``match`` spent of its budget: the states it walked building steps, and
+        one for every CHARS_PER_STATE characters it read."""
         return self._work
 
     def match(self, text: str, budget: int = MAX_WORK) -> bool:
-        """Raises TooCostly when building the steps this text needs would walk more than ``budget`` states."""
+        """Raises TooCostly when reading this text would spend more than ``budget`` (``spent``)."""
         self._work = 0
         self._limit = budget
         if self.search and text.endswith("\n"):     # $ matches before a final newline too

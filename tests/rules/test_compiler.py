@@ -357,9 +357,35 @@ def test_one_message_shares_one_pattern_budget_among_its_rules():
         with pytest.raises(RuleEvalError, match="too much work"):
             rule.run(ctx)
     assert ctx.work <= 0
-    # a cached pattern spends nothing: an ordinary rule still runs on an exhausted message
-    easy = compile_rule("SELECT 1 AS one FROM \"t\" WHERE regex_match(payload, 'b')")
-    assert easy.run(msg("t", text)) == {"one": 1} and easy.run(ctx) == {"one": 1}
+    # an ordinary rule runs on another message, not on this one (reading the text costs too)
+    easy = compile_rule("SELECT 1 AS one FROM \"t\" WHERE regex_match(payload, 'c')")
+    assert easy.run(msg("t", text + b"c")) == {"one": 1}
+    with pytest.raises(RuleEvalError, match="too much work"):
+        easy.run(ctx)
+
+
+def test_a_message_reading_its_payload_many_times_spends_one_budget():
+    """100 patterns read over a 1 MiB payload took 7 s, 100 split()s of it seconds: a statement's calls
+    were bounded each, not together. Small texts cost next to nothing."""
+    import time
+
+    big = msg("t", b"1" * (1 << 20))
+    for sql in ['SELECT 1 AS x FROM "t" WHERE ' + " OR ".join(["regex_match(payload, 'zz')"] * 100),
+                'SELECT 1 AS x FROM "t" WHERE ' + " OR ".join(["payload LIKE '%zz%'"] * 100),
+                "SELECT " + ", ".join(f"length(split(payload, '1')) AS a{i}" for i in range(100)) + ' FROM "t"',
+                "SELECT " + ", ".join(f"md5(payload) AS a{i}" for i in range(300)) + ' FROM "t"',
+                "SELECT " + ", ".join(f"payload || 'x' AS a{i}" for i in range(300)) + ' FROM "t"']:
+        start = time.process_time()
+        with pytest.raises(RuleEvalError, match="too much work for this message"):
+            compile_rule(sql).run(msg("t", big.raw))
+        assert time.process_time() - start < 1.0, sql[:60]
+    # what an ordinary message needs is far from the bound: 2,000 small matches and calls
+    many = "SELECT " + ", ".join(f"regex_match(clientid, 'c') AND lower(clientid) = 'c1' AS a{i}" for i in range(1000))
+    assert set(compile_rule(many + ' FROM "t"').run(msg("t", b"{}")).values()) == {True}
+    # a single pass over a 1 MiB payload of each kind fits
+    one = ("SELECT md5(payload) AS m, length(split(payload, '1')) AS n, regex_match(payload, 'zz') AS r, "
+           "payload LIKE '%2%' AS l, lower(payload) = upper(payload) AS u FROM \"t\"")
+    assert compile_rule(one).run(msg("t", big.raw))["n"] == (1 << 20) + 1
 
 
 def test_nan_and_infinity_are_not_json():

@@ -522,3 +522,40 @@ def test_a_republished_row_many_times_the_payload_fails_the_rule_and_the_node_go
         plane.manage("rules", "delete", "acme", str(rid))
     finally:
         node.stop()
+
+
+@pytest.mark.parametrize("sql", [
+    'SELECT 1 AS x FROM "sensors/+/big" WHERE ' + " OR ".join(["regex_match(payload, 'zz')"] * 100),
+    "SELECT " + ", ".join(f"length(split(payload, '1')) AS a{i}" for i in range(100)) + ' FROM "sensors/+/big"',
+])
+def test_a_statement_reading_a_big_payload_many_times_fails_and_the_node_goes_on(scene, sql):
+    """Each pattern or function was bounded, not how often a statement calls them: a pattern read over a
+    512 KiB payload 100 times (~35 ms each) or 100 split()s of it (a list of 512 Ki items each) held the
+    event loop for seconds per message. Now a message's patterns and functions draw on one work budget."""
+    plane, _, secrets, token = scene
+    node = plane.broker("--admin", "127.0.0.1:0")
+    try:
+        rid = add(plane, "acme", "--sql", sql, "--republish", "alerts/big")
+        loaded(node, token, "acme", rid)
+        sub = client(node, secrets, "globex/watch", "canary-sub")
+        sub.subscribe("sensors/canary", qos=1)
+        canary = client(node, secrets, "globex/d1", "canary-pub")
+        dev = client(node, secrets, "acme/d1", "d1-big")
+        dev.publish("sensors/x/big", b"1" * (512 << 10), qos=0)
+        time.sleep(0.3)                                  # the node is on it
+        start = time.monotonic()
+        canary.publish("sensors/canary", b"still served", qos=1, timeout=60)
+        [got] = sub.expect_n(1, timeout=60)
+        assert got.payload == b"still served"
+        assert time.monotonic() - start < 1.0, f"the canary waited {time.monotonic() - start:.1f} s"
+        view = wait_for(lambda: (v := rule_view(node, token, "acme", rid))["matched"] == 1 and v, timeout=60,
+                        what="the run")
+        assert (view["passed"], view["failed"]) == (0, 1) and "too much work" in view["last_error"]
+        dev.publish("sensors/x/big", b"1" * 1000, qos=1)            # a small payload: the same statement runs
+        view = wait_for(lambda: (v := rule_view(node, token, "acme", rid))["matched"] == 2 and v, what="the run")
+        assert view["failed"] == 1
+        for c in (dev, canary, sub):
+            c.disconnect()
+        plane.manage("rules", "delete", "acme", str(rid))
+    finally:
+        node.stop()
