@@ -242,6 +242,9 @@ except ValueError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 REPORTS_TOP_N = envint("REPORTS_TOP_N", 10)
 REPORTS_MAX_RETRIES = envint("REPORTS_MAX_RETRIES", 3)
+# rules a tenant may have (enabled or not): each rule matching a topic runs for every message of it, and
+# every rule rides in the tenant's policy snapshot, which each node fetches and compiles
+RULES_MAX_PER_TENANT = envint("RULES_MAX_PER_TENANT", 100)
 REPORTS_RETRY_BACKOFF = envint("REPORTS_RETRY_BACKOFF", 30)  # seconds before the first retry, doubled each time
 REPORTS_DISPATCH_INTERVAL = envint("REPORTS_DISPATCH_INTERVAL", 60)
 # A schedule whose runs were missed (beat or the workers down) runs once per missed period, at most

@@ -91,6 +91,12 @@ def add_rule(tenant: Tenant, *, sql: str, action: str, config: dict, enabled: bo
                            "its topic matches): change or delete one instead")
     check_sql(sql)
     config = check_action(action, config)
+    Tenant.objects.select_for_update().filter(pk=tenant.pk).first()     # one add at a time per tenant
+    limit = settings.RULES_MAX_PER_TENANT
+    count = tenant.rules.count()
+    if count >= limit:
+        raise ServiceError(f"tenant {tenant.slug!r} has {count} rules, the most a tenant may have "
+                           f"(RULES_MAX_PER_TENANT: {limit}); delete one first")
     rule = Rule.objects.create(tenant=tenant, sql=sql, action=action, config=config, enabled=bool(enabled))
     policy_snapshot.publish(tenant)
     _audit("rule.create", rule.pk, tenant, None, rule_doc(rule), request, actor)

@@ -153,3 +153,26 @@ def test_errors_are_one_line_with_a_non_zero_exit(env):  # noqa: F811
     assert done.returncode == 0 and done.stdout.strip().isdigit(), done
     done = manage(env, "rules", "test", "acme", "--sql", SQL, "--topic", "sensors/a/temp", "--payload", '{"temp":40}')
     assert (done.returncode, json.loads(done.stdout)) == (0, {"t": 40, "clientid": "test-client"})
+
+
+def test_a_tenant_has_at_most_rules_max_per_tenant_rules(tenant, settings):
+    """A tenant's administrator could add rules without end: every rule matching a topic runs (and
+    republishes) for each message -- 2,000 of them made one device message cost ~40 ms of the node's
+    event loop and 2,000 deliveries whatever the tenant's message-rate quota -- and every rule rides in
+    the policy snapshot each node fetches and compiles. Disabled rules count (enabling one is free)."""
+    from tenants import services
+
+    settings.RULES_MAX_PER_TENANT = 3
+    rules = [rule_services.add_rule(tenant, sql=SQL, action="republish", config={"topic": f"alerts/{i}"})
+             for i in range(2)]
+    rule_services.set_rule_enabled(rules[0], False)
+    rule_services.add_rule(tenant, sql=SQL, action="republish", config={"topic": "alerts/2"})
+    with pytest.raises(ServiceError, match=r"^tenant 'acme' has 3 rules, the most a tenant may have"):
+        rule_services.add_rule(tenant, sql=SQL, action="republish", config={"topic": "alerts/3"})
+    assert tenant.rules.count() == 3 and len(policy_snapshot.load("acme")["rules"]) == 3
+    other = services.create_tenant("globex", name="Globex")
+    rule_services.add_rule(other, sql=SQL, action="republish", config={"topic": "alerts/x"})   # per tenant
+    rule_services.delete_rule(rules[1])
+    rule_services.add_rule(tenant, sql=SQL, action="republish", config={"topic": "alerts/3"})
+    with pytest.raises(CommandError, match="the most a tenant may have"):
+        run("rules", "add", "acme", "--sql", SQL, "--republish", "alerts/4")
