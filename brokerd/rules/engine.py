@@ -224,8 +224,21 @@ class RuleEngine:
         self.telemetry = telemetry
         self.states: dict[str, dict[int, RuleState]] = {}
 
-    def apply(self, tenant: str, specs: list | None) -> None:
-        """The tenant's rules from its new snapshot (None or []: none; a deleted tenant)."""
+    def compile_ahead(self, tenant: str, specs: list | None) -> dict:
+        """The rules of ``specs`` that ``apply`` would compile (new or changed), compiled: ~0.1 s
+        for a 16 KiB statement, so the node runs this in a thread, off its event loop (a tenant
+        saving 40 of them held the loop for a second). Reads ``states`` only."""
+        old = self.states.get(tenant, {})
+        ready = {}
+        for spec in specs or ():
+            prev = old.get(int(spec["id"]))
+            if prev is None or not prev.same(spec):
+                ready[int(spec["id"])] = RuleState(spec)
+        return ready
+
+    def apply(self, tenant: str, specs: list | None, ready: dict | None = None) -> None:
+        """The tenant's rules from its new snapshot (None or []: none; a deleted tenant);
+        ``ready``: what ``compile_ahead`` compiled of them."""
         old = self.states.get(tenant, {})
         new: dict[int, RuleState] = {}
         for spec in specs or ():
@@ -234,7 +247,11 @@ class RuleEngine:
                 prev.enabled = bool(spec.get("enabled", True))
                 new[prev.id] = prev
             else:
-                new[int(spec["id"])] = state = RuleState(spec)
+                state = ready.get(int(spec["id"])) if ready else None
+                if state is None or not state.same(spec):
+                    state = RuleState(spec)
+                state.enabled = bool(spec.get("enabled", True))
+                new[int(spec["id"])] = state
                 if state.broken:
                     log.error("tenant %s, rule %s: %s", tenant, state.id, state.broken)
         if new:
