@@ -177,7 +177,9 @@ def test_counters_are_summed_over_the_nodes():
 
 def test_which_rules_a_topic_matches_is_remembered_within_a_bound(monkeypatch):
     import brokerd.rules.engine as engine
-    monkeypatch.setattr(engine, "TOPIC_CACHE", 3)
+    from brokerd.routing.cache import topic_cost
+    # three of these topics fit (each: its characters, a str header, its slot and tuple)
+    monkeypatch.setattr(engine, "RULE_CACHE_BYTES", 3 * (topic_cost("sensors/a/x") + 100 + 16))
     s = Scene({"acme": [rule(1, 'SELECT * FROM "sensors/a/#"', "alerts/a"),
                         rule(2, 'SELECT * FROM "sensors/+/x"', "alerts/b")]})
     table = s.net.broker.rules["acme"]
@@ -186,8 +188,10 @@ def test_which_rules_a_topic_matches_is_remembered_within_a_bound(monkeypatch):
         dev.publish(topic, b"1")
     assert {t: [st.id for st in v] for t, v in table._by_topic.items()} == {
         "sensors/a/x": [1, 2], "sensors/b/x": [2], "sensors/c": []}
-    dev.publish("sensors/d", b"1")                      # a fourth topic: the remembered ones are forgotten
-    assert list(table._by_topic) == ["sensors/d"]
+    dev.publish("sensors/d/y", b"1")                    # a fourth topic: the remembered ones are forgotten
+    assert list(table._by_topic) == ["sensors/d/y"]
+    dev.publish("sensors/" + "z" * 600, b"1")           # a long one is matched, never remembered
+    assert list(table._by_topic) == ["sensors/d/y"]
     assert s.counters("acme") == {1: (2, 2, 0, 0), 2: (3, 3, 0, 0)}
 
 
