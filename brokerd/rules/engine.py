@@ -30,6 +30,9 @@ from .errors import EVENTS, RuleEvalError, RuleSyntaxError
 log = logging.getLogger("brokerd.rules")
 
 
+MAX_ERROR = 300          # characters of a rule's last_error
+
+
 class RuleState:
     __slots__ = ("id", "sql", "kind", "config", "enabled", "rule", "action", "broken", "matched", "passed",
                  "no_result", "failed", "last_error", "last_error_at", "sent", "retried", "dropped", "stored")
@@ -60,6 +63,10 @@ class RuleState:
 
     def fail(self, error: str, wall: float) -> None:
         self.failed += 1
+        if len(error) > MAX_ERROR:
+            # (a function's message may quote its argument: float() of a 512 KiB payload quoted all of it,
+            # and every node's admin API sent it, the console's Rules page showed it)
+            error = error[:MAX_ERROR - 3] + "..."
         self.last_error = error
         self.last_error_at = wall
 

@@ -600,3 +600,20 @@ def test_a_tenant_loading_many_heavy_rules_does_not_stop_the_node(scene):
         delete_each(plane, "acme", rids)
     finally:
         node.stop()
+
+
+def test_a_failures_reason_is_short_whatever_the_payload(scene):
+    """float() of a 512 KiB payload failed with the whole payload in its message: last_error held
+    half a megabyte, sent by every node's admin API and shown on the console's Rules page (one such
+    rule per failing message kind made the page megabytes). Now a reason is at most 300 characters."""
+    plane, node, secrets, token = scene
+    rid = add(plane, "acme", "--sql", 'SELECT float(payload) AS x, -payload AS y FROM "sensors/+/long"',
+              "--republish", "alerts/long")
+    loaded(node, token, "acme", rid)
+    dev = client(node, secrets, "acme/d1", "d1-long")
+    dev.publish("sensors/k/long", b"x" * (512 << 10), qos=1)
+    view = wait_for(lambda: (v := rule_view(node, token, "acme", rid))["failed"] == 1 and v, what="the failure")
+    assert view["last_error"].startswith("ValueError: could not convert string to float: 'xxx")
+    assert len(view["last_error"]) <= 300, len(view["last_error"])
+    plane.manage("rules", "delete", "acme", str(rid))
+    dev.disconnect()
