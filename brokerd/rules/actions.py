@@ -70,10 +70,21 @@ def out_limit(ctx) -> int:
     return MAX_TEXT + 2 * (len(raw) if raw is not None else 0)
 
 
-def _row_json(row: dict, ctx) -> str:
-    """The row as JSON, ActionError when it would be longer than ``out_limit`` (estimated before
-    the text is built: its strings, names and items)."""
-    limit = out_limit(ctx)
+def _row_json(row: dict, limit: int) -> str:
+    """The row as JSON, ActionError when it would be longer than ``limit`` (``out_limit``;
+    estimated before the text is built: its strings, names and items)."""
+    n = 0
+    for k, v in row.items():               # a flat row of texts and numbers: no walk (the common case)
+        c = v.__class__
+        if c is str:
+            n += len(v) + len(k) + 6
+        elif c is dict or c is list or c is bytes or c is bytearray:
+            break
+        else:
+            n += len(k) + 30
+    else:
+        if n <= limit:
+            return _to_json(row)
     n = 0
     stack = [row]
     while stack:
@@ -94,6 +105,9 @@ def _row_json(row: dict, ctx) -> str:
 
 
 def _render(t: Template, row: dict, ctx, limit: int) -> str:
+    static = t.static
+    if static is not None and len(static) <= limit:
+        return static
     try:
         return t.render(row, ctx, limit)
     except TemplateError as exc:
@@ -171,7 +185,7 @@ class Republish:
         if self.payload is not None:
             payload = _render(self.payload, row, ctx, limit).encode("utf-8")
         else:
-            payload = _row_json(row, ctx).encode("utf-8")
+            payload = _row_json(row, limit).encode("utf-8")
         props = None
         if self.props:
             props = {USER_PROPERTY: [(k, _render(t, row, ctx, limit)) for k, t in self.props]}
@@ -297,7 +311,7 @@ class Webhook:
         if self.body is not None:
             body = _render(self.body, row, ctx, out_limit(ctx)).encode("utf-8")
         else:
-            body = _row_json(row, ctx).encode("utf-8")
+            body = _row_json(row, out_limit(ctx)).encode("utf-8")
             if not any(k.lower() == "content-type" for k, _ in headers):
                 headers.append(("Content-Type", "application/json"))
         return WebhookRequest(self.method, scheme, host, port, target, tuple(headers), body, self.timeout,
@@ -332,7 +346,7 @@ class Store:
 
     def message(self, row: dict, ctx, acl) -> TelemetryRecord:
         """The record to append: the row as JSON, with when (``ctx.timestamp``, Unix ms), who and where."""
-        return TelemetryRecord(self.dataset, ctx.timestamp, ctx.clientid, ctx.topic, _row_json(row, ctx))
+        return TelemetryRecord(self.dataset, ctx.timestamp, ctx.clientid, ctx.topic, _row_json(row, out_limit(ctx)))
 
 
 def build(kind: str, config: dict):

@@ -523,11 +523,12 @@ def _budgeted(name: str, matcher, a):
         if x is None:
             return None
         try:
-            return match(_text(x), ctx.work)
+            found = match(x if x.__class__ is str else _text(x), ctx.work)
         except textmatch.TooCostly as exc:
+            ctx.work = 0
             raise RuleEvalError(f"{name}: {exc}") from None
-        finally:
-            ctx.work = max(0, ctx.work - matcher.spent)
+        ctx.work -= matcher.spent
+        return found
 
     return matched
 
@@ -545,6 +546,22 @@ def _charged(name: str, fn, compiled: tuple, per_unit: int, null_aware: bool, bo
     for every ``per_unit`` characters of its texts -- arguments, then a text result. NULL in: NULL out (the
     first argument; every one with ``both``), unless ``null_aware``."""
 
+    if len(compiled) == 1 and not null_aware:
+        a0 = compiled[0]
+
+        def charged1(ctx):                 # (the common case, written out: no list, no loop)
+            x = a0(ctx)
+            if x is None:
+                return None
+            if (x.__class__ is str or isinstance(x, (bytes, bytearray, list, dict))) and len(x) >= per_unit:
+                _spend(ctx, len(x) // per_unit, name)
+            out = fn(x)
+            if out.__class__ is str and len(out) >= per_unit:
+                _spend(ctx, len(out) // per_unit, name)
+            return out
+
+        return charged1
+
     def charged(ctx):
         values = [a(ctx) for a in compiled]
         if not null_aware and (None in values if both else values[0] is None):
@@ -556,7 +573,7 @@ def _charged(name: str, fn, compiled: tuple, per_unit: int, null_aware: bool, bo
         if n >= per_unit:
             _spend(ctx, n // per_unit, name)
         out = fn(*values)
-        if isinstance(out, str) and len(out) >= per_unit:
+        if out.__class__ is str and len(out) >= per_unit:
             _spend(ctx, len(out) // per_unit, name)
         return out
 

@@ -22,7 +22,7 @@ class TemplateError(ValueError):
 
 
 class Template:
-    __slots__ = ("text", "parts", "names")
+    __slots__ = ("text", "parts", "names", "static")
 
     def __init__(self, text: str):
         self.text = text
@@ -41,6 +41,7 @@ class Template:
         parts.append(rest)
         self.parts = tuple(p for p in parts if p != "")
         self.names = tuple(".".join(p) for p in self.parts if isinstance(p, tuple))
+        self.static = None if self.names else text       # no placeholder: the text itself
 
     def render(self, row: dict, ctx=None, limit: int | None = None) -> str:
         """TemplateError when the text would be longer than ``limit`` characters (checked as the

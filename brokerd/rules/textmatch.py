@@ -264,6 +264,18 @@ class Matcher:
         search = self.search
         d = self._first
         size = len(text)
+        if size <= CHUNK:                  # (the common case: one chunk, no slicing)
+            self._work += size // CHARS_PER_STATE + 1
+            if self._work > self._limit:
+                raise TooCostly(TOO_MUCH)
+            for ch in text:
+                if search and d.accept:
+                    return True
+                n = d.steps.get(ch)
+                d = n if n is not None else self._step(d, ch)
+                if not d.states:
+                    return None
+            return d
         for start in range(0, size, CHUNK):
             self._work += (min(CHUNK, size - start) // CHARS_PER_STATE) + 1
             if self._work > self._limit:
