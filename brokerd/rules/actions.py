@@ -53,6 +53,10 @@ RESERVED_HEADERS = ("host", "content-length", "transfer-encoding", "connection",
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 MAX_TOPIC_BYTES = 65535
+# an action's templates are bounded as its statement is (tenants.rules.MAX_SQL): they ride in the
+# policy snapshot every node fetches, and a static one is copied into every message
+MAX_TEMPLATE = 16_384
+MAX_NAMED = 32              # user properties of a republish, headers of a webhook
 # made once; NaN and infinities are not JSON (RFC 8259): a row holding one fails the rule, as a subscriber's
 # JSON.parse would have failed on {"x":Infinity}
 _to_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str, allow_nan=False).encode
@@ -114,6 +118,14 @@ def _render(t: Template, row: dict, ctx, limit: int) -> str:
         raise ActionError(str(exc)) from None
 
 
+def _sized(kind: str, texts: list, named: dict, what: str) -> None:
+    if len(named) > MAX_NAMED:
+        raise ActionError(f"{kind}: at most {MAX_NAMED} {what}")
+    for text in texts:
+        if len(text) > MAX_TEMPLATE:
+            raise ActionError(f"{kind}: a template or name is at most {MAX_TEMPLATE} characters, not {len(text)}")
+
+
 def validate(kind: str, config: dict) -> dict:
     """A rule's action, checked and normalised; raises ActionError."""
     if kind not in KINDS:
@@ -148,6 +160,7 @@ def validate(kind: str, config: dict) -> dict:
         raise ActionError("republish: user_properties maps names to template strings")
     if any("\x00" in k for k in props):
         raise ActionError("republish: a user property's name may not hold U+0000")
+    _sized("republish", [topic, payload or "", *props, *props.values()], props, "user properties")
     try:
         for text in [topic, payload or "", *props.values()]:
             Template(text)
@@ -260,6 +273,7 @@ def validate_webhook(config: dict) -> dict:
     retries = config.get("retries", 3)
     if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
         raise ActionError(f"webhook: retries is 0..{MAX_RETRIES}")
+    _sized("webhook", [body or "", *headers, *headers.values()], headers, "headers")
     try:
         for text in [url, body or "", *headers.values()]:
             Template(text)

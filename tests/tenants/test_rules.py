@@ -176,3 +176,18 @@ def test_a_tenant_has_at_most_rules_max_per_tenant_rules(tenant, settings):
     rule_services.add_rule(tenant, sql=SQL, action="republish", config={"topic": "alerts/3"})
     with pytest.raises(CommandError, match="the most a tenant may have"):
         run("rules", "add", "acme", "--sql", SQL, "--republish", "alerts/4")
+
+
+@pytest.mark.parametrize("action, config", [
+    ("republish", {"topic": "alerts/x", "payload": "x" * 20_000}),
+    ("republish", {"topic": "alerts/" + "x" * 20_000}),
+    ("republish", {"topic": "alerts/x", "user_properties": {f"k{i}": "v" for i in range(100)}}),
+    ("webhook", {"url": "https://hooks.example.com/", "body": "x" * 20_000}),
+    ("webhook", {"url": "https://hooks.example.com/", "headers": {f"X-H{i}": "v" for i in range(100)}}),
+])
+def test_an_actions_templates_are_bounded_as_its_statement_is(tenant, action, config):
+    """The statement was bounded (16 KiB), its action's templates not: a megabyte payload template rode
+    in the policy snapshot every node fetches on each of the tenant's changes, and was copied into each
+    message the rule republished."""
+    with pytest.raises(ServiceError, match=r"at most"):
+        rule_services.add_rule(tenant, sql=SQL, action=action, config=config)
