@@ -295,3 +295,19 @@ def test_a_republish_whose_topic_or_user_property_would_hold_u0000_fails_the_rul
     views = {v["id"]: v for v in s.engine.view("acme")}
     assert [(views[i]["passed"], views[i]["failed"]) for i in (1, 2)] == [(1, 1), (1, 1)]
     assert "U+0000" in views[2]["last_error"]
+
+
+def test_the_rules_a_topic_matches_are_those_whose_filters_match_it():
+    """The tenant's filters are a trie now (a topic not seen before cost a match of every filter of
+    every rule); it finds exactly what matching each filter did, in the rules' order."""
+    from brokerd.routing.topic import matches
+
+    filters = ["a/+/c", "a/#", "#", "+/b", "a/b", "+", "+/+", "a/b/#", "/a", "+/+/+", "a/+", "x/#", "/#", "a//c"]
+    engine = RuleEngine({})
+    specs = [rule(i + 1, f'SELECT 1 AS x FROM "{f}", "{filters[(i * 5) % len(filters)]}"', "o") for i, f in
+             enumerate(filters)]
+    engine.apply("acme", specs)
+    table = engine.active["acme"]
+    for topic in ["a", "a/b", "a/b/c", "/a", "a/", "x/b", "x", "a/x/c", "a//c", "/", "b/b", "a/b/c/d"]:
+        want = [s.id for s in table.on_topics if any(matches(f, topic) for f in s.rule.topics)]
+        assert [s.id for s in table.matching(topic)] == want, topic
