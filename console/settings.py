@@ -258,11 +258,10 @@ REPORTS_STALLED_AFTER = envint("REPORTS_STALLED_AFTER", 300)
 # (scheduled runs are not, and count); and the schedules a tenant may have
 REPORTS_MAX_PENDING = envint("REPORTS_MAX_PENDING", 3)
 REPORTS_MAX_SCHEDULES = envint("REPORTS_MAX_SCHEDULES", 20)
-# A tenant's ACL rules and rules (the rules engine's): every node holds them and, for each client,
-# checks a topic it has not seen against them one by one (100,000 ACL rules: 0.2 s a CONNECT and
-# 0.3 s a PUBLISH to a new topic, the node's loop stopped for every tenant meanwhile)
+# A tenant's ACL rules: every node holds them and, for each client, checks a topic it has not seen
+# against them one by one (100,000 ACL rules: 0.2 s a CONNECT and 0.3 s a PUBLISH to a new topic, the
+# node's loop stopped for every tenant meanwhile); its rules: RULES_MAX_PER_TENANT
 TENANT_MAX_ACL_RULES = envint("TENANT_MAX_ACL_RULES", 1000)
-TENANT_MAX_RULES = envint("TENANT_MAX_RULES", 100)
 # The usage lake (spark_reports/lake.py): landed files compacted into Parquet
 # under USAGE_LAKE (a path or Hadoop URI) every LAKE_COMPACT_INTERVAL seconds
 # (0: never by beat), minutes LAKE_SETTLE s after they closed; a compacted
