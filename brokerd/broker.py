@@ -136,6 +136,7 @@ class Broker:
         self.persist = None                 # Persistence when a durable store is configured
         self.journal = None                 # its Journal
         self._gated: set = set()            # channels with stored deliveries waiting for a commit
+        self.commit_time = 0.0              # when the store writer last said a batch was durable
         self._acks_gen = 0                  # the journal batch _acks_waiting is for
         self._acks_waiting: dict = {}       # channel -> its QoS 1 acks waiting for that batch alone
         self.cluster = None                 # the ClusterNode, when the node is part of a cluster (attach_cluster)
@@ -215,6 +216,9 @@ class Broker:
 
     def release(self, tenant: str, client_id: str, now: float) -> bool:
         return self.registry.release(tenant, client_id, now)
+
+    def end_held(self, tenant: str, client_id: str, now: float) -> bool:
+        return self.registry.end_held(tenant, client_id, now)
 
     def drop_all_sessions(self) -> None:
         self.registry.drop_all_sessions()
@@ -753,6 +757,7 @@ class Broker:
 
     def commit_done(self, generation: int, now: float) -> None:
         """The journal batch ``generation`` is durable: send what waited for it (the store writer)."""
+        self.commit_time = now
         gated, self._gated = self._gated, set()
         for ch in gated:
             ch.resume_output(now)
@@ -1100,6 +1105,11 @@ class Broker:
 
     def holds(self, tenant: str, client_id: str) -> bool:
         return self.router.session(tenant, client_id) is not None
+
+    def holds_stored(self, tenant: str, client_id: str) -> bool:
+        """Whether a session of ``client_id`` in the store is on this node."""
+        session = self.router.session(tenant, client_id)
+        return session is not None and session.durable
 
     def session_filters(self, tenant: str, client_id: str) -> list[str] | None:
         """The filters of the session held here, as subscribed; None: not held here."""

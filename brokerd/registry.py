@@ -16,6 +16,7 @@ and a CONNECT is decided at once.
 import heapq
 import itertools
 import os
+from functools import partial
 from typing import Protocol
 
 from .protocol import properties as P
@@ -178,8 +179,16 @@ class ClientRegistry:
         present = False
         if session is not None:
             if p.clean_start:
+                stored = session.durable
                 self.end_session(session, now)
                 session = None
+                if stored and self.claims is None:
+                    # [MQTT-3.1.2-4]: the CONNACK (session present 0) goes once the old session's end
+                    # is durable -- a crash before it would bring the session back for a client told it
+                    # was over. (In a cluster the claim ends it and waits before this: Takeover.run_claim.)
+                    args = (channel, p, ns, client_id, assigned, expiry, connack_props, identity, policy, quota)
+                    b.after_commit(partial(self._old_session_ended, args))
+                    return
             else:
                 present = True
                 session.expires_at = None
@@ -200,6 +209,30 @@ class ClientRegistry:
         rules = b.rules.get(ns.name)
         if rules is not None:
             rules.event("client_connected", b, ns, channel, now)
+
+    def _old_session_ended(self, args: tuple, ok: bool) -> None:
+        """The end of the stored session a Clean Start replaces is durable (``ok``) or failed: the
+        CONNECT goes on (opening a new session; one of the id opened meanwhile is taken over as
+        usual), or is refused -- the store's retry writes the end later."""
+        channel = args[0]
+        if channel.state != CONNECTING:         # the client went away meanwhile
+            return
+        if not ok:
+            channel.refuse(rc.SERVER_UNAVAILABLE, "the session store is unavailable")
+            return
+        self._open_session(*args, self.b.commit_time)
+
+    def end_held(self, tenant: str, client_id: str, now: float) -> bool:
+        """A Clean Start of ``client_id`` claimed in a cluster, its session held here: its connection
+        taken over and the session ended before the new one opens; -> whether the end was written to
+        the store (the CONNACK waits for it)."""
+        ns = self.b.router.namespaces.get(tenant)
+        session = self._takeover(ns, client_id, now) if ns is not None else None
+        if session is None:
+            return False
+        stored = session.durable
+        self.end_session(session, now)
+        return stored
 
     def _takeover(self, ns, client_id: str, now: float) -> Session | None:
         """The session of ``client_id``, after its current connection (if any) was

@@ -83,6 +83,10 @@ class ClusterBroker(Protocol):
     def drop_all_sessions(self) -> None:
         """Every session is left to the other nodes (fencing)."""
 
+    def end_held(self, tenant: str, client_id: str, now: float) -> bool:
+        """A Clean Start of a session held here: its connection taken over, the session ended; -> whether
+        its end was written to the store."""
+
     def discard_stored(self, tenant: str, client_id: str) -> None:
         """A CONNECT with Clean Start here of a session not held here: the stored session is over."""
 
@@ -111,6 +115,9 @@ class ClusterBroker(Protocol):
 
     def holds(self, tenant: str, client_id: str) -> bool:
         """Whether a session of ``client_id`` is on this node."""
+
+    def holds_stored(self, tenant: str, client_id: str) -> bool:
+        """Whether a session of ``client_id`` in the store is on this node."""
 
     def session_filters(self, tenant: str, client_id: str) -> list[str] | None:
         """The filters of the session held here, as subscribed (None: not held here)."""

@@ -137,6 +137,7 @@ class Takeover:
         try:
             if (tried.cancelled() or tried.exception() is not None or tried.result() is not None
                     or not (clean_start or self.broker.holds(tenant, cid))
+                    or (clean_start and self.broker.holds_stored(tenant, cid))
                     or not (self.bus.registry_whole or self.broker.holds(tenant, cid))):
                 self.spawn(self.run_claim(channel, tenant, cid, clean_start, will, cont, tried))
                 later = True
@@ -205,9 +206,11 @@ class Takeover:
                         return
                 if not clean_start:
                     await self.sessions.load(tenant, cid)
-                elif not self.broker.holds(tenant, cid):
-                    # Clean Start: the session the other node let go of (or held when it died) is over
-                    await self._end_stored(tenant, cid)
+                elif not self.broker.holds(tenant, cid) and not await self._end_stored(tenant, cid):
+                    # Clean Start: the session the other node let go of (or held when it died) is over --
+                    # unless the store failed to take that
+                    channel.refuse(rc.SERVER_UNAVAILABLE, "the session store is unavailable")
+                    return
                 self.handoff.flush_arriving(tenant, cid)
                 await self.bus.claim(tenant, cid, False, owner)
             elif not self.broker.holds(tenant, cid):
@@ -215,10 +218,17 @@ class Takeover:
                 # empty) before anyone adopted the session -- the store, not the registry, is the truth
                 if not clean_start:
                     await self.sessions.load(tenant, cid)
-                elif not self.bus.registry_whole:
+                elif not self.bus.registry_whole and not await self._end_stored(tenant, cid):
                     # (while the registry is whole, a stored session always has a record in it: a Clean
                     # Start of a free id -- the usual CONNECT -- does not read the store)
-                    await self._end_stored(tenant, cid)
+                    channel.refuse(rc.SERVER_UNAVAILABLE, "the session store is unavailable")
+                    return
+            # Clean Start of a stored session held here: ended (its connection taken over) before the new
+            # one opens, and the CONNACK waits until that is durable ([MQTT-3.1.2-4])
+            if (clean_start and channel.state == CONNECTING and self.broker.holds_stored(tenant, cid)
+                    and self.broker.end_held(tenant, cid, self.clock()) and not await self._durable()):
+                channel.refuse(rc.SERVER_UNAVAILABLE, "the session store is unavailable")
+                return
             if channel in self.lost:
                 # another node claimed the id while this one read the session from the store (on_takeover
                 # found nothing to release then, and refused this CONNECT): what was read is theirs
@@ -245,14 +255,24 @@ class Takeover:
                 except Exception:
                     pass
 
-    async def _end_stored(self, tenant: str, cid: str) -> None:
+    async def _end_stored(self, tenant: str, cid: str) -> bool:
         """A Clean Start here of a session this node does not hold: the stored session of the id is
         over, in the store too -- not loaded again by the next CONNECT without it, elsewhere -- and the
-        will it still owes goes now, as the session ends ([MQTT-3.1.2-4]; 3.1.4; as on a single node)."""
+        will it still owes goes now, as the session ends ([MQTT-3.1.2-4]; 3.1.4; as on a single node).
+        -> whether the end is durable (False: the store failed; the CONNECT is refused)."""
         will_left = await self.sessions.stored_will(tenant, cid)
         if will_left is not None:
             self.broker.publish_gone_will(tenant, cid, will_left, self.clock())
         self.broker.discard_stored(tenant, cid)
+        # the CONNACK (session present 0) waits until that is durable: a crash of this node before it
+        # left the session in the store, loaded by the id's next CONNECT -- or adopted, its will again
+        return await self._durable()
+
+    async def _durable(self) -> bool:
+        """Once what this node wrote so far is committed: whether it was (False: the store failed)."""
+        done = asyncio.get_running_loop().create_future()
+        self.broker.when_durable(lambda ok: done.done() or done.set_result(ok))
+        return await done
 
     async def _opened(self, channel: ClaimingChannel, tenant, cid, will, session) -> None:
         """What follows opening ``session`` here (``cont``): the will of a connection it took over goes

@@ -468,6 +468,12 @@ class FakeBroker:
     def holds(self, tenant, client_id) -> bool:
         return (tenant, client_id) in self.sessions
 
+    def holds_stored(self, tenant, client_id) -> bool:
+        return (tenant, client_id) in self.sessions
+
+    def end_held(self, tenant, client_id, now) -> bool:
+        return self.sessions.pop((tenant, client_id), None) is not None
+
     def session_filters(self, tenant, client_id):
         filters = self.sessions.get((tenant, client_id))
         return None if filters is None else list(filters)

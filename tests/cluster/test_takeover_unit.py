@@ -52,6 +52,12 @@ class Broker:
     def discard_stored(self, tenant, cid):
         self.discarded.append((tenant, cid))
 
+    def holds_stored(self, tenant, cid):
+        return False                    # (what is held here is not in a store: a Clean Start ends it at once)
+
+    def when_durable(self, fn):
+        fn(True)                        # (no store: written at once)
+
 
 class Sessions:
     """``load`` waits for ``gate``: the store read in its thread."""
