@@ -694,9 +694,31 @@ class Broker:
     def deliver_shared(self, ns, group, msg, now) -> bool:
         return self._deliver_shared(ns, group, msg, now)
 
-    def redeliver_shared(self, ns, group, msg: Publish, now: float, exclude) -> None:
-        """A message owed through a shared subscription whose session ended: to another member."""
-        self._deliver_shared(ns, group, msg, now, exclude=exclude)
+    def redeliver_shared(self, ns, group, msg: Publish, now: float, exclude) -> bool:
+        """A message owed through a shared subscription whose session ended (``exclude``; None: one
+        that ended while its node was down): to another member -- in a cluster, of any node.
+        ``group``: the SharedGroup, or its (name, filter) -- this node may have none. -> whether
+        a member was found."""
+        name, filt = (group.name, group.filter) if group.__class__ is SharedGroup else group
+        cluster = self.cluster
+        if cluster is not None:
+            return cluster.redeliver(ns.name, name, filt, msg, now, exclude)
+        local = self.router.group(ns, name, filt)
+        return local is not None and self._deliver_shared(ns, local, msg, now, exclude)
+
+    def group_members(self, tenant: str, name: str, filt: str, exclude=None) -> int:
+        """Members of the shared group ``name`` on ``filt`` here, ``exclude`` (a session) not counted."""
+        ns = self.router.namespaces.get(tenant)
+        group = self.router.group(ns, name, filt) if ns is not None else None
+        if group is None:
+            return 0
+        return len(group.members) - (exclude is not None and exclude in group.members)
+
+    def deliver_group(self, tenant: str, name: str, filt: str, msg: Publish, now: float, exclude=None) -> bool:
+        """To one member here of the shared group ``name`` on ``filt`` but ``exclude``."""
+        ns = self.router.namespaces.get(tenant)
+        group = self.router.group(ns, name, filt) if ns is not None else None
+        return group is not None and self._deliver_shared(ns, group, msg, now, exclude)
 
     def deliver_to(self, session: Session, msg: Publish, now: float) -> bool:
         """Deliver ``msg`` to this one session, by its own (non-shared)
@@ -788,7 +810,7 @@ class Broker:
         ns = session.ns
         lost = []
         for d in denied:
-            if d.share is None or (d.qos == 2 and d.dup) or not self._deliver_shared(ns, d.share, d.msg, now, session):
+            if d.share is None or (d.qos == 2 and d.dup) or not self.redeliver_shared(ns, d.share, d.msg, now, session):
                 lost.append(d)
         if lost:
             self.acct.delivery_denied(ns, lost)

@@ -282,9 +282,8 @@ class Persistence:
             if rec.will is not None:
                 pending.append((ns, rec, session))
         for ns, e in owed:
-            group = broker.shared_group(ns, e.share)
-            if group is not None:
-                broker.redeliver_shared(ns, group, self.message(e.msg), now, None)
+            # (to a member of any node in a cluster: this one may have none)
+            broker.redeliver_shared(ns, e.share, self.message(e.msg), now, None)
         for ns, rec, session in pending:
             counts["wills"] += 1
             broker.restore_will(ns, rec, session, self.loop_time(rec.will_due) if rec.will_due else None, now)

@@ -55,8 +55,8 @@ class RegistryBroker(Protocol):
     def publish_will(self, ns, msg: Publish, now: float) -> None:
         """Publish a will (retained if it says so) as the broker's own message."""
 
-    def redeliver_shared(self, ns, group, msg: Publish, now: float, exclude) -> None:
-        """A message a shared-subscription member left undelivered: to another member."""
+    def redeliver_shared(self, ns, group, msg: Publish, now: float, exclude) -> bool:
+        """A message a shared-subscription member left undelivered: to another member (of any node)."""
 
 
 class _Gone:

@@ -20,6 +20,7 @@ message: they keep to plain attribute reads and no per-message allocation
 beyond the frame.
 """
 
+import logging
 
 from ..protocol import properties as P
 from ..protocol import reason as rc
@@ -31,6 +32,19 @@ from .handoff import Handoff
 from .ports import Clock, ClusterBroker, FenceState
 from .requests import ACK_TIMEOUT, Requests
 from .routes import ClusterRoutes
+
+REDELIVER_TRIES = 3      # nodes a message owed through a shared group is sent to, at most, until one stores it
+
+log = logging.getLogger("brokerd.cluster")
+
+
+class _Tenant:
+    """A tenant's name where ``Forwarder._parts`` takes its namespace."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
 
 
 class _Join:
@@ -110,6 +124,53 @@ class Forwarder:
             count += 1
         return count + self._local_groups(ns, msg, list(local.values()), now), waits
 
+    def redeliver(self, tenant: str, gname: str, filt: str, msg: Publish, now: float, exclude=None,
+                  done=None, tries: int = REDELIVER_TRIES) -> bool:
+        """A message for the shared group ``gname`` on ``filt`` that its member here did not take: the
+        member's session ended (``exclude``: it is not picked again), or a node's routes sent it here
+        after the last member here left. It goes to another member of the group cluster-wide -- here or
+        on another node, as ``forward`` picks them -- marked REDIRECTED (a node that has no member for
+        it either answers with an error rather than passing it on again). ``done(ok)``: once it is
+        stored where it went (at once, True, when no member is left anywhere). Without ``done``, a
+        node that fails to take it (an error, no answer) makes it try again, ``tries`` times in all.
+        -> whether a member was found."""
+        broker = self.broker
+        local = broker.group_members(tenant, gname, filt, exclude)
+        members = None
+        if not self.fence.fenced:
+            _, rgroups = self.routes.match(tenant, msg.topic)
+            orphaned = self._orphaned
+            for g, f, nodes in rgroups:
+                if g == gname and f == filt:
+                    members = {n: m for n, m in nodes.items() if n not in orphaned} if orphaned else nodes
+                    break
+        target = self.routes.pick_group_node(tenant, gname, filt, members or {}, local)
+        if target is None:
+            before = broker.writes_pending()
+            found = bool(local) and broker.deliver_group(tenant, gname, filt, msg, now, exclude)
+            if done is not None:
+                if found and broker.writes_pending() > before:
+                    broker.when_durable(done)
+                else:
+                    done(True)
+            if not found and exclude is not None:
+                log.warning("a message of %s's shared group %s/%s found no other member: dropped", tenant, gname,
+                            filt)
+            return found
+        parts = self._parts(_Tenant(tenant), msg, now)
+        req = next(self._ids) if msg.qos else 0
+        self._send(target, frames.publish(req, parts[0], parts[1] | frames.REDIRECTED, *parts[2:], gname.encode(),
+                                          filt.encode()))
+        if req:
+            if done is None and tries > 1:
+                def done(ok: bool) -> None:
+                    if not ok:
+                        self.redeliver(tenant, gname, filt, msg, self.clock(), exclude, None, tries - 1)
+            self.requests.expect_ack(req, target, self.clock() + ACK_TIMEOUT, done)
+        elif done is not None:
+            done(True)
+        return True
+
     def _local_groups(self, ns, msg, groups, now) -> int:
         return sum(1 for g in groups if self.broker.deliver_shared(ns, g, msg, now))
 
@@ -167,7 +228,15 @@ class Forwarder:
                 return
             broker.deliver_to_client(tenant, group, msg, now)
         else:
-            broker.forwarded(tenant, msg, group or None, gfilter or None, now)
+            if not broker.forwarded(tenant, msg, group or None, gfilter or None, now) and group:
+                # no member of the group here any more (the sender's routes are behind): another member
+                # takes it, the sender's answer waits for where it went -- unless it was sent on already
+                if flags & frames.REDIRECTED:
+                    if req:
+                        link.send(frames.ack(req, rc.IMPLEMENTATION_SPECIFIC_ERROR))
+                    return
+                self.redeliver(tenant, group, gfilter, msg, now, None, self._acker(link, req) if req else None)
+                return
             if self._moving and not group:
                 wanting = self.handoff.wanting(tenant, topic)
         if not req:

@@ -36,7 +36,10 @@ A session on the move (``takeover.Takeover.on_takeover``, ``handoff.Handoff``):
              asker, so everything it forwarded before arrives first
 
 PUBLISH flag ``TARGET``: for one session only, the client id in the group
-field (a message the old owner got for a session that moved).
+field (a message the old owner got for a session that moved). ``REDIRECTED``:
+a shared group's message a node passed on to another member of the group
+(its member's session ended, or it had none left): a node with no member of
+the group for it answers with an error instead of passing it on again.
 """
 
 import struct
@@ -53,6 +56,7 @@ RAW = 2                      # PUBLISH flag: the payload part is the 3.x QoS 0 w
 EXPIRY_MAX = 0x7FFFFFFF      # a PUBLISH's expiry field (i32) at most: a Message Expiry Interval goes up to
                              # 0xFFFFFFFF; one above this is sent as this, its properties saying the rest
 TARGET = 4                   # PUBLISH flag: for the session named in the group field only
+REDIRECTED = 8               # PUBLISH flag: a shared group's message another node passed on (not passed on again)
 _ACK = struct.Struct(">IB")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")

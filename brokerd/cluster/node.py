@@ -105,6 +105,7 @@ class ClusterNode:
                                self.requests, self.announcer, clock)
         # per message: straight to the part that does it
         self.forward = self.forwarding.forward
+        self.redeliver = self.forwarding.redeliver      # a shared group's message its member left: to another
         # what the broker reads per message before calling forward at all (Broker.publish): the
         # tenants with routes on other nodes, and those with sessions moving through this node
         self.remote_tenants = self.routes.tenants

@@ -70,6 +70,12 @@ class ClusterBroker(Protocol):
     def deliver_shared(self, ns: TenantSpace, group: LocalGroup, msg, now: float) -> bool:
         """To one local member of ``group`` (both as ``Cluster.forward`` got them)."""
 
+    def group_members(self, tenant: str, name: str, filt: str, exclude=None) -> int:
+        """Members here of the shared group ``name`` on ``filt`` (``exclude``, a session, not counted)."""
+
+    def deliver_group(self, tenant: str, name: str, filt: str, msg, now: float, exclude=None) -> bool:
+        """To one member here of the shared group ``name`` on ``filt`` but ``exclude``."""
+
     def publish_gone_will(self, tenant: str, client_id: str, will, now: float) -> None:
         """The will of a client of a node that died."""
 
@@ -324,6 +330,9 @@ class Cluster(Protocol):
     moving: dict[str, list]
 
     def forward(self, ns: TenantSpace, msg, groups: list, now: float) -> tuple[int, list]: ...
+
+    def redeliver(self, tenant: str, gname: str, filt: str, msg, now: float, exclude=None) -> bool:
+        """A shared group's message its member here left (its session ended): to another member, of any node."""
 
     def wait_for(self, reqs: list, waiter: Callable[[bool], Any]) -> None: ...
 

@@ -420,6 +420,12 @@ class FakeBroker:
     def deliver_shared(self, ns, group, msg, now) -> bool:
         return False
 
+    def group_members(self, tenant, name, filt, exclude=None) -> int:
+        return 0
+
+    def deliver_group(self, tenant, name, filt, msg, now, exclude=None) -> bool:
+        return False
+
     def publish_gone_will(self, tenant, client_id, will, now) -> None:
         self.wills.append((tenant, client_id, will))
 

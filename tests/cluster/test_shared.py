@@ -6,7 +6,9 @@ import time
 import pytest
 
 from ..integration.helpers import connect
-from ..mqtt import V5, V311
+from ..mqtt import V5, V311, PacketTypes, props
+from .conftest import PacedPublisher
+from .test_failover import adopted_by
 
 N = 90
 
@@ -84,3 +86,103 @@ def test_group_with_two_members_on_one_node_and_one_on_another(cluster, tag):
         if m.payload != b"probe":
             msgs.append(int(m.payload))
     assert msgs == list(range(N))
+
+
+def test_a_members_queued_messages_go_to_a_member_on_another_node_when_its_session_ends(cluster, tag):
+    """m1 (a session of 2 s) on node 1 goes away; node 1's share of the group's messages
+    queues for it meanwhile. When its session expires, those messages go to another member
+    of the group -- m2, on node 2 (before: to another member on node 1 only; with none
+    there they were lost, acknowledged to their publisher)."""
+    n1, n2 = cluster.start(2)
+    group = f"$share/g/{tag}/#"
+    m1 = connect(n1.port(), f"{tag}-m1", V5, properties=props(PacketTypes.CONNECT, SessionExpiryInterval=2))
+    m2 = connect(n2.port(), f"{tag}-m2", V5)
+    for m in (m1, m2):
+        m.subscribe(group, qos=1)
+    pub = connect(n2.port(), f"{tag}-pub", V5)
+    settle_group(pub, f"{tag}/probe", [m1, m2])
+    m1.drop()
+    time.sleep(0.3)
+    for n in range(N):
+        code, _ = pub.publish_result(pub.publish(f"{tag}/m", b"%d" % n, qos=1))
+        assert code.value < 0x80, code
+    got = collect([m2], N, timeout=15)[0]
+    assert sorted(got) == list(range(N)), f"m2 got {len(got)} of {N}: missing {sorted(set(range(N)) - set(got))}"
+
+
+def test_no_message_is_lost_while_a_member_on_another_node_unsubscribes(cluster, tag):
+    """A QoS 1 stream to a group whose member on node 1 unsubscribes in the middle of it: every
+    message acknowledged reaches a member (before: those node 2 still sent to node 1 by its routes
+    once node 1 had no member left were acknowledged and dropped there)."""
+    n1, n2 = cluster.start(2)
+    group = f"$share/g/{tag}/#"
+    m1 = connect(n1.port(), f"{tag}-m1", V5)
+    m2 = connect(n2.port(), f"{tag}-m2", V5)
+    for m in (m1, m2):
+        m.subscribe(group, qos=1)
+    pub = connect(n2.port(), f"{tag}-pub", V5)
+    settle_group(pub, f"{tag}/probe", [m1, m2])
+    total = 600
+    stream = PacedPublisher(n2.port(), f"{tag}/s", total=total, rate=400).start()
+    stream.wait_acked(total // 3)
+    m1.unsubscribe(group)
+    stream.finish()
+    acked = stream.acked
+    assert len(acked) == total, stream.by_code()
+    got = collect([m1, m2], total, timeout=15)
+    flat = [int(x) for g in got for x in g]
+    missing = sorted(acked - set(flat))
+    assert not missing, f"{len(missing)} acknowledged messages reached no member: {missing[:20]}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("then", ["reconnects", "expires"])
+def test_sigkill_of_a_members_node_loses_no_acknowledged_message_of_the_group(cluster, tag, then):
+    """m1 (a stored session) on node 1 takes its share of a QoS 1 stream published on node 3 and
+    acknowledges none of it (in flight, then queued); m2 is on node 2. Node 1 is SIGKILLed mid-stream.
+    Every message acknowledged to the publisher reaches a member: m1's share when m1 comes back on
+    node 3 (``reconnects``: its session as the adopter restored it), or m2 once m1's session expires
+    on the node that adopted it (``expires``: that node may have no member of its own). Afterwards
+    the group is m1 and m2, each once: a new stream goes to one of them per message, to both."""
+    n1, n2, n3 = cluster.start(3)
+    group = f"$share/g/{tag}/#"
+    expiry = 300 if then == "reconnects" else 3
+    m1 = connect(n1.port(), f"{tag}-m1", V5, clean=False, manual_ack=True,
+                 properties=props(PacketTypes.CONNECT, SessionExpiryInterval=expiry))
+    m2 = connect(n2.port(), f"{tag}-m2", V5)
+    for m in (m1, m2):
+        m.subscribe(group, qos=1)
+    settle_group(connect(n3.port(), f"{tag}-probe", V5), f"{tag}/probe", [m1, m2])
+    total = 1500
+    stream = PacedPublisher(n3.port(), f"{tag}/s", total=total, rate=300).start()
+    stream.wait_acked(total // 3)
+    n1.kill()
+    stream.finish()
+    acked = stream.acked
+    adopted_by([n2, n3], cluster.name(n1))
+    got = collect([m1, m2], 10 ** 6, timeout=2)
+    first = [int(x) for x in got[0]]
+    if then == "reconnects":
+        again = connect(n3.port(), f"{tag}-m1", V5, clean=False,
+                        properties=props(PacketTypes.CONNECT, SessionExpiryInterval=expiry))
+        assert again.session_present
+        members = [again, m2]
+    else:
+        members = [m2]
+    late = collect(members, len(acked), timeout=10)
+    seen = set(first) | {int(x) for g in got[1:] + late for x in g}
+    missing = sorted(acked - seen)
+    assert not missing, f"{len(missing)} acknowledged messages reached no member: {missing[:20]}; {stream.by_code()}"
+    assert len(acked) > total // 2, stream.by_code()
+    if then == "reconnects":
+        time.sleep(1)
+        collect(members, 10 ** 6, timeout=0.5)
+        pub = connect(n3.port(), f"{tag}-pub2", V5)
+        for n in range(N):
+            pub.publish(f"{tag}/after", b"%d" % n, qos=1)
+        after = collect(members, N, timeout=15)
+        time.sleep(0.5)
+        after = [g + more for g, more in zip(after, collect(members, 0, timeout=0), strict=True)]
+        flat = sorted(x for g in after for x in g)
+        assert flat == list(range(N)), f"per member {[len(g) for g in after]}: duplicates or losses"
+        assert all(after), f"a member got none of the group's messages: {[len(g) for g in after]}"
