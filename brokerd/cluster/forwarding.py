@@ -110,8 +110,20 @@ class Forwarder:
                 self._wait_ack(req, node, waits)
             count += 1
         local = {(g.name, g.filter): g for g in groups}
+        orphaned = self._orphaned
         for gname, filt, members in rgroups:
             group = local.pop((gname, filt), None)
+            if orphaned and not orphaned.keys().isdisjoint(members):
+                # members on dead nodes whose stored sessions await adoption: the live members take the
+                # message; with none, it is refused (see adoption), as for a plain route of a stored session
+                live = {n: m for n, m in members.items() if n not in orphaned}
+                if not live and group is None:
+                    if msg.qos:
+                        req = next(self._ids)
+                        waits.append(req)
+                        self.requests.expect_ack(req, next(iter(members)), 0.0)   # fails at the next round
+                    continue
+                members = live
             target = self.routes.pick_group_node(ns.name, gname, filt, members, len(group.members) if group else 0)
             if target is None:
                 if group is not None and self.broker.deliver_shared(ns, group, msg, now):

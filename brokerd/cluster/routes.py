@@ -178,8 +178,9 @@ class ClusterRoutes:
         self._clear_caches()
 
     def drop_node(self, node: str, keep_durable: bool = False) -> bool:
-        """A node left or died: forget everything it announced (but its routes
-        to persistent sessions with ``keep_durable``). -> whether any was kept."""
+        """A node left or died: forget everything it announced (but, with ``keep_durable``,
+        its routes to persistent sessions and its shared groups' members -- some may be
+        stored sessions: the table does not say). -> whether any was kept."""
         kept = False
         for tenant, table in list(self.exact.items()):
             for filt, value in list(table.items()):
@@ -194,6 +195,9 @@ class ClusterRoutes:
                     route.nodes[node] = (counts[1], counts[1])
                     kept = True
                 for group in list(route.groups):
+                    if keep_durable and node in route.groups[group]:
+                        kept = True
+                        continue
                     route.groups[group].pop(node, None)
                     if not route.groups[group]:
                         del route.groups[group]

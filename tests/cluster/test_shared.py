@@ -186,3 +186,34 @@ def test_sigkill_of_a_members_node_loses_no_acknowledged_message_of_the_group(cl
         flat = sorted(x for g in after for x in g)
         assert flat == list(range(N)), f"per member {[len(g) for g in after]}: duplicates or losses"
         assert all(after), f"a member got none of the group's messages: {[len(g) for g in after]}"
+
+
+@pytest.mark.slow
+def test_a_group_whose_only_member_is_a_stored_session_on_a_dead_node_loses_nothing(cluster, tag):
+    """The group's only member, m1, a stored session, offline, on node 1; node 1 is SIGKILLed
+    while a QoS 1 stream goes on from node 2. Until node 2 adopted m1's session, the stream's
+    messages are refused (the publisher sends them again), as those of a plain subscription of
+    a stored session are -- never acknowledged for no member: m1, back on node 2, has every
+    message acknowledged."""
+    n1, n2 = cluster.start(2, "--max-queued", "10000")
+    group = f"$share/g/{tag}/#"
+    p = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+    m1 = connect(n1.port(), f"{tag}-m1", V5, clean=False, properties=p)
+    m1.subscribe(group, qos=1)
+    settle_group(connect(n2.port(), f"{tag}-probe", V5), f"{tag}/probe", [m1])
+    m1.disconnect()
+    time.sleep(0.3)
+    total = 2000
+    stream = PacedPublisher(n2.port(), f"{tag}/s", total=total, rate=200).start()
+    stream.wait_acked(200)
+    n1.kill()
+    stream.finish(timeout=60)
+    acked = stream.acked
+    adopted_by([n2], cluster.name(n1))
+    again = connect(n2.port(), f"{tag}-m1", V5, clean=False, properties=p)
+    assert again.session_present
+    got = set(collect([again], len(acked), timeout=30)[0])
+    missing = sorted(acked - got)
+    assert not missing, (f"{len(missing)} acknowledged messages lost: {missing[:20]}; codes {stream.by_code()}; "
+                         f"0x10 for {stream.numbers_with(0x10)[:10]}")
+    assert max(acked) > total - 100, f"the stream did not go on: {stream.by_code()}"
