@@ -143,7 +143,7 @@ class Forwarder:
         after the last member here left. It goes to another member of the group cluster-wide -- here or
         on another node, as ``forward`` picks them -- marked REDIRECTED (a node that has no member for
         it either answers with an error rather than passing it on again). ``done(ok)``: once it is
-        stored where it went (at once, True, when no member is left anywhere). Without ``done``, a
+        stored where it went (False at once when no member is known anywhere). Without ``done``, a
         node that fails to take it (an error, no answer) makes it try again, ``tries`` times in all.
         -> whether a member was found."""
         broker = self.broker
@@ -161,7 +161,11 @@ class Forwarder:
             before = broker.writes_pending()
             found = bool(local) and broker.deliver_group(tenant, gname, filt, msg, now, exclude)
             if done is not None:
-                if found and broker.writes_pending() > before:
+                if not found:
+                    # the sender's routes said a member was here, this node's know of none: they are behind
+                    # (a member moving, just subscribed elsewhere): the publisher is refused and sends again
+                    done(False)
+                elif broker.writes_pending() > before:
                     broker.when_durable(done)
                 else:
                     done(True)

@@ -217,3 +217,31 @@ def test_a_group_whose_only_member_is_a_stored_session_on_a_dead_node_loses_noth
     assert not missing, (f"{len(missing)} acknowledged messages lost: {missing[:20]}; codes {stream.by_code()}; "
                          f"0x10 for {stream.numbers_with(0x10)[:10]}")
     assert max(acked) > total - 100, f"the stream did not go on: {stream.by_code()}"
+
+
+def test_no_message_is_lost_while_the_groups_only_member_moves_to_another_node(cluster, tag):
+    """The group's only member, a stored session on node 1, reconnects on node 2 (taking its
+    session over) in the middle of a QoS 1 stream published on node 2: every message
+    acknowledged reaches it -- those node 2 still sent to node 1 after node 1 let the session
+    go, before either node knew where the member was, are refused and sent again (before:
+    acknowledged and dropped on node 1)."""
+    n1, n2 = cluster.start(2)
+    group = f"$share/g/{tag}/#"
+    p = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+    m1 = connect(n1.port(), f"{tag}-m1", V5, clean=False, properties=p)
+    m1.subscribe(group, qos=1)
+    settle_group(connect(n2.port(), f"{tag}-probe", V5), f"{tag}/probe", [m1])
+    total = 800
+    stream = PacedPublisher(n2.port(), f"{tag}/s", total=total, rate=400).start()
+    stream.wait_acked(total // 3)
+    m1.drop()
+    before = collect([m1], 10 ** 6, timeout=0.2)[0]     # what it had read before
+    again = connect(n2.port(), f"{tag}-m1", V5, clean=False, properties=p)
+    assert again.session_present
+    stream.finish()
+    acked = stream.acked
+    got = set(before) | {int(x) for x in collect([again], len(acked), timeout=15)[0]}
+    time.sleep(0.5)
+    got |= {int(x) for x in collect([again], 0, timeout=0)[0]}
+    missing = sorted(acked - got)
+    assert not missing, f"{len(missing)} acknowledged messages lost: {missing[:20]}; codes {stream.by_code()}"
