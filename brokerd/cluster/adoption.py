@@ -14,7 +14,9 @@ sessions takes minutes; before, the others stopped refusing after
 ORPHAN_TIMEOUT whatever the survivor was doing, and a message for a session
 not adopted yet was then acknowledged for nobody). A node joining a cluster
 also adopts the stored sessions no live node holds (the whole cluster was
-down, or Redis lost its registry).
+down, or Redis lost its registry), and a node started again under the id of
+a run that died unseen (within the membership's TTL) takes up that run's
+sessions and wills itself (``former_run``, ``take_up``): no survivor reaps it.
 """
 
 import asyncio
@@ -48,6 +50,9 @@ class SessionLoader(Protocol):
 
 class EventQueue(Protocol):
     def queue_event(self, e: dict) -> None: ...
+
+    async def back(self) -> None:
+        """This node's routes, all of them, in one "back" event (after ``Adoption.take_up``)."""
 
 
 class Adoption:
@@ -144,6 +149,50 @@ class Adoption:
             self.settled(node)
             self.events.queue_event({"t": "gone", "n": self.id, "of": node})
 
+    async def former_run(self) -> tuple | None:
+        """Joining: a former run of this node id that died (SIGKILL) was not seen gone by the others when
+        this one joined within its membership's TTL (a service manager's restart), and no survivor reaps
+        it -- unless one saw it gone and holds the reap key. Then this node takes up what it held (``take_up``):
+        -> (graceful, its stored sessions, its clients' wills), read now, before any client of this run
+        registers its own; None when there is nothing to take up (called before ``forget_former``)."""
+        if not await self.bus.reap(self.id):
+            return None                          # a survivor adopts it (or did)
+        graceful = await self.bus.left_gracefully(self.id)
+        owned = await self.bus.owned(self.id)
+        wills = [] if graceful else await self.bus.take_wills(self.id)
+        if not owned and not wills:
+            return None
+        # until they are loaded, a message another node forwards here for them is refused (``forwarding``)
+        self.orphaned[self.id] = float("inf")
+        return graceful, owned, wills
+
+    async def take_up(self, former: tuple) -> None:
+        """The former run's stored sessions, loaded here as a survivor would adopt them (those a CONNECT
+        loaded meanwhile left as they are), and its clients' wills published (the cluster attached)."""
+        graceful, owned, wills = former
+        adopted = 0
+        progress = asyncio.ensure_future(self._say_reaping(self.id))   # the others go on refusing meanwhile
+        try:
+            for start in range(0, len(owned), REAP_AT_ONCE):
+                done = await asyncio.gather(*(self._adopt(self.id, tenant, cid, graceful)
+                                              for tenant, cid in owned[start:start + REAP_AT_ONCE]),
+                                            return_exceptions=True)
+                adopted += sum(1 for r in done if r is True)
+                for r in done:
+                    if isinstance(r, BaseException):
+                        log.error("taking up a session of this node's former run failed: %s", r)
+            now = self.clock()
+            for tenant, cid, blob in wills:
+                will = unpack_will(blob)
+                if will is not None:
+                    self.broker.publish_gone_will(tenant, cid, will, now)
+            log.warning("took up %d sessions of this node's former run%s", adopted,
+                        "" if graceful else f", published {len(wills)} wills of its clients")
+        finally:
+            progress.cancel()
+            self.orphaned.pop(self.id, None)
+            await self.events.back()
+
     async def _say_reaping(self, node: str) -> None:
         """While this node adopts ``node``'s sessions: the others (and this one) go on refusing
         messages for those not adopted yet."""
@@ -169,8 +218,8 @@ class Adoption:
             return False
 
         try:
-            if await self.bus.owner(tenant, cid) != node:
-                return False
+            if await self.bus.owner(tenant, cid) != node or (node == self.id and self.broker.holds(tenant, cid)):
+                return False            # (this node's former run's: a CONNECT here loaded it meanwhile)
             if await self.sessions.load(tenant, cid, wills=not graceful, still_ours=still_locked):
                 await self.bus.claim(tenant, cid, True, node)
                 return True

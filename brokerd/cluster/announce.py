@@ -80,6 +80,25 @@ class Announcer:
             self._dirty.add(key)
         self.wanted.set()
 
+    async def back(self) -> None:
+        """This node took up its former run's sessions (``Adoption.take_up``; it joined saying "reset"
+        with "keep": the others refused their messages meanwhile): every route it has, in one "back"
+        event -- the others replace what they held of this node with it, and stop refusing."""
+        while True:
+            async with self.lock:
+                self.announced.clear()
+                changes: list = []
+                events = [e for key in self.broker.local_filters() for e in self.route_events(*key, changes=changes)]
+                try:
+                    await self.bus.publish_events([{"t": "back", "n": self.id, "e": events}])
+                    return
+                except Exception as exc:
+                    self.announced.clear()
+                    if self.fence.fenced:
+                        return          # (rejoining, it says "reset" and announces afresh)
+                    log.warning("could not announce this node's routes (%s); retrying", exc)
+            await asyncio.sleep(RETRY)
+
     def forget(self) -> None:
         """Nothing announced counts any more (a fenced node rejoins: its "reset" voided it)."""
         self.announced.clear()

@@ -165,6 +165,12 @@ class EventLog:
                 self.orphans.awaiting(e["n"])
             else:
                 self.orphans.settled(e["n"])
+        elif kind == "back":                # a node took up its former run's sessions: its routes, all of them
+            if e["n"] != self.id:
+                self.routes.drop_node(e["n"])
+                for sub in e["e"]:
+                    self.apply(sub)
+                self.orphans.orphaned.pop(e["n"], None)
         elif kind == "gone":                # node "of" is adopted: nothing of it awaits any more
             if e["of"] != self.id:
                 self.orphans.settled(e["of"])

@@ -244,15 +244,21 @@ class Forwarder:
                 return
             broker.deliver_to_client(tenant, group, msg, now)
         else:
-            if not broker.forwarded(tenant, msg, group or None, gfilter or None, now) and group:
-                # no member of the group here any more (the sender's routes are behind): another member
-                # takes it, the sender's answer waits for where it went -- unless it was sent on already
-                if flags & frames.REDIRECTED:
-                    if req:
-                        link.send(frames.ack(req, rc.IMPLEMENTATION_SPECIFIC_ERROR))
+            if not broker.forwarded(tenant, msg, group or None, gfilter or None, now):
+                if group:
+                    # no member of the group here any more (the sender's routes are behind): another member
+                    # takes it, the sender's answer waits for where it went -- unless it was sent on already
+                    if flags & frames.REDIRECTED:
+                        if req:
+                            link.send(frames.ack(req, rc.IMPLEMENTATION_SPECIFIC_ERROR))
+                        return
+                    self.redeliver(tenant, group, gfilter, msg, now, None, self._acker(link, req) if req else None)
                     return
-                self.redeliver(tenant, group, gfilter, msg, now, None, self._acker(link, req) if req else None)
-                return
+                if req and self.id in self._orphaned:
+                    # this node is still loading the stored sessions of its former run (``Adoption.take_up``):
+                    # the message may be for one of them -- refused, the publisher sends it again
+                    link.send(frames.ack(req, rc.IMPLEMENTATION_SPECIFIC_ERROR))
+                    return
             if self._moving and not group:
                 wanting = self.handoff.wanting(tenant, topic)
         if not req:

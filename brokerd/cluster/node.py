@@ -114,6 +114,7 @@ class ClusterNode:
         self._on_publish = self.forwarding.on_publish
         self.peers.attach(self)
         self._tasks: list[asyncio.Task] = []
+        self._former = None                     # what a former run of this id held (``Adoption.former_run``)
 
     # ======================================================= what others read
 
@@ -170,6 +171,10 @@ class ClusterNode:
                            (self.announcer.run(), "cluster-announce"), (self._compact_loop(), "cluster-compact"),
                            (self._timer_loop(), "cluster-timeouts")):
             self._tasks.append(self.loop.create_task(coro, name=name))
+        if self._former is not None:
+            # (a task: it runs once the server attached the cluster -- the wills go to every node)
+            self._tasks.append(self.loop.create_task(self.adoption.take_up(self._former), name="cluster-former"))
+            self._former = None
         log.info("node %s joined the cluster (%d other nodes, link %s)", self.id, len(self.members),
                  self.membership.link_address)
 
@@ -182,12 +187,17 @@ class ClusterNode:
         await self.membership.join()
         await self.eventlog.load_snapshot()
         await self.bus.heartbeat(self.membership.info())
+        # what a former run of this id held, if it died unseen (``start`` takes it up once attached)
+        self._former = await self.adoption.former_run()
         # a former node of this id that died was adopted once (reap:), or left gracefully (left:): this one
         # is a member now, and when it dies a survivor adopts it and publishes its wills -- a host's
         # workers take the same ids each time it starts, and those keys lived an hour
         await self.bus.forget_former()
-        # anything a former incarnation of this node announced is void
-        await self.bus.publish_events([{"t": "reset", "n": self.id}])
+        # anything a former incarnation of this node announced is void -- but the routes to the stored sessions
+        # of one that died unseen, which this node takes up: the others refuse their messages until it says
+        # "back" with its own routes (``start``)
+        await self.bus.publish_events([{"t": "reset", "n": self.id, "keep": 1} if self._former else
+                                       {"t": "reset", "n": self.id}])
         await self.adoption.adopt_orphans()
         self.announcer.all_dirty()
 
