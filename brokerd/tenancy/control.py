@@ -31,6 +31,11 @@ class Identity:
     device: str | None            # None: anonymous
     credential: int | None = None
     via_cert: bool = False
+    # what it proved itself with, to tell whether that still holds after a policy change: the
+    # credential's hash of then (a rotated secret keeps its credential id), or its certificate's
+    # SHA-256 fingerprint and CN (a device's certificate replaced in the console)
+    proof: str | None = None
+    cert_cn: str | None = None
 
     @property
     def username(self) -> str:
@@ -210,9 +215,12 @@ class TenantControl:
             cred = dev.check_secret(password, wall)
             if cred is None:
                 return rc.BAD_USERNAME_OR_PASSWORD, None, None
-            return rc.SUCCESS, tenant, Identity(tenant, device, cred.id)
-        if cert is not None and _cert_matches(dev, cert, getattr(channel, "cert_cn", None)):
-            return rc.SUCCESS, tenant, Identity(tenant, device, None, True)
+            return rc.SUCCESS, tenant, Identity(tenant, device, cred.id, proof=cred.hash)
+        cn = getattr(channel, "cert_cn", None)
+        if cert is not None:
+            fp = hashlib.sha256(cert).hexdigest()
+            if _cert_matches(dev, fp, cn):
+                return rc.SUCCESS, tenant, Identity(tenant, device, None, True, fp, cn)
         return rc.BAD_USERNAME_OR_PASSWORD, None, None
 
     def still_valid(self, ident: Identity, wall: float) -> str | None:
@@ -230,9 +238,12 @@ class TenantControl:
         if not dev.enabled:
             return "device disabled"
         if ident.via_cert:
-            return None
+            # its certificate, as the device's entry names it now (its fingerprint or CN changed: revoked)
+            return None if _cert_matches(dev, ident.proof, ident.cert_cn) else "certificate revoked"
         for cred in dev.credentials:
             if cred.id == ident.credential:
+                if ident.proof is not None and cred.hash != ident.proof:
+                    return "credential rotated"          # the secret it connected with is not this one's any more
                 return None if cred.valid(wall) else "credential revoked or expired"
         return "credential revoked"
 
@@ -415,8 +426,9 @@ def _full(bucket: Bucket, now: float) -> bool:
     return bucket.tokens + (now - bucket.at) * bucket.rate >= bucket.burst
 
 
-def _cert_matches(dev, cert: bytes, cn: str | None) -> bool:
-    """A verified client certificate identifies the device by fingerprint or subject CN."""
-    if dev.cert_fingerprint and hashlib.sha256(cert).hexdigest() == dev.cert_fingerprint:
+def _cert_matches(dev, fingerprint: str | None, cn: str | None) -> bool:
+    """A verified client certificate (its SHA-256 ``fingerprint``, hex, and subject CN) identifies
+    the device by fingerprint or CN."""
+    if dev.cert_fingerprint and fingerprint == dev.cert_fingerprint:
         return True
     return bool(dev.cert_cn) and cn == dev.cert_cn

@@ -1,0 +1,94 @@
+"""A device's rights taken away in the console while it is connected (its secret
+rotated, the device disabled or deleted, its tenant suspended) and a device that
+takes over its own connection at the tenant's connection quota: what the device
+and the rest of its tenant see, on a real node."""
+
+import time
+
+import pytest
+
+from ..mqtt import V5, PahoClient
+from .test_enforcement import connack_code
+
+ALLOW = [{"topic": "#", "action": "both", "allow": True}]
+
+
+def client(secrets, who, version=V5, client_id=None, clean=True, secret=None):
+    return PahoClient(client_id or f"{who.replace('/', '-')}-{time.monotonic_ns()}", version, clean=clean,
+                      username=who, password=secret if secret is not None else secrets[who])
+
+
+@pytest.fixture
+def acme(control_plane):
+    secrets = control_plane.provision([{"slug": "acme", "acl": ALLOW, "devices": ["watcher", "dev2"]},
+                                       {"slug": "small", "acl": ALLOW, "devices": ["d"],
+                                        "quota": {"max_connections": 1}}])
+    node = control_plane.broker()
+    yield control_plane, node, secrets
+    node.stop()
+
+
+def test_rotating_a_secret_disconnects_the_client_that_used_the_old_one(acme):
+    """``devices rotate``: "the old one stops working at commit" -- the connection made with it too
+    (a leaked secret is rotated to shut its holder out; Mosquitto's dynsec kicks on a new password)."""
+    cp, node, secrets = acme
+    port = node.port()
+    old = client(secrets, "acme/dev2").connect(port)
+    new_secret = cp.manage("devices", "rotate", "acme", "dev2").stdout.strip().splitlines()[-1]
+    reason, _ = old.expect_disconnect(timeout=5)
+    assert reason.value == 0x87
+    assert connack_code(client(secrets, "acme/dev2"), port) == 0x86
+    assert connack_code(client(secrets, "acme/dev2", secret=new_secret), port) == 0
+    # a device on the new secret stays through a later change
+    with client(secrets, "acme/dev2", secret=new_secret).connect(port) as fresh:
+        cp.manage("acl", "add", "acme", "--deny", "--action", "publish", "--topic", "nothing/here")
+        fresh.expect_none(1.5)
+        assert fresh.disconnects.empty()
+
+
+def test_a_device_whose_certificate_is_replaced_in_the_console_is_disconnected(control_plane, tmp_path):
+    """A device on a mutual-TLS listener, matched by its certificate's fingerprint (no user name) or
+    by its CN (user name, no password): the console gives the device another certificate -- the old
+    one lost or leaked -- and the connection made with the old one goes, as a revoked secret's does."""
+    import hashlib
+    import ssl
+
+    import trustme
+
+    from ..pki import write_cert
+    from ..procs import BrokerProcess
+
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    server, server_key = write_cert(ca.issue_cert("127.0.0.1"), tmp_path, "server")
+    issued = ca.issue_cert("cam-1.example", common_name="cam-1.example")
+    cert, key = write_cert(issued, tmp_path, "cam")
+    der = ssl.PEM_cert_to_DER_cert(issued.cert_chain_pems[0].bytes().decode())
+    fp = hashlib.sha256(der).hexdigest()
+    cp = control_plane
+    cp.provision([{"slug": "acme", "acl": ALLOW, "devices": ["watcher"]}])
+    cp.manage("devices", "create", "acme", "cam", "--cert-fingerprint", fp)
+    cp.manage("devices", "create", "acme", "cam2", "--cert-cn", "cam-1.example")
+    node = BrokerProcess("--sys-interval", "0", "--tls-cert", server, "--tls-key", server_key,
+                         "--tls-ca", str(tmp_path / "ca.pem"), "--tls-verify-client", "required",
+                         listen=("mqtts://127.0.0.1:0",), anonymous=False, env=cp.env).start()
+
+    def cam(username=None):
+        c = PahoClient(f"cam-{time.monotonic_ns()}", V5, username=username)
+        c.client.tls_set(ca_certs=str(tmp_path / "ca.pem"), certfile=cert, keyfile=key)
+        return c
+
+    try:
+        port = node.port("mqtts")
+        by_fp, by_cn = cam().connect(port), cam("acme/cam2").connect(port)
+        cp.shell("from tenants import services, queries\n"
+                 "t = queries.get_tenant('acme')\n"
+                 "services.update_device(queries.get_device(t, 'cam'), cert_fingerprint='ab' * 32)\n"
+                 "services.update_device(queries.get_device(t, 'cam2'), cert_cn='cam-2.example')\n")
+        for c in (by_fp, by_cn):
+            reason, _ = c.expect_disconnect(timeout=5)
+            assert reason.value == 0x87
+        assert connack_code(cam(), port) == 0x86
+        assert connack_code(cam("acme/cam2"), port) == 0x86
+    finally:
+        node.stop()
