@@ -64,17 +64,24 @@ class Enforcement:
     def will_allowed(self, tenant: str, device, client_id: str, topic: str) -> bool:
         """May a client's will go to ``topic``? Asked at CONNECT and again when the
         will is published, with the tenant's policy of then: a will is a PUBLISH the
-        client asked for, decided as one (``Broker.publish``). A deleted tenant's
-        wills go nowhere; ``device`` UNKNOWN (a will of a client of a dead node):
+        client asked for, decided as one (``Broker.publish``). A deleted or suspended
+        tenant's wills go nowhere, nor those of a device deleted or disabled since; ``device`` UNKNOWN (a will of a client of a dead node):
         the tenant is checked, the ACL was at its CONNECT."""
         if topic.startswith("$SYS"):
             return False                    # the broker's own tree (as for a PUBLISH: Broker.publish)
         auth = self.b.auth
-        if auth.policy(tenant) is None:
+        policy = auth.policy(tenant)
+        if policy is None:
             # no control plane (AnonymousAuth): one tenant, everything allowed
             return tenant == self.anonymous_tenant
+        if not policy.active:
+            return False                    # a suspended tenant's devices publish nothing
         if device is UNKNOWN or (device is None and tenant != self.anonymous_tenant):
             return True                     # (a session stored without its device: judged at its CONNECT)
+        if device is not None and getattr(policy, "devices", None) is not None:
+            dev = policy.devices.get(device)
+            if dev is None or not dev.enabled:
+                return False                # a device deleted or disabled since: nor does it
         acl = auth.client_acl(Identity(tenant, device), client_id)
         return acl is None or acl.can_publish(topic)
 
@@ -97,7 +104,7 @@ class Enforcement:
         for ch in [c for c in self.expiring if c.valid_until is not None and c.valid_until <= wall]:
             self.expiring.discard(ch)
             self.b.acct.stats.revoked += 1
-            ch.disconnect(rc.NOT_AUTHORIZED, "credential expired", now)
+            ch.disconnect(rc.NOT_AUTHORIZED, "credential expired", now, will=False)
 
     # ---------------------------------------------------------------- sessions
 
@@ -164,7 +171,9 @@ class Enforcement:
             reason = auth.still_valid(ch.identity, wall) if ch.identity is not None else None
             if reason is not None:
                 b.acct.stats.revoked += 1
-                ch.disconnect(rc.NOT_AUTHORIZED, reason, now)
+                # without its will: the will is a PUBLISH of a client whose rights just ended (as
+                # Mosquitto's dynsec kicks a deleted or disabled client); a stored session keeps none
+                ch.disconnect(rc.NOT_AUTHORIZED, reason, now, will=False)
                 continue
             ch.acl = auth.client_acl(ch.identity, ch.client_id) if ch.identity is not None else None
             ch.quota = new.quota if new is not None and new.quota else None

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from ..mqtt import V5, PahoClient
-from .test_enforcement import connack_code
+from ..mqtt import V5, PacketTypes, PahoClient, props
+from .test_enforcement import connack_code, wait_until
 
 ALLOW = [{"topic": "#", "action": "both", "allow": True}]
 
@@ -92,3 +92,53 @@ def test_a_device_whose_certificate_is_replaced_in_the_console_is_disconnected(c
         assert connack_code(cam("acme/cam2"), port) == 0x86
     finally:
         node.stop()
+
+
+@pytest.mark.parametrize("change", [("devices", "disable", "acme", "dev2"), ("devices", "delete", "acme", "dev2")])
+def test_the_will_of_a_device_disconnected_for_its_revoked_rights_is_not_published(acme, change):
+    """As Mosquitto's dynsec kicks a deleted or disabled client: without its will. The will is the
+    device's PUBLISH, and the device may publish nothing any more."""
+    cp, node, secrets = acme
+    port = node.port()
+    with client(secrets, "acme/watcher").connect(port) as watcher:
+        watcher.subscribe("dev2/#", 1)
+        dev2 = client(secrets, "acme/dev2").connect(port, will=("dev2/status", b"offline", 1))
+        cp.manage(*change)
+        reason, _ = dev2.expect_disconnect(timeout=5)
+        assert reason.value == 0x87
+        watcher.expect_none(1.0)
+
+
+def test_a_delayed_will_of_a_device_disabled_meanwhile_is_not_published(acme):
+    cp, node, secrets = acme
+    port = node.port()
+    with client(secrets, "acme/watcher").connect(port) as watcher:
+        watcher.subscribe("dev2/#", 1)
+        dev2 = client(secrets, "acme/dev2")
+        dev2.client.will_set("dev2/status", b"offline", 1,
+                             properties=props(PacketTypes.WILLMESSAGE, WillDelayInterval=3))
+        dev2.connect(port, properties=props(PacketTypes.CONNECT, SessionExpiryInterval=60))
+        dev2.drop()                                      # the will is due in 3 s
+        cp.manage("devices", "disable", "acme", "dev2")
+        watcher.expect_none(4.0)
+
+
+def test_the_will_of_a_suspended_tenants_device_is_not_published(acme):
+    """A stored session of the tenant would have queued it and had it at the resume."""
+    cp, node, secrets = acme
+    port = node.port()
+    cid = f"watcher-{time.monotonic_ns()}"
+    stored = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+    watcher = client(secrets, "acme/watcher", client_id=cid, clean=False).connect(port, properties=stored)
+    watcher.subscribe("dev2/#", 1)
+    watcher.disconnect()
+    dev2 = client(secrets, "acme/dev2").connect(port, will=("dev2/status", b"offline", 1))
+    cp.manage("tenants", "suspend", "acme")
+    reason, _ = dev2.expect_disconnect(timeout=5)
+    assert reason.value == 0x87
+    cp.manage("tenants", "resume", "acme")
+    back = client(secrets, "acme/watcher", client_id=cid, clean=False)
+    wait_until(lambda: connack_code(client(secrets, "acme/watcher"), port) == 0, what="resume")
+    with back.connect(port, properties=stored):
+        assert back.session_present
+        back.expect_none(1.0)
