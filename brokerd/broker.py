@@ -94,7 +94,7 @@ class AnonymousAuth:
     def admit(self, peer: str, now: float) -> tuple[int, str] | None:
         return None
 
-    def authenticate(self, connect, channel, now: float, wall: float):
+    def authenticate(self, connect, channel, now: float, wall: float, replaces=None):
         """-> (reason code, tenant, identity)."""
         if self.allow_anonymous:
             return rc.SUCCESS, self.tenant, None

@@ -98,7 +98,8 @@ class ClientRegistry:
             channel.refuse(rc.QUOTA_EXCEEDED, "the server is at its connection limit")
             return
         auth = b.auth
-        code, tenant, identity = auth.authenticate(p, channel, now, now + b.wall_offset)
+        code, tenant, identity = auth.authenticate(p, channel, now, now + b.wall_offset,
+                                                   self._replaces(p.client_id) if p.client_id else None)
         if code != rc.SUCCESS:
             ns = b.router.namespace(tenant) if tenant is not None else None
             if code in (rc.BAD_USERNAME_OR_PASSWORD, rc.NOT_AUTHORIZED):
@@ -143,7 +144,8 @@ class ClientRegistry:
         args = (channel, p, ns, client_id, assigned, expiry, connack_props, identity, policy, quota)
         if self.claims is not None:
             limit = quota.get("max_connections") if quota is not None else None
-            if limit is not None and not self._admit_opening(tenant, channel, limit):
+            if limit is not None and not self._admit_opening(tenant, channel, limit,
+                                                             self._replaces(client_id)(tenant) if not assigned else False):
                 b.acct.connect_refused(ns)
                 channel.refuse(rc.QUOTA_EXCEEDED, rc.NAMES.get(rc.QUOTA_EXCEEDED))
                 return
@@ -153,13 +155,27 @@ class ClientRegistry:
             return
         self._open_session(*args, now)
 
-    def _admit_opening(self, tenant: str, channel, limit: int) -> bool:
+    def _replaces(self, client_id: str):
+        """-> tenant -> whether a CONNECT of ``client_id`` takes over a live connection on this node
+        (the connection leaves as the new one comes in: the tenant's count does not grow)."""
+        def replaces(tenant: str) -> bool:
+            ns = self.b.router.namespaces.get(tenant)
+            session = ns.sessions.get(client_id) if ns is not None else None
+            return session is not None and session.channel is not None and session.channel in ns.channels
+        return replaces
+
+    def _admit_opening(self, tenant: str, channel, limit: int, replaces: bool = False) -> bool:
         """A CONNECT the tenant's connection quota admitted (``auth.authenticate``, by the
         connections counted in) waits for its claim: admitted only if the tenant's other
         CONNECTs waiting too leave it room; then it waits among them. (Without this, a burst
         of CONNECTs arriving together were all admitted against the count of before.)"""
         opening = self._opening.get(tenant)
-        connections = self.b.auth.connections
+        count = self.b.auth.connections
+        gone = 1 if replaces else 0          # the connection it takes over leaves as it comes in
+
+        def connections(t):
+            return count(t) - gone
+
         if opening and connections(tenant) + len(opening) >= limit:
             # those refused or gone meanwhile (never opened) leave first -- looked for only at the
             # limit: a walk over them on every CONNECT of a storm was quadratic in its size

@@ -139,9 +139,12 @@ class TenantControl:
             return rc.CONNECTION_RATE_EXCEEDED, "too many failed logins from this address"
         return None
 
-    def authenticate(self, connect, channel, now: float, wall: float):
+    def authenticate(self, connect, channel, now: float, wall: float, replaces=None):
         """-> (reason code, tenant, Identity). A refused CONNECT names the
-        tenant when it is known (for its counters), never an Identity."""
+        tenant when it is known (for its counters), never an Identity.
+        ``replaces(tenant)``: whether the CONNECT takes over a live connection of its
+        client id on this node -- one that leaves as it comes in, not counted twice
+        against the tenant's connection quota."""
         host = channel.peer.rsplit(":", 1)[0] if channel.peer else ""
         username = connect.username
         if self._throttled(("addr", host), now) or (username and self._throttled(("user", username), now)):
@@ -160,8 +163,10 @@ class TenantControl:
             return code, tenant, None
         policy = self.policy(tenant)
         limit = policy.limit("max_connections")
-        if limit is not None and self.connected.get(tenant, 0) + self.remote_connected.get(tenant, 0) >= limit:
-            return rc.QUOTA_EXCEEDED, tenant, None
+        if limit is not None:
+            count = self.connections(tenant)
+            if count >= limit and not (count == limit and replaces is not None and replaces(tenant)):
+                return rc.QUOTA_EXCEEDED, tenant, None
         rate = policy.limit("connect_rate")
         if rate and not self.connect_bucket(tenant, rate, now).allow(now):
             return rc.CONNECTION_RATE_EXCEEDED, tenant, None

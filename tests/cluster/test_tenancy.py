@@ -152,3 +152,34 @@ def test_connections_of_a_node_no_one_reaped_do_not_count_against_the_quota(redi
         for d in devs:
             d.disconnect()
         c.stop_all()
+
+
+def test_a_device_taking_over_its_own_connection_at_the_quota_is_let_in(redis_server, tmp_path, plane, tag):
+    """max_connections 1 and the device's one connection half-open: its new CONNECT with the same
+    client id on the same node replaces that connection (0x8E), it is not refused 0x97 until the
+    old one's keepalive runs out; another client id still is. (On another node the old connection
+    is still counted: refused 0x97 until the old node sees it gone.)"""
+    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "quota": {"max_connections": 1},
+                                "devices": ["d"]}])
+    c = Cluster(redis_server, tmp_path, env=plane.env)
+    clients = []
+    try:
+        (n1,) = c.start(1)
+
+        def dev(cid):
+            d = PahoClient(cid, version=V5, username="acme/d", password=secrets["acme/d"])
+            clients.append(d)
+            return d
+
+        old = dev(f"{tag}-d")
+        old.client.reconnect_delay_set(60, 120)          # (paho would come back and take the id over again)
+        old.connect(n1.port())
+        dev(f"{tag}-d").connect(n1.port())
+        reason, _ = old.expect_disconnect(timeout=5)
+        assert reason.value == 0x8E
+        with pytest.raises(ConnectionError, match="0x97"):
+            dev(f"{tag}-other").connect(n1.port())
+    finally:
+        for cl in clients:
+            cl.disconnect()
+        c.stop_all()

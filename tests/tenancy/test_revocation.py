@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ..mqtt import V5, PacketTypes, PahoClient, props
+from ..mqtt import V5, V311, PacketTypes, PahoClient, props
 from .test_enforcement import connack_code, wait_until
 
 ALLOW = [{"topic": "#", "action": "both", "allow": True}]
@@ -142,3 +142,27 @@ def test_the_will_of_a_suspended_tenants_device_is_not_published(acme):
     with back.connect(port, properties=stored):
         assert back.session_present
         back.expect_none(1.0)
+
+
+@pytest.mark.parametrize("version", [V5, V311])
+def test_a_device_taking_over_its_own_connection_at_the_connection_quota_is_let_in(acme, version):
+    """max_connections 1, the device's connection half-open (it reconnects before the node saw the old
+    one die): its new CONNECT with the same client id replaces the old connection -- the tenant's
+    count does not grow -- so it is taken over (0x8E), not refused 0x97 until the keepalive ends."""
+    cp, node, secrets = acme
+    port = node.port()
+    cid = f"d-{time.monotonic_ns()}"
+    old = client(secrets, "small/d", version, client_id=cid)
+    old.client.reconnect_delay_set(60, 120)          # (paho would come back and take the id over again)
+    old.connect(port)
+    new = client(secrets, "small/d", version, client_id=cid).connect(port)
+    try:
+        if version == V5:
+            reason, _ = old.expect_disconnect(timeout=5)
+            assert reason.value == 0x8E
+        # still one connection: another client id is over the quota
+        assert connack_code(client(secrets, "small/d", version), port) in (0x97, 3)
+    finally:
+        new.disconnect()
+        old.disconnect()
+    wait_until(lambda: connack_code(client(secrets, "small/d", version), port) == 0, what="room again")
