@@ -1146,7 +1146,15 @@ class Broker:
         return sorted({sub.filter for sub in session.subscriptions.values() if sub.group is None})
 
     def connection_counts(self) -> dict[str, int]:
-        return self.router.connection_counts()
+        """Connected clients per tenant here, for the cluster's sums -- a tenant with a connection
+        quota that no device of has reached this node included, at 0: its total over the other
+        nodes is read all the same (the quota counts every node; without it, a node new to the
+        tenant admitted devices up to the whole quota on its own)."""
+        counts = self.router.connection_counts()
+        for slug, policy in getattr(self.auth, "policies", {}).items():
+            if slug not in counts and policy.quota.get("max_connections") is not None:
+                counts[slug] = 0
+        return counts
 
     def remote_connections(self, counts: dict[str, int]) -> None:
         """Connected clients per tenant on the other nodes (tenant connection quotas count them)."""

@@ -183,3 +183,32 @@ def test_a_device_taking_over_its_own_connection_at_the_quota_is_let_in(redis_se
         for cl in clients:
             cl.disconnect()
         c.stop_all()
+
+
+def test_a_node_no_device_of_the_tenant_reached_yet_counts_its_connections_on_the_others(
+        redis_server, tmp_path, plane, tag):
+    """The nodes summed each tenant's connections only for the tenants a node had a namespace
+    for: a node none of the tenant's devices had reached yet read no total for it and admitted
+    devices up to the whole quota on its own -- with the quota used up on the other node."""
+    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "quota": {"max_connections": 2},
+                                "devices": ["d"]}])
+    c = Cluster(redis_server, tmp_path, env=plane.env)
+    clients = []
+    try:
+        n1, n2 = c.start(2)
+
+        def dev(i):
+            d = PahoClient(f"{tag}-{i}", version=V5, username="acme/d", password=secrets["acme/d"])
+            clients.append(d)
+            return d
+
+        dev(1).connect(n1.port())
+        dev(2).connect(n1.port())
+        time.sleep(2.5)                                  # two rounds of count sharing
+        for i in (3, 4):
+            with pytest.raises(ConnectionError, match="0x97"):
+                dev(i).connect(n2.port())
+    finally:
+        for cl in clients:
+            cl.disconnect()
+        c.stop_all()
