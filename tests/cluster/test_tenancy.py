@@ -212,3 +212,70 @@ def test_a_node_no_device_of_the_tenant_reached_yet_counts_its_connections_on_th
         for cl in clients:
             cl.disconnect()
         c.stop_all()
+
+
+def test_a_connect_authenticated_before_its_device_was_disabled_is_not_opened_after(redis_server, tmp_path, plane,
+                                                                                   tag):
+    """In a cluster a CONNECT is authenticated, then waits for its client id's claim in Redis, then
+    opens. A policy change that lands between the two (the device disabled: its connections are
+    disconnected) did not see that connection -- not open yet -- and the connection opened after
+    it on the device's old rights, and stayed."""
+    import subprocess
+    import sys
+
+    from ..integration.raw import connect_packet
+    from ..procs import ROOT
+
+    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "devices": ["d"]}])
+    c = Cluster(redis_server, tmp_path, env=plane.env)
+    django = subprocess.Popen(
+        [sys.executable, "manage.py", "shell", "-c",
+         "import sys\nfrom tenants import services, queries\n"
+         "d = queries.get_device(queries.get_tenant('acme'), 'd')\n"
+         "print('READY', flush=True)\nsys.stdin.readline()\nservices.disable_device(d)\nprint('DONE', flush=True)\n"],
+        cwd=ROOT, env=plane.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    sock = None
+    try:
+        (n1,) = c.start(1)
+        while django.stdout.readline().strip() != "READY":       # (the shell may say something first)
+            assert django.poll() is None, "the console's shell ended"
+        redis_server.client().execute_command("CLIENT", "PAUSE", "2500", "ALL")     # the claim waits
+        sock = socket.create_connection(("127.0.0.1", n1.port()), timeout=10)
+        sock.sendall(connect_packet(f"{tag}-d", 5, username="acme/d", password=secrets["acme/d"].encode()))
+        time.sleep(0.2)                                  # authenticated, its claim waiting
+        django.stdin.write("go\n")
+        django.stdin.flush()
+        while django.stdout.readline().strip() != "DONE":
+            assert django.poll() is None, "the console's shell ended"
+        sock.settimeout(6)
+        data = b""
+        while len(data) < 4:
+            chunk = sock.recv(64)
+            if not chunk:
+                break
+            data += chunk
+        assert data[:1] == b"\x20", data
+        if data[3] == 0:
+            # accepted: then it must be disconnected (0x87) as its device's other connections were
+            sock.settimeout(3)
+            rest = data[2 + data[1]:]
+            try:
+                while len(rest) < 3:
+                    chunk = sock.recv(64)
+                    if not chunk:
+                        break
+                    rest += chunk
+            except TimeoutError:
+                pass
+            assert rest[:1] == b"\xe0" and rest[2] == 0x87, f"still connected: {rest!r}"
+        else:
+            assert data[3] == 0x87, data
+        # (the change was in: the device is refused now)
+        with pytest.raises(ConnectionError, match="0x87"):
+            PahoClient(f"{tag}-d2", version=V5, username="acme/d", password=secrets["acme/d"]).connect(n1.port())
+    finally:
+        if sock is not None:
+            sock.close()
+        django.kill()
+        django.wait()
+        c.stop_all()
