@@ -68,3 +68,36 @@ def test_a_client_id_that_fits_gets_the_rule_as_written(acme):
         assert _puback_code(d, "cmd/other/reboot") == 0x10          # allowed (no subscriber)
         assert [c.value for c in d.subscribe("ok/secret", 1)] == [0x87]
         assert [c.value for c in d.subscribe("anything/#", 1)] == [1]
+
+
+@pytest.mark.parametrize("client_id", ["+", "#", "a/b", "$SYS", "x" * 30000])
+def test_an_allow_rule_with_a_hostile_client_id_never_widens(control_plane, client_id):
+    """A default-deny tenant whose devices may use ``{client_id}/#`` (and ``in/{client_id}``): a
+    client id that is a wildcard, holds a level separator, names the system tree or is 30,000
+    characters long gets nothing it could not get anyway -- no ``#``, no other client's subtree --
+    and a well-behaved client beside it keeps its rights."""
+    secrets = control_plane.provision([{"slug": "acme", "default_acl": "deny", "devices": ["dev1", "canary"],
+                                        "acl": [{"topic": "{client_id}/#", "action": "both", "allow": True},
+                                                {"topic": "in/{client_id}", "action": "both", "allow": True}]}])
+    node = control_plane.broker()
+    try:
+        port = node.port()
+        with PahoClient("canary", V5, username="acme/canary", password=secrets["acme/canary"]).connect(port) as c, \
+                PahoClient(client_id, V5, username="acme/dev1", password=secrets["acme/dev1"]).connect(port) as d:
+            assert [x.value for x in c.subscribe("canary/#", 1)] == [1]
+            assert [x.value for x in c.subscribe("in/canary", 1)] == [1]
+            # a filter wider than its rights is granted only where a rule of its own applies (a
+            # wildcard that meets one is checked message by message), never onto another's topics
+            for filt in ("canary/#", "in/canary", "a/#"):
+                assert [x.value for x in d.subscribe(filt, 1)] == [0x87], filt
+            for filt in ("#", "+/#", "in/+"):
+                d.subscribe(filt, 1)
+            for topic in ("canary/cmd", "in/canary", "a/b/c", "x" * 100 + "/t"):
+                assert _puback_code(d, topic) == 0x87, topic
+            c.publish("canary/cmd", b"mine", qos=1)
+            c.publish("in/canary", b"for me", qos=1)
+            assert sorted(m.payload for m in c.expect_n(2)) == [b"for me", b"mine"]
+            c.expect_none(0.3)
+            d.expect_none(0.5)
+    finally:
+        node.stop()
