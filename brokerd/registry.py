@@ -191,15 +191,18 @@ class ClientRegistry:
     def _open_session(self, channel, p, ns, client_id, assigned, expiry, connack_props, identity, policy, quota,
                       now) -> None:
         b = self.b
-        if self.claims is not None and identity is not None:
+        if self.claims is not None:
             # authenticated before its claim went to the cluster: a policy change applied meanwhile (a
-            # device disabled, a secret rotated, a tenant suspended) disconnected the tenant's connections
-            # but could not see this one, not open yet -- it is judged by that policy now
-            reason = b.auth.still_valid(identity, now + b.wall_offset)
-            if reason is not None:
-                b.acct.auth_failed(ns)
-                channel.refuse(rc.NOT_AUTHORIZED, reason)
-                return
+            # device disabled, a secret rotated, a tenant suspended, a quota lowered) was enforced on the
+            # tenant's connections but could not see this one, not open yet -- it is judged by that policy now
+            if identity is not None:
+                reason = b.auth.still_valid(identity, now + b.wall_offset)
+                if reason is not None:
+                    b.acct.auth_failed(ns)
+                    channel.refuse(rc.NOT_AUTHORIZED, reason)
+                    return
+            policy = b.auth.policy(ns.name)
+            quota = policy.quota if policy is not None and policy.quota else None
         session = self._takeover(ns, client_id, now)
         present = False
         if session is not None:

@@ -214,59 +214,90 @@ def test_a_node_no_device_of_the_tenant_reached_yet_counts_its_connections_on_th
         c.stop_all()
 
 
+class _ChangeDuringClaim:
+    """A CONNECT (raw socket, MQTT 5) authenticated, its claim then held up in Redis (``CLIENT PAUSE``,
+    2.5 s) while the console makes ``change`` (a Django shell started beforehand, so that the change
+    lands at once): the connection as it opens after that."""
+
+    def __init__(self, redis_server, plane, node, change: str):
+        import subprocess
+        import sys
+
+        from ..procs import ROOT
+
+        self.redis, self.node = redis_server, node
+        self.django = subprocess.Popen(
+            [sys.executable, "manage.py", "shell", "-c",
+             "import sys\nfrom tenants import services, queries\nt = queries.get_tenant('acme')\n"
+             "print('READY', flush=True)\nsys.stdin.readline()\n" + change + "\nprint('DONE', flush=True)\n"],
+            cwd=ROOT, env=plane.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.sock = None
+
+    def _line(self, want: str) -> None:
+        while self.django.stdout.readline().strip() != want:      # (the shell may say something first)
+            assert self.django.poll() is None, "the console's shell ended"
+
+    def connect(self, client_id: str, username: str, password: str) -> bytes:
+        """-> the CONNACK's first bytes."""
+        from ..integration.raw import connect_packet
+
+        self._line("READY")
+        self.redis.client().execute_command("CLIENT", "PAUSE", "2500", "ALL")     # the claim waits
+        self.sock = socket.create_connection(("127.0.0.1", self.node.port()), timeout=10)
+        self.sock.sendall(connect_packet(client_id, 5, username=username, password=password.encode()))
+        time.sleep(0.2)                                  # authenticated, its claim waiting
+        self.django.stdin.write("go\n")
+        self.django.stdin.flush()
+        self._line("DONE")
+        self.sock.settimeout(6)
+        data = b""
+        while len(data) < 4:
+            chunk = self.sock.recv(64)
+            if not chunk:
+                break
+            data += chunk
+        assert data[:1] == b"\x20", data
+        self.rest = data[2 + data[1]:] if len(data) >= 2 + data[1] else b""
+        return data
+
+    def next_bytes(self, n: int, timeout: float = 3.0) -> bytes:
+        """What the node sends next (up to ``n`` bytes; fewer if it sends nothing more in ``timeout``)."""
+        self.sock.settimeout(timeout)
+        rest = self.rest
+        try:
+            while len(rest) < n:
+                chunk = self.sock.recv(64)
+                if not chunk:
+                    break
+                rest += chunk
+        except TimeoutError:
+            pass
+        self.rest = b""
+        return rest
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        self.django.kill()
+        self.django.wait()
+
+
 def test_a_connect_authenticated_before_its_device_was_disabled_is_not_opened_after(redis_server, tmp_path, plane,
                                                                                    tag):
     """In a cluster a CONNECT is authenticated, then waits for its client id's claim in Redis, then
     opens. A policy change that lands between the two (the device disabled: its connections are
     disconnected) did not see that connection -- not open yet -- and the connection opened after
     it on the device's old rights, and stayed."""
-    import subprocess
-    import sys
-
-    from ..integration.raw import connect_packet
-    from ..procs import ROOT
-
     secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "devices": ["d"]}])
     c = Cluster(redis_server, tmp_path, env=plane.env)
-    django = subprocess.Popen(
-        [sys.executable, "manage.py", "shell", "-c",
-         "import sys\nfrom tenants import services, queries\n"
-         "d = queries.get_device(queries.get_tenant('acme'), 'd')\n"
-         "print('READY', flush=True)\nsys.stdin.readline()\nservices.disable_device(d)\nprint('DONE', flush=True)\n"],
-        cwd=ROOT, env=plane.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    sock = None
+    change = None
     try:
         (n1,) = c.start(1)
-        while django.stdout.readline().strip() != "READY":       # (the shell may say something first)
-            assert django.poll() is None, "the console's shell ended"
-        redis_server.client().execute_command("CLIENT", "PAUSE", "2500", "ALL")     # the claim waits
-        sock = socket.create_connection(("127.0.0.1", n1.port()), timeout=10)
-        sock.sendall(connect_packet(f"{tag}-d", 5, username="acme/d", password=secrets["acme/d"].encode()))
-        time.sleep(0.2)                                  # authenticated, its claim waiting
-        django.stdin.write("go\n")
-        django.stdin.flush()
-        while django.stdout.readline().strip() != "DONE":
-            assert django.poll() is None, "the console's shell ended"
-        sock.settimeout(6)
-        data = b""
-        while len(data) < 4:
-            chunk = sock.recv(64)
-            if not chunk:
-                break
-            data += chunk
-        assert data[:1] == b"\x20", data
+        change = _ChangeDuringClaim(redis_server, plane, n1, "services.disable_device(queries.get_device(t, 'd'))")
+        data = change.connect(f"{tag}-d", "acme/d", secrets["acme/d"])
         if data[3] == 0:
             # accepted: then it must be disconnected (0x87) as its device's other connections were
-            sock.settimeout(3)
-            rest = data[2 + data[1]:]
-            try:
-                while len(rest) < 3:
-                    chunk = sock.recv(64)
-                    if not chunk:
-                        break
-                    rest += chunk
-            except TimeoutError:
-                pass
+            rest = change.next_bytes(3)
             assert rest[:1] == b"\xe0" and rest[2] == 0x87, f"still connected: {rest!r}"
         else:
             assert data[3] == 0x87, data
@@ -274,8 +305,29 @@ def test_a_connect_authenticated_before_its_device_was_disabled_is_not_opened_af
         with pytest.raises(ConnectionError, match="0x87"):
             PahoClient(f"{tag}-d2", version=V5, username="acme/d", password=secrets["acme/d"]).connect(n1.port())
     finally:
-        if sock is not None:
-            sock.close()
-        django.kill()
-        django.wait()
+        if change is not None:
+            change.close()
+        c.stop_all()
+
+
+def test_a_connect_that_opens_after_its_tenants_quota_was_lowered_is_held_to_the_new_quota(redis_server, tmp_path,
+                                                                                          plane, tag):
+    """The same wait, the tenant's max_payload lowered to 10 meanwhile: the connection opened with
+    the quota of before its claim (no limit) and kept it until the next change of the tenant's policy."""
+    from ..integration.raw import publish_packet
+
+    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "devices": ["d"]}])
+    c = Cluster(redis_server, tmp_path, env=plane.env)
+    change = None
+    try:
+        (n1,) = c.start(1)
+        change = _ChangeDuringClaim(redis_server, plane, n1, "services.update_quota(t, max_payload=10)")
+        data = change.connect(f"{tag}-d", "acme/d", secrets["acme/d"])
+        assert data[3] == 0, data
+        change.sock.sendall(publish_packet("t", b"x" * 50, version=5))
+        rest = change.next_bytes(3)
+        assert rest[:1] == b"\xe0" and rest[2] == 0x95, f"over the new max_payload and not disconnected: {rest!r}"
+    finally:
+        if change is not None:
+            change.close()
         c.stop_all()
