@@ -166,3 +166,22 @@ def test_a_device_taking_over_its_own_connection_at_the_connection_quota_is_let_
         new.disconnect()
         old.disconnect()
     wait_until(lambda: connack_code(client(secrets, "small/d", version), port) == 0, what="room again")
+
+
+def test_a_quota_lowered_in_the_console_holds_for_connected_clients(acme):
+    """max_payload and max_subscriptions lowered while a device is connected: its next SUBSCRIBE
+    over the new count is refused 0x97 (those it has stay), its next PUBLISH over the new size
+    gets DISCONNECT 0x95."""
+    cp, node, secrets = acme
+    port = node.port()
+    c = client(secrets, "acme/dev2").connect(port)
+    assert [x.value for x in c.subscribe("a", 1)] == [1]
+    assert [x.value for x in c.subscribe("b", 1)] == [1]
+    c.publish("dev2/t", b"x" * 50, qos=1)
+    cp.manage("tenants", "quota", "acme", "--max-payload", "10", "--max-subscriptions", "1")
+    n = iter(range(1000))
+    wait_until(lambda: c.subscribe(f"c{next(n)}", 1)[0].value == 0x97, timeout=5, what="the new quota")
+    assert [x.value for x in c.subscribe("a", 0)] == [0]           # one it has: replaced, not a new one
+    c.client.publish("dev2/t", b"x" * 50, qos=1)
+    reason, _ = c.expect_disconnect(timeout=5)
+    assert reason.value == 0x95
