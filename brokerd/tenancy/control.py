@@ -84,10 +84,11 @@ class TenantControl:
             return None
         return TenantPolicy.from_snapshot(slug, version, data)
 
-    def apply(self, slug: str, version: int, data: dict, built=...) -> tuple[TenantPolicy | None,
-                                                                          TenantPolicy | None]:
+    def apply(self, slug: str, version: int, data: dict, built=...,
+              now: float | None = None) -> tuple[TenantPolicy | None, TenantPolicy | None]:
         """Install a snapshot (``built``: ``build``'s result for it, when made already); -> (old, new)
-        policy (new None: tenant deleted)."""
+        policy (new None: tenant deleted). ``now``: the tenant's rate buckets of a limit that changed
+        go on at the new rate from then (what they saved up or owe kept); without it they start again."""
         old = self.policies.get(slug)
         new = self.build(slug, version, data) if built is ... else built
         if new is None:
@@ -107,18 +108,40 @@ class TenantControl:
             for d in new.devices.values():
                 if d.cert_fingerprint:
                     fps[d.cert_fingerprint] = (slug, d.name)
-        # rate buckets follow the new limits
+        # rate buckets follow the new limits -- a change of anything else (a device, an ACL rule) leaves
+        # them as they are: made again, each gave the tenant a full second's worth and forgave its debt
         for key in [k for k in self._tenant_buckets if k[0] == slug]:
-            del self._tenant_buckets[key]
+            field = f"tenant_{key[1]}"
+            if not self._rate_kept(self._tenant_buckets[key], old, new, field, now):
+                del self._tenant_buckets[key]
         if new is None:
             for key in [k for k in self._client_buckets if k[0] == slug]:
                 del self._client_buckets[key]
-        self._connect_buckets.pop(slug, None)
+        bucket = self._connect_buckets.get(slug)
+        if bucket is not None and not self._rate_kept(bucket, old, new, "connect_rate", now, connects=True):
+            del self._connect_buckets[slug]
         return old, new
 
     def by_fingerprint(self, fp: str) -> tuple[str, str] | None:
         """(tenant, device) whose certificate has the SHA-256 fingerprint ``fp`` (hex, lower case)."""
         return self._fingerprints.get(fp)
+
+    @staticmethod
+    def _rate_kept(bucket: Bucket, old, new, field: str, now: float | None, connects: bool = False) -> bool:
+        """May ``bucket`` (of limit ``field``) go on under the tenant's ``new`` policy? Yes when the
+        limit is the same; when it changed, at the new rate from ``now`` (scaled as this worker's
+        share of it was)."""
+        was = old.limit(field) if old is not None else None
+        rate = new.limit(field) if new is not None else None
+        if not rate or not was:
+            return False
+        if rate == was:
+            return True
+        if now is None:
+            return False
+        scaled = bucket.rate * rate / was
+        _rescale(bucket, scaled, max(scaled, 1.0) if connects else scaled, now)
+        return True
 
     # ------------------------------------------------------ authentication
 

@@ -226,7 +226,7 @@ class PolicySource:
             try:
                 if isinstance(built, Exception):
                     raise built
-                old, new = self.control.apply(slug, version, data, built)
+                old, new = self.control.apply(slug, version, data, built, now)
             except (ValueError, KeyError, TypeError) as exc:
                 log.error("policy snapshot of tenant %r (version %d) ignored: %s", slug, version, exc)
                 self.control.version = max(self.control.version, version)

@@ -185,3 +185,42 @@ def test_a_quota_lowered_in_the_console_holds_for_connected_clients(acme):
     c.client.publish("dev2/t", b"x" * 50, qos=1)
     reason, _ = c.expect_disconnect(timeout=5)
     assert reason.value == 0x95
+
+
+def test_changes_to_a_tenants_policy_do_not_refill_its_tenant_rate(control_plane):
+    """tenant_msgs_in 10/s: 100 QoS 1 messages take about 9 s, whatever else the tenant's
+    administrators change meanwhile (here its max_delayed, 4 times a second). Every change used to
+    give the tenant's shared buckets a full second's worth again (and forgive their debt)."""
+    import subprocess
+    import sys
+
+    from ..procs import ROOT
+
+    secrets = control_plane.provision([{"slug": "acme", "default_acl": "allow", "devices": ["d"],
+                                        "quota": {"tenant_msgs_in": 10}}])
+    node = control_plane.broker()
+    churn = subprocess.Popen(
+        [sys.executable, "manage.py", "shell", "-c",
+         "import sys, time\nfrom tenants import services, queries\nt = queries.get_tenant('acme')\n"
+         "print('READY', flush=True)\nsys.stdin.readline()\n"
+         "for i in range(24):\n    services.update_quota(t, max_delayed=1000 + i)\n    time.sleep(0.25)\n"],
+        cwd=ROOT, env=control_plane.env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        while churn.stdout.readline().strip() != "READY":
+            assert churn.poll() is None, "the console's shell ended"
+        with client(secrets, "acme/d").connect(node.port()) as sub, client(secrets, "acme/d").connect(
+                node.port()) as pub:
+            sub.subscribe("t", 1)
+            churn.stdin.write("go\n")
+            churn.stdin.flush()
+            t0 = time.monotonic()
+            for i in range(100):
+                pub.client.publish("t", b"%d" % i, qos=1)
+            time.sleep(4.0 - (time.monotonic() - t0))
+            got = sub.messages.qsize()
+        # 10 at once, then 10 a second (and the subscription's own message or two in flight)
+        assert got <= 10 + 10 * 4 + 5, f"{got} messages through in 4 s at 10/s"
+    finally:
+        churn.kill()
+        churn.wait()
+        node.stop()
