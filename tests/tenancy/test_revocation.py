@@ -224,3 +224,58 @@ def test_changes_to_a_tenants_policy_do_not_refill_its_tenant_rate(control_plane
         churn.kill()
         churn.wait()
         node.stop()
+
+
+def test_expired_retained_messages_do_not_use_up_the_retained_quota(control_plane):
+    """max_retained 2, and the tenant's devices retain status messages that expire (MQTT 5 Message
+    Expiry Interval): once they have expired -- no subscriber gets them any more -- they leave room
+    for others."""
+    secrets = control_plane.provision([{"slug": "acme", "default_acl": "allow", "devices": ["d"],
+                                        "quota": {"max_retained": 2}}])
+    node = control_plane.broker()
+    try:
+        with client(secrets, "acme/d").connect(node.port()) as c:
+            got = {}
+            c.client.on_publish = lambda cl, u, mid, rc, p: got.setdefault(mid, rc.value)
+
+            def retain(topic, **kw):
+                mid = c.client.publish(topic, b"up", qos=1, retain=True,
+                                       properties=props(PacketTypes.PUBLISH, **kw) if kw else None).mid
+                wait_until(lambda: mid in got, what="PUBACK")
+                return got[mid]
+
+            assert retain("s/1", MessageExpiryInterval=1) in (0, 0x10)
+            assert retain("s/2", MessageExpiryInterval=1) in (0, 0x10)
+            assert retain("s/3") == 0x97                        # full while they live
+            time.sleep(2.2)
+            with client(secrets, "acme/d").connect(node.port()) as late:
+                late.subscribe("s/#", 1)
+                late.expect_none(0.5)                           # expired: nobody gets them
+            assert retain("s/3") in (0, 0x10)
+            assert retain("s/4") in (0, 0x10)
+            assert retain("s/5") == 0x97
+    finally:
+        node.stop()
+
+
+def test_a_credential_that_expires_while_its_device_is_connected_ends_the_connection(acme):
+    """A credential with an expiry: at that time its connection is disconnected (0x87, without its
+    will: its rights ended) and the secret is refused (0x86); the device's other credential goes on."""
+    cp, node, secrets = acme
+    port = node.port()
+    out = cp.shell("import datetime\nfrom django.utils import timezone\nfrom tenants import services, queries\n"
+                   "d = queries.get_device(queries.get_tenant('acme'), 'dev2')\n"
+                   "c, secret = services.create_credential(d, expires_at=timezone.now() + "
+                   "datetime.timedelta(seconds=4))\nprint('SECRET', secret)\n")
+    short = [ln.split(" ", 1)[1] for ln in out.splitlines() if ln.startswith("SECRET ")][-1]
+    with client(secrets, "acme/watcher").connect(port) as watcher:
+        watcher.subscribe("dev2/#", 1)
+        wait_until(lambda: connack_code(client(secrets, "acme/dev2", secret=short), port) == 0, what="the credential")
+        dev2 = client(secrets, "acme/dev2", secret=short).connect(port, will=("dev2/status", b"offline", 1))
+        lasting = client(secrets, "acme/dev2").connect(port)
+        reason, _ = dev2.expect_disconnect(timeout=8)
+        assert reason.value == 0x87
+        watcher.expect_none(1.0)
+        assert lasting.disconnects.empty()
+        lasting.disconnect()
+        assert connack_code(client(secrets, "acme/dev2", secret=short), port) == 0x86
