@@ -65,8 +65,9 @@ class Enforcement:
         """May a client's will go to ``topic``? Asked at CONNECT and again when the
         will is published, with the tenant's policy of then: a will is a PUBLISH the
         client asked for, decided as one (``Broker.publish``). A deleted or suspended
-        tenant's wills go nowhere, nor those of a device deleted or disabled since; ``device`` UNKNOWN (a will of a client of a dead node):
-        the tenant is checked, the ACL was at its CONNECT."""
+        tenant's wills go nowhere, nor those of a device deleted or disabled since;
+        ``device`` UNKNOWN (a will of a client of a dead node): the tenant is checked,
+        the ACL was at its CONNECT."""
         if topic.startswith("$SYS"):
             return False                    # the broker's own tree (as for a PUBLISH: Broker.publish)
         auth = self.b.auth
