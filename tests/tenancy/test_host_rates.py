@@ -150,13 +150,13 @@ def test_a_policy_change_keeps_the_tenants_buckets_and_a_new_rate_keeps_their_de
     assert limit_in.charge(30, 0, 0.0) == 2.0                   # 20 in debt: 2 s at 10/s
     assert auth.connect_bucket("acme", 4, 0.0).allow(0.0, 4)
     auth.apply("acme", 2, {"schema": 1, "default_acl": "deny", "quota": {"tenant_msgs_in": 10, "connect_rate": 4}},
-               0.5)
+               now=0.5)
     again, _ = auth.limiters("acme", 0.5, "c1")
     assert again.owing(0.5) == 1.5
     assert not auth.connect_bucket("acme", 4, 0.5).allow(0.5, 4)
     auth.apply("acme", 3, {"schema": 1, "default_acl": "deny", "quota": {"tenant_msgs_in": 5, "connect_rate": 4}},
-               1.0)
+               now=1.0)
     lowered, _ = auth.limiters("acme", 1.0, "c1")
     assert lowered.owing(1.0) == 2.0                            # 10 still owed, at 5/s
-    auth.apply("acme", 4, {"schema": 1, "default_acl": "deny", "quota": {}}, 1.5)
+    auth.apply("acme", 4, {"schema": 1, "default_acl": "deny", "quota": {}}, now=1.5)
     assert auth.limiters("acme", 1.5, "c1") == (None, None)
