@@ -186,6 +186,7 @@ def _new_device(tenant, name, description, enabled, cert_fingerprint, cert_cn) -
     if tenant.devices.filter(name=name).exists():
         raise Conflict(f"device {tenant.slug}/{name} already exists")
     _check_fingerprint_free(device)
+    _check_cn_free(device)
     _save(device, f"device {tenant.slug}/{name} or its certificate fingerprint already exists")
     return device
 
@@ -208,6 +209,20 @@ def _check_fingerprint_free(device: Device):
     if other.tenant_id == device.tenant_id:
         raise Conflict(f"certificate fingerprint already belongs to device {other}")
     raise Conflict("certificate fingerprint already in use by a device of another tenant")
+
+
+def _check_cn_free(device: Device):
+    """Certificate CNs are unique across tenants, as fingerprints are: the listeners' CA is every
+    tenant's, so a CN two devices named would let the holder of either certificate in as the other
+    device (brokerd lets a CN named twice identify neither)."""
+    if not device.cert_cn:
+        return
+    other = Device.objects.filter(cert_cn=device.cert_cn).exclude(pk=device.pk).first()
+    if other is None:
+        return
+    if other.tenant_id == device.tenant_id:
+        raise Conflict(f"certificate CN already belongs to device {other}")
+    raise Conflict("certificate CN already in use by a device of another tenant")
 
 
 @transaction.atomic
@@ -254,6 +269,7 @@ def update_device(device: Device, *, description=UNSET, cert_fingerprint=UNSET, 
     _set_cert(device, cert_fingerprint, cert_cn)
     _clean(device, validate_unique=False, validate_constraints=False)
     _check_fingerprint_free(device)
+    _check_cn_free(device)
     _save(device, "certificate fingerprint already in use")
     policy_snapshot.publish(device.tenant)
     return device

@@ -52,6 +52,7 @@ class TenantControl:
         self.connected: dict[str, int] = {}           # tenant -> live connections on this node
         self.remote_connected: dict[str, int] = {}    # tenant -> live connections on the other nodes
         self._fingerprints: dict[str, tuple[str, str]] = {}
+        self._cns: dict[str, set[tuple[str, str]]] = {}      # certificate CN -> the devices naming it
         self._connect_buckets: dict[str, Bucket] = {}
         self._tenant_buckets: dict[tuple[str, str], Bucket] = {}
         # --workers: a tenant's rates are the host's, shared among its workers (``host_shares``)
@@ -108,6 +109,19 @@ class TenantControl:
             for d in new.devices.values():
                 if d.cert_fingerprint:
                     fps[d.cert_fingerprint] = (slug, d.name)
+        # certificate CNs, with every device that names each: a CN two devices name identifies neither
+        cns = self._cns
+        if old is not None:
+            for d in old.devices.values():
+                owners = cns.get(d.cert_cn) if d.cert_cn else None
+                if owners is not None:
+                    owners.discard((slug, d.name))
+                    if not owners:
+                        del cns[d.cert_cn]
+        if new is not None:
+            for d in new.devices.values():
+                if d.cert_cn:
+                    cns.setdefault(d.cert_cn, set()).add((slug, d.name))
         # rate buckets follow the new limits -- a change of anything else (a device, an ACL rule) leaves
         # them as they are: made again, each gave the tenant a full second's worth and forgave its debt
         for key in [k for k in self._tenant_buckets if k[0] == slug]:
@@ -121,6 +135,15 @@ class TenantControl:
         if bucket is not None and not self._rate_kept(bucket, old, new, "connect_rate", now, connects=True):
             del self._connect_buckets[slug]
         return old, new
+
+    def _cert_matches(self, tenant: str, dev, fingerprint: str | None, cn: str | None) -> bool:
+        """A verified client certificate (its SHA-256 ``fingerprint``, hex, and subject CN) identifies
+        ``tenant``'s device ``dev`` by fingerprint, or by CN when no other device on the platform names
+        that CN: the listener's CA is every tenant's, and a CN two tenants gave their devices let the
+        holder of either certificate log in as the other tenant's device by its user name."""
+        if dev.cert_fingerprint and fingerprint == dev.cert_fingerprint:
+            return True
+        return bool(dev.cert_cn) and cn == dev.cert_cn and self._cns.get(cn) == {(tenant, dev.name)}
 
     def by_fingerprint(self, fp: str) -> tuple[str, str] | None:
         """(tenant, device) whose certificate has the SHA-256 fingerprint ``fp`` (hex, lower case)."""
@@ -247,7 +270,7 @@ class TenantControl:
         cn = getattr(channel, "cert_cn", None)
         if cert is not None:
             fp = hashlib.sha256(cert).hexdigest()
-            if _cert_matches(dev, fp, cn):
+            if self._cert_matches(tenant, dev, fp, cn):
                 return rc.SUCCESS, tenant, Identity(tenant, device, None, True, fp, cn)
         return rc.BAD_USERNAME_OR_PASSWORD, None, None
 
@@ -267,7 +290,7 @@ class TenantControl:
             return "device disabled"
         if ident.via_cert:
             # its certificate, as the device's entry names it now (its fingerprint or CN changed: revoked)
-            return None if _cert_matches(dev, ident.proof, ident.cert_cn) else "certificate revoked"
+            return None if self._cert_matches(ident.tenant, dev, ident.proof, ident.cert_cn) else "certificate revoked"
         for cred in dev.credentials:
             if cred.id == ident.credential:
                 if ident.proof is not None and cred.hash != ident.proof:
@@ -454,9 +477,3 @@ def _full(bucket: Bucket, now: float) -> bool:
     return bucket.tokens + (now - bucket.at) * bucket.rate >= bucket.burst
 
 
-def _cert_matches(dev, fingerprint: str | None, cn: str | None) -> bool:
-    """A verified client certificate (its SHA-256 ``fingerprint``, hex, and subject CN) identifies
-    the device by fingerprint or CN."""
-    if dev.cert_fingerprint and fingerprint == dev.cert_fingerprint:
-        return True
-    return bool(dev.cert_cn) and cn == dev.cert_cn

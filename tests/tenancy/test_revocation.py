@@ -46,10 +46,9 @@ def test_rotating_a_secret_disconnects_the_client_that_used_the_old_one(acme):
         assert fresh.disconnects.empty()
 
 
-def test_a_device_whose_certificate_is_replaced_in_the_console_is_disconnected(control_plane, tmp_path):
-    """A device on a mutual-TLS listener, matched by its certificate's fingerprint (no user name) or
-    by its CN (user name, no password): the console gives the device another certificate -- the old
-    one lost or leaked -- and the connection made with the old one goes, as a revoked secret's does."""
+def _mtls(cp, tmp_path, cn: str):
+    """A node of ``cp`` with a mutual-TLS listener, and a certificate of the listener's CA with CN
+    ``cn``: -> (node, its fingerprint, cam(username=None) making a client presenting it)."""
     import hashlib
     import ssl
 
@@ -61,23 +60,31 @@ def test_a_device_whose_certificate_is_replaced_in_the_console_is_disconnected(c
     ca = trustme.CA()
     ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
     server, server_key = write_cert(ca.issue_cert("127.0.0.1"), tmp_path, "server")
-    issued = ca.issue_cert("cam-1.example", common_name="cam-1.example")
+    issued = ca.issue_cert(cn, common_name=cn)
     cert, key = write_cert(issued, tmp_path, "cam")
     der = ssl.PEM_cert_to_DER_cert(issued.cert_chain_pems[0].bytes().decode())
-    fp = hashlib.sha256(der).hexdigest()
-    cp = control_plane
-    cp.provision([{"slug": "acme", "acl": ALLOW, "devices": ["watcher"]}])
-    cp.manage("devices", "create", "acme", "cam", "--cert-fingerprint", fp)
-    cp.manage("devices", "create", "acme", "cam2", "--cert-cn", "cam-1.example")
     node = BrokerProcess("--sys-interval", "0", "--tls-cert", server, "--tls-key", server_key,
                          "--tls-ca", str(tmp_path / "ca.pem"), "--tls-verify-client", "required",
-                         listen=("mqtts://127.0.0.1:0",), anonymous=False, env=cp.env).start()
+                         listen=("mqtts://127.0.0.1:0",), anonymous=False, env=cp.env)
 
     def cam(username=None):
         c = PahoClient(f"cam-{time.monotonic_ns()}", V5, username=username)
         c.client.tls_set(ca_certs=str(tmp_path / "ca.pem"), certfile=cert, keyfile=key)
         return c
 
+    return node, hashlib.sha256(der).hexdigest(), cam
+
+
+def test_a_device_whose_certificate_is_replaced_in_the_console_is_disconnected(control_plane, tmp_path):
+    """A device on a mutual-TLS listener, matched by its certificate's fingerprint (no user name) or
+    by its CN (user name, no password): the console gives the device another certificate -- the old
+    one lost or leaked -- and the connection made with the old one goes, as a revoked secret's does."""
+    cp = control_plane
+    node, fp, cam = _mtls(cp, tmp_path, "cam-1.example")
+    cp.provision([{"slug": "acme", "acl": ALLOW, "devices": ["watcher"]}])
+    cp.manage("devices", "create", "acme", "cam", "--cert-fingerprint", fp)
+    cp.manage("devices", "create", "acme", "cam2", "--cert-cn", "cam-1.example")
+    node.start()
     try:
         port = node.port("mqtts")
         by_fp, by_cn = cam().connect(port), cam("acme/cam2").connect(port)
@@ -90,6 +97,35 @@ def test_a_device_whose_certificate_is_replaced_in_the_console_is_disconnected(c
             assert reason.value == 0x87
         assert connack_code(cam(), port) == 0x86
         assert connack_code(cam("acme/cam2"), port) == 0x86
+    finally:
+        node.stop()
+
+
+def test_a_certificate_cn_names_one_device_on_the_platform(control_plane, tmp_path):
+    """The listener's CA is every tenant's. Two tenants whose devices named the same CN ("gateway-1"
+    is a likely name) were each a certificate away from the other's device: the holder of globex's
+    certificate logged in as acme's device by its user name. The console now refuses a CN another
+    device has (as it refuses a fingerprint), and a CN two devices still name from before
+    identifies neither: a node lets neither in by it."""
+    cp = control_plane
+    node, _, cam = _mtls(cp, tmp_path, "gateway-1")
+    cp.provision([{"slug": "acme", "acl": ALLOW, "devices": []}, {"slug": "globex", "acl": ALLOW, "devices": []}])
+    cp.manage("devices", "create", "acme", "gw", "--cert-cn", "gateway-1")
+    refused = cp.manage("devices", "create", "globex", "gw", "--cert-cn", "gateway-1", check=False)
+    assert refused.returncode != 0 and "certificate CN already in use by a device of another tenant" in refused.stderr
+    node.start()
+    try:
+        port = node.port("mqtts")
+        cam("acme/gw").connect(port).disconnect()                 # the CN's one device
+        # a duplicate from before the console refused them (written past the service's check)
+        cp.shell("from tenants import policy_snapshot, queries\n"
+                 "from tenants.models import Device\n"
+                 "t = queries.get_tenant('globex')\n"
+                 "Device.objects.create(tenant=t, name='gw', cert_cn='gateway-1')\n"
+                 "policy_snapshot.publish(t)\n")
+        # (its own device asked first: refusals count towards the address's failed-login throttle)
+        wait_until(lambda: connack_code(cam("acme/gw"), port) == 0x86, 5)   # not its own device ...
+        assert connack_code(cam("globex/gw"), port) == 0x86                # ... nor the other tenant's
     finally:
         node.stop()
 
