@@ -382,7 +382,8 @@ def hostile(monkeypatch, acme, globex, people):
     for tenant in (acme, globex):
         services.update_tenant(tenant, name=xss(f"name-{tenant.slug}"))
         device = tenant.test_credential.device
-        services.update_device(device, description=xss("description"), cert_cn=xss("cn"))
+        # (a CN names one device on the platform: each tenant's its own)
+        services.update_device(device, description=xss("description"), cert_cn=xss(f"cn-{tenant.slug}"))
         services.create_credential(device, label=xss("label"))
         services.add_acl_rule(tenant, topic=xss("acl"), action="both", allow=True, device=device)
         user = get_user_model().objects.create_user(xss(f"user-{tenant.slug}"))
