@@ -185,8 +185,7 @@ def _new_device(tenant, name, description, enabled, cert_fingerprint, cert_cn) -
     _clean(device, validate_unique=False, validate_constraints=False)
     if tenant.devices.filter(name=name).exists():
         raise Conflict(f"device {tenant.slug}/{name} already exists")
-    _check_fingerprint_free(device)
-    _check_cn_free(device)
+    _check_cert_free(device)
     _save(device, f"device {tenant.slug}/{name} or its certificate fingerprint already exists")
     return device
 
@@ -198,31 +197,21 @@ def _set_cert(device: Device, cert_fingerprint, cert_cn):
         device.cert_cn = (cert_cn or "").strip() or None
 
 
-def _check_fingerprint_free(device: Device):
-    """Fingerprints are unique across tenants; another tenant's device is not
+def _check_cert_free(device: Device):
+    """A certificate's fingerprint and its CN each name one device across tenants: the listeners' CA
+    is every tenant's, so a CN two devices named would let the holder of either certificate in as the
+    other device (brokerd lets a CN named twice identify neither). Another tenant's device is not
     named (its tenant's administrators would learn who holds a certificate)."""
-    if device.cert_fingerprint is None:
-        return
-    other = Device.objects.filter(cert_fingerprint=device.cert_fingerprint).exclude(pk=device.pk).first()
-    if other is None:
-        return
-    if other.tenant_id == device.tenant_id:
-        raise Conflict(f"certificate fingerprint already belongs to device {other}")
-    raise Conflict("certificate fingerprint already in use by a device of another tenant")
-
-
-def _check_cn_free(device: Device):
-    """Certificate CNs are unique across tenants, as fingerprints are: the listeners' CA is every
-    tenant's, so a CN two devices named would let the holder of either certificate in as the other
-    device (brokerd lets a CN named twice identify neither)."""
-    if not device.cert_cn:
-        return
-    other = Device.objects.filter(cert_cn=device.cert_cn).exclude(pk=device.pk).first()
-    if other is None:
-        return
-    if other.tenant_id == device.tenant_id:
-        raise Conflict(f"certificate CN already belongs to device {other}")
-    raise Conflict("certificate CN already in use by a device of another tenant")
+    for field, what in (("cert_fingerprint", "certificate fingerprint"), ("cert_cn", "certificate CN")):
+        value = getattr(device, field)
+        if not value:
+            continue
+        other = Device.objects.filter(**{field: value}).exclude(pk=device.pk).first()
+        if other is None:
+            continue
+        if other.tenant_id == device.tenant_id:
+            raise Conflict(f"{what} already belongs to device {other}")
+        raise Conflict(f"{what} already in use by a device of another tenant")
 
 
 @transaction.atomic
@@ -268,8 +257,7 @@ def update_device(device: Device, *, description=UNSET, cert_fingerprint=UNSET, 
         device.description = description
     _set_cert(device, cert_fingerprint, cert_cn)
     _clean(device, validate_unique=False, validate_constraints=False)
-    _check_fingerprint_free(device)
-    _check_cn_free(device)
+    _check_cert_free(device)
     _save(device, "certificate fingerprint already in use")
     policy_snapshot.publish(device.tenant)
     return device

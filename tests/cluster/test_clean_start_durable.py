@@ -14,7 +14,7 @@ import sqlite3
 
 import pytest
 
-from ..durability.test_clean_start_durable import EXPIRY, connack_within, stored_session
+from ..durability.test_clean_start_durable import EXPIRY, connack_within, queued, stored_session
 from ..integration.raw import PUBACK, PUBLISH, SESSION_EXPIRY_INTERVAL, RawClient, connect_packet
 from .test_failover import adopted_by
 
@@ -50,12 +50,7 @@ def test_a_clean_start_is_acknowledged_only_once_the_old_session_is_gone_from_th
     again = RawClient(survivor.port())
     back = again.connect(cid, version=5, clean=False, props=EXPIRY)
     assert back.code == 0, back
-    got = []
-    try:
-        while True:
-            got.append(again.expect(PUBLISH, timeout=1.0).payload)
-    except TimeoutError:
-        pass
+    got = queued(again)
     assert not back.session_present and got == [], (
         f"the session the Clean Start ended came back (present {back.session_present}, queue {got})")
     pub = RawClient(survivor.port())

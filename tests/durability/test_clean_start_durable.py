@@ -40,6 +40,16 @@ def stored_session(port: int, cid: str, topic: str) -> None:
     pub.disconnect()
 
 
+def queued(client: RawClient) -> list[bytes]:
+    """The payloads of the PUBLISHes ``client`` gets until a second passes without one."""
+    got = []
+    try:
+        while True:
+            got.append(client.expect(PUBLISH, timeout=1.0).payload)
+    except TimeoutError:
+        return got
+
+
 def connack_within(client: RawClient, timeout: float):
     try:
         return client.expect(CONNACK, timeout=timeout)
@@ -78,12 +88,7 @@ def test_clean_start_is_acknowledged_only_once_the_old_session_is_gone_from_the_
         node.start()                              # the same store
         again = RawClient(node.port())
         back = again.connect("dev", version=5, clean=False, props=EXPIRY)
-        got = []
-        try:
-            while True:
-                got.append(again.expect(PUBLISH, timeout=1.0).payload)
-        except TimeoutError:
-            pass
+        got = queued(again)
         assert got == [], f"the queue of the session ended by the Clean Start came back after the crash: {got}"
         if not new_expiry:
             assert not back.session_present, "the session ended by the Clean Start came back after the crash"

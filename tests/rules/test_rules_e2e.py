@@ -46,6 +46,23 @@ def add(plane, tenant, *args) -> int:
 
 
 
+def _canary(node, secrets):
+    """Another tenant's pair on sensors/canary (globex), whose traffic a tenant's rules must not hold
+    up: -> (subscriber, publisher)."""
+    sub = client(node, secrets, "globex/watch", "canary-sub")
+    sub.subscribe("sensors/canary", qos=1)
+    return sub, client(node, secrets, "globex/d1", "canary-pub")
+
+
+def _served(sub, canary, timeout: float = 30) -> float:
+    """One canary message through: -> the seconds it took."""
+    start = time.monotonic()
+    canary.publish("sensors/canary", b"still served", qos=1, timeout=timeout)
+    [got] = sub.expect_n(1, timeout=timeout)
+    assert got.payload == b"still served"
+    return time.monotonic() - start
+
+
 def test_only_readings_above_the_threshold_are_republished_reshaped(scene):
     plane, node, secrets, token = scene
     rid = add(plane, "acme", "--sql", THRESHOLD, "--republish", "alerts/${device}/hot", "--qos", "1")
@@ -171,15 +188,11 @@ def test_a_rule_pattern_on_an_almost_matching_payload_never_stops_the_node(scene
         rid = add(plane, "acme", "--sql", f'SELECT clientid FROM "sensors/+/blob" WHERE {where}',
                   "--republish", "alerts/blob")
         loaded(node, token, "acme", rid)
-        sub = client(node, secrets, "globex/watch", "canary-sub")
-        sub.subscribe("sensors/canary", qos=1)
-        canary = client(node, secrets, "globex/d1", "canary-pub")
+        sub, canary = _canary(node, secrets)
         dev = client(node, secrets, "acme/d1", "d1-blob")
         dev.publish("sensors/x/blob", payload, qos=0)
         dev.publish("sensors/x/blob", payload + b"b", qos=0)     # and one that matches
-        canary.publish("sensors/canary", b"still served", qos=1, timeout=30)
-        [got] = sub.expect_n(1, timeout=30)
-        assert got.payload == b"still served"
+        _served(sub, canary, 30)
         view = wait_for(lambda: (v := rule_view(node, token, "acme", rid))["matched"] == 2 and v, what="both run")
         assert (view["no_result"], view["passed"], view["failed"]) == (1, 1, 0)
         for c in (dev, canary, sub):
@@ -206,20 +219,15 @@ def test_a_pattern_whose_automaton_explodes_fails_the_rule_and_the_node_goes_on(
                   "--republish", "alerts/dfa")
         loaded(node, token, "acme", rid)
         before = _peak_rss_kib(node)
-        sub = client(node, secrets, "globex/watch", "canary-sub")
-        sub.subscribe("sensors/canary", qos=1)
-        canary = client(node, secrets, "globex/d1", "canary-pub")
+        sub, canary = _canary(node, secrets)
         watch = client(node, secrets, "acme/watch", "w-dfa")
         watch.subscribe("alerts/dfa", qos=1)
         dev = client(node, secrets, "acme/d1", "d1-dfa")
         rnd = random.Random(7)
         dev.publish("sensors/x/dfa", "".join(rnd.choice("ab") for _ in range(4096)).encode(), qos=0)
         time.sleep(0.3)                                  # the node is on it
-        start = time.monotonic()
-        canary.publish("sensors/canary", b"still served", qos=1, timeout=30)
-        [got] = sub.expect_n(1, timeout=30)
-        assert got.payload == b"still served"
-        assert time.monotonic() - start < 1.0, f"the canary waited {time.monotonic() - start:.1f} s"
+        waited = _served(sub, canary, 30)
+        assert waited < 1.0, f"the canary waited {waited:.1f} s"
         view = wait_for(lambda: (v := rule_view(node, token, "acme", rid))["matched"] == 1 and v, timeout=30,
                         what="the run")
         assert (view["passed"], view["failed"]) == (0, 1)
@@ -250,18 +258,13 @@ def test_the_patterns_of_every_rule_a_message_runs_share_one_bound(scene):
                                           "--republish", "alerts/dfa") for i in range(16)])
         for rid in rids:
             loaded(node, token, "acme", rid)
-        sub = client(node, secrets, "globex/watch", "canary-sub")
-        sub.subscribe("sensors/canary", qos=1)
-        canary = client(node, secrets, "globex/d1", "canary-pub")
+        sub, canary = _canary(node, secrets)
         dev = client(node, secrets, "acme/d1", "d1-dfa")
         rnd = random.Random(11)
         dev.publish("sensors/x/dfa", "".join(rnd.choice("ab") for _ in range(4096)).encode(), qos=0)
         time.sleep(0.3)                                  # the node is on it
-        start = time.monotonic()
-        canary.publish("sensors/canary", b"still served", qos=1, timeout=60)
-        [got] = sub.expect_n(1, timeout=60)
-        assert got.payload == b"still served"
-        assert time.monotonic() - start < 1.0, f"the canary waited {time.monotonic() - start:.1f} s"
+        waited = _served(sub, canary, 60)
+        assert waited < 1.0, f"the canary waited {waited:.1f} s"
         for rid in rids:
             view = wait_for(lambda rid=rid: (v := rule_view(node, token, "acme", rid))["matched"] == 1 and v,
                             timeout=60, what="the run")
@@ -291,14 +294,10 @@ def test_a_function_asked_for_a_gigantic_number_fails_the_rule_and_the_node_goes
         rid = add(plane, "acme", "--sql", 'SELECT power(3, payload.n) AS x FROM "sensors/+/pow"',
                   "--republish", "alerts/pow")
         loaded(node, token, "acme", rid)
-        sub = client(node, secrets, "globex/watch", "canary-sub")
-        sub.subscribe("sensors/canary", qos=1)
-        canary = client(node, secrets, "globex/d1", "canary-pub")
+        sub, canary = _canary(node, secrets)
         dev = client(node, secrets, "acme/d1", "d1-pow")
         dev.publish("sensors/x/pow", b'{"n": 1000000000}', qos=0)
-        canary.publish("sensors/canary", b"still served", qos=1, timeout=30)
-        [got] = sub.expect_n(1, timeout=30)
-        assert got.payload == b"still served"
+        _served(sub, canary, 30)
         view = wait_for(lambda: (v := rule_view(node, token, "acme", rid))["failed"] == 1 and v, what="the failure")
         assert "power()" in view["last_error"] and view["passed"] == 0
         for c in (dev, canary, sub):
@@ -325,14 +324,10 @@ def test_one_wide_concat_fails_the_rule_without_building_its_text_and_the_node_g
         rid = add(plane, "acme", "--sql", sql, "--republish", "alerts/wide")
         loaded(node, token, "acme", rid)
         before = _peak_rss_kib(node)
-        sub = client(node, secrets, "globex/watch", "canary-sub")
-        sub.subscribe("sensors/canary", qos=1)
-        canary = client(node, secrets, "globex/d1", "canary-pub")
+        sub, canary = _canary(node, secrets)
         dev = client(node, secrets, "acme/d1", "d1-wide")
         dev.publish("sensors/x/wide", b"x" * (256 << 10), qos=1, timeout=30)
-        canary.publish("sensors/canary", b"still served", qos=1, timeout=30)
-        [got] = sub.expect_n(1, timeout=30)
-        assert got.payload == b"still served"
+        _served(sub, canary, 30)
         view = wait_for(lambda: (v := rule_view(node, token, "acme", rid))["failed"] == 1 and v, what="the failure")
         assert "concat()" in view["last_error"] and "too large" in view["last_error"] and view["passed"] == 0
         assert _peak_rss_kib(node) - before < 100 << 10, "the node built the text before refusing it"
@@ -500,15 +495,11 @@ def test_a_republished_row_many_times_the_payload_fails_the_rule_and_the_node_go
         before = _peak_rss_kib(node)
         watch = client(node, secrets, "acme/watch", "w-fat")
         watch.subscribe("alerts/fat", qos=1)
-        sub = client(node, secrets, "globex/watch", "canary-sub")
-        sub.subscribe("sensors/canary", qos=1)
-        canary = client(node, secrets, "globex/d1", "canary-pub")
+        sub, canary = _canary(node, secrets)
         dev = client(node, secrets, "acme/d1", "d1-fat")
         dev.publish("sensors/x/fat", b"x" * (256 << 10), qos=1, timeout=30)
         dev.publish("sensors/x/fat", b"small", qos=1)
-        canary.publish("sensors/canary", b"still served", qos=1, timeout=30)
-        [got] = sub.expect_n(1, timeout=30)
-        assert got.payload == b"still served"
+        _served(sub, canary, 30)
         got = [len(m.payload) for m in watch.expect_n(1, timeout=30)]
         time.sleep(1.0)
         while not watch.messages.empty():
@@ -538,17 +529,12 @@ def test_a_statement_reading_a_big_payload_many_times_fails_and_the_node_goes_on
     try:
         rid = add(plane, "acme", "--sql", sql, "--republish", "alerts/big")
         loaded(node, token, "acme", rid)
-        sub = client(node, secrets, "globex/watch", "canary-sub")
-        sub.subscribe("sensors/canary", qos=1)
-        canary = client(node, secrets, "globex/d1", "canary-pub")
+        sub, canary = _canary(node, secrets)
         dev = client(node, secrets, "acme/d1", "d1-big")
         dev.publish("sensors/x/big", b"1" * (512 << 10), qos=0)
         time.sleep(0.3)                                  # the node is on it
-        start = time.monotonic()
-        canary.publish("sensors/canary", b"still served", qos=1, timeout=60)
-        [got] = sub.expect_n(1, timeout=60)
-        assert got.payload == b"still served"
-        assert time.monotonic() - start < 1.0, f"the canary waited {time.monotonic() - start:.1f} s"
+        waited = _served(sub, canary, 60)
+        assert waited < 1.0, f"the canary waited {waited:.1f} s"
         view = wait_for(lambda: (v := rule_view(node, token, "acme", rid))["matched"] == 1 and v, timeout=60,
                         what="the run")
         assert (view["passed"], view["failed"]) == (0, 1) and "too much work" in view["last_error"]
@@ -570,9 +556,7 @@ def test_a_tenant_loading_many_heavy_rules_does_not_stop_the_node(scene):
     node = plane.broker("--admin", "127.0.0.1:0")
     try:
         heavy = "SELECT payload AS p, concat(" + ", ".join(["p"] * 5000) + ') AS x FROM "sensors/+/heavy{}"'
-        sub = client(node, secrets, "globex/watch", "canary-sub")
-        sub.subscribe("sensors/canary", qos=1)
-        canary = client(node, secrets, "globex/d1", "canary-pub")
+        sub, canary = _canary(node, secrets)
         stop = threading.Event()
         worst = []
 
@@ -632,17 +616,13 @@ def test_distinct_topics_through_rules_of_many_filters_do_not_stop_the_node(scen
                                          for i in range(20)])
         wait_for(lambda: len([r for r in rules_api(node, token, "acme")["items"] if r["id"] in rids]) == 20,
                  timeout=60, what="the 20 rules on the node")
-        sub = client(node, secrets, "globex/watch", "canary-sub")
-        sub.subscribe("sensors/canary", qos=1)
-        canary = client(node, secrets, "globex/d1", "canary-pub")
+        sub, canary = _canary(node, secrets)
         dev = client(node, secrets, "acme/d1", "d1-many")
         start = time.monotonic()
         for i in range(400):
             dev.publish(f"sensors/g{i}/x", b"1", qos=0)
         dev.publish("sensors/f7/y", b"1", qos=1, timeout=60)     # matches every rule once
-        canary.publish("sensors/canary", b"still served", qos=1, timeout=60)
-        [got] = sub.expect_n(1, timeout=60)
-        assert got.payload == b"still served"
+        _served(sub, canary, 60)
         assert time.monotonic() - start < 1.5, f"400 topics and the canary took {time.monotonic() - start:.1f} s"
         views = {r["id"]: r for r in rules_api(node, token, "acme")["items"]}
         assert [(views[r]["matched"], views[r]["passed"]) for r in rids] == [(1, 1)] * 20
