@@ -188,7 +188,7 @@ class TenantControl:
     def authenticate(self, connect, channel, now: float, wall: float, replaces=None):
         """-> (reason code, tenant, Identity). A refused CONNECT names the
         tenant when it is known (for its counters), never an Identity.
-        ``replaces(tenant)``: whether the CONNECT takes over a live connection of its
+        ``replaces(tenant, client_id)``: whether the CONNECT takes over a live connection of its
         client id on this node -- one that leaves as it comes in, not counted twice
         against the tenant's connection quota."""
         host = channel.peer.rsplit(":", 1)[0] if channel.peer else ""
@@ -211,7 +211,8 @@ class TenantControl:
         limit = policy.limit("max_connections")
         if limit is not None:
             count = self.connections(tenant)
-            if count >= limit and not (count == limit and replaces is not None and replaces(tenant)):
+            if count >= limit and not (count == limit and replaces is not None and connect.client_id
+                                       and replaces(tenant, connect.client_id)):
                 return rc.QUOTA_EXCEEDED, tenant, None
         rate = policy.limit("connect_rate")
         if rate and not self.connect_bucket(tenant, rate, now).allow(now):
