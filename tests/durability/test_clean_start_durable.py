@@ -50,6 +50,20 @@ def queued(client: RawClient) -> list[bytes]:
         return got
 
 
+def assert_not_subscribed(client: RawClient, port: int, publisher: str, topic: str) -> None:
+    """A message to ``topic`` (from a new client ``publisher``) does not reach ``client``: the old
+    session's subscription did not come back."""
+    pub = RawClient(port)
+    pub.connect(publisher, version=5)
+    pub.publish(topic, b"after", qos=1, pid=2)
+    pub.expect(PUBACK)
+    try:
+        p = client.expect(PUBLISH, timeout=1.0)
+        raise AssertionError(f"the old session's subscription came back: got {p.payload!r}")
+    except TimeoutError:
+        pass
+
+
 def connack_within(client: RawClient, timeout: float):
     try:
         return client.expect(CONNACK, timeout=timeout)
@@ -93,15 +107,7 @@ def test_clean_start_is_acknowledged_only_once_the_old_session_is_gone_from_the_
         if not new_expiry:
             assert not back.session_present, "the session ended by the Clean Start came back after the crash"
         # nor its subscription
-        pub = RawClient(node.port())
-        pub.connect("dev-pub2", version=5)
-        pub.publish("cs/old", b"after", qos=1, pid=2)
-        pub.expect(PUBACK)
-        try:
-            p = again.expect(PUBLISH, timeout=1.0)
-            raise AssertionError(f"the old session's subscription came back: got {p.payload!r}")
-        except TimeoutError:
-            pass
+        assert_not_subscribed(again, node.port(), "dev-pub2", "cs/old")
     finally:
         node.kill()
 
