@@ -304,7 +304,8 @@ class Server:
                 srv.listen(lst.host, lst.port, 4096, self.worker is not None)
             else:
                 srv = await self.loop.create_server(self._factory(lst), lst.host, lst.port, backlog=4096,
-                                                    reuse_address=True, reuse_port=self.worker is not None)
+                                                    reuse_address=True, reuse_port=self.worker is not None,
+                                                    start_serving=False)
             self.servers.append(srv)
             port = srv.sockets[0].getsockname()[1]
             self.bound.append(Listener(lst.scheme, lst.host, port, lst.path))
@@ -346,6 +347,13 @@ class Server:
         if self.policy_source is not None and self.config.history_interval > 0:
             self.history = History(self, self.policy_source.db, self.config.history_interval)
             self.history.start()
+        # The listeners are bound above (the cluster's join tells the others their addresses) but accept only
+        # now that the node is whole: a CONNECT taken before the cluster was attached would skip the client
+        # id's claim -- the same id left connected on another node -- and its tenant's cluster-wide quotas.
+        for srv in self.servers:
+            await srv.start_serving()
+        if self.admin is not None:
+            await self.admin.start_serving()
 
     def _sweep(self) -> None:
         now = self.loop.time()

@@ -167,14 +167,19 @@ class AdminApi:
 
     async def start(self) -> None:
         factory = server_factory(self.http, self.admit, self.handle)
+        # bound (its address goes into the node's info), served once the node is whole (``start_serving``)
         self._srv = await self.loop.create_server(factory, self.host, self.port, backlog=1024,
-                                                  reuse_port=self.shared or None)
+                                                  reuse_port=self.shared or None, start_serving=False)
         self._servers.append(self._srv)
         self.address = self.public_address = f"{self.host}:{self._srv.sockets[0].getsockname()[1]}"
         if self.shared:         # this worker's own, for the cluster's fan-out
-            own = await self.loop.create_server(factory, self.host, 0, backlog=1024)
+            own = await self.loop.create_server(factory, self.host, 0, backlog=1024, start_serving=False)
             self._servers.append(own)
             self.address = f"{self.host}:{own.sockets[0].getsockname()[1]}"
+
+    async def start_serving(self) -> None:
+        for srv in self._servers:
+            await srv.start_serving()
 
     def sockets(self) -> list:
         """The listening sockets (a worker's shared port and its own)."""

@@ -60,7 +60,11 @@ class TlsListener:
         except OSError:
             self.close()
             raise
-        self._tasks = [self.loop.create_task(self._accept(s), name="tls-accept") for s in self.sockets]
+
+    async def start_serving(self) -> None:
+        """Accept from here on (until then a connection waits in the listen backlog)."""
+        if not self._tasks:
+            self._tasks = [self.loop.create_task(self._accept(s), name="tls-accept") for s in self.sockets]
 
     async def _accept(self, sock: socket.socket) -> None:
         loop = self.loop
