@@ -1000,6 +1000,7 @@ class Broker:
         session = channel.session
         ns = session.ns
         codes = []
+        rules = self.rules.get(ns.name)
         for filt in filters:
             sub = session.subscriptions.pop(filt, None)
             if sub is None:
@@ -1013,6 +1014,8 @@ class Broker:
             if session.durable:
                 self.persist.unsubscribed(session, ns.name, filt)
             codes.append(rc.SUCCESS)
+            if rules is not None:
+                rules.event("session_unsubscribed", self, ns, channel, now, topic=filt, qos=sub.qos)
         ns.cache.clear()
         return codes
 

@@ -144,8 +144,8 @@ class TenantRules:
             self._run(s, ctx, broker, ns, channel, now)
 
     def event(self, name: str, broker, ns, channel, now: float, **fields) -> None:
-        """``client_connected``, ``client_disconnected``, ``session_subscribed`` (``topic``, ``qos``),
-        ``message_dropped`` (``msg``, ``reason``)."""
+        """``client_connected``, ``client_disconnected``, ``session_subscribed`` and
+        ``session_unsubscribed`` (``topic``, ``qos``), ``message_dropped`` (``msg``, ``reason``)."""
         states = self.on_events.get(name)
         if not states:
             return

@@ -311,3 +311,21 @@ def test_the_rules_a_topic_matches_are_those_whose_filters_match_it():
     for topic in ["a", "a/b", "a/b/c", "/a", "a/", "x/b", "x", "a/x/c", "a//c", "/", "b/b", "a/b/c/d"]:
         want = [s.id for s in table.on_topics if any(matches(f, topic) for f in s.rule.topics)]
         assert [s.id for s in table.matching(topic)] == want, topic
+
+
+def test_an_unsubscribe_runs_the_session_unsubscribed_rules_once_per_filter_removed():
+    """EMQX's ``$events/session_unsubscribed``: one per filter the UNSUBSCRIBE removed (a filter the
+    client had not subscribed to is answered 0x11 and runs nothing), with its QoS."""
+    s = Scene({"acme": [rule(1, 'SELECT clientid, topic, qos FROM "$events/session_unsubscribed"',
+                             "alerts/unsub/${clientid}")]})
+    watch = s.client("acme/watch", "w")
+    watch.subscribe("alerts/unsub/#", qos=1)
+    dev = s.client("acme/d1", "d1")
+    dev.subscribe("sensors/a", qos=1)
+    dev.subscribe("sensors/b")
+    assert s.counters("acme") == {1: (0, 0, 0, 0)}          # subscribing runs no unsubscribe rule
+    dev.unsubscribe("sensors/a", "sensors/never", "sensors/b")
+    got = [(p.topic, json.loads(p.payload)) for p in watch.publishes()]
+    assert got == [("alerts/unsub/d1", {"clientid": "d1", "topic": "sensors/a", "qos": 1}),
+                   ("alerts/unsub/d1", {"clientid": "d1", "topic": "sensors/b", "qos": 0})]
+    assert s.counters("acme") == {1: (2, 2, 0, 0)}
