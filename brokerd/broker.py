@@ -584,12 +584,19 @@ class Broker:
     def publish_rule(self, ns: Namespace, msg: Publish, origin, now: float) -> int:
         """A rule's republish, as its triggering client's (``origin``) publish: the tenant's
         quotas on a message (its payload, its retained-messages cap) as for that client's own
-        PUBLISH; -> 0 (published) or the reason code it was refused with."""
+        PUBLISH, and its inbound rates -- the republish is charged to the client's buckets (its
+        own and the tenant's), so a message that five rules republish costs six messages of the
+        rate and the client waits for them as for its own (else the rules multiplied what the
+        tenant's rate lets in by up to their number); -> 0 (published) or the reason code it was
+        refused with."""
         quota = origin.quota
         if quota is not None:
             code = self._publish_quota(ns, msg, quota)
             if code:
                 return code
+            limit = origin.limit_in
+            if limit is not None:
+                limit.charge(1, len(msg.payload) + len(msg.topic), now)
         self.publish_internal(ns, msg, now)
         return 0
 
