@@ -58,21 +58,29 @@ from .validators import SYS_PARTS
 SCHEMA = 1
 
 
-def credential_json(c: Credential) -> dict:
+def _devices(tenant: Tenant) -> dict:
+    """The tenant's devices as the snapshot carries them, read as plain rows: through model
+    objects a tenant of 150,000 devices took 17 s to build, inside the publishing transaction
+    (the policy counter's row lock held: every tenant's changes waited), at every change of it."""
+    creds: dict[int, list] = {}
+    for device_id, cid, secret_hash, enabled, expires_at in Credential.objects.filter(
+            device__tenant=tenant).order_by("device_id", "id").values_list(
+            "device_id", "id", "secret_hash", "enabled", "expires_at").iterator(chunk_size=10_000):
+        creds.setdefault(device_id, []).append({
+            "id": cid,
+            "hash": secret_hash,
+            "enabled": enabled,
+            "expires_at": expires_at.timestamp() if expires_at else None,
+        })
     return {
-        "id": c.pk,
-        "hash": c.secret_hash,
-        "enabled": c.enabled,
-        "expires_at": c.expires_at.timestamp() if c.expires_at else None,
-    }
-
-
-def device_json(d: Device) -> dict:
-    return {
-        "enabled": d.enabled,
-        "cert_fingerprint": d.cert_fingerprint or None,
-        "cert_cn": d.cert_cn or None,
-        "credentials": [credential_json(c) for c in d.credentials.all()],
+        name: {
+            "enabled": enabled,
+            "cert_fingerprint": fingerprint or None,
+            "cert_cn": cn or None,
+            "credentials": creds.get(pk, []),
+        }
+        for pk, name, enabled, fingerprint, cn in Device.objects.filter(tenant=tenant).order_by("name").values_list(
+            "pk", "name", "enabled", "cert_fingerprint", "cert_cn").iterator(chunk_size=10_000)
     }
 
 
@@ -110,7 +118,6 @@ def _quota(tenant: Tenant) -> dict:
 def build(tenant: Tenant) -> dict:
     """The snapshot document of an existing tenant, read afresh from the database."""
     tenant = Tenant.objects.select_related("quota", "system_topics").get(pk=tenant.pk)
-    devices = tenant.devices.order_by("name").prefetch_related("credentials")
     rules = tenant.acl_rules.select_related("device").order_by("position", "id")
     sys_ = tenant.system_topics
     return {
@@ -118,7 +125,7 @@ def build(tenant: Tenant) -> dict:
         "tenant": tenant.slug,
         "status": tenant.status,
         "default_acl": tenant.default_acl,
-        "devices": {d.name: device_json(d) for d in devices},
+        "devices": _devices(tenant),
         "acl": [rule_json(r) for r in rules],
         "quota": _quota(tenant),
         "sys": {
