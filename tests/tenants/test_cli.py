@@ -106,3 +106,57 @@ def test_changes_reach_the_snapshot(env):
     assert [r[0] for r in rows] == ["gamma"]  # one row per slug, now the deletion
     assert rows[0][1] >= before + 3
     assert json.loads(rows[0][2]) == {"schema": 1, "tenant": "gamma", "status": "deleted"}
+
+
+def test_devices_import_creates_a_fleet_in_one_change_and_writes_each_secret_once(env, tmp_path):
+    """``devices import``: a CSV of devices made in one transaction and one snapshot (one at a time,
+    each device of a big fleet had every node read the whole tenant again), their secrets as CSV."""
+    assert manage(env, "tenants", "create", "fleet").returncode == 0
+    [(before,)] = query(env, "SELECT version FROM tenants_policysnapshot WHERE tenant_slug = 'fleet'")
+    source = tmp_path / "fleet.csv"
+    source.write_text("name,cert_cn,description\n" + "".join(f"pump-{i},,pump {i}\n" for i in range(50))
+                      + 'gw-1,gw-1.fleet.example,"the gateway, roof"\n')
+    out = tmp_path / "secrets.csv"
+    done = manage(env, "devices", "import", "fleet", str(source), "--output", str(out), "--label", "factory")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.startswith("created 51 devices in fleet")
+    lines = out.read_text().splitlines()
+    assert lines[0] == "name,username,secret" and len(lines) == 52
+    rows = [line.split(",") for line in lines[1:]]
+    assert [r[0] for r in rows] == [f"pump-{i}" for i in range(50)] + ["gw-1"]
+    assert all(r[1] == f"fleet/{r[0]}" for r in rows)
+    [(version, data)] = query(env, "SELECT version, data FROM tenants_policysnapshot WHERE tenant_slug = 'fleet'")
+    assert version == before + 1, "one snapshot for the whole import"
+    devices = json.loads(data)["devices"]
+    assert devices["gw-1"]["cert_cn"] == "gw-1.fleet.example"
+    for name, _, secret in rows:
+        assert devices[name]["credentials"][0]["hash"] == sha(secret)
+    assert query(env, "SELECT description FROM tenants_device WHERE name = 'gw-1'") == [("the gateway, roof",)]
+    assert set(query(env, "SELECT DISTINCT c.label FROM tenants_credential c JOIN tenants_device d "
+                          "ON c.device_id = d.id JOIN tenants_tenant t ON d.tenant_id = t.id "
+                          "WHERE t.slug = 'fleet'")) == {("factory",)}
+
+    # all or nothing: a taken name (here in the file twice), an invalid one -- nothing made, the row named
+    for text, fragment in (("name\nvalve-1\nvalve-2\nvalve-1\n",
+                            "row 3 ('valve-1'): device fleet/valve-1 already exists"),
+                           ("name\nvalve-1\nBad Name\n", "row 2 ('Bad Name'): name: "),
+                           ("name\nvalve-1\npump-3\n", "row 2 ('pump-3'): device fleet/pump-3 already exists"),
+                           ("device\nvalve-1\n", "the first line names the columns: name (needed)"),
+                           ("name,cert_cn\nvalve-1,a,b\n", "row 1: 2 columns expected")):
+        source.write_text(text)
+        again = tmp_path / "again.csv"
+        one_line_error(manage(env, "devices", "import", "fleet", str(source), "--output", str(again)), 1, fragment)
+        assert not again.exists(), "no secrets file is left for an import that made nothing"
+    assert query(env, "SELECT count(*) FROM tenants_device d JOIN tenants_tenant t ON d.tenant_id = t.id "
+                      "WHERE t.slug = 'fleet'") == [(51,)]
+    # an existing secrets file is never overwritten (its secrets would be lost): refused before anything is made
+    source.write_text("name\nvalve-1\n")
+    one_line_error(manage(env, "devices", "import", "fleet", str(source), "--output", str(out)), 1, "cannot write")
+    assert out.read_text().splitlines()[0] == "name,username,secret"
+    assert query(env, "SELECT count(*) FROM tenants_device WHERE name = 'valve-1'") == [(0,)]
+    # standard input and output
+    piped = subprocess.run(f"printf 'name\\nvalve-1\\n' | {shlex.quote(sys.executable)} manage.py devices import fleet",
+                           shell=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert piped.returncode == 0, piped.stderr
+    [header, row] = piped.stdout.splitlines()
+    assert header == "name,username,secret" and row.startswith("valve-1,fleet/valve-1,")

@@ -1,11 +1,20 @@
-"""``manage.py devices create|list|delete|rotate|disable|enable``.
+"""``manage.py devices create|import|list|delete|rotate|disable|enable``.
 
 ``create`` and ``rotate`` print the new secret alone on their last line (for
-``tail -1``); it is shown once and only its hash is stored.
+``tail -1``); it is shown once and only its hash is stored. ``import`` reads
+a CSV file of devices and writes a CSV of their user names and secrets.
 """
 
+import csv
+import os
+import sys
+from contextlib import ExitStack
+
 from tenants import queries, services
+from tenants.errors import ServiceError
 from tenants.management.cli import SubcommandCommand, positive_int
+
+IMPORT_COLUMNS = ("name", "cert_fingerprint", "cert_cn", "description")
 
 
 class Command(SubcommandCommand):
@@ -24,6 +33,13 @@ class Command(SubcommandCommand):
             help="SHA-256 of the DER client certificate (hex, ':' allowed)",
         )
         p.add_argument("--cert-cn", default=None, metavar="CN")
+        p = sub.add_parser("import", help="create the devices of a CSV file (header: name[,cert_fingerprint]"
+                           "[,cert_cn][,description]), each with a credential, in one change; "
+                           "writes name,username,secret as CSV")
+        p.add_argument("tenant")
+        p.add_argument("file", nargs="?", default="-", help="the CSV file ('-', the default: standard input)")
+        p.add_argument("--label", default="", help="label of the credentials")
+        p.add_argument("--output", default="-", help="where the secrets go ('-', the default: standard output)")
         sub.add_parser("list", help="list a tenant's devices").add_argument("tenant")
         for name, text in (
             ("delete", "delete a device, its credentials and its own ACL rules"),
@@ -63,6 +79,53 @@ class Command(SubcommandCommand):
         )
         self.stdout.write(f"created device {dev}")
         self._secret(dev, credential, secret, "created")
+
+    def do_import(self, tenant, file, label, output, **_):
+        tenant = queries.get_tenant(tenant)
+        rows = self._import_rows(file)
+        # the secrets' file is made before the devices (not after: a file that cannot be written then
+        # would leave devices whose secrets nobody saw), and never over an existing one
+        with ExitStack() as files:
+            try:
+                target = self.stdout if output == "-" else files.enter_context(
+                    open(output, "x", newline="", encoding="utf-8"))
+            except OSError as exc:
+                raise ServiceError(f"cannot write {output}: {exc.strerror}") from None
+            try:
+                made = services.provision_devices(tenant, rows, label=label)
+            except BaseException:
+                if target is not self.stdout:
+                    files.close()
+                    os.unlink(output)
+                raise
+            writer = csv.writer(target, lineterminator="\n")
+            writer.writerow(("name", "username", "secret"))
+            for device, _credential, secret in made:
+                writer.writerow((device.name, f"{tenant.slug}/{device.name}", secret))
+        self.stderr.write(f"created {len(made)} devices in {tenant.slug} (the secrets are shown once, only their "
+                          "hashes are stored)")
+
+    @staticmethod
+    def _import_rows(file) -> list[dict]:
+        with ExitStack() as files:
+            try:
+                source = sys.stdin if file == "-" else files.enter_context(open(file, newline="", encoding="utf-8"))
+            except OSError as exc:
+                raise ServiceError(f"cannot read {file}: {exc.strerror}") from None
+            try:
+                reader = csv.DictReader(source)
+                unknown = [c for c in reader.fieldnames or () if c not in IMPORT_COLUMNS]
+                if not reader.fieldnames or "name" not in reader.fieldnames or unknown:
+                    raise ServiceError("the first line names the columns: name (needed), cert_fingerprint, cert_cn, "
+                                       "description" + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
+                rows = []
+                for row in reader:
+                    if None in row or any(v is None for v in row.values()):
+                        raise ServiceError(f"row {len(rows) + 1}: {len(reader.fieldnames)} columns expected")
+                    rows.append({k: v.strip() for k, v in row.items()})
+            except UnicodeDecodeError:
+                raise ServiceError("the file is not UTF-8 text") from None
+        return rows
 
     def do_list(self, tenant, **_):
         rows = [
