@@ -85,6 +85,16 @@ class TenantControl:
             return None
         return TenantPolicy.from_snapshot(slug, version, data)
 
+    def prepare(self, slug: str, version: int, data: dict) -> TenantPolicy | None:
+        """``build``, and what changed from the tenant's policy of now if only devices did (the
+        poller's thread: comparing 150,000 devices takes ~0.1 s)."""
+        new = self.build(slug, version, data)
+        old = self.policies.get(slug)
+        if new is not None and old is not None:
+            new.changed_devices = device_changes(old, new)
+            new.diff_base = old
+        return new
+
     def apply(self, slug: str, version: int, data: dict, built=...,
               now: float | None = None) -> tuple[TenantPolicy | None, TenantPolicy | None]:
         """Install a snapshot (``built``: ``build``'s result for it, when made already); -> (old, new)
@@ -92,6 +102,10 @@ class TenantControl:
         go on at the new rate from then (what they saved up or owe kept); without it they start again."""
         old = self.policies.get(slug)
         new = self.build(slug, version, data) if built is ... else built
+        if new is not None:
+            if new.diff_base is not old:        # (diffed against another policy: not known)
+                new.changed_devices = None
+            new.diff_base = None                # (not kept alive by its successor)
         if new is None:
             self.policies.pop(slug, None)
         else:
@@ -461,6 +475,23 @@ class TenantControl:
 
 MIN_SHARE = 0.01        # of a tenant's host-wide rate, the least a worker's bucket gets (never a rate of 0)
 MAX_KEPT_BUCKETS = 20_000       # clients whose buckets are kept between connections, per node (~0.5 KB each)
+
+
+def device_changes(old: TenantPolicy, new: TenantPolicy) -> frozenset | None:
+    """The names of the devices whose entries differ between two policies of a tenant (added,
+    removed, changed, or naming a certificate CN a changed one names or named: whether a CN names
+    one device or two decides whether it identifies one), when nothing but devices differs that a
+    connection's rights depend on (status, ACL, default, quotas); else None."""
+    if (old.status != new.status or old.default_allow != new.default_allow or old.acl != new.acl
+            or old.quota != new.quota):
+        return None
+    was, now = old.devices, new.devices
+    changed = {name for name, d in now.items() if was.get(name) != d}
+    changed.update(name for name in was if name not in now)
+    cns = {d.cert_cn for name in changed for d in (was.get(name), now.get(name)) if d is not None and d.cert_cn}
+    if cns:
+        changed.update(name for name, d in now.items() if d.cert_cn in cns)
+    return frozenset(changed)
 
 
 def _rescale(bucket: Bucket, rate: float, burst: float, now: float) -> None:

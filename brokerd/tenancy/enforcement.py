@@ -168,6 +168,10 @@ class Enforcement:
             # tenant's of the same name (or held only refused logins): its figures are not this one's
             ns.reset_counters()
         auth = b.auth
+        changed = new.changed_devices if new is not None and old is not None else None
+        if changed is not None:
+            self._devices_changed(ns, changed, new, now, wall)
+            return
         for ch in list(ns.channels):
             reason = auth.still_valid(ch.identity, wall) if ch.identity is not None else None
             if reason is not None:
@@ -203,6 +207,28 @@ class Enforcement:
             self.reauthorize(session, acl, now, acl_changed)
             max_queued = new.quota.get("max_queued")
             session.queue.max_len = limits.max_queued if max_queued is None else min(limits.max_queued, max_queued)
+
+    def _devices_changed(self, ns, changed: frozenset, new, now: float, wall: float) -> None:
+        """Only devices changed (``changed``, their names): the connections of those devices are judged
+        again, and nothing else is touched -- every other connection's rights, limits and stored
+        session are what they were. (A change of one device of a tenant with 20,000 connected cost the
+        node's loop 0.69 s: every connection's ACL compiled again and every session's subscriptions
+        checked; bench/policy_change.py.)"""
+        if not changed:
+            return
+        auth = self.b.auth
+        for ch in [ch for ch in ns.channels if ch.identity is not None and ch.identity.device in changed]:
+            reason = auth.still_valid(ch.identity, wall)
+            if reason is not None:
+                self.b.acct.stats.revoked += 1
+                ch.disconnect(rc.NOT_AUTHORIZED, reason, now, will=False)     # (no will: policy_changed)
+                continue
+            expires = credential_expiry(ch.identity, new)
+            ch.valid_until = expires
+            if expires is not None:
+                self.expiring.add(ch)
+            else:
+                self.expiring.discard(ch)
 
     def _tenant_deleted(self, ns, now: float) -> None:
         """Its sessions, retained and delayed messages go too."""

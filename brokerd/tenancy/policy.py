@@ -70,6 +70,10 @@ class TenantPolicy:
     sys_parts: tuple = SYS_PARTS
     rules: list = field(default_factory=list)     # [{"id", "sql", "action", "config", "enabled"}] (brokerd.rules)
     autosub: tuple | None = None                  # auto-subscriptions (tenancy.autosub.AutoSub), None: none
+    # what changed from the policy it replaces (``diff_base``), when only devices did: their names (the
+    # node judges again only those devices' connections); None: anything else changed, or not known
+    changed_devices: frozenset | None = None
+    diff_base: object = None
 
     @property
     def active(self) -> bool:

@@ -199,7 +199,7 @@ class PolicySource:
         out = []
         for slug, version, data in self.db.fetch(since):
             try:
-                built = self.control.build(slug, version, data)
+                built = self.control.prepare(slug, version, data)
             except (ValueError, KeyError, TypeError) as exc:
                 built = exc
             out.append((slug, version, data, built))
