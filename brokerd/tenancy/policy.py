@@ -16,6 +16,7 @@ constant-time compare; no verification cache is needed.
 import hashlib
 import hmac
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .autosub import compile_autosub
 
@@ -26,8 +27,11 @@ QUOTA_FIELDS = ("max_connections", "connect_rate", "client_msgs_in", "client_byt
 SYS_PARTS = ("clients", "messages", "bytes", "subscriptions", "retained", "load")
 
 
-@dataclass(slots=True)
-class Credential:
+# A device's entry and its credentials are tuples: holding only strings, numbers and tuples, the cyclic
+# garbage collector stops looking at them after its first pass. As objects it tracks, the 450,000 of a
+# tenant of 150,000 devices made the collection after each of its snapshots walk them all, holding the
+# interpreter ~0.5 s: every client of the node waited.
+class Credential(NamedTuple):
     id: int
     hash: str
     enabled: bool = True
@@ -37,11 +41,10 @@ class Credential:
         return self.enabled and (self.expires_at is None or self.expires_at > now)
 
 
-@dataclass(slots=True)
-class DevicePolicy:
+class DevicePolicy(NamedTuple):
     name: str
     enabled: bool = True
-    credentials: list = field(default_factory=list)
+    credentials: tuple = ()
     cert_fingerprint: str | None = None
     cert_cn: str | None = None
 
@@ -54,6 +57,15 @@ class DevicePolicy:
             if hmac.compare_digest(cred.hash, digest) and cred.valid(now):
                 found = cred
         return found
+
+
+def device_from(name: str, d: dict) -> DevicePolicy:
+    """A device's entry of the snapshot (``d``) as the node holds it."""
+    creds = tuple(Credential(int(c["id"]), c["hash"], bool(c.get("enabled", True)), c.get("expires_at"))
+                  for c in d.get("credentials") or ())
+    fp = d.get("cert_fingerprint")
+    return DevicePolicy(name, bool(d.get("enabled", True)), creds, fp.lower().replace(":", "") if fp else None,
+                        d.get("cert_cn"))
 
 
 @dataclass(slots=True)
@@ -87,12 +99,9 @@ class TenantPolicy:
         if data.get("schema") != 1:
             raise ValueError(f"tenant {slug}: unsupported policy snapshot schema {data.get('schema')!r}")
         p = cls(slug, version, data.get("status", "active"), data.get("default_acl", "deny") == "allow")
-        for name, d in (data.get("devices") or {}).items():
-            creds = [Credential(int(c["id"]), c["hash"], bool(c.get("enabled", True)), c.get("expires_at"))
-                     for c in d.get("credentials") or ()]
-            fp = d.get("cert_fingerprint")
-            p.devices[name] = DevicePolicy(name, bool(d.get("enabled", True)), creds,
-                                           fp.lower().replace(":", "") if fp else None, d.get("cert_cn"))
+        # (entries the poller made while it decoded the document, ``source.decode``, are taken as they are)
+        p.devices = {name: d if type(d) is DevicePolicy else device_from(name, d)
+                     for name, d in (data.get("devices") or {}).items()}
         p.acl = sorted(data.get("acl") or (), key=lambda r: (r.get("position", 0), r.get("id", 0)))
         quota = data.get("quota") or {}
         p.quota = {k: int(quota[k]) for k in QUOTA_FIELDS if quota.get(k) is not None}
