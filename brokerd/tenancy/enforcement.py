@@ -11,6 +11,7 @@ a deleted tenant's sessions and retained messages go. Pure: ``now`` and the
 wall clock come from the caller.
 """
 
+import time
 from typing import Protocol
 
 from ..protocol import reason as rc
@@ -18,6 +19,8 @@ from ..protocol.packets import Publish
 from .control import Identity
 
 UNKNOWN = object()          # the device of a will whose session is not known here (a dead node's client)
+# policy_steps: the event loop's longest wait while a tenant's connections and sessions are judged again
+STEP_SECONDS = 0.005
 
 
 class EnforcementBroker(Protocol):
@@ -159,6 +162,16 @@ class Enforcement:
     def policy_changed(self, tenant: str, old, new, now: float, wall: float) -> None:
         """A tenant's policy changed in the console: enforce it on live clients
         and stored sessions now."""
+        for _ in self.policy_steps(tenant, old, new, now, wall):
+            pass
+
+    def policy_steps(self, tenant: str, old, new, now: float, wall: float):
+        """``policy_changed`` in steps: a generator that yields every ``STEP_SECONDS`` or so, for the
+        poller to let the event loop run between. A change of a tenant's ACL judges every connection
+        and stored session of it again (its ACL compiled for each: 0.7-1 s of the loop with 20,000
+        connected and 20 rules, every tenant waiting) -- a tenant's administrator saving ACL rules
+        again and again would stop the node. Connections and sessions gone meanwhile are skipped;
+        new ones were let in under the new policy already."""
         b = self.b
         ns = b.router.namespaces.get(tenant)
         if ns is None:
@@ -172,7 +185,15 @@ class Enforcement:
         if changed is not None:
             self._devices_changed(ns, changed, new, now, wall)
             return
-        for ch in list(ns.channels):
+        clock = time.perf_counter
+        until = clock() + STEP_SECONDS
+        channels = ns.channels
+        for n, ch in enumerate(list(channels)):
+            if n & 31 == 31 and clock() > until:
+                yield
+                until = clock() + STEP_SECONDS
+            if ch not in channels:
+                continue                         # gone while the loop ran
             reason = auth.still_valid(ch.identity, wall) if ch.identity is not None else None
             if reason is not None:
                 b.acct.stats.revoked += 1
@@ -196,7 +217,13 @@ class Enforcement:
         limits = b.limits
         # the queues are looked through only when the rules changed (a new device, a quota: not again)
         acl_changed = old is None or old.acl != new.acl or old.default_allow != new.default_allow
-        for session in list(ns.sessions.values()):
+        sessions = ns.sessions
+        for n, session in enumerate(list(sessions.values())):
+            if n & 31 == 31 and clock() > until:
+                yield
+                until = clock() + STEP_SECONDS
+            if sessions.get(session.client_id) is not session:
+                continue                         # ended (or taken over) while the loop ran
             ch = session.channel
             if ch is not None:
                 acl = ch.acl

@@ -319,7 +319,10 @@ class PolicySource:
                 except (ValueError, KeyError, TypeError) as exc:
                     log.error("rules of tenant %r (version %d) ignored: %s", slug, version, exc)
             if self.control.loaded:
-                self.broker.policy_changed(slug, old, new, now, self.wall())
+                # in steps, the loop serving every client between them (a big tenant's ACL change)
+                for _ in self.broker.policy_steps(slug, old, new, now, self.wall()):
+                    await asyncio.sleep(0)
+                now = self.loop.time()
         if not self.control.loaded:
             self.control.loaded = True
             # the first load: tenants deleted while this node could not learn it (down, or its
