@@ -23,6 +23,7 @@ tenant_patterns = [
     # devices and credentials
     path("devices/", tv.device_list, name="devices"),
     path("devices/new/", tv.device_create, name="device_create"),
+    path("devices/new/import/", tv.device_import, name="device_import"),
     path("devices/<str:name>/", tv.device_detail, name="device"),
     path("devices/<str:name>/edit/", tv.device_edit, name="device_edit"),
     path("devices/<str:name>/enable/", tv.device_enable, name="device_enable"),

@@ -46,6 +46,14 @@ class FingerprintField(forms.CharField):
         return value.strip().replace(":", "").lower()
 
 
+class DeviceImportForm(forms.Form):
+    file = forms.FileField(label="CSV file", help_text="The first line names the columns: name, and optionally "
+                           "cert_fingerprint, cert_cn, description. At most 100,000 devices.",
+                           widget=forms.ClearableFileInput(attrs={"accept": ".csv,text/csv,text/plain"}))
+    label = forms.CharField(max_length=100, required=False, label="Credential label",
+                            help_text="Given to every device's credential (optional).")
+
+
 class DeviceForm(forms.Form):
     name = forms.CharField(max_length=128, validators=[validate_device_name],
                            help_text="Lowercase letters, digits, '-', '_' and '.'. Devices sign in as "

@@ -7,14 +7,17 @@ tenant's objects, 403 for a viewer who tries to write), validates a form,
 calls ``tenants.services`` and writes one audit row when it succeeded.
 """
 
+import io
+
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.http import Http404
+from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_POST, require_safe
 
 from core import audit
@@ -33,6 +36,7 @@ from core.shortcuts import (
 from core.views import audit_page
 
 from . import audit_docs, limits, memberships, onboarding, queries, services, usage
+from . import device_import as importing
 from .access import (
     get_credential_for_user,
     get_device_for_user,
@@ -47,6 +51,7 @@ from .forms import (
     AclRuleForm,
     CredentialForm,
     DeviceForm,
+    DeviceImportForm,
     ExpireForm,
     MemberForm,
     MemberRoleForm,
@@ -179,6 +184,34 @@ def device_create(request, slug):
             return _secret_response(request, {"tenant": tenant, "device": device, "credential": credential,
                                               "secret": secret, "created_device": True})
     return render(request, "tenants/device_form.html", {"tenant": tenant, "rw": rw, "form": form, "creating": True})
+
+
+@login_required
+def device_import(request, slug):
+    """Many devices from a CSV file, in one change (``tenants.device_import``): the answer is the file of
+    their secrets, a download shown once and never stored; a refused file changes nothing and says why
+    (``device_import`` is this view: the module is ``importing`` here)."""
+    tenant, rw = get_tenant_for_user(request, slug, write=True)
+    form = DeviceImportForm(posted(request), request.FILES if request.method == "POST" else None)
+    if request.method == "POST" and form.is_valid():
+        upload = form.cleaned_data["file"]
+        try:
+            text = io.TextIOWrapper(upload.file, encoding="utf-8", newline="")
+            rows = importing.parse(text, importing.MAX_ROWS)
+            with transaction.atomic():
+                made = services.provision_devices(tenant, rows, label=form.cleaned_data["label"])
+                audit.record(request, "device.import", "device", f"{len(made)} devices", tenant=tenant,
+                             after={"devices": len(made), "names": [d.name for d, _, _ in made[:100]],
+                                    "label": form.cleaned_data["label"]})
+        except ServiceError as exc:
+            form.add_error("file", str(exc)[:1].upper() + str(exc)[1:])
+        else:
+            response = HttpResponse(importing.secrets_text(tenant.slug, made), content_type="text/csv")
+            stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
+            response["Content-Disposition"] = f'attachment; filename="{tenant.slug}-devices-{stamp}.csv"'
+            response["Cache-Control"] = "no-store"
+            return response
+    return render(request, "tenants/device_import.html", {"tenant": tenant, "rw": rw, "form": form})
 
 
 @login_required

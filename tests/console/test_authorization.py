@@ -108,6 +108,15 @@ SCHEDULE = {"schedule_id": "schedule"}
 # brokerd is down: live writes answer with the page and its banner (or go back to it)
 LIVE_WRITE = {"ok": (200,), "writes": False}
 
+class CsvUpload:
+    """A file for a form (the test client reads it with ``read()``), the same at every try."""
+
+    name = "devices.csv"
+
+    def read(self) -> bytes:
+        return b"name\nimported-1\n"
+
+
 TABLE: dict[str, list[Try]] = {
     # ------------------------------------------------------------ sign-in, home
     "healthz": [get(PUBLIC)],
@@ -137,6 +146,8 @@ TABLE: dict[str, list[Try]] = {
     # ------------------------------------------------------------ devices, credentials
     "devices": [get(TENANT_READ)],
     "device_create": [get(TENANT_WRITE), post(TENANT_WRITE, {"name": "new-device"})],
+    # the answer is the secrets' file itself (200)
+    "device_import": [get(TENANT_WRITE), post(TENANT_WRITE, {"file": CsvUpload()}, ok=(200,))],
     "device": [get(TENANT_READ, args=DEV)],
     "device_edit": [get(TENANT_WRITE, args=DEV), post(TENANT_WRITE, {"description": "moved"}, args=DEV)],
     "device_enable": [post(TENANT_WRITE, args=DEV)],

@@ -413,3 +413,53 @@ def test_a_credential_is_reached_only_through_its_own_device(as_alice, acme):
     assert as_alice.post(f"/tenants/acme/devices/gateway/credentials/{cred.pk}/disable/").status_code == 404
     assert services.authenticate_device("acme", "sensor-1", acme.test_secret)
     assert not AuditEvent.objects.exists()
+
+
+# ---------------------------------------------------------------- import
+
+
+def _upload(client, text: str, label: str = ""):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    data = text.encode("latin-1") if "\xff" in text else text.encode()
+    return client.post("/tenants/acme/devices/new/import/",
+                       {"file": SimpleUploadedFile("fleet.csv", data, "text/csv"), "label": label})
+
+
+def test_import_makes_every_device_and_downloads_their_secrets_once(as_alice, acme):
+    page = as_alice.get("/tenants/acme/devices/")
+    assert 'href="/tenants/acme/devices/new/import/"' in page.content.decode()
+    response = _upload(as_alice, "name,cert_cn,description\npump-1,,by the gate\ngw-1,gw-1.acme.example,roof\n",
+                       label="factory")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/csv")
+    assert response["Cache-Control"] == "no-store"
+    assert re.fullmatch(r'attachment; filename="acme-devices-\d{8}-\d{6}\.csv"', response["Content-Disposition"])
+    lines = response.content.decode().splitlines()
+    assert lines[0] == "name,username,secret"
+    rows = [line.split(",") for line in lines[1:]]
+    assert [(r[0], r[1]) for r in rows] == [("pump-1", "acme/pump-1"), ("gw-1", "acme/gw-1")]
+    for name, _, secret in rows:
+        [cred] = Credential.objects.filter(device__tenant=acme, device__name=name)
+        assert cred.secret_hash == hashing.hash_secret(secret) and cred.label == "factory"
+        assert secret not in audit_text()
+    assert Device.objects.get(tenant=acme, name="gw-1").cert_cn == "gw-1.acme.example"
+    assert {"gw-1", "pump-1"} <= set(policy("acme")["devices"])           # what brokerd reads
+    assert actions()[-1] == "device.import"
+    assert json.loads(AuditEvent.objects.order_by("id").last().after)["names"] == ["pump-1", "gw-1"]
+
+
+@pytest.mark.parametrize("text, error", [
+    ("name\nok-1\nBad Name\n", "Row 2 (&#x27;Bad Name&#x27;): name: "),
+    ("name\nok-1\nok-1\n", "Row 2 (&#x27;ok-1&#x27;): device acme/ok-1 already exists"),
+    ("device\nok-1\n", "The first line names the columns"),
+    ("name\n", "The file names no device"),
+    ("name\n\xff\n", "not UTF-8"),
+])
+def test_a_refused_import_says_why_on_the_page_and_makes_nothing(as_alice, acme, text, error):
+    before = set(Device.objects.filter(tenant=acme).values_list("name", flat=True))
+    response = _upload(as_alice, text)
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/html")
+    assert error in response.content.decode()
+    assert set(Device.objects.filter(tenant=acme).values_list("name", flat=True)) == before
+    assert "device.import" not in actions()

@@ -5,16 +5,13 @@
 a CSV file of devices and writes a CSV of their user names and secrets.
 """
 
-import csv
 import os
 import sys
 from contextlib import ExitStack
 
-from tenants import queries, services
+from tenants import device_import, queries, services
 from tenants.errors import ServiceError
 from tenants.management.cli import SubcommandCommand, positive_int
-
-IMPORT_COLUMNS = ("name", "cert_fingerprint", "cert_cn", "description")
 
 
 class Command(SubcommandCommand):
@@ -98,10 +95,7 @@ class Command(SubcommandCommand):
                     files.close()
                     os.unlink(output)
                 raise
-            writer = csv.writer(target, lineterminator="\n")
-            writer.writerow(("name", "username", "secret"))
-            for device, _credential, secret in made:
-                writer.writerow((device.name, f"{tenant.slug}/{device.name}", secret))
+            device_import.write_secrets(target, tenant.slug, made)
         self.stderr.write(f"created {len(made)} devices in {tenant.slug} (the secrets are shown once, only their "
                           "hashes are stored)")
 
@@ -112,20 +106,7 @@ class Command(SubcommandCommand):
                 source = sys.stdin if file == "-" else files.enter_context(open(file, newline="", encoding="utf-8"))
             except OSError as exc:
                 raise ServiceError(f"cannot read {file}: {exc.strerror}") from None
-            try:
-                reader = csv.DictReader(source)
-                unknown = [c for c in reader.fieldnames or () if c not in IMPORT_COLUMNS]
-                if not reader.fieldnames or "name" not in reader.fieldnames or unknown:
-                    raise ServiceError("the first line names the columns: name (needed), cert_fingerprint, cert_cn, "
-                                       "description" + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
-                rows = []
-                for row in reader:
-                    if None in row or any(v is None for v in row.values()):
-                        raise ServiceError(f"row {len(rows) + 1}: {len(reader.fieldnames)} columns expected")
-                    rows.append({k: v.strip() for k, v in row.items()})
-            except UnicodeDecodeError:
-                raise ServiceError("the file is not UTF-8 text") from None
-        return rows
+            return device_import.parse(source)
 
     def do_list(self, tenant, **_):
         rows = [
