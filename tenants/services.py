@@ -252,21 +252,68 @@ def provision_device(
 
 @transaction.atomic
 def provision_devices(tenant: Tenant, rows, *, label: str = "") -> list[tuple[Device, Credential, str]]:
-    """Many devices, each with its first credential, in one change (``manage.py devices import``):
-    ``rows`` of ``{"name", "cert_fingerprint", "cert_cn", "description"}`` (only ``name`` needed);
-    -> ``[(device, credential, secret)]`` in their order. All or none: the first row refused (a
-    name taken, in the tenant or twice in ``rows``, an invalid field) refuses them all, its error
-    saying which row (counted from 1). The tenant's snapshot is published once: one at a time, each
-    device of a big fleet made every node read the whole tenant again (bench/snapshot.py)."""
-    made = []
+    """Many devices, each with its first credential, in one change (``manage.py devices import``, the
+    console's *Import devices*): ``rows`` of ``{"name", "cert_fingerprint", "cert_cn", "description"}``
+    (only ``name`` needed); -> ``[(device, credential, secret)]`` in their order. All or none: the first
+    row refused (a name taken, in the tenant or twice in ``rows``, a certificate another device names,
+    an invalid field) refuses them all, its error saying which row (counted from 1). Checked and
+    written in bulk (one by one, 2 ms a device: 100,000 took minutes), and the tenant's snapshot is
+    published once (one per device had every node read the whole tenant again: bench/snapshot.py)."""
+    if len(label) > 100:
+        raise ServiceError("label: at most 100 characters")
+    devices, seen = [], {}
+    cert_rows: dict[tuple[str, str], int] = {}
     for i, row in enumerate(rows, 1):
+        name = row["name"]
         try:
-            device = _new_device(tenant, row["name"], row.get("description") or "", True,
-                                 row.get("cert_fingerprint") or None, row.get("cert_cn") or None)
-            credential, secret = _new_credential(device, label, None, True)
+            device = Device(tenant=tenant, name=name, description=row.get("description") or "", enabled=True)
+            _set_cert(device, row.get("cert_fingerprint") or None, row.get("cert_cn") or None)
+            _clean(device, validate_unique=False, validate_constraints=False)
+            if name in seen:
+                raise Conflict(f"device {tenant.slug}/{name} already exists")
+            for field, what in (("cert_fingerprint", "certificate fingerprint"), ("cert_cn", "certificate CN")):
+                value = getattr(device, field)
+                if value and (field, value) in cert_rows:
+                    raise Conflict(f"{what} already belongs to row {cert_rows[field, value]}")
+                if value:
+                    cert_rows[field, value] = i
         except ServiceError as exc:
-            raise type(exc)(f"row {i} ({row['name']!r}): {exc}") from exc
+            raise type(exc)(f"row {i} ({name!r}): {exc}") from exc
+        seen[name] = i
+        devices.append(device)
+    # against what is stored: the first row (in the file's order) that collides is the one named
+    names = list(seen)
+    taken = set()
+    for k in range(0, len(names), 500):
+        taken.update(Device.objects.filter(tenant=tenant, name__in=names[k:k + 500]).values_list("name", flat=True))
+    clashes = {seen[n]: Conflict(f"device {tenant.slug}/{n} already exists") for n in taken}
+    for field, what in (("cert_fingerprint", "certificate fingerprint"), ("cert_cn", "certificate CN")):
+        values = [v for f, v in cert_rows if f == field]
+        for k in range(0, len(values), 500):
+            for value, other_tenant, other in Device.objects.filter(**{f"{field}__in": values[k:k + 500]}).values_list(
+                    field, "tenant_id", "name"):
+                i = cert_rows[field, value]
+                if i not in clashes:
+                    clashes[i] = Conflict(f"{what} already belongs to device {tenant.slug}/{other}"
+                                          if other_tenant == tenant.pk else
+                                          f"{what} already in use by a device of another tenant")
+    if clashes:
+        i = min(clashes)
+        raise type(clashes[i])(f"row {i} ({devices[i - 1].name!r}): {clashes[i]}")
+    try:
+        with transaction.atomic():
+            Device.objects.bulk_create(devices, batch_size=1000)
+    except IntegrityError:
+        raise Conflict("a device of the file, or its certificate, was created meanwhile: nothing was made") from None
+    now = timezone.now()
+    made, credentials = [], []
+    for device in devices:
+        secret = hashing.generate_secret()
+        credential = Credential(device=device, label=label, secret_hash=hashing.hash_secret(secret), enabled=True,
+                                last_rotated_at=now)
+        credentials.append(credential)
         made.append((device, credential, secret))
+    Credential.objects.bulk_create(credentials, batch_size=1000)
     if made:
         policy_snapshot.publish(tenant)
     return made

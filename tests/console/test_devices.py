@@ -463,3 +463,19 @@ def test_a_refused_import_says_why_on_the_page_and_makes_nothing(as_alice, acme,
     assert error in response.content.decode()
     assert set(Device.objects.filter(tenant=acme).values_list("name", flat=True)) == before
     assert "device.import" not in actions()
+
+
+def test_an_import_refuses_a_certificate_another_device_names(as_alice, acme, globex):
+    services.create_device(globex, "gw", cert_cn="gw.shared.example", cert_fingerprint="ab" * 32)
+    services.create_device(acme, "gw-old", cert_cn="gw.acme.example")
+    for text, error in (
+            ("name,cert_cn\nn-1,gw.x.example\nn-2,gw.x.example\n", "Row 2 (&#x27;n-2&#x27;): certificate CN already "
+                                                                    "belongs to row 1"),
+            ("name,cert_cn\nn-1,\nn-2,gw.shared.example\n", "Row 2 (&#x27;n-2&#x27;): certificate CN already in use "
+                                                           "by a device of another tenant"),
+            ("name,cert_fingerprint\nn-1," + "AB" * 32 + "\n", "Row 1 (&#x27;n-1&#x27;): certificate fingerprint "
+                                                               "already in use by a device of another tenant"),
+            ("name,cert_cn\nn-1,gw.acme.example\n", "certificate CN already belongs to device acme/gw-old")):
+        response = _upload(as_alice, text)
+        assert error in response.content.decode(), text
+        assert not Device.objects.filter(tenant=acme, name__startswith="n-").exists()
