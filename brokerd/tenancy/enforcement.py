@@ -205,12 +205,7 @@ class Enforcement:
             ch.quota = new.quota if new is not None and new.quota else None
             auth.keep_limiters(tenant, ch.client_id, ch.limit_in, ch.limit_out, now)
             ch.limit_in, ch.limit_out = auth.limiters(tenant, now, ch.client_id)
-            expires = credential_expiry(ch.identity, new)
-            ch.valid_until = expires
-            if expires is not None:
-                self.expiring.add(ch)
-            else:
-                self.expiring.discard(ch)
+            self._expires(ch, new)
         if new is None:
             self._tenant_deleted(ns, now)
             return
@@ -250,12 +245,16 @@ class Enforcement:
                 self.b.acct.stats.revoked += 1
                 ch.disconnect(rc.NOT_AUTHORIZED, reason, now, will=False)     # (no will: policy_changed)
                 continue
-            expires = credential_expiry(ch.identity, new)
-            ch.valid_until = expires
-            if expires is not None:
-                self.expiring.add(ch)
-            else:
-                self.expiring.discard(ch)
+            self._expires(ch, new)
+
+    def _expires(self, ch, policy) -> None:
+        """When the connection's credential runs out under ``policy`` (``tick`` ends it then)."""
+        expires = credential_expiry(ch.identity, policy)
+        ch.valid_until = expires
+        if expires is not None:
+            self.expiring.add(ch)
+        else:
+            self.expiring.discard(ch)
 
     def _tenant_deleted(self, ns, now: float) -> None:
         """Its sessions, retained and delayed messages go too."""
