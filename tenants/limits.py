@@ -26,6 +26,7 @@ QUOTA_FIELDS = (
     "max_payload",  # bytes
     "max_session_expiry",  # seconds
     "max_delayed",  # $delayed/... messages of the tenant waiting to be published
+    "max_devices",  # devices of the tenant (the console's; brokerd has nothing to enforce)
 )
 
 MAX_LIMIT = 2**63 - 1  # what a BigInteger column holds

@@ -215,6 +215,7 @@ class Quota(models.Model):
     max_payload = _limit_field("payload bytes")
     max_session_expiry = _limit_field("session expiry seconds")
     max_delayed = _limit_field("delayed messages ($delayed/...) of the tenant waiting to be published")
+    max_devices = _limit_field("devices of the tenant")
 
     def __str__(self):
         return f"quota of {self.tenant}"
@@ -253,6 +254,7 @@ class OwnQuota(models.Model):
     max_payload = _limit_field(Quota.max_payload.field.help_text)
     max_session_expiry = _limit_field(Quota.max_session_expiry.field.help_text)
     max_delayed = _limit_field(Quota.max_delayed.field.help_text)
+    max_devices = _limit_field(Quota.max_devices.field.help_text)
 
     def __str__(self):
         return f"own limits of {self.tenant}"

@@ -177,6 +177,19 @@ def delete_tenant(tenant: Tenant) -> None:
 # ---------------------------------------------------------------- devices
 
 
+def _room_for_devices(tenant: Tenant, adding: int) -> None:
+    """The tenant's ``max_devices`` quota (its ceiling, or its own lower limit) leaves room for
+    ``adding`` more devices; its row is locked first, so two changes at once cannot both take the last."""
+    Tenant.objects.select_for_update().filter(pk=tenant.pk).exists()
+    limit = queries.effective_quota(tenant)["max_devices"]
+    if limit is None:
+        return
+    have = tenant.devices.count()
+    if have + adding > limit:
+        raise ServiceError(f"the tenant's quota allows {limit:,} device{'s' if limit != 1 else ''} and it has {have:,}"
+                           + (f": {adding:,} more do not fit" if adding > 1 else ""))
+
+
 def _new_device(tenant, name, description, enabled, cert_fingerprint, cert_cn) -> Device:
     device = Device(
         tenant=tenant, name=name, description=description, enabled=_check_bool("enabled", enabled)
@@ -225,6 +238,7 @@ def create_device(
     cert_cn: str | None = None,
 ) -> Device:
     """A device without credentials (it may authenticate by certificate)."""
+    _room_for_devices(tenant, 1)
     device = _new_device(tenant, name, description, enabled, cert_fingerprint, cert_cn)
     policy_snapshot.publish(tenant)
     return device
@@ -244,6 +258,7 @@ def provision_device(
 ) -> tuple[Device, Credential, str]:
     """A device and its first credential in one change: ``(device, credential,
     secret)``, the secret shown once and never stored."""
+    _room_for_devices(tenant, 1)
     device = _new_device(tenant, name, description, enabled, cert_fingerprint, cert_cn)
     credential, secret = _new_credential(device, label, expires_at, True)
     policy_snapshot.publish(tenant)
@@ -261,6 +276,8 @@ def provision_devices(tenant: Tenant, rows, *, label: str = "") -> list[tuple[De
     published once (one per device had every node read the whole tenant again: bench/snapshot.py)."""
     if len(label) > 100:
         raise ServiceError("label: at most 100 characters")
+    rows = list(rows)
+    _room_for_devices(tenant, len(rows))
     devices, seen = [], {}
     cert_rows: dict[tuple[str, str], int] = {}
     for i, row in enumerate(rows, 1):

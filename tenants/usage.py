@@ -15,10 +15,13 @@ def client_totals(clients: list[dict], retained: int | None) -> dict:
             **{k: sum(c.get(k) or 0 for c in clients) for k in SUMMED}, "retained": retained}
 
 
-def quota_rows(effective: dict, totals: dict | None) -> list[dict]:
+def quota_rows(effective: dict, totals: dict | None, devices: int | None = None) -> list[dict]:
     """One row per quota field: its limit in force, and for the limits live
-    numbers measure (connections, retained messages) the use and its percent."""
+    numbers measure (connections, retained messages) the use and its percent;
+    ``devices``: how many the tenant has (the console's own count)."""
     used = {"max_connections": totals and totals["connected"], "max_retained": totals and totals["retained"]}
+    if devices is not None:
+        used["max_devices"] = devices
     rows = []
     for field in limits.QUOTA_FIELDS:
         limit, value = effective[field], used.get(field)

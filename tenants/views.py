@@ -116,7 +116,8 @@ def _usage(request, tenant) -> dict:
     totals = None
     if clients is not None:
         totals = usage.client_totals(clients["items"], retained["total"] if retained is not None else None)
-    return {"live": totals, "quota_rows": usage.quota_rows(queries.effective_quota(tenant), totals),
+    return {"live": totals, "quota_rows": usage.quota_rows(queries.effective_quota(tenant), totals,
+                                                           tenant.devices.count()),
             **live.context()}
 
 

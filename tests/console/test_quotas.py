@@ -10,6 +10,7 @@ tenant always keeps at least one administrator.
 """
 
 import json
+import re
 
 import pytest
 from django.test import Client
@@ -323,3 +324,30 @@ def test_a_tenant_without_admins_may_lose_viewers(as_admin, globex, bob):
 def test_viewer_sees_members_without_controls(as_bob, globex):
     page = as_bob.get("/tenants/globex/members/").content.decode()
     assert "bob" in page and "Add a member" not in page and "/remove/" not in page and "/role/" not in page
+
+
+def test_a_device_quota_refuses_devices_past_it_on_every_path(as_admin, as_alice, acme):
+    """max_devices: the platform's ceiling (a plan's size) or the tenant's own lower limit; a new
+    device, a device without a credential and an import past it are refused inline, nothing made;
+    the overview shows the devices against it."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    have = acme.devices.count()
+    response = as_admin.post(QUOTAS, ceiling(max_devices=have + 2))
+    assert response.status_code == 302
+    assert policy("acme")["quota"]["max_devices"] == have + 2
+    upload = SimpleUploadedFile("fleet.csv", b"name\nq-1\nq-2\nq-3\n", "text/csv")
+    page = as_alice.post("/tenants/acme/devices/new/import/", {"file": upload})
+    assert f"The tenant&#x27;s quota allows {have + 2} devices and it has {have}: 3 more do not fit" in \
+        page.content.decode()
+    assert as_alice.post("/tenants/acme/devices/new/", {"name": "q-1", "with_credential": "on"}).status_code == 200
+    assert as_alice.post("/tenants/acme/devices/new/", {"name": "q-2"}).status_code == 302
+    for fields in ({"name": "q-3", "with_credential": "on"}, {"name": "q-3"}):
+        page = as_alice.post("/tenants/acme/devices/new/", fields)
+        assert f"The tenant&#x27;s quota allows {have + 2} devices and it has {have + 2}" in page.content.decode()
+    assert not acme.devices.filter(name="q-3").exists()
+    # the tenant's own lower limit counts too, and the overview shows the use
+    assert as_alice.post(QUOTAS, own(max_devices=have + 2)).status_code == 302
+    overview = as_alice.get("/tenants/acme/").content.decode()
+    row = re.search(r"<td>max devices</td>\s*<td class=\"num\">([^<]*)</td>\s*<td class=\"num\">([^<]*)</td>", overview)
+    assert row is not None and row.groups() == (f"{have + 2:,}", f"{have + 2:,}"), overview[-3000:]

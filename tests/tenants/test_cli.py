@@ -160,3 +160,13 @@ def test_devices_import_creates_a_fleet_in_one_change_and_writes_each_secret_onc
     assert piped.returncode == 0, piped.stderr
     [header, row] = piped.stdout.splitlines()
     assert header == "name,username,secret" and row.startswith("valve-1,fleet/valve-1,")
+
+
+def test_the_device_quota_from_the_command_line(env):
+    assert manage(env, "tenants", "create", "plan").returncode == 0
+    assert manage(env, "tenants", "quota", "plan", "--max-devices", "1").returncode == 0
+    assert manage(env, "devices", "create", "plan", "one").returncode == 0
+    one_line_error(manage(env, "devices", "create", "plan", "two"), 1,
+                   "the tenant's quota allows 1 device and it has 1")
+    assert query(env, "SELECT count(*) FROM tenants_device d JOIN tenants_tenant t ON d.tenant_id = t.id "
+                      "WHERE t.slug = 'plan'") == [(1,)]

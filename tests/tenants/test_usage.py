@@ -27,5 +27,8 @@ def test_quota_rows():
                                     "has_usage": True}                          # 0: no limit to measure against
     others = [r for f, r in rows.items() if f not in ("max_connections", "max_retained")]
     assert all(r["used"] is None and r["percent"] is None and not r["has_usage"] for r in others)
+    devices = {r["field"]: r for r in usage.quota_rows(effective | {"max_devices": 10}, None, 4)}
+    assert devices["max_devices"] == {"field": "max_devices", "limit": 10, "used": 4, "percent": 40,
+                                      "has_usage": True}                        # the console's own count
     unknown = {r["field"]: r for r in usage.quota_rows(effective, None)}      # brokerd did not answer
     assert unknown["max_connections"]["used"] is None and unknown["max_connections"]["has_usage"]
