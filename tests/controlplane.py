@@ -77,7 +77,7 @@ def migrated_sqlite(url: str, env: dict) -> None:
     shutil.copyfile(template, path)
 
 
-def _copy_sqlite(src: str, dst: str) -> None:
+def copy_sqlite(src: str, dst: str) -> None:
     """A closed SQLite database file, with its write-ahead log if one was left."""
     shutil.copyfile(src, dst)
     if os.path.exists(src + "-wal"):
@@ -118,7 +118,7 @@ class ControlPlane:
         db = self.url[len("sqlite:///"):]
         if self.pristine and key in _PROVISIONED:
             copy, secrets = _PROVISIONED[key]
-            _copy_sqlite(copy, db)
+            copy_sqlite(copy, db)
             self.pristine = False
             return dict(secrets)
         pristine = self.pristine
@@ -127,7 +127,7 @@ class ControlPlane:
         secrets = json.loads(line[len("SECRETS "):])
         if pristine:
             copy = os.path.join(os.path.dirname(_TEMPLATE["path"]), f"provisioned-{len(_PROVISIONED)}.sqlite3")
-            _copy_sqlite(db, copy)
+            copy_sqlite(db, copy)
             _PROVISIONED[key] = (copy, dict(secrets))
         return secrets
 
