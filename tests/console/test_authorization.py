@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import pytest
 from django.apps import apps
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import connection, transaction
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
 
@@ -331,18 +331,30 @@ def build_world(acme, globex) -> dict:
 SKIPPED_TABLES = {"sessions.Session", "contenttypes.ContentType", "auth.Permission"}
 
 
-def snapshot() -> dict:
-    """Every row of the site's tables (users without their last login)."""
-    out = {}
+def _snapshot_queries() -> list[tuple[str, str]]:
+    """(model label, SELECT of every column of its table but auth.User's last_login, by primary key)."""
+    qn = connection.ops.quote_name
+    out = []
     for model in apps.get_models():
-        if model._meta.label in SKIPPED_TABLES:
+        label = model._meta.label
+        if label in SKIPPED_TABLES:
             continue
-        rows = list(model.objects.order_by("pk").values())
-        if model._meta.label == "auth.User":
-            for r in rows:
-                r.pop("last_login")
-        out[model._meta.label] = rows
+        columns = [f.column for f in model._meta.concrete_fields
+                   if not (label == "auth.User" and f.name == "last_login")]
+        out.append((label, f"SELECT {', '.join(map(qn, columns))} FROM {qn(model._meta.db_table)} "
+                           f"ORDER BY {qn(model._meta.pk.column)}"))
     return out
+
+
+def snapshot() -> dict:
+    """Every row of the site's tables (users without their last login), as the database has them:
+    plain SQL, not the ORM's querysets (two snapshots a request were two thirds of the file's time)."""
+    with connection.cursor() as cursor:
+        out = {}
+        for label, sql in _snapshot_queries():
+            cursor.execute(sql)
+            out[label] = cursor.fetchall()
+        return out
 
 
 def expected(kind: str, who: str, slug: str | None) -> str | int:
