@@ -42,6 +42,7 @@ import pytest
 from django.apps import apps
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
+from django.test import Client, override_settings
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from django.utils import timezone
 
@@ -54,7 +55,9 @@ from tenants import services
 from tenants.models import Membership
 
 from ..reports.conftest import sample_result
-from .conftest import PASSWORD
+from .conftest import PASSWORD, _client, make_acme, make_globex, make_people
+
+FAST_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]      # (as conftest's brokerd_down sets them)
 
 PUBLIC = "public"
 AUTHENTICATED = "authenticated"
@@ -281,10 +284,33 @@ def brokerd_calls(monkeypatch):
     return calls
 
 
+@pytest.fixture(scope="module")
+def people_and_world(django_db_setup, django_db_blocker):
+    """The tenants, people and ``build_world``'s objects, made once for the module inside a
+    transaction rolled back at its end (nothing of it outlives the module); each test runs in a
+    savepoint of it (pytest-django's ``db``), rolled back after the test, and each request in one
+    of its own: every request still meets the same world. (Made per test, they were most of the
+    file's time: each service call rebuilds a policy snapshot.) -> ({name: user}, world)."""
+    with django_db_blocker.unblock(), override_settings(PASSWORD_HASHERS=FAST_HASHERS), transaction.atomic():
+        acme, globex = make_acme(), make_globex()
+        people = make_people(acme, globex)
+        world = build_world(acme, globex)
+        yield people, world
+        transaction.set_rollback(True)
+
+
 @pytest.fixture
-def world(acme, globex, people):
+def world(db, people_and_world):
     """The objects the URLs name, one of each per tenant, and the platform's."""
-    return build_world(acme, globex)
+    return people_and_world[1]
+
+
+@pytest.fixture
+def clients(db, people_and_world):
+    """{"admin": Client, "alice": Client, "bob": Client, "anonymous": Client}, logged in (per test)."""
+    out = {name: _client(user) for name, user in people_and_world[0].items()}
+    out["anonymous"] = Client()
+    return out
 
 
 def build_world(acme, globex) -> dict:
@@ -458,7 +484,7 @@ def test_every_websocket_route_has_an_entry():
 
 
 @pytest.mark.parametrize("route", list(WEBSOCKETS))
-def test_websocket_access(people, acme, globex, route):
+def test_websocket_access(db, people_and_world, route):
     """``metrics.consumers.may_watch``, what the consumer asks before accepting
     (tests/metrics/test_consumers opens real sockets)."""
     from django.contrib.auth.models import AnonymousUser
@@ -466,7 +492,7 @@ def test_websocket_access(people, acme, globex, route):
     from metrics.consumers import may_watch
 
     kind = WEBSOCKETS[route]
-    users = {**people, "anonymous": AnonymousUser()}
+    users = {**people_and_world[0], "anonymous": AnonymousUser()}
     wrong = []
     for slug in ("acme", "globex") if kind in TENANT_KINDS else (None,):
         for who in USERS:
