@@ -4,7 +4,8 @@ brokerd nodes that use it as their control plane -- all real processes.
 ``ControlPlane.manage(...)`` runs ``python manage.py ...`` with
 ``DATABASE_URL`` pointing at a SQLite file in the test's directory -- or at
 the PostgreSQL database given as ``database_url`` (``postgres://...``, e.g.
-the ``postgres_db`` fixture);
+the ``postgres_db`` fixture) -- each run a process of its own, forked from a
+zygote that has the libraries imported (``tests.manage_zygote``);
 ``provision(...)`` creates many tenants and devices in one Django process
 (through ``tenants.services``) and returns their secrets; ``broker(...)``
 starts brokerd with the same environment, so it reads the same database.
@@ -15,10 +16,10 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 
-from .procs import ROOT, BrokerProcess
+from . import manage_zygote
+from .procs import BrokerProcess
 
 # Script bodies for ``manage.py shell -c``: each reads its ``plan`` (set by _READ_PLAN or by
 # provision_with_tokens) and prints its secrets on a ``SECRETS`` line.
@@ -68,16 +69,15 @@ def migrated_sqlite(url: str, env: dict) -> None:
         directory = tempfile.mkdtemp(prefix="console-template-")
         atexit.register(shutil.rmtree, directory, True)
         template = os.path.join(directory, "console.sqlite3")
-        proc = subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT,
-                              env=dict(env, DATABASE_URL=f"sqlite:///{template}", VAR_DIR=directory),
-                              capture_output=True, text=True, timeout=120)
+        proc = manage_zygote.run(["migrate", "--noinput", "-v", "0"],
+                                 dict(env, DATABASE_URL=f"sqlite:///{template}", VAR_DIR=directory), timeout=120)
         if proc.returncode != 0:
             raise AssertionError(f"manage.py migrate failed ({proc.returncode}): {proc.stderr[-2000:]}")
         _TEMPLATE["path"] = template
     shutil.copyfile(template, path)
 
 
-def _copy_sqlite(src: str, dst: str) -> None:
+def copy_sqlite(src: str, dst: str) -> None:
     """A closed SQLite database file, with its write-ahead log if one was left."""
     shutil.copyfile(src, dst)
     if os.path.exists(src + "-wal"):
@@ -100,8 +100,7 @@ class ControlPlane:
 
     def manage(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
         self.pristine = False
-        proc = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=self.env, input=stdin,
-                              capture_output=True, text=True, timeout=120)
+        proc = manage_zygote.run(args, self.env, stdin=stdin, timeout=120)      # python manage.py ARGS
         if check and proc.returncode != 0:
             raise AssertionError(f"manage.py {' '.join(args)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
         return proc
@@ -118,7 +117,7 @@ class ControlPlane:
         db = self.url[len("sqlite:///"):]
         if self.pristine and key in _PROVISIONED:
             copy, secrets = _PROVISIONED[key]
-            _copy_sqlite(copy, db)
+            copy_sqlite(copy, db)
             self.pristine = False
             return dict(secrets)
         pristine = self.pristine
@@ -127,7 +126,7 @@ class ControlPlane:
         secrets = json.loads(line[len("SECRETS "):])
         if pristine:
             copy = os.path.join(os.path.dirname(_TEMPLATE["path"]), f"provisioned-{len(_PROVISIONED)}.sqlite3")
-            _copy_sqlite(db, copy)
+            copy_sqlite(db, copy)
             _PROVISIONED[key] = (copy, dict(secrets))
         return secrets
 

@@ -135,11 +135,14 @@ def test_sys_cluster_does_not_count_a_node_no_one_reaped(cluster, tag):
     its clients counted as connected. Now only members are summed."""
     [n1] = cluster.start(1, "--sys-interval", "1")
     gone = [connect(n1.port(), f"{tag}-c{k}", V311) for k in range(3)]
-    time.sleep(1.5)                                   # a round of figures shared
+    r = cluster.redis.client()
+    wait_until(lambda: r.hget(f"{cluster.prefix}:stats:n1", "connected") == b"3", timeout=10,
+               message="n1's figures with its 3 clients not shared")         # a round of figures shared
     n1.kill()
     for c in gone:
         c.drop()
-    time.sleep(6)                                     # its membership expires: no one will see it go
+    wait_until(lambda: not r.exists(f"{cluster.prefix}:node:n1"), timeout=15,
+               message="n1's membership did not expire")                      # no one will see it go
     [n2] = cluster.start(1, "--sys-interval", "1")     # another node id, the only member
     watcher = connect(n2.port(), f"{tag}-sys", V5)
     watcher.subscribe("$SYS/cluster/#", qos=0)

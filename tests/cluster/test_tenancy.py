@@ -139,11 +139,17 @@ def test_connections_of_a_node_no_one_reaped_do_not_count_against_the_quota(redi
 
         [n1] = c.start(1)
         first = [dev(1).connect(n1.port()), dev(2).connect(n1.port())]
-        time.sleep(1.5)                                  # a round of count sharing
+        r = redis_server.client()
+
+        def n1_counted():                                # a round of count sharing: n1's 2 in Redis
+            return any(r.hget(key, "n1") == b"2" for key in r.scan_iter(f"{c.prefix}:conns:*"))
+
+        wait_until(n1_counted, timeout=10, message="n1's connections not shared")
         n1.kill()
         for d in first:
             d.drop()
-        time.sleep(6)                                    # its membership expires: no one will see it go
+        wait_until(lambda: not r.exists(f"{c.prefix}:node:n1"), timeout=15,
+                   message="n1's membership did not expire")      # no one will see it go
         [n2] = c.start(1)                                # another node id, the only member
         devs = [dev(1).connect(n2.port())]
         time.sleep(1.5)                                  # a round of count sharing

@@ -22,7 +22,7 @@ import uuid
 
 import pytest
 
-from ..durability.test_crash import drain, received_in_order
+from ..durability.test_crash import drain, drain_until, received_in_order
 from ..integration.helpers import Client, connect
 from ..mqtt import V5, V311, PacketTypes, props
 from ..procs import ROOT, BrokerProcess, sigstop
@@ -183,7 +183,7 @@ def test_a_message_from_a_device_on_one_worker_reaches_a_subscriber_on_the_other
     infos = [pub.client.publish(f"{tag}/t/x", b"%05d" % i, qos=1) for i in range(500)]
     for info in infos:
         info.wait_for_publish(10)
-    got = [int(m.payload) for m in drain(sub, idle=2.0)]
+    got = [int(m.payload) for m in drain_until(sub, range(500), idle=2.0)]
     assert got == list(range(500)), f"{a} <- {b}: {len(got)} messages, first out of order at " \
         f"{next((i for i, n in enumerate(got) if n != i), None)}"
 
@@ -211,7 +211,7 @@ def test_takeover_across_workers_loses_nothing(host, tag):
         raise AssertionError("the subscriber never landed on the other worker")
     assert pub.sent < pub.total, "the stream was over before the session moved"
     pub.finish()
-    got = received_in_order(received + drain(again, idle=3.0))
+    got = received_in_order(received + drain_until(again, pub.acked - {int(m.payload) for m in received}))
     missing = sorted(pub.acked - set(got))
     assert not missing, (f"{len(missing)} acknowledged messages lost in the move {a} -> {node}: {missing[:20]} "
                          f"(reason codes {pub.by_code()})")
@@ -267,7 +267,7 @@ def test_sigkill_of_a_worker_loses_no_acknowledged_message_and_it_is_restarted(c
     assert holder == adopter.group(1), f"{cid} held by {holder}, adopted by {adopter.group(1)}"
     again = persistent(host.port, cid)
     assert again.session_present
-    got = received_in_order(drain(again, idle=3.0))
+    got = received_in_order(drain_until(again, acked))
     missing = sorted(acked - set(got))
     assert not missing, (f"{len(missing)} acknowledged messages lost: {ranges(missing)}, received {ranges(got)} "
                          f"on {host.connected_on(cid)} (killed at #{killed_at}; reason codes {pub.by_code()})")

@@ -36,8 +36,7 @@ def _user(username, **extra):
     return get_user_model().objects.create_user(username, f"{username}@example.test", PASSWORD, **extra)
 
 
-@pytest.fixture
-def acme(db):
+def make_acme():
     tenant = services.create_tenant("acme", name="Acme Corp", contact_emails=["ops@acme.test"])
     device, credential, secret = services.provision_device(tenant, "sensor-1", description="roof sensor")
     services.create_device(tenant, "gateway")
@@ -48,13 +47,39 @@ def acme(db):
     return tenant
 
 
-@pytest.fixture
-def globex(db):
+def make_globex():
     tenant = services.create_tenant("globex", name="Globex")
     device, credential, secret = services.provision_device(tenant, "plant-1")
     services.add_acl_rule(tenant, topic="plant/#", action="both", allow=True)
     tenant.test_credential = credential
     return tenant
+
+
+def make_alice(acme):
+    user = _user("alice")
+    Membership.objects.create(user=user, tenant=acme, role=Membership.Role.ADMIN)
+    return user
+
+
+def make_bob(globex):
+    user = _user("bob")
+    Membership.objects.create(user=user, tenant=globex, role=Membership.Role.VIEWER)
+    return user
+
+
+def make_people(acme, globex) -> dict:
+    """The fixtures' tenants and people made at once (``people``), for a module-scoped fixture."""
+    return {"admin": _user("root", is_staff=True), "alice": make_alice(acme), "bob": make_bob(globex)}
+
+
+@pytest.fixture
+def acme(db):
+    return make_acme()
+
+
+@pytest.fixture
+def globex(db):
+    return make_globex()
 
 
 @pytest.fixture
@@ -64,16 +89,12 @@ def platform_admin(db):
 
 @pytest.fixture
 def alice(acme):
-    user = _user("alice")
-    Membership.objects.create(user=user, tenant=acme, role=Membership.Role.ADMIN)
-    return user
+    return make_alice(acme)
 
 
 @pytest.fixture
 def bob(globex):
-    user = _user("bob")
-    Membership.objects.create(user=user, tenant=globex, role=Membership.Role.VIEWER)
-    return user
+    return make_bob(globex)
 
 
 @pytest.fixture

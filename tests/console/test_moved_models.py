@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from .. import manage_zygote
 from ..procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,7 +137,10 @@ def run(env, *args) -> str:
 
 
 def manage(env, *args) -> str:
-    return run(env, "manage.py", *args)
+    """``python manage.py ARGS`` (forked from tests.manage_zygote: the libraries' imports done once)."""
+    proc = manage_zygote.run(args, env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc.stdout
 
 
 def script(env, code: str, *args):

@@ -8,6 +8,7 @@ only with DUP set. Run for the SQLite store and for the HBase store through
 the Thrift gateway double (tests/hbase_double.py).
 """
 
+import queue
 import threading
 import time
 
@@ -95,6 +96,23 @@ def drain(client: PahoClient, idle: float = 3.0, limit: float = 60.0) -> list:
             out.append(client.messages.get(timeout=idle))
         except Exception:
             break
+    return out
+
+
+def drain_until(client, numbers, idle: float = 3.0, quiet: float = 0.5, limit: float = 60.0) -> list:
+    """``drain``, which ends after ``idle`` seconds without a message, but once each of
+    ``numbers`` (payloads) has come it ends after ``quiet`` seconds without one: a stream that is whole
+    is not waited on for seconds more (what is still missing is waited for as long as before)."""
+    out = []
+    wanted = set(numbers)
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            m = client.messages.get(timeout=quiet if not wanted else idle)
+        except queue.Empty:
+            break
+        out.append(m)
+        wanted.discard(int(m.payload))
     return out
 
 
