@@ -211,6 +211,11 @@ class MemberRoleForm(forms.Form):
     role = forms.ChoiceField(choices=Membership.Role.choices)
 
 
+def _qos_choice(value):
+    """A republish's QoS from the form: 0, 1, 2, or ``${qos}`` (the message's)."""
+    return value if value == "${qos}" else int(value)
+
+
 class RuleForm(forms.Form):
     """A rule of the rule engine and its action -- republish, webhook or store
     (``action``; a form without it is a republish one). Only the chosen
@@ -230,9 +235,13 @@ class RuleForm(forms.Form):
     topic = forms.CharField(label="Republish to", max_length=1024, required=False, help_text="A topic template: "
                             "${field} from the output row, ${clientid}, ${topic}, ${username}.",
                             widget=forms.TextInput(attrs={"placeholder": "alerts/${clientid}", "class": "mono"}))
-    qos = forms.TypedChoiceField(label="QoS", choices=[(0, "0"), (1, "1"), (2, "2")], coerce=int, initial=0,
+    qos = forms.TypedChoiceField(label="QoS", choices=[(0, "0"), (1, "1"), (2, "2"), ("${qos}", "As the message")],
+                                 coerce=_qos_choice, initial=0,
                                  required=False, empty_value=0)
     retain = forms.BooleanField(label="Retain", required=False)
+    retain_as_message = forms.BooleanField(label="Retain as the message was", required=False,
+                                           help_text="Retained when the message (or event) that ran the rule "
+                                                     "was retained: EMQX's ${flags.retain}.")
     payload = forms.CharField(label="Payload template", max_length=16_384, required=False,
                               help_text="Empty: the output row as JSON.",
                               widget=forms.TextInput(attrs={"placeholder": '{"t": ${t}}', "class": "mono"}))
@@ -301,7 +310,8 @@ class RuleForm(forms.Form):
             return config
         if d["action"] == "store":
             return {"dataset": d["dataset"]}
-        config = {"topic": d["topic"], "qos": d.get("qos") or 0, "retain": d["retain"]}
+        config = {"topic": d["topic"], "qos": d.get("qos") or 0,
+                  "retain": "${flags.retain}" if d.get("retain_as_message") else d["retain"]}
         if d.get("payload"):
             config["payload"] = d["payload"]
         return config
@@ -317,8 +327,9 @@ class RuleForm(forms.Form):
         elif rule.action == "store":
             out["dataset"] = c.get("dataset", "")
         else:
-            out.update(topic=c.get("topic", ""), qos=c.get("qos", 0), retain=c.get("retain", False),
-                       payload=c.get("payload", ""))
+            retain = c.get("retain", False)
+            out.update(topic=c.get("topic", ""), qos=c.get("qos", 0), retain=retain is True,
+                       retain_as_message=retain == "${flags.retain}", payload=c.get("payload", ""))
         return out
 
 

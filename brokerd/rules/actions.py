@@ -1,7 +1,9 @@
 """What a rule does with its output row.
 
-``republish`` -- config ``{"topic": TEMPLATE, "qos": 0..2, "retain": bool,
-"payload": TEMPLATE or null, "user_properties": {NAME: TEMPLATE}}``. The
+``republish`` -- config ``{"topic": TEMPLATE, "qos": 0..2 or "${qos}", "retain": bool or
+"${flags.retain}", "payload": TEMPLATE or null, "user_properties": {NAME: TEMPLATE}}`` (``${qos}`` and
+``${flags.retain}``, EMQX's: the QoS and retain flag of the message that triggered the rule; for an
+event, its ``qos`` field if it has one, else 0, and never retained). The
 message is published inside the tenant's own namespace (a rule never sees
 another tenant's topics, and its output never leaves its tenant), as the
 client whose message or event triggered the rule: the topic must be one that
@@ -147,11 +149,13 @@ def validate(kind: str, config: dict) -> dict:
     if "+" in topic or "#" in topic:
         raise ActionError("republish: the topic may not hold wildcards (+, #)")
     qos = config.get("qos", 0)
-    if qos not in (0, 1, 2) or isinstance(qos, bool):
-        raise ActionError("republish: qos is 0, 1 or 2")
+    if (qos not in (0, 1, 2) or isinstance(qos, bool)) and qos != AS_MESSAGE_QOS:
+        raise ActionError(f"republish: qos is 0, 1, 2 or {AS_MESSAGE_QOS} (the message's)")
     retain = config.get("retain", False)
-    if not isinstance(retain, bool):
-        raise ActionError("republish: retain is true or false")
+    if retain in AS_MESSAGE_RETAIN:
+        retain = AS_MESSAGE_RETAIN[0]
+    elif not isinstance(retain, bool):
+        raise ActionError(f"republish: retain is true, false or {AS_MESSAGE_RETAIN[0]} (the message's)")
     payload = config.get("payload")
     if payload is not None and not isinstance(payload, str):
         raise ActionError("republish: payload is a template string")
@@ -172,6 +176,10 @@ def validate(kind: str, config: dict) -> dict:
     if props:
         out["user_properties"] = props
     return out
+
+
+AS_MESSAGE_QOS = "${qos}"
+AS_MESSAGE_RETAIN = ("${flags.retain}", "${retain}")       # (EMQX's spelling first: the one stored)
 
 
 class Republish:
@@ -205,7 +213,9 @@ class Republish:
             for k, v in props[USER_PROPERTY]:
                 if "\x00" in v:
                     raise ActionError(f"republish user property {k!r}: U+0000 in {v[:80]!r}")
-        return Publish(topic, payload, self.qos, self.retain, properties=props)
+        qos = self.qos if self.qos != AS_MESSAGE_QOS else (ctx.qos or 0)
+        retain = self.retain if self.retain != AS_MESSAGE_RETAIN[0] else bool(ctx.retain)
+        return Publish(topic, payload, qos, retain, properties=props)
 
 
 def split_url(url: str):

@@ -410,3 +410,17 @@ def test_a_tenant_has_at_most_so_many_rules(as_alice, acme, settings):
     page = as_alice.post(f"{RULES}new/", form()).content.decode()
     assert "has 2 rules, the most a tenant may have" in page
     assert Rule.objects.filter(tenant=acme).count() == 2 and len(policy("acme")["rules"]) == 2
+
+
+def test_a_republish_as_the_message_is_chosen_on_the_form(as_alice, acme):
+    """QoS "As the message" and "Retain as the message was": EMQX's ${qos} and ${flags.retain}."""
+    from tenants.models import Rule
+
+    response = as_alice.post(f"{RULES}new/", {"sql": 'SELECT * FROM "a/#"', "action": "republish",
+                                              "topic": "b/${topic}", "qos": "${qos}", "retain_as_message": "on"})
+    assert response.status_code in (200, 302), response.content.decode()[-2000:]
+    rule = Rule.objects.get(tenant=acme, sql='SELECT * FROM "a/#"')
+    assert rule.config == {"topic": "b/${topic}", "qos": "${qos}", "retain": "${flags.retain}"}
+    page = as_alice.get(f"{RULES}{rule.pk}/edit/").content.decode()
+    assert '<option value="${qos}" selected>' in page
+    assert re.search(r'<input type="checkbox" name="retain_as_message"[^>]* checked>', page)

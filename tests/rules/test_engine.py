@@ -329,3 +329,41 @@ def test_an_unsubscribe_runs_the_session_unsubscribed_rules_once_per_filter_remo
     assert got == [("alerts/unsub/d1", {"clientid": "d1", "topic": "sensors/a", "qos": 1}),
                    ("alerts/unsub/d1", {"clientid": "d1", "topic": "sensors/b", "qos": 0})]
     assert s.counters("acme") == {1: (2, 2, 0, 0)}
+
+
+def test_a_republish_may_take_the_messages_qos_and_retain_flag():
+    """EMQX's ``${qos}`` and ``${flags.retain}`` as the republish's QoS and retain: those of the message
+    that ran the rule (an event's: its qos field if it has one, else 0; never retained)."""
+    s = Scene({"acme": [rule(1, 'SELECT payload FROM "sensors/#"', "alerts/copy/${topic}", qos="${qos}",
+                             retain="${flags.retain}"),
+                        rule(2, 'SELECT clientid FROM "$events/session_subscribed"', "alerts/sub/${clientid}",
+                             qos="${qos}", retain="${retain}")]})
+    watch = s.client("acme/watch", "w")
+    watch.subscribe("alerts/#", qos=2)
+    dev = s.client("acme/d1", "d1")
+    dev.publish("sensors/a", b"x", qos=2)
+    dev.publish("sensors/b", b"y", qos=1, retain=True)
+    dev.publish("sensors/c", b"z", qos=0)
+    got = [(p.topic, p.qos) for p in watch.publishes() if p.topic.startswith("alerts/copy/")]
+    assert got == [("alerts/copy/sensors/a", 2), ("alerts/copy/sensors/b", 1), ("alerts/copy/sensors/c", 0)]
+    late = s.client("acme/watch", "late")
+    late.subscribe("alerts/copy/#", qos=2)
+    assert [(p.topic, p.retain) for p in late.publishes()] == [("alerts/copy/sensors/b", True)]   # only b's kept
+    # an event's: its own qos field where it has one (the granted QoS of a subscription), not retained
+    assert [(p.topic, p.qos, p.retain) for p in watch.publishes()] == [("alerts/sub/late", 2, False)]
+    assert s.counters("acme")[1] == (3, 3, 0, 0)
+
+
+def test_a_republish_qos_or_retain_template_other_than_the_messages_is_refused():
+    from brokerd.rules.actions import ActionError, validate
+
+    for config, error in (({"topic": "a", "qos": "${payload.q}"}, "qos is 0, 1, 2 or ${qos}"),
+                          ({"topic": "a", "retain": "${payload.r}"}, "retain is true, false or ${flags.retain}"),
+                          ({"topic": "a", "qos": True}, "qos is 0, 1, 2")):
+        try:
+            validate("republish", config)
+        except ActionError as exc:
+            assert error in str(exc)
+        else:
+            raise AssertionError(f"{config} accepted")
+    assert validate("republish", {"topic": "a", "retain": "${retain}"})["retain"] == "${flags.retain}"

@@ -66,7 +66,7 @@ def test_a_malformed_statement_is_refused_with_its_position(tenant):
     ("republish", {"topic": "$SYS/x"}, "may not start with $"),
     ("republish", {"topic": "a/#"}, "wildcards"),
     ("republish", {"topic": "a/${"}, "closing"),
-    ("republish", {"topic": "a", "qos": 3}, "qos is 0, 1 or 2"),
+    ("republish", {"topic": "a", "qos": 3}, "qos is 0, 1, 2 or ${qos}"),
     ("teleport", {}, "unknown action"),
 ])
 def test_actions_that_would_not_run_are_refused(tenant, action, config, says):

@@ -16,6 +16,10 @@ def qos(text: str) -> int:
     return int(text)
 
 
+def republish_qos(text: str):
+    return text if text == "${qos}" else qos(text)
+
+
 class Command(SubcommandCommand):
     help = "Manage a tenant's rules: SQL-like statements over its messages and events, and their actions."
 
@@ -30,8 +34,11 @@ class Command(SubcommandCommand):
         action.add_argument("--store", metavar="DATASET",
                             help="append the output row to the tenant's telemetry dataset DATASET (a short name: "
                                  "a-z, 0-9, _), read by the Spark telemetry report")
-        p.add_argument("--qos", type=qos, default=0, help="republish: QoS (default 0)")
+        p.add_argument("--qos", type=republish_qos, default=0,
+                       help="republish: QoS (default 0), or '${qos}': the message's")
         p.add_argument("--retain", action="store_true", help="republish: retained")
+        p.add_argument("--retain-as-message", action="store_true",
+                       help="republish: retained when the message was (EMQX's ${flags.retain})")
         p.add_argument("--payload", metavar="TEMPLATE", help="republish: payload template (default: the row as JSON)")
         p.add_argument("--method", default="POST", help="webhook: HTTP method (default POST)")
         p.add_argument("--header", action="append", default=[], metavar="'NAME: TEMPLATE'",
@@ -56,10 +63,11 @@ class Command(SubcommandCommand):
         p.add_argument("--qos", type=qos, default=0)
 
     def do_add(self, tenant, sql, republish, webhook, store, qos, retain, payload, method, disabled, header=(),
-               body=None, timeout=5.0, retries=3, **_):
+               body=None, timeout=5.0, retries=3, retain_as_message=False, **_):
         t = queries.get_tenant(tenant)
         if republish is not None:
-            kind, config = "republish", {"topic": republish, "qos": qos, "retain": retain}
+            kind, config = "republish", {"topic": republish, "qos": qos,
+                                         "retain": "${flags.retain}" if retain_as_message else retain}
             if payload is not None:
                 config["payload"] = payload
         elif webhook is not None:
