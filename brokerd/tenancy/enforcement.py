@@ -8,7 +8,8 @@ against the client's ACL of now (those refused are removed, those granted in
 part are checked on each delivery); a policy change disconnects clients whose
 credentials are no longer valid and re-checks every session of the tenant;
 a deleted tenant's sessions and retained messages go. Pure: ``now`` and the
-wall clock come from the caller.
+wall clock come from the caller (``policy_steps`` reads a monotonic clock only
+to know when to let the caller's event loop run).
 """
 
 import time
