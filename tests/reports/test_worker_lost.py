@@ -16,8 +16,8 @@ shared_db, people = celery_tests.shared_db, celery_tests.people
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory):
-    """test_celery's plane with a tenth of its usage log: these tests check where a run goes, not its
-    figures, and each report a worker runs here read ~4,000 files."""
+    """test_celery's plane with a quarter of its usage log: these tests check where a run goes, not
+    its figures (each report a worker ran here read ~4,000 files)."""
     return celery_tests.make_plane(tmp_path_factory, connections=150, traffic_rows=250)
 
 pytestmark = pytest.mark.slow
