@@ -5,16 +5,16 @@ import random
 import pytest
 
 from . import filetimes
-from .procs import BrokerProcess
+from .procs import SPARK_TEST_CONF, BrokerProcess
 
 _ids = itertools.count()
 
-# The reports' test data is a few hundred rows: compiling Java for each query plan (whole-stage and
-# expression code generation) is most of what a test's Spark job spends, interpreted it runs in about
-# half the time (measured: tenant and platform report, 102 s -> 34 s cold and 17.9 s -> 11.6 s warm on
-# a loaded 2-core machine). Production keeps Spark's defaults; tests/deploy's roles and the standalone
-# cluster test build their own environment and run with them too.
-os.environ.setdefault("SPARK_CONF", "spark.sql.codegen.wholeStage=false;spark.sql.codegen.factoryMode=NO_CODEGEN")
+# Production keeps Spark's defaults; the suite's Spark runs interpreted and its JVMs with test options
+# (tests/procs.py, SPARK_TEST_CONF: why). Subprocesses started with this environment (Celery workers,
+# child sessions) get it too; the standalone cluster test (tests/deploy/test_spark_cluster.py) passes it
+# on, and the deployed roles (tests/deploy/test_roles.py) get the Java options only: their worker runs
+# Spark's code generation as production does.
+os.environ.setdefault("SPARK_CONF", SPARK_TEST_CONF)
 # No class-data sharing archive (spark_reports/cds.py) for the suite's sessions: a test process would
 # write ~150 MB at its exit and wait ~10-20 s for its JVM to do so; tests/reports/test_cds.py runs
 # sessions of its own with one.

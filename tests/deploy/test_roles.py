@@ -31,7 +31,7 @@ from ..cluster.conftest import RedisServer
 from ..integration.helpers import wait_until
 from ..mqtt import PahoClient
 from ..pki import write_cert
-from ..procs import ROOT, free_port
+from ..procs import ROOT, SPARK_TEST_JAVA_OPTIONS, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -137,6 +137,12 @@ def stack(postgres, hbase_double, tmp_path_factory):
               "TRUST_X_FORWARDED_PROTO": "true", "VAR_DIR": str(tmp / "var"), "STATIC_ROOT": str(tmp / "static"),
               "USAGE_DIR": str(tmp / "usage"), "EMAIL_FILE_PATH": str(tmp / "mail"),
               "SPARK_SHUFFLE_PARTITIONS": "2", "REPORTS_RETRY_BACKOFF": "1",
+              # the suite's Java options for the worker's Spark JVM (tests/procs.py); Spark's own settings
+              # (code generation on) as in production
+              "SPARK_CONF": f"spark.driver.extraJavaOptions={SPARK_TEST_JAVA_OPTIONS}",
+              # no class-data sharing archive (tests/reports/test_cds.py has them): the worker's JVM wrote
+              # one at its exit, which the module's teardown waited for 20 s and then killed half-written
+              "SPARK_CDS_DIR": "off",
               "CONSOLE_HOST": "127.0.0.1", "CONSOLE_PORT": str(console_port),
               "CONSOLE_ADMIN_USER": "root", "CONSOLE_ADMIN_PASSWORD": password}
     node = {**base, "BROKERD_NODE_ID": "prod1", "BROKERD_LISTEN": "mqtt://127.0.0.1:0",

@@ -13,7 +13,7 @@ import pytest
 
 from spark_reports import usagegen as gen
 
-from ..procs import ROOT, free_port
+from ..procs import ROOT, SPARK_TEST_CONF, SPARK_TEST_JAVA_OPTIONS, free_port
 from ..reports import expected as X
 from .spark_cluster_job import PERIOD
 from .test_roles import VENV_BIN, Role
@@ -32,7 +32,7 @@ def spark_cluster(tmp_path_factory):
     port, ui, worker_ui = free_port(), free_port(), free_port()
     env = {"PATH": f"{VENV_BIN}:/usr/bin:/bin", "HOME": str(tmp), "LANG": "C.UTF-8", "SPARK_LOCAL_IP": "127.0.0.1",
            "SPARK_LOG_DIR": str(tmp / "logs"), "SPARK_WORKER_DIR": str(tmp / "work"),
-           "MQTTHUB_ROLE_FILE": str(tmp / "role")}
+           "MQTTHUB_ROLE_FILE": str(tmp / "role"), "SPARK_DAEMON_JAVA_OPTS": SPARK_TEST_JAVA_OPTIONS}
     master = Role("spark-master", dict(env, SPARK_MASTER_HOST="127.0.0.1", SPARK_MASTER_PORT=str(port),
                                        SPARK_MASTER_WEBUI_PORT=str(ui)), ready=r"I have been elected leader",
                   timeout=120)
@@ -57,7 +57,9 @@ def test_reports_run_on_a_standalone_spark_cluster(spark_cluster, tmp_path):
     gen.write_rows(tmp_path, "traffic", traffic)
     env = {"PATH": f"{VENV_BIN}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8",
            "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_MASTER": url, "SPARK_SHUFFLE_PARTITIONS": "2",
-           "PYTHONPATH": str(ROOT)}
+           "PYTHONPATH": str(ROOT), "SPARK_CDS_DIR": "off",
+           # the suite's Spark settings (tests/procs.py), the executor's JVM too
+           "SPARK_CONF": f"{SPARK_TEST_CONF};spark.executor.extraJavaOptions={SPARK_TEST_JAVA_OPTIONS}"}
     proc = subprocess.run([sys.executable, "-m", "tests.deploy.spark_cluster_job", str(tmp_path)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:] + master.log() + worker.log()

@@ -50,10 +50,23 @@ def logged(tmp_path_factory):
     return usage
 
 
-def test_tenant_report_from_brokerds_log(spark, logged):
+def _period():
     today = datetime.now(tz=UTC).date()
-    period = Period.days(today - timedelta(days=1), today)
-    result = reports.get("tenant").run(spark, str(logged), period, "acme")
+    return Period.days(today - timedelta(days=1), today)
+
+
+@pytest.fixture(scope="module")
+def landed_reports(spark, logged):
+    """The tenant (acme) and platform reports over brokerd's landed log, made once for the module:
+    the first test checks their figures, the compaction test compares the lake's with them."""
+    period = _period()
+    out = {code: reports.get(code).run(spark, str(logged), period, tenant)
+           for code, tenant in (("tenant", "acme"), ("platform", None))}
+    return dict(out, period=period)
+
+
+def test_tenant_report_from_brokerds_log(landed_reports):
+    result = landed_reports["tenant"]
     t = result["totals"]
     assert (t["msgs_in_q0"], t["msgs_in_q1"], t["msgs_in_q2"], t["msgs_in"]) == (3, 7, 3, 13)
     assert t["msgs_out"] == 13 and t["bytes_in"] == 9 * 5 + 4
@@ -65,12 +78,12 @@ def test_tenant_report_from_brokerds_log(spark, logged):
     assert devices["d2"]["msgs_in"] == 13 and devices["d1"]["msgs_out"] == 13
     assert result["daily"][-1]["connects"] == 3
 
-    platform = reports.get("platform").run(spark, str(logged), period)
+    platform = landed_reports["platform"]
     assert [r["tenant"] for r in platform["tenants"]] == ["acme"]
     assert [(r["node"], r["peak_connections"]) for r in platform["nodes"]] == [("p1", 3)]
 
 
-def test_brokerds_log_compacted_gives_the_same_report(spark, logged, tmp_path):
+def test_brokerds_log_compacted_gives_the_same_report(spark, logged, landed_reports, tmp_path):
     """brokerd's files compacted into the lake (a copy: the other tests read the
     landed log): the report over the lake is the report over the landing."""
     import shutil
@@ -81,11 +94,9 @@ def test_brokerds_log_compacted_gives_the_same_report(spark, logged, tmp_path):
     shutil.copytree(logged, copy)
     r = lake.compact(spark, str(copy), now=time.time() + 60, settle=0, keep_landed=0)   # the last minute closed
     assert r.files >= 2 and not list(copy.glob("*/date=*/*.jsonl"))
-    today = datetime.now(tz=UTC).date()
-    period = Period.days(today - timedelta(days=1), today)
     for code, tenant in (("tenant", "acme"), ("platform", None)):
-        a = reports.get(code).run(spark, str(logged), period, tenant)
-        b = reports.get(code).run(spark, str(copy), period, tenant)
+        a = dict(landed_reports[code])
+        b = reports.get(code).run(spark, str(copy), landed_reports["period"], tenant)
         a.pop("generated_at"), b.pop("generated_at")
         assert a == b, code
 

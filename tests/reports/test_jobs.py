@@ -38,16 +38,39 @@ def usage(tmp_path_factory):
     return str(root), conns, traffic
 
 
+def _jobs_so_far(spark) -> int:
+    return spark.sparkContext._jsc.sc().statusStore().jobsList(None).size()
+
+
+def _counted(spark, run):
+    """``run()``'s report and the Spark jobs it ran (test_a_report_runs_few_spark_jobs)."""
+    before = _jobs_so_far(spark)
+    result = run()
+    return result, _jobs_so_far(spark) - before
+
+
+# Each report over the usage log is made once for the module (reading its ~4,800 files is most of a
+# report's time): the tests below check its figures, and the Spark jobs it ran.
 @pytest.fixture(scope="module")
-def acme_report(spark, usage):
+def acme_counted(spark, usage):
     root, _, _ = usage
-    return reports.get("tenant").run(spark, root, PERIOD, "acme", top_n=5)
+    return _counted(spark, lambda: reports.get("tenant").run(spark, root, PERIOD, "acme", top_n=5))
 
 
 @pytest.fixture(scope="module")
-def platform_report(spark, usage):
+def platform_counted(spark, usage):
     root, _, _ = usage
-    return reports.get("platform").run(spark, root, PERIOD)
+    return _counted(spark, lambda: reports.get("platform").run(spark, root, PERIOD))
+
+
+@pytest.fixture(scope="module")
+def acme_report(acme_counted):
+    return acme_counted[0]
+
+
+@pytest.fixture(scope="module")
+def platform_report(platform_counted):
+    return platform_counted[0]
 
 
 def test_generated_log_is_big_enough(usage):
@@ -147,21 +170,14 @@ def _peak(spark, rows, period):
 BASE = PERIOD.start
 
 
-def _jobs_so_far(spark) -> int:
-    return spark.sparkContext._jsc.sc().statusStore().jobsList(None).size()
-
-
 @pytest.mark.parametrize("code", ["tenant", "platform"])
-def test_a_report_runs_few_spark_jobs(spark, usage, code):
+def test_a_report_runs_few_spark_jobs(request, code):
     """Every Spark job is a fixed cost a report's reader waits for (planned, compiled on a cold
     session, scheduled): a report runs one per query, its row counts and rejections come with its
     totals. Adaptive query execution ran each shuffle stage as a job of its own (the tenant report:
     40 jobs, 27.1 s cold at 10M rows; 13 jobs, see the README), the row counts and rejections were
-    three queries more."""
-    root, _, _ = usage
-    before = _jobs_so_far(spark)
-    result = reports.get(code).run(spark, root, PERIOD, "acme" if code == "tenant" else None)
-    ran = _jobs_so_far(spark) - before
+    three queries more. (The module's reports, counted as they were made.)"""
+    result, ran = request.getfixturevalue(f"{'acme' if code == 'tenant' else 'platform'}_counted")
     assert result["rows"]["traffic"] > 0 and result["totals"]["messages"] > 0
     assert ran <= {"tenant": 13, "platform": 16}[code], ran
 

@@ -91,21 +91,30 @@ def _check_acme(result):
     assert {s["field"] for s in result["series"]} == {"temp"}      # text fields have no series
 
 
-def test_the_spark_report_reads_one_tenants_telemetry(spark, landed):
+@pytest.fixture(scope="module")
+def acme_landed(spark, landed):
+    """acme's telemetry report over the landed rows (and its period), made once for the module:
+    checked by the first test, compared with the report over the lake by the second."""
+    usage, _ = landed
+    period = _period()
+    return TelemetryReport().run(spark, str(usage), period, "acme"), period
+
+
+def test_the_spark_report_reads_one_tenants_telemetry(spark, landed, acme_landed):
     """globex stores into a dataset of the same name, with hotter readings: none of them is in acme's figures."""
     usage, _ = landed
-    result = TelemetryReport().run(spark, str(usage), _period(), "acme")
+    result, period = acme_landed
     _check_acme(result)
-    globex = TelemetryReport().run(spark, str(usage), _period(), "globex")
+    globex = TelemetryReport().run(spark, str(usage), period, "globex")
     assert [(d["dataset"], d["rows"]) for d in globex["datasets"]] == [("temps", 2)]
     assert {f["field"]: f["min"] for f in globex["fields"]}["temp"] == 900.0
     # a period that ends before the rows were stored: nothing (bounded on both ends)
     old = datetime.now(tz=UTC).date() - timedelta(days=3)
     assert TelemetryReport().run(spark, str(usage), Period.days(old, old), "acme")["datasets"] == []
-    assert TelemetryReport().run(spark, str(usage), _period(), "acme", dataset="other")["datasets"] == []
+    assert TelemetryReport().run(spark, str(usage), period, "acme", dataset="other")["datasets"] == []
 
 
-def test_compacted_into_the_lake_exactly_once(spark, landed, tmp_path):
+def test_compacted_into_the_lake_exactly_once(spark, landed, acme_landed, tmp_path):
     """The compaction moves the telemetry into the Parquet lake with the usage datasets; a second run
     adds nothing, and the report over the lake is the report over the landed files."""
     usage, _ = landed
@@ -117,8 +126,8 @@ def test_compacted_into_the_lake_exactly_once(spark, landed, tmp_path):
     assert list((copy / "lake" / "telemetry").glob("date=*/run=*/*.parquet"))
     again = lake.compact(spark, str(copy), now=time.time() + 60, settle=0, keep_landed=0)
     assert (again.files, again.rows) == (0, 0)
-    a = TelemetryReport().run(spark, str(usage), _period(), "acme")
-    b = TelemetryReport().run(spark, str(copy), _period(), "acme")
+    a, period = dict(acme_landed[0]), acme_landed[1]
+    b = TelemetryReport().run(spark, str(copy), period, "acme")
     a.pop("generated_at"), b.pop("generated_at")
     assert a == b
     _check_acme(b)

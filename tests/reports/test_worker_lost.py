@@ -10,8 +10,15 @@ from django.urls import reverse
 from . import test_celery as celery_tests
 from .test_celery import Proc, wait_for, wait_for_run
 
-# test_celery's fixtures: its migrated database file, usage log and users, made again for this module
-plane, shared_db, people = celery_tests.plane, celery_tests.shared_db, celery_tests.people
+# test_celery's fixtures: its migrated database file and users, made again for this module
+shared_db, people = celery_tests.shared_db, celery_tests.people
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory):
+    """test_celery's plane with a quarter of its usage log: these tests check where a run goes, not
+    its figures (each report a worker ran here read ~4,000 files)."""
+    return celery_tests.make_plane(tmp_path_factory, connections=150, traffic_rows=250)
 
 pytestmark = pytest.mark.slow
 
