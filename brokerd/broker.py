@@ -232,9 +232,10 @@ class Broker:
     def policy_changed(self, tenant: str, old, new, now: float, wall: float) -> None:
         self.enforcement.policy_changed(tenant, old, new, now, wall)
 
-    def policy_steps(self, tenant: str, old, new, now: float, wall: float):
-        """``policy_changed`` as a generator yielding between short steps (``Enforcement.policy_steps``)."""
-        return self.enforcement.policy_steps(tenant, old, new, now, wall)
+    def policy_steps(self, tenant: str, old, new, now: float, wall: float, clock=None):
+        """``policy_changed`` as a generator yielding between short steps of ``clock``
+        (``Enforcement.policy_steps``)."""
+        return self.enforcement.policy_steps(tenant, old, new, now, wall, clock)
 
     def next_timer(self) -> float | None:
         return self.registry.next_timer()

@@ -20,7 +20,8 @@ whole policy, never a difference.
 
 ``data``::
 
-    {"schema": 1, "tenant": "acme", "status": "active"|"suspended",
+    {"schema": 1, "tenant": "acme", "incarnation": int (the tenant's id: a slug deleted and made again
+     is another tenant), "status": "active"|"suspended",
      "default_acl": "allow"|"deny",
      "devices": {"<name>": {"enabled": bool, "cert_fingerprint": hex|null,
                  "cert_cn": str|null,
@@ -123,6 +124,7 @@ def build(tenant: Tenant) -> dict:
     return {
         "schema": SCHEMA,
         "tenant": tenant.slug,
+        "incarnation": tenant.pk,
         "status": tenant.status,
         "default_acl": tenant.default_acl,
         "devices": _devices(tenant),

@@ -82,6 +82,8 @@ class TenantPolicy:
     sys_parts: tuple = SYS_PARTS
     rules: list = field(default_factory=list)     # [{"id", "sql", "action", "config", "enabled"}] (brokerd.rules)
     autosub: tuple | None = None                  # auto-subscriptions (tenancy.autosub.AutoSub), None: none
+    # which tenant of the slug this is (the console's row id; a slug deleted and made again is another)
+    incarnation: int | None = None
     # what changed from the policy it replaces (``diff_base``), when only devices did: their names (the
     # node judges again only those devices' connections); None: anything else changed, or not known
     changed_devices: frozenset | None = None
@@ -111,6 +113,8 @@ class TenantPolicy:
         p.sys_parts = tuple(x for x in sys.get("parts", SYS_PARTS) if x in SYS_PARTS)
         p.rules = [r for r in data.get("rules") or () if isinstance(r, dict) and "id" in r and "sql" in r]
         p.autosub = compile_autosub(data.get("autosub"))
+        incarnation = data.get("incarnation")
+        p.incarnation = incarnation if isinstance(incarnation, int) and not isinstance(incarnation, bool) else None
         return p
 
 

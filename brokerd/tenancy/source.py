@@ -20,9 +20,12 @@ reads them, so the node connects as the console does).
 import asyncio
 import json
 import logging
+import time
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from .policy import device_from
+from .policy import TenantPolicy, device_from
+
+DELETED = {"schema": 1, "status": "deleted"}     # a tenant's snapshot once it is deleted (with its "tenant")
 
 log = logging.getLogger("brokerd.tenancy")
 
@@ -300,29 +303,15 @@ class PolicySource:
         ready = await asyncio.to_thread(self._compile_rules, rows) if self.rules is not None and rows else {}
         now = self.loop.time()
         for slug, version, data, built in rows:
-            try:
-                if isinstance(built, Exception):
-                    raise built
-                old, new = self.control.apply(slug, version, data, built, now)
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                log.error("policy snapshot of tenant %r (version %d) ignored: %s", slug, version, exc)
-                self.control.version = max(self.control.version, version)
-                continue
-            autosub = new.autosub if new is not None else None
-            if autosub is None:
-                self.broker.autosub.pop(slug, None)
-            else:
-                self.broker.autosub[slug] = autosub
-            if self.rules is not None:
-                try:
-                    self.rules.apply(slug, new.rules if new is not None else None, ready.get(slug))
-                except (ValueError, KeyError, TypeError) as exc:
-                    log.error("rules of tenant %r (version %d) ignored: %s", slug, version, exc)
-            if self.control.loaded:
-                # in steps, the loop serving every client between them (a big tenant's ACL change)
-                for _ in self.broker.policy_steps(slug, old, new, now, self.wall()):
-                    await asyncio.sleep(0)
-                now = self.loop.time()
+            current = self.control.policies.get(slug)
+            if (self.control.loaded and current is not None and isinstance(built, TenantPolicy)
+                    and None not in (current.incarnation, built.incarnation)
+                    and current.incarnation != built.incarnation):
+                # the slug's tenant was deleted and another made under its name between two polls (the
+                # row holds the newest only): the old one goes first -- its connections, sessions,
+                # retained messages and counters -- as if its deletion had been seen
+                now = await self._install(slug, version, DELETED | {"tenant": slug}, None, {}, now)
+            now = await self._install(slug, version, data, built, ready, now)
         if not self.control.loaded:
             self.control.loaded = True
             # the first load: tenants deleted while this node could not learn it (down, or its
@@ -333,6 +322,34 @@ class PolicySource:
             if tokens is not None:
                 self.tokens.replace(tokens)
         return len(rows)
+
+    async def _install(self, slug: str, version: int, data: dict, built, ready: dict, now: float) -> float:
+        """Apply one snapshot (``built``: its policy, prepared; ``ready``: rules compiled ahead) and enforce
+        it on the tenant's clients; -> the loop's time after."""
+        try:
+            if isinstance(built, Exception):
+                raise built
+            old, new = self.control.apply(slug, version, data, built, now)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.error("policy snapshot of tenant %r (version %d) ignored: %s", slug, version, exc)
+            self.control.version = max(self.control.version, version)
+            return now
+        autosub = new.autosub if new is not None else None
+        if autosub is None:
+            self.broker.autosub.pop(slug, None)
+        else:
+            self.broker.autosub[slug] = autosub
+        if self.rules is not None:
+            try:
+                self.rules.apply(slug, new.rules if new is not None else None, ready.get(slug))
+            except (ValueError, KeyError, TypeError) as exc:
+                log.error("rules of tenant %r (version %d) ignored: %s", slug, version, exc)
+        if self.control.loaded:
+            # in steps, the loop serving every client between them (a big tenant's ACL change)
+            for _ in self.broker.policy_steps(slug, old, new, now, self.wall(), time.perf_counter):
+                await asyncio.sleep(0)
+            now = self.loop.time()
+        return now
 
     async def load(self, timeout: float) -> bool:
         """The first full load, waiting at most ``timeout`` for the database."""

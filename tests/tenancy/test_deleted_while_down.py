@@ -104,3 +104,32 @@ def test_a_tenant_made_again_under_a_deleted_ones_name_starts_its_counters_at_ze
         assert mine["bytes_in"] < old_bytes, mine          # one publish of its own, not eight
     finally:
         node.stop()
+
+
+def test_a_slug_deleted_and_made_again_between_two_polls_is_another_tenant(control_plane):
+    """A node polls the snapshots every 0.5 s and the table keeps the newest row of a slug: a tenant
+    deleted and made again under its name in between (a script, the console's API) reached the node
+    as a change of the same tenant -- the deleted customer's connections stayed, its retained
+    messages, sessions and counters went to the new one. Snapshots now name their tenant's
+    incarnation (its id): a new one is the old one deleted, then the new one made."""
+    import json
+
+    secrets = control_plane.provision([{"slug": "acme", "acl": RULES, "devices": ["dev"]}])
+    node = control_plane.broker()
+    try:
+        old = PahoClient("dev-old", V311, username="acme/dev", password=secrets["acme/dev"]).connect(node.port())
+        old.publish("t/kept", b"the old customer's", qos=1, retain=True)
+        [(version, data)] = control_plane.query("SELECT version, data FROM tenants_policysnapshot "
+                                                "WHERE tenant_slug = 'acme'")
+        doc = json.loads(data)
+        assert isinstance(doc["incarnation"], int)
+        doc["incarnation"] += 1000             # the same policy, devices and secrets: another tenant
+        [(top,)] = control_plane.query("SELECT MAX(version) FROM tenants_policysnapshot")
+        control_plane.query("UPDATE tenants_policysnapshot SET version = ?, data = ? WHERE tenant_slug = 'acme'",
+                            (top + 1, json.dumps(doc)))
+        reason, _ = old.expect_disconnect(timeout=10)          # the old tenant's connection ends
+        new = PahoClient("dev-new", V311, username="acme/dev", password=secrets["acme/dev"]).connect(node.port())
+        new.subscribe("t/#", qos=1)
+        new.expect_none(1.0)                                   # no retained message of the old customer's
+    finally:
+        node.stop()

@@ -49,14 +49,15 @@ def test_new_tenant_document(tenant):
     version, doc = row("acme")
     assert version >= 1
     assert doc == {
-        "schema": 1, "tenant": "acme", "status": "active", "default_acl": "deny",
+        "schema": 1, "tenant": "acme", "incarnation": tenant.pk, "status": "active", "default_acl": "deny",
         "devices": {}, "acl": [], "quota": dict.fromkeys(QUOTA_FIELDS),
         "sys": {"enabled": True, "interval": 10,
                 "parts": ["clients", "messages", "bytes", "subscriptions", "retained", "load"]},
         "rules": [],
         "autosub": [],
     }
-    assert list(doc) == ["schema", "tenant", "status", "default_acl", "devices", "acl", "quota", "sys", "rules", "autosub"]
+    assert list(doc) == ["schema", "tenant", "incarnation", "status", "default_acl", "devices", "acl", "quota", "sys",
+                         "rules", "autosub"]
 
 
 def test_tenant_changes(tenant):
