@@ -1,6 +1,7 @@
 """Template helpers of every page: active navigation, numbers and times."""
 
 import datetime as dt
+import re
 
 from django import template
 from django.utils import timezone
@@ -119,3 +120,23 @@ OBJECT_KINDS = {"acl_rule": "ACL rule", "api_token": "API token", "report_schedu
 def object_kind(object_type):
     """An audit row's object type as the pages name such objects."""
     return OBJECT_KINDS.get(str(object_type), str(object_type).replace("_", " "))
+
+
+# a path or file URL in a failed job's reason: ``/var/lib/mqtthub/usage/lake/connections/.../part-0.parquet``
+_PATH = re.compile(r"(?:\b[a-z][a-z0-9+.-]*:)?(?://[^/\s'\"]*)?(?:/[^/\s'\",;:()\[\]]+){2,}/?")
+# and what is left of a URL naming a host: ``spark://10.0.0.5:7077``
+_HOST = re.compile(r"\b([a-z][a-z0-9+.-]*)://[^\s'\"/]+")
+
+
+@register.filter
+def reason_for(reason, user):
+    """A failed job's reason as ``user`` may read it: whole for a platform administrator; for a tenant's
+    members each path or file URL cut to its last part and each URL's host left out (the file a job
+    could not read is named; where the platform keeps its data, its hosts and mounts, are not theirs
+    to see)."""
+    from core.roles import is_platform_admin
+
+    if not reason or is_platform_admin(user):
+        return reason
+    text = _PATH.sub(lambda m: "…/" + m.group(0).rstrip("/").rsplit("/", 1)[-1], str(reason))
+    return _HOST.sub(lambda m: m.group(1) + "://…", text)

@@ -153,6 +153,21 @@ def test_failure_shows_reason_and_retry(clients, make_run, acme):
     assert clients["alice"].get(reverse("report_csv", args=["acme", failed.pk])).status_code == 404
 
 
+def test_a_failed_reports_reason_shows_tenant_members_no_platform_paths_or_hosts(clients, make_run, acme):
+    """The reason names the file a job could not read; where the platform keeps its data (its mounts,
+    hosts, Spark master) is for its administrators, who see the reason whole."""
+    reason = ("Checksum error in file:/var/lib/mqtthub/usage/lake/connections/date=2026-03-04/run=7/"
+              "part-00000-abc.snappy.parquet; master spark://10.0.0.5:7077")
+    run = make_run(acme, status="failed", error=reason)
+    for who in ("alice", "victor"):
+        for url in (reverse("report", args=["acme", run.pk]), reverse("reports", args=["acme"])):
+            page = clients[who].get(url).content.decode()
+            assert "part-00000-abc.snappy.parquet" in page or "Checksum error in …/part-" in page, (who, url)
+            assert "/var/lib/mqtthub" not in page and "10.0.0.5" not in page, (who, url)
+    page = clients["root"].get(reverse("report", args=["acme", run.pk])).content.decode()
+    assert "/var/lib/mqtthub/usage/lake/connections" in page and "spark://10.0.0.5:7077" in page
+
+
 def test_reports_nav_entry(clients):
     html = clients["victor"].get(reverse("tenant", args=["acme"])).content.decode()
     assert reverse("reports", args=["acme"]) in html
