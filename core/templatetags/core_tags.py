@@ -7,6 +7,8 @@ from django import template
 from django.utils import timezone
 from django.utils.timesince import timesince
 
+from core.roles import is_platform_admin
+
 register = template.Library()
 
 
@@ -134,8 +136,6 @@ def reason_for(reason, user):
     members each path or file URL cut to its last part and each URL's host left out (the file a job
     could not read is named; where the platform keeps its data, its hosts and mounts, are not theirs
     to see)."""
-    from core.roles import is_platform_admin
-
     if not reason or is_platform_admin(user):
         return reason
     text = _PATH.sub(lambda m: "…/" + m.group(0).rstrip("/").rsplit("/", 1)[-1], str(reason))
