@@ -1143,6 +1143,10 @@ class Broker:
     def holds(self, tenant: str, client_id: str) -> bool:
         return self.router.session(tenant, client_id) is not None
 
+    def holds_connected(self, tenant: str, client_id: str) -> bool:
+        """Whether ``client_id``'s client is connected here (counted in its tenant's connections)."""
+        return self.registry.replaces(tenant, client_id)
+
     def holds_stored(self, tenant: str, client_id: str) -> bool:
         """Whether a session of ``client_id`` in the store is on this node."""
         session = self.router.session(tenant, client_id)

@@ -27,13 +27,19 @@ from .protocol.properties import NEVER
 from .session.session import Session
 from .tenancy.enforcement import UNKNOWN
 
+# what a tenant's connection quota makes of a CONNECT waiting for its claim (``Registry._admit_opening``):
+# refused; admitted; admitted only in place of a live connection of its client id on another node
+REFUSED, ADMITTED, IN_PLACE = 0, 1, 2
+
 
 class SessionClaims(Protocol):
     """What the registry asks of the cluster (``brokerd.cluster.node.ClusterNode``)."""
 
-    def claim(self, channel, tenant: str, client_id: str, clean_start: bool, will, cont) -> None:
+    def claim(self, channel, tenant: str, client_id: str, clean_start: bool, will, cont,
+              live_only: bool = False) -> None:
         """Take the client id's session over from wherever it is; then ``cont(now)`` opens it here
-        (or the channel is refused)."""
+        (or the channel is refused). ``live_only``: only in place of a live connection of the id on
+        another node (else refused 0x97, nothing changed)."""
 
     def client_gone(self, tenant: str, client_id: str, ended: bool, had_will: bool) -> None:
         """A connection closed here; ``ended``: its session is over too."""
@@ -83,7 +89,7 @@ class ClientRegistry:
         # tenant -> channels admitted under its connection quota whose claim is on its way to the
         # cluster (counted in once opened): they count against the quota meanwhile
         self._opening: dict[str, set] = {}
-        self._replaces = self.replaces          # (bound once: passed to every authenticate)
+        self._replaces = self._replaces_anywhere        # (bound once: passed to every authenticate)
 
     @property
     def channels(self) -> list:
@@ -130,30 +136,36 @@ class ClientRegistry:
             b.acct.publish_over_quota(ns, will.topic)
             channel.refuse(rc.PACKET_TOO_LARGE, "will payload over the tenant's max_payload")
             return
+        expiry, connack_props = self._expiry(p, quota)
+        args = (channel, p, ns, client_id, assigned, expiry, connack_props, identity, policy, quota)
+        if self.claims is not None:
+            limit = quota.get("max_connections") if quota is not None else None
+            admitted = ADMITTED
+            if limit is not None:
+                here = self.replaces(tenant, client_id) if not assigned else False
+                admitted = self._admit_opening(tenant, channel, limit, here, not (assigned or here))
+                if admitted == REFUSED:
+                    b.acct.connect_refused(ns)
+                    channel.refuse(rc.QUOTA_EXCEEDED, rc.NAMES.get(rc.QUOTA_EXCEEDED))
+                    return
+            # the session may live on another node: fetch it first, then open it here
+            self.claims.claim(channel, tenant, client_id, p.clean_start, channel.will,
+                              lambda later: self._open_session(*args, later), admitted == IN_PLACE)
+            return
+        self._open_session(*args, now)
+
+    def _expiry(self, p, quota) -> tuple[int, dict | None]:
+        """The session expiry interval the CONNECT ``p`` gets under the tenant's ``quota``, and the
+        CONNACK's properties saying so (v5) when its ``max_session_expiry`` lowered it."""
         if p.protocol_level == MQTT5:
             expiry = (p.properties or {}).get(P.SESSION_EXPIRY_INTERVAL, 0)
         else:
             # 3.x persistent sessions last until --max-session-expiry (default: forever)
-            expiry = 0 if p.clean_start else b.limits.max_session_expiry
-        connack_props = None
+            expiry = 0 if p.clean_start else self.b.limits.max_session_expiry
         cap = quota.get("max_session_expiry") if quota else None
         if cap is not None and expiry > cap:
-            expiry = cap
-            if p.protocol_level == MQTT5:
-                connack_props = {P.SESSION_EXPIRY_INTERVAL: cap}
-        args = (channel, p, ns, client_id, assigned, expiry, connack_props, identity, policy, quota)
-        if self.claims is not None:
-            limit = quota.get("max_connections") if quota is not None else None
-            if limit is not None and not self._admit_opening(tenant, channel, limit,
-                                                             self.replaces(tenant, client_id) if not assigned else False):
-                b.acct.connect_refused(ns)
-                channel.refuse(rc.QUOTA_EXCEEDED, rc.NAMES.get(rc.QUOTA_EXCEEDED))
-                return
-            # the session may live on another node: fetch it first, then open it here
-            self.claims.claim(channel, tenant, client_id, p.clean_start, channel.will,
-                              lambda later: self._open_session(*args, later))
-            return
-        self._open_session(*args, now)
+            return cap, ({P.SESSION_EXPIRY_INTERVAL: cap} if p.protocol_level == MQTT5 else None)
+        return expiry, None
 
     def replaces(self, tenant: str, client_id: str) -> bool:
         """Whether a CONNECT of ``client_id`` takes over a live connection on this node (the
@@ -164,29 +176,35 @@ class ClientRegistry:
         session = ns.sessions.get(client_id) if ns is not None else None
         return session is not None and session.channel is not None and session.channel in ns.channels
 
-    def _admit_opening(self, tenant: str, channel, limit: int, replaces: bool = False) -> bool:
+    def _replaces_anywhere(self, tenant: str, client_id: str) -> bool:
+        """``authenticate``'s ``replaces``: a live connection of the id here -- or, in a cluster, perhaps
+        on another node: admitted on that condition, decided by its claim (``_admit_opening``'s
+        ``IN_PLACE``)."""
+        return self.claims is not None or self.replaces(tenant, client_id)
+
+    def _admit_opening(self, tenant: str, channel, limit: int, replaces: bool = False,
+                       elsewhere: bool = False) -> int:
         """A CONNECT the tenant's connection quota admitted (``auth.authenticate``, by the
         connections counted in) waits for its claim: admitted only if the tenant's other
         CONNECTs waiting too leave it room; then it waits among them. (Without this, a burst
-        of CONNECTs arriving together were all admitted against the count of before.)"""
+        of CONNECTs arriving together were all admitted against the count of before.)
+        ``elsewhere``: it may take over a live connection of its client id on another node -- at
+        the quota it is admitted on that condition. -> ``REFUSED``, ``ADMITTED`` or ``IN_PLACE``."""
         opening = self._opening.get(tenant)
-        count = self.b.auth.connections
-        gone = 1 if replaces else 0          # the connection it takes over leaves as it comes in
-
-        def connections(t):
-            return count(t) - gone
-
-        if opening and connections(tenant) + len(opening) >= limit:
+        n = self.b.auth.connections(tenant)
+        gone = 1 if replaces or elsewhere else 0     # the connection it takes over leaves as it comes in
+        if opening and n + len(opening) >= limit:
             # those refused or gone meanwhile (never opened) leave first -- looked for only at the
             # limit: a walk over them on every CONNECT of a storm was quadratic in its size
             for ch in [ch for ch in opening if ch.state != CONNECTING]:
                 opening.discard(ch)
-            if connections(tenant) + len(opening) >= limit:
-                return False
+            if n - gone + len(opening) >= limit:
+                return REFUSED
         if opening is None:
             opening = self._opening[tenant] = set()
+        full = elsewhere and n + len(opening) >= limit
         opening.add(channel)
-        return True
+        return IN_PLACE if full else ADMITTED
 
     def _open_session(self, channel, p, ns, client_id, assigned, expiry, connack_props, identity, policy, quota,
                       now) -> None:

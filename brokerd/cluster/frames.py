@@ -11,10 +11,14 @@ UTF-8``, byte strings ``u32 length | bytes``. Types:
              ("" unless the message is for one member of that group); then
              those, then the payload (or wire form) to the end of the frame
 ``ACK``      req id, code (0: stored by every durable session it went to)
-``TAKEOVER`` req id, tenant, client id: hand the session over to the asker
+``TAKEOVER`` req id, tenant, client id[, flags]: hand the session over to the asker; flag 1
+             (``LIVE_ONLY``): only if its client is connected here -- else nothing is let go
+             (answered 4): a CONNECT the tenant's connection quota admits only in place of a live
+             connection of its client id (a frame without flags: 0)
 ``RELEASED`` req id, code (0: released, 1: the session was not here, 2: refused -- the asker does not
              hold the client id's lock, 3: released or not here, but what this node wrote of it
-             is not all in the store yet: the store is slow or failing)
+             is not all in the store yet: the store is slow or failing, 4: not connected here,
+             nothing let go -- the answer to ``LIVE_ONLY``)
 ``HELLO``    version, a fresh 32-byte nonce, the sender's node id (both sides,
              first thing on a new link)
 ``AUTH``     the sender's proof: HMAC-SHA256 of the cluster secret over both
@@ -57,6 +61,7 @@ EXPIRY_MAX = 0x7FFFFFFF      # a PUBLISH's expiry field (i32) at most: a Message
                              # 0xFFFFFFFF; one above this is sent as this, its properties saying the rest
 TARGET = 4                   # PUBLISH flag: for the session named in the group field only
 REDIRECTED = 8               # PUBLISH flag: a shared group's message another node passed on (not passed on again)
+LIVE_ONLY = 1                # TAKEOVER flag: let go of the session only if its client is connected here
 _ACK = struct.Struct(">IB")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -89,8 +94,8 @@ def ack(req: int, code: int) -> bytes:
     return _frame(ACK, _ACK.pack(req, code))
 
 
-def takeover(req: int, tenant: str, client_id: str) -> bytes:
-    return _frame(TAKEOVER, _U32.pack(req) + _s(tenant) + _s(client_id))
+def takeover(req: int, tenant: str, client_id: str, flags: int = 0) -> bytes:
+    return _frame(TAKEOVER, _U32.pack(req) + _s(tenant) + _s(client_id) + (bytes((flags,)) if flags else b""))
 
 
 def released(req: int, code: int) -> bytes:
@@ -146,7 +151,9 @@ def decode(kind: int, body: bytes) -> tuple:
             req = _U32.unpack_from(body, 0)[0]
             tenant, i = _read_s(body, 4)
             cid, i = _read_s(body, i)
-            return TAKEOVER, req, tenant, cid
+            if i > len(body):
+                raise FrameError("TAKEOVER shorter than its parts")
+            return TAKEOVER, req, tenant, cid, body[i] if i < len(body) else 0
         if kind == HELLO:
             if body[:1] != bytes((VERSION,)) or len(body) < 1 + NONCE + 2:
                 raise FrameError(f"HELLO of another link protocol version (this node speaks {VERSION})")

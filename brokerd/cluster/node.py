@@ -156,8 +156,8 @@ class ClusterNode:
             return
         self.announcer.queue_event(retain_event(self.id, tenant, msg, self.broker.wall_offset))
 
-    def claim(self, channel, tenant: str, cid: str, clean_start: bool, will, cont) -> None:
-        self.takeover.claim(channel, tenant, cid, clean_start, will, cont)
+    def claim(self, channel, tenant: str, cid: str, clean_start: bool, will, cont, live_only: bool = False) -> None:
+        self.takeover.claim(channel, tenant, cid, clean_start, will, cont, live_only)
 
     def client_gone(self, tenant: str, cid: str, ended: bool, had_will: bool) -> None:
         self.takeover.client_gone(tenant, cid, ended, had_will)
@@ -334,7 +334,8 @@ class ClusterNode:
             self.requests.acked(f[1], link.peer, f[2] == 0)
         elif kind == frames.TAKEOVER:
             link.request_started()          # done once its lock is checked: the link is read meanwhile
-            self.loop.create_task(self.takeover.on_takeover(link, f[1], f[2], f[3], link.request_done))
+            self.loop.create_task(self.takeover.on_takeover(link, f[1], f[2], f[3], link.request_done,
+                                                            bool(f[4] & frames.LIVE_ONLY)))
         elif kind == frames.RELEASED:
             self.requests.answered(RELEASE, f[1], link.peer, f[2])
         elif kind == frames.HANDOFF:

@@ -125,6 +125,9 @@ class ClusterBroker(Protocol):
     def holds_stored(self, tenant: str, client_id: str) -> bool:
         """Whether a session of ``client_id`` in the store is on this node."""
 
+    def holds_connected(self, tenant: str, client_id: str) -> bool:
+        """Whether ``client_id``'s client is connected to this node (counted in its tenant's connections)."""
+
     def session_filters(self, tenant: str, client_id: str) -> list[str] | None:
         """The filters of the session held here, as subscribed (None: not held here)."""
 
@@ -341,7 +344,7 @@ class Cluster(Protocol):
     def retained_changed(self, tenant: str, msg) -> None: ...
 
     def claim(self, channel: ClaimingChannel, tenant: str, cid: str, clean_start: bool, will,
-              cont: Callable[[float], Any]) -> None: ...
+              cont: Callable[[float], Any], live_only: bool = False) -> None: ...
 
     def client_gone(self, tenant: str, cid: str, ended: bool, had_will: bool) -> None: ...
 

@@ -29,8 +29,9 @@ log = logging.getLogger("brokerd.cluster")
 
 CONNECTING = 1           # protocol.channel's state of a connection whose CONNECT is being handled
 # a RELEASED frame's code: released; the session was not here; refused (the asker does not hold the id's
-# lock); released or not here, but not all this node wrote of it is in the store yet
-RELEASED, NOT_HERE, REFUSED, NOT_WRITTEN = 0, 1, 2, 3
+# lock); released or not here, but not all this node wrote of it is in the store yet; not connected here,
+# nothing let go (asked ``LIVE_ONLY``)
+RELEASED, NOT_HERE, REFUSED, NOT_WRITTEN, NOT_LIVE = 0, 1, 2, 3, 4
 WRITES_WAIT = RELEASE_TIMEOUT - 2.0      # seconds the old node waits for its writes: it answers in the asker's time
 
 
@@ -109,17 +110,22 @@ class Takeover:
 
     # ========================================================== new owner
 
-    def claim(self, channel: ClaimingChannel, tenant: str, cid: str, clean_start: bool, will, cont) -> None:
+    def claim(self, channel: ClaimingChannel, tenant: str, cid: str, clean_start: bool, will, cont,
+              live_only: bool = False) -> None:
         """CONNECT of ``cid`` on this node: take its session over from wherever
         it is, then ``cont(now)`` opens it here.
+
+        ``live_only``: the tenant's connection quota admitted the CONNECT only in place of a live
+        connection of ``cid`` on another node -- it takes over such a connection or is refused
+        0x97, and nothing else changes (a session held there offline stays there).
 
         The common case -- the id was free or already here, no session to
         read from the store, nothing to wait for -- runs in a callback of the
         claim's future, not in a task of its own (a connect storm made one
         per CONNECT); anything else goes on in ``run_claim``."""
         key = (tenant, cid)
-        if self.fence.fenced or key in self.going:
-            self.spawn(self.run_claim(channel, tenant, cid, clean_start, will, cont))
+        if self.fence.fenced or key in self.going or live_only:
+            self.spawn(self.run_claim(channel, tenant, cid, clean_start, will, cont, live_only=live_only))
             return
         self.claiming.setdefault(key, []).append(channel)
         try:
@@ -170,8 +176,9 @@ class Takeover:
             self._claim_over(channel, tenant, cid)
 
     async def run_claim(self, channel: ClaimingChannel, tenant, cid, clean_start, will, cont,
-                        tried: asyncio.Future | None = None) -> None:
-        """A claim that waits (``tried``: the answer to the claim ``claim`` made already)."""
+                        tried: asyncio.Future | None = None, live_only: bool = False) -> None:
+        """A claim that waits (``tried``: the answer to the claim ``claim`` made already; ``live_only``:
+        see ``claim``)."""
         key = (tenant, cid)
         if tried is None:
             if self.fence.fenced:
@@ -184,8 +191,16 @@ class Takeover:
                 going = self.going.get(key)
                 if going is not None:               # the id's last connection here is still letting go of it
                     await asyncio.wait((going,))
-                # the common case in one round trip: the client id was free, or already here
-                owner = await self.bus.try_claim(tenant, cid)
+                if live_only:
+                    # only a live connection elsewhere makes room for it: the id is not claimed (it
+                    # would be taken from whoever holds it) unless another node holds it
+                    owner = await self.bus.owner(tenant, cid)
+                    if owner is None or owner == self.id or owner not in self.members_of():
+                        self._over_quota(channel)
+                        return
+                else:
+                    # the common case in one round trip: the client id was free, or already here
+                    owner = await self.bus.try_claim(tenant, cid)
             else:
                 owner = tried.result()
             if owner is not None:
@@ -196,13 +211,23 @@ class Takeover:
                 if channel.state != CONNECTING:     # the client went away (or was refused) while it waited:
                     return                          # nothing to take over from the node that holds the id
                 owner = await self.bus.owner(tenant, cid)
-                if owner is not None and owner != self.id and owner in self.members_of():
+                elsewhere = owner is not None and owner != self.id and owner in self.members_of()
+                if live_only and not elsewhere:
+                    self._over_quota(channel)
+                    return
+                if elsewhere:
                     self.handoff.expect(tenant, cid)
-                    if await self._request_release(owner, tenant, cid) == NOT_WRITTEN:
+                    answer = await self._request_release(owner, tenant, cid, live_only)
+                    if answer == NOT_WRITTEN:
                         # the session as stored lacks what the old node still writes (its store is slow or
                         # failing): loaded now, the messages it queued and acknowledged later would be missing
                         # here -- the client is refused and connects again (0x88)
                         channel.refuse(rc.SERVER_UNAVAILABLE, "the session's last writes are not stored yet")
+                        return
+                    if live_only and answer != RELEASED:
+                        # no live connection there (it closed, or the session is offline: left where it
+                        # is), or no answer: no place in the quota
+                        self._over_quota(channel)
                         return
                 if not clean_start:
                     await self.sessions.load(tenant, cid)
@@ -299,6 +324,11 @@ class Takeover:
             if self.opening.get(key) is fut:
                 del self.opening[key]
 
+    @staticmethod
+    def _over_quota(channel: ClaimingChannel) -> None:
+        if channel.state == CONNECTING:
+            channel.refuse(rc.QUOTA_EXCEEDED, rc.NAMES.get(rc.QUOTA_EXCEEDED))
+
     def _unavailable(self, channel: ClaimingChannel, tenant, cid, exc: Exception) -> None:
         log.warning("CONNECT of %s/%s refused: cluster unavailable (%s)", tenant, cid, exc)
         if channel.state == CONNECTING:
@@ -314,9 +344,12 @@ class Takeover:
         self.handoff.done_expecting(tenant, cid)
         self.handoff.flush_arriving(tenant, cid)
 
-    async def _request_release(self, node: str, tenant: str, cid: str) -> int | None:
-        """-> the old node's answer (``RELEASED``, ``NOT_HERE``, ``REFUSED``, ``NOT_WRITTEN``), None if none came."""
-        answer = await ask(self.requests, RELEASE, node, lambda r: self.send(node, frames.takeover(r, tenant, cid)),
+    async def _request_release(self, node: str, tenant: str, cid: str, live_only: bool = False) -> int | None:
+        """-> the old node's answer (``RELEASED``, ``NOT_HERE``, ``REFUSED``, ``NOT_WRITTEN``, ``NOT_LIVE``), None
+        if none came."""
+        flags = frames.LIVE_ONLY if live_only else 0
+        answer = await ask(self.requests, RELEASE, node,
+                           lambda r: self.send(node, frames.takeover(r, tenant, cid, flags)),
                            self.clock() + RELEASE_TIMEOUT)
         if answer is LATE:
             log.warning("node %s did not release %s/%s in time", node, tenant, cid)
@@ -371,11 +404,12 @@ class Takeover:
 
     # ========================================================== old owner
 
-    async def on_takeover(self, link, req: int, tenant: str, cid: str, checked=None) -> None:
+    async def on_takeover(self, link, req: int, tenant: str, cid: str, checked=None, live_only: bool = False) -> None:
         """Another node takes a session of this one over (see ``handoff``) --
         only while it holds the client id's lock, as a CONNECT there does.
         ``checked()`` runs once the lock is checked (the link counts the
-        requests waiting on Redis)."""
+        requests waiting on Redis). ``live_only``: only if the session's client is
+        connected here (else it stays, answered ``NOT_LIVE``)."""
         try:
             holder_node = await self.bus.lock_holder(tenant, cid)
         except Exception as exc:
@@ -387,6 +421,9 @@ class Takeover:
         if holder_node != link.peer:
             self.refusals.refused(link.peer, tenant, cid, self.clock())
             link.send(frames.released(req, REFUSED))
+            return
+        if live_only and not self.broker.holds_connected(tenant, cid):
+            link.send(frames.released(req, NOT_LIVE))
             return
         claims = self.claiming.get((tenant, cid))
         if claims is not None:

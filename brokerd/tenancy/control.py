@@ -211,7 +211,8 @@ class TenantControl:
         tenant when it is known (for its counters), never an Identity.
         ``replaces(tenant, client_id)``: whether the CONNECT takes over a live connection of its
         client id on this node -- one that leaves as it comes in, not counted twice
-        against the tenant's connection quota."""
+        against the tenant's connection quota (in a cluster: perhaps on another node, the
+        CONNECT admitted on that condition, which its claim decides)."""
         host = channel.peer.rsplit(":", 1)[0] if channel.peer else ""
         username = connect.username
         if self._throttled(("addr", host), now) or (username and self._throttled(("user", username), now)):

@@ -15,6 +15,7 @@ def stream() -> tuple[bytes, list[tuple]]:
         frames.publish(7, 1, 1, 30, b"acme", b"a/b", b"", b"payload" * 100),
         frames.ack(7, 0),
         frames.takeover(8, "acme", "dev-1"),
+        frames.takeover(10, "acme", "dev-2", frames.LIVE_ONLY),
         frames.ping(),
         frames.handoff(9, '{"filters": ["a/#"]}'),
     ]
@@ -23,7 +24,8 @@ def stream() -> tuple[bytes, list[tuple]]:
         (frames.AUTH, b"\x02" * 32),
         (frames.PUBLISH, 7, 1, 1, 30, "acme", "a/b", b"", b"payload" * 100, "", ""),
         (frames.ACK, 7, 0),
-        (frames.TAKEOVER, 8, "acme", "dev-1"),
+        (frames.TAKEOVER, 8, "acme", "dev-1", 0),
+        (frames.TAKEOVER, 10, "acme", "dev-2", frames.LIVE_ONLY),
         (frames.PING,),
         (frames.HANDOFF, 9, '{"filters": ["a/#"]}'),
     ]

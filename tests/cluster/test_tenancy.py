@@ -8,7 +8,7 @@ import time
 import pytest
 
 from ..controlplane import ControlPlane
-from ..mqtt import V5, PahoClient
+from ..mqtt import V5, PacketTypes, PahoClient, props
 from .conftest import Cluster, settle, wait_until
 
 
@@ -163,8 +163,7 @@ def test_connections_of_a_node_no_one_reaped_do_not_count_against_the_quota(redi
 def test_a_device_taking_over_its_own_connection_at_the_quota_is_let_in(redis_server, tmp_path, plane, tag):
     """max_connections 1 and the device's one connection half-open: its new CONNECT with the same
     client id on the same node replaces that connection (0x8E), it is not refused 0x97 until the
-    old one's keepalive runs out; another client id still is. (On another node the old connection
-    is still counted: refused 0x97 until the old node sees it gone.)"""
+    old one's keepalive runs out; another client id still is. (On another node: the next test.)"""
     secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "quota": {"max_connections": 1},
                                 "devices": ["d"]}])
     c = Cluster(redis_server, tmp_path, env=plane.env)
@@ -185,6 +184,101 @@ def test_a_device_taking_over_its_own_connection_at_the_quota_is_let_in(redis_se
         assert reason.value == 0x8E
         with pytest.raises(ConnectionError, match="0x97"):
             dev(f"{tag}-other").connect(n1.port())
+    finally:
+        for cl in clients:
+            cl.disconnect()
+        c.stop_all()
+
+
+def _counted_everywhere(nodes, refused_client) -> None:
+    """Wait until each node refuses a new client id 0x97 (the quota's counts went round)."""
+    for node in nodes:
+        def refused(node=node):
+            try:
+                refused_client().connect(node.port()).disconnect()
+            except ConnectionError as exc:
+                return "0x97" in str(exc)
+            return False
+        wait_until(refused, timeout=15, interval=0.3, message="the tenant's connections were not counted")
+
+
+def test_a_device_taking_over_its_own_connection_on_another_node_at_the_quota_is_let_in(
+        redis_server, tmp_path, plane, tag):
+    """max_connections 1, the device's one connection on n1 half-open (its NAT changed, a load
+    balancer sends it elsewhere): its new CONNECT of the same client id on n2 was refused 0x97 --
+    the old connection still counted -- until n1's keepalive ran out (90 s at keepalive 60), at every
+    retry. Now n2 admits it in place of that connection: n1 lets it go (0x8E) and the quota still
+    holds for any other client id, on either node."""
+    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "quota": {"max_connections": 1},
+                                "devices": ["d"]}])
+    c = Cluster(redis_server, tmp_path, env=plane.env)
+    clients = []
+    try:
+        n1, n2 = c.start(2)
+
+        def dev(cid):
+            d = PahoClient(cid, version=V5, username="acme/d", password=secrets["acme/d"])
+            clients.append(d)
+            return d
+
+        old = dev(f"{tag}-d")
+        old.client.reconnect_delay_set(60, 120)          # (paho would come back and take the id over again)
+        old.connect(n1.port())
+        _counted_everywhere((n1, n2), lambda: dev(f"{tag}-other"))
+        new = dev(f"{tag}-d").connect(n2.port())
+        reason, _ = old.expect_disconnect(timeout=5)
+        assert reason.value == 0x8E
+        new.subscribe("plant/x", qos=1)                  # the new connection is the device's, and works
+        new.publish("plant/x", b"here", qos=1)
+        assert new.expect().payload == b"here"
+        with pytest.raises(ConnectionError, match="0x97"):
+            dev(f"{tag}-other").connect(n2.port())
+        time.sleep(2.5)                                  # two rounds of count sharing: n1 sees n2's one
+        with pytest.raises(ConnectionError, match="0x97"):
+            dev(f"{tag}-other").connect(n1.port())
+    finally:
+        for cl in clients:
+            cl.disconnect()
+        c.stop_all()
+
+
+def test_at_the_quota_a_client_id_offline_on_another_node_is_refused_and_its_session_stays(
+        redis_server, tmp_path, plane, tag):
+    """Admitted only in place of a live connection: a CONNECT at the quota whose client id has a
+    session on another node but no connection there is refused 0x97, and that session is not
+    touched -- what it was owed before and after the refusal comes when the device gets in."""
+    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "quota": {"max_connections": 1},
+                                "devices": ["d"]}])
+    c = Cluster(redis_server, tmp_path, env=plane.env)
+    clients = []
+    try:
+        n1, n2 = c.start(2)
+
+        def dev(cid):
+            d = PahoClient(cid, version=V5, username="acme/d", password=secrets["acme/d"])
+            clients.append(d)
+            return d
+
+        expiry = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+        stored = dev(f"{tag}-stored").connect(n1.port(), properties=expiry)
+        stored.subscribe("plant/s", qos=1)
+        stored.disconnect()
+        other = dev(f"{tag}-live").connect(n1.port())      # the tenant's one place
+        _counted_everywhere((n1, n2), lambda: dev(f"{tag}-third"))
+        other.publish("plant/s", b"before", qos=1)
+        with pytest.raises(ConnectionError, match="0x97"):
+            dev(f"{tag}-stored").connect(n2.port(), properties=expiry, clean_start=False)
+        other.publish("plant/s", b"after", qos=1)
+        other.disconnect()
+
+        def back():
+            try:
+                return dev(f"{tag}-stored").connect(n2.port(), properties=expiry, clean_start=False)
+            except ConnectionError:
+                return None
+        back_client = wait_until(back, timeout=15, interval=0.3, message="the freed place was not seen")
+        assert back_client.session_present
+        assert [m.payload for m in back_client.expect_n(2)] == [b"before", b"after"]
     finally:
         for cl in clients:
             cl.disconnect()
@@ -337,3 +431,4 @@ def test_a_connect_that_opens_after_its_tenants_quota_was_lowered_is_held_to_the
         if change is not None:
             change.close()
         c.stop_all()
+
