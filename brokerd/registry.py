@@ -221,6 +221,7 @@ class ClientRegistry:
                     return
             policy = b.auth.policy(ns.name)
             quota = policy.quota if policy is not None and policy.quota else None
+            expiry, connack_props = self._expiry(p, quota)      # (its max_session_expiry too)
         session = self._takeover(ns, client_id, now)
         present = False
         if session is not None:

@@ -337,14 +337,14 @@ class _ChangeDuringClaim:
         while self.django.stdout.readline().strip() != want:      # (the shell may say something first)
             assert self.django.poll() is None, "the console's shell ended"
 
-    def connect(self, client_id: str, username: str, password: str) -> bytes:
+    def connect(self, client_id: str, username: str, password: str, props: dict | None = None) -> bytes:
         """-> the CONNACK's first bytes."""
         from ..integration.raw import connect_packet
 
         self._line("READY")
         self.redis.client().execute_command("CLIENT", "PAUSE", "2500", "ALL")     # the claim waits
         self.sock = socket.create_connection(("127.0.0.1", self.node.port()), timeout=10)
-        self.sock.sendall(connect_packet(client_id, 5, username=username, password=password.encode()))
+        self.sock.sendall(connect_packet(client_id, 5, username=username, password=password.encode(), props=props))
         time.sleep(0.2)                                  # authenticated, its claim waiting
         self.django.stdin.write("go\n")
         self.django.stdin.flush()
@@ -432,3 +432,26 @@ def test_a_connect_that_opens_after_its_tenants_quota_was_lowered_is_held_to_the
             change.close()
         c.stop_all()
 
+
+def test_a_connect_that_opens_after_its_tenants_session_expiry_cap_was_lowered_gets_the_new_cap(
+        redis_server, tmp_path, plane, tag):
+    """The same wait, the tenant's max_session_expiry lowered to 60 s meanwhile: a CONNECT asking for
+    an hour got the cap of before (none) -- its session kept for an hour, past what the platform
+    now allows for the tenant. Now the CONNACK says 60 and the session is kept for that."""
+    from ..integration.raw import _decode_props
+
+    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "devices": ["d"]}])
+    c = Cluster(redis_server, tmp_path, env=plane.env)
+    change = None
+    try:
+        (n1,) = c.start(1)
+        change = _ChangeDuringClaim(redis_server, plane, n1, "services.update_quota(t, max_session_expiry=60)")
+        data = change.connect(f"{tag}-d", "acme/d", secrets["acme/d"], props={0x11: 3600})
+        assert data[3] == 0, data
+        connack = data + change.next_bytes(2 + data[1] - len(data), timeout=1.0) if len(data) < 2 + data[1] else data
+        props, _ = _decode_props(connack, 4)
+        assert props.get(0x11) == 60, f"the CONNACK's session expiry: {props}"
+    finally:
+        if change is not None:
+            change.close()
+        c.stop_all()
