@@ -12,9 +12,13 @@ a deleted tenant keeps its row with ``{"schema": 1, "tenant": SLUG, "status":
     WHERE version > ? ORDER BY version
 
 ``version`` comes from ``tenants_policycounter`` (row id 1), bumped in the
-same transaction as the change; the UPDATE's row lock serialises publishing
-transactions, so on PostgreSQL versions become visible in increasing order
-(SQLite serialises writers anyway). Versions increase but are not contiguous
+same transaction as the change, after the document is built; the UPDATE's row
+lock serialises publishing transactions from there to their commit, so on
+PostgreSQL versions become visible in increasing order (SQLite serialises
+writers anyway). The document is built under the tenant's own row lock
+(``SELECT ... FOR UPDATE``): a tenant's publishers build one after the other,
+each seeing what the one before committed, and a big tenant's build does not
+hold up the other tenants' changes. Versions increase but are not contiguous
 (a rolled-back transaction leaves a gap). A row always holds the tenant's
 whole policy, never a difference.
 
@@ -43,6 +47,7 @@ import json
 from django.db.models import F
 
 from . import limits
+from .errors import NotFound
 from .models import (
     AclRule,
     AutoSubscription,
@@ -62,7 +67,7 @@ SCHEMA = 1
 def _devices(tenant: Tenant) -> dict:
     """The tenant's devices as the snapshot carries them, read as plain rows: through model
     objects a tenant of 150,000 devices took 17 s to build, inside the publishing transaction
-    (the policy counter's row lock held: every tenant's changes waited), at every change of it."""
+    (then under the policy counter's row lock: every tenant's changes waited), at every change of it."""
     creds: dict[int, list] = {}
     for device_id, cid, secret_hash, enabled, expires_at in Credential.objects.filter(
             device__tenant=tenant).order_by("device_id", "id").values_list(
@@ -154,25 +159,29 @@ def next_version() -> int:
     return PolicyCounter.objects.values_list("value", flat=True).get(pk=1)
 
 
-def _write(slug: str, document) -> int:
-    """Store the tenant's row under a new version; returns the version.
-
-    The version is taken first and ``document()`` is built after: the counter
-    row lock is then held, so the build sees every change committed by the
-    publishers before this one (PostgreSQL, READ COMMITTED)."""
+def _write(slug: str, data: str) -> int:
+    """Store the tenant's row under a new version; returns the version. The counter's row lock is
+    held from here to the commit: keep what follows it short."""
     version = next_version()
-    data = json.dumps(document(), separators=(",", ":"))
     PolicySnapshot.objects.update_or_create(tenant_slug=slug, defaults={"version": version, "data": data})
     return version
 
 
 def publish(tenant: Tenant) -> int:
-    """Rebuild and store the tenant's snapshot (inside the change's transaction)."""
-    return _write(tenant.slug, lambda: build(tenant))
+    """Rebuild and store the tenant's snapshot (inside the change's transaction).
+
+    The tenant's row is locked first and the document built under that lock alone (the
+    build sees every change of the tenant committed by its publishers before this one --
+    PostgreSQL, READ COMMITTED: each statement sees what was committed before it began);
+    only then is the counter taken. The build of a tenant of 150,000 devices (~1 s with its
+    JSON) held the counter's lock, and every other tenant's changes waited for it."""
+    if not Tenant.objects.select_for_update().filter(pk=tenant.pk).exists():
+        raise NotFound(f"the tenant {tenant.slug} was deleted meanwhile")
+    return _write(tenant.slug, json.dumps(build(tenant), separators=(",", ":")))
 
 
 def publish_deleted(slug: str) -> int:
-    return _write(slug, lambda: deleted(slug))
+    return _write(slug, json.dumps(deleted(slug), separators=(",", ":")))
 
 
 def load(slug: str) -> dict | None:

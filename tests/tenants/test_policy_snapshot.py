@@ -2,6 +2,9 @@
 
 import datetime as dt
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from django.db import connection, transaction
@@ -10,6 +13,8 @@ from django.utils import timezone
 from tenants import queries, services
 from tenants.limits import QUOTA_FIELDS
 from tenants.models import PolicySnapshot
+
+from ..procs import ROOT, free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -175,3 +180,70 @@ def test_failed_change_publishes_nothing(tenant):
         raise RuntimeError("the caller's transaction rolls back")
     assert row("acme")[0] == version
     assert queries.quota(tenant).max_connections is None
+
+
+# ---------------------------------------------------------------- publishing, on PostgreSQL
+
+# Tenant "big"'s publish is held inside its build (as a tenant of 150,000 devices takes ~1 s with its
+# JSON). A change of tenant "small" made meanwhile must commit at once -- the build held the policy
+# counter's row lock, and every tenant's change waited for it. A second change of "big" must wait
+# (its publishers build one after the other), and big's last snapshot then holds both changes.
+PUBLISH_RACE = """
+import json, threading, time
+import django
+django.setup()
+from django.core.management import call_command
+from django.db import connection
+from tenants import policy_snapshot, services
+
+call_command("migrate", verbosity=0)
+big, small = services.create_tenant("big"), services.create_tenant("small")
+gate, building = threading.Event(), threading.Event()
+real_build = policy_snapshot.build
+
+def held_build(tenant):
+    doc = real_build(tenant)
+    if tenant.slug == "big" and not gate.is_set():
+        building.set()
+        gate.wait(60)
+    return doc
+
+policy_snapshot.build = held_build
+
+def change(tenant, device, done):
+    try:
+        services.create_device(tenant, device)
+        done.set()
+    finally:
+        connection.close()
+
+first, second, other = threading.Event(), threading.Event(), threading.Event()
+threads = [threading.Thread(target=change, args=(big, "b1", first))]
+threads[0].start()
+assert building.wait(60)
+threads.append(threading.Thread(target=change, args=(small, "s1", other)))
+threads.append(threading.Thread(target=change, args=(big, "b2", second)))
+for t in threads[1:]:
+    t.start()
+other_done = other.wait(10)
+second_waited = not second.is_set()
+gate.set()
+for t in threads:
+    t.join(60)
+print(json.dumps({"other_tenant_done_while_big_built": other_done, "big_second_change_waited": second_waited,
+                  "big": sorted(policy_snapshot.load("big")["devices"]),
+                  "small": sorted(policy_snapshot.load("small")["devices"])}))
+"""
+
+
+def test_a_big_tenants_publish_does_not_hold_up_the_other_tenants_changes(postgres_db, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DEBUG", "PRODUCTION")}
+    env.update(DATABASE_URL=postgres_db, VAR_DIR=str(tmp_path), BROKERD_ADMIN_TOKEN="unused",
+               BROKERD_ADMIN_URL=f"http://127.0.0.1:{free_port()}", METRICS_HUB="false",
+               DJANGO_SETTINGS_MODULE="console.settings", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", PUBLISH_RACE], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"other_tenant_done_while_big_built": True, "big_second_change_waited": True,
+                      "big": ["b1", "b2"], "small": ["s1"]}
