@@ -250,6 +250,8 @@ class ClientRegistry:
             b.persist.session_opened(session, ns.name, channel.will)
         self._count_in(channel, ns)
         channel.accept(session, present, now, assigned, connack_props)
+        if present and b.router.on_change is not None:
+            b.router.presence_changed(ns, session)        # its shared groups have a member online here
         autosub = b.autosub.get(ns.name)
         if autosub is not None and session.channel is channel:
             b.auto_subscribe(channel, autosub, now)
@@ -344,6 +346,8 @@ class ClientRegistry:
         if session.channel is channel:
             session.channel = None
             session.queue.attach_budget(None)
+            if b.router.on_change is not None:
+                b.router.presence_changed(session.ns, session)
         b.enforcement.closed(channel, session.ns.name, now)
         self.connected -= 1
         st = b.acct.stats

@@ -124,7 +124,8 @@ class Forwarder:
                         self.requests.expect_ack(req, next(iter(members)), 0.0)   # fails at the next round
                     continue
                 members = live
-            target = self.routes.pick_group_node(ns.name, gname, filt, members, len(group.members) if group else 0)
+            target = self.routes.pick_group_node(ns.name, gname, filt, members, len(group.members) if group else 0,
+                                                 group is not None and group.connected())
             if target is None:
                 if group is not None and self.broker.deliver_shared(ns, group, msg, now):
                     count += 1

@@ -156,10 +156,11 @@ class ClusterRoutes:
             del self.exact[tenant]
 
     def set_group(self, node: str, tenant: str, group: str, filt: str, members: int) -> None:
+        """``members``: the node's members of the group; negative when none of them is connected."""
         if node == self.node:
             return
         trie = self._trie(tenant)
-        if members > 0:
+        if members:
             route = trie.setdefault(filt, lambda: _Route(filt))
             if route.groups is _NO_GROUPS:
                 route.groups = {}
@@ -240,12 +241,23 @@ class ClusterRoutes:
         cache.put(topic, result, 200 + 64 * len(nodes) + 96 * len(groups))
         return result
 
-    def pick_group_node(self, tenant: str, group: str, filt: str, members: dict, local: int) -> str | None:
+    def pick_group_node(self, tenant: str, group: str, filt: str, members: dict, local: int,
+                        local_online: bool | None = None) -> str | None:
         """Round robin over the nodes with members of a shared group (this node
-        counts when it has ``local`` members); None: this node."""
-        nodes = sorted(members)
-        if local:
-            nodes.append(None)
+        counts when it has ``local`` members) -- those with a member online
+        (``members`` positive; ``local_online`` here, None: as ``local``) if there
+        are any: a node whose members are all offline stored sessions would hold
+        its turns' messages until one came back, the group's online members idle;
+        None: this node."""
+        online_here = bool(local) if local_online is None else local_online
+        nodes = sorted(n for n, m in members.items() if m > 0)
+        if nodes or online_here:
+            if online_here:
+                nodes.append(None)
+        else:
+            nodes = sorted(members)
+            if local:
+                nodes.append(None)
         if not nodes:
             return None
         key = (tenant, group, filt)

@@ -150,6 +150,10 @@ class SharedGroup:
             self.rr = (order.index(chosen) + 1) % n
         return chosen
 
+    def connected(self) -> bool:
+        """Whether a member is connected (``pick`` would not fall back to an offline one)."""
+        return any(s.channel is not None for s in self.order)
+
 
 class Namespace:
     """One tenant's space on this node: nothing in it is ever matched,
@@ -242,7 +246,9 @@ class Router:
     """The tenants' namespaces and their subscription tables.
 
     ``on_change(tenant, filter)`` (the cluster's route announcements, when
-    the node is in one) hears of every filter whose local subscribers changed.
+    the node is in one) hears of every filter whose local subscribers changed,
+    and of a shared group's filter whose member here connected or went offline
+    (``presence_changed``).
     """
 
     def __init__(self, shared_strategy: str = "round_robin"):
@@ -297,6 +303,14 @@ class Router:
             ns.cache.clear()
         if self.on_change is not None:
             self.on_change(ns.name, inner)
+
+    def presence_changed(self, ns: Namespace, session: Session) -> None:
+        """``session``'s client connected or went: its shared groups' filters are announced again
+        (the other nodes send a group's messages to a node with a member online first)."""
+        if self.on_change is not None:
+            for sub in session.subscriptions.values():
+                if sub.group is not None:
+                    self.on_change(ns.name, inner_filter(sub))
 
     def remove_all(self, ns: Namespace, session: Session) -> None:
         """Every subscription of ``session`` out of the table, and out of the session."""
@@ -355,7 +369,9 @@ class Router:
         return [(ns.name, filt) for ns in self.namespaces.values() for filt, _ in ns.trie.items()]
 
     def route_counts(self, tenant: str, filt: str) -> tuple[int, int, dict]:
-        """This node's (subscriptions, those of stored sessions, {shared group: members}) for ``filt``."""
+        """This node's (subscriptions, those of stored sessions, {shared group: members}) for ``filt``;
+        a group none of whose members here is connected counts them negative (-members): the other
+        nodes send its messages here only when no node has a member online."""
         ns = self.namespaces.get(tenant)
         route = ns.trie.get(filt) if ns is not None else None
         if route is None:
@@ -363,7 +379,8 @@ class Router:
         groups = route.groups
         # no shared group (the usual route): one read-only empty mapping, not a dict per route announced
         return (len(route.subs), sum(1 for s in route.subs if s.durable),
-                {name: len(g.members) for name, g in groups.items()} if groups else _NO_GROUPS)
+                {name: len(g.members) if g.connected() else -len(g.members) for name, g in groups.items()}
+                if groups else _NO_GROUPS)
 
     def connection_counts(self) -> dict[str, int]:
         return {ns.name: len(ns.channels) for ns in self.namespaces.values()}

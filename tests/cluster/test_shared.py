@@ -249,3 +249,34 @@ def test_no_message_is_lost_while_the_groups_only_member_moves_to_another_node(c
     got |= {int(x) for x in collect([again], 0, timeout=0)[0]}
     missing = sorted(acked - got)
     assert not missing, f"{len(missing)} acknowledged messages lost: {missing[:20]}; codes {stream.by_code()}"
+
+
+def test_a_groups_messages_go_to_its_online_member_not_to_an_offline_one_on_another_node(cluster, tag):
+    """Group g: m1 a stored session on n1, its client gone; m2 online on n2. The nodes took turns
+    whatever their members' state: n1's turns waited in m1's queue until it came back (its session
+    may last a day), m2 idle meanwhile. Now a node with a member online is chosen first, as a node
+    chooses among its own members: m2 gets every message at once, m1 none when it comes back."""
+    n1, n2 = cluster.start(2)
+    p = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+    group = f"$share/g/{tag}/#"
+    m1 = connect(n1.port(), f"{tag}-m1", V5, clean=False, properties=p)
+    m1.subscribe(group, qos=1)
+    m2 = connect(n2.port(), f"{tag}-m2", V5)
+    m2.subscribe(group, qos=1)
+    pub = connect(n1.port(), f"{tag}-pub", V5)
+    settle_group(pub, f"{tag}/probe", [m1, m2])
+    m1.disconnect()
+    deadline = time.monotonic() + 10
+    in_a_row, k = 0, 1000
+    while in_a_row < 6:                      # n1's "offline" known on both nodes: the probes all go to m2
+        assert time.monotonic() < deadline, "the offline member's node still takes turns"
+        k += 1
+        pub.publish(f"{tag}/probe", b"%d" % k)
+        in_a_row = in_a_row + 1 if collect([m2], 1, timeout=0.3, until={k}) == [[k]] else 0
+    for n in range(40):
+        pub.publish(f"{tag}/m", b"%d" % n, qos=1)
+    assert collect([m2], 40, timeout=10) == [list(range(40))]
+    back = connect(n1.port(), f"{tag}-m1", V5, clean=False, properties=p)
+    time.sleep(0.5)
+    held = [x for x in collect([back], 0, timeout=0)[0] if x < 1000]
+    assert held == [], "messages held for the offline member"
