@@ -199,8 +199,10 @@ def device_import(request, slug):
         try:
             text = io.TextIOWrapper(upload.file, encoding="utf-8", newline="")
             rows = importing.parse(text, importing.MAX_ROWS)
+            # checked before the transaction: it holds the database's write lock (SQLite's, everyone's)
+            checked = services.check_device_rows(tenant, rows, label=form.cleaned_data["label"])
             with transaction.atomic():
-                made = services.provision_devices(tenant, rows, label=form.cleaned_data["label"])
+                made = services.create_checked_devices(tenant, checked)
                 audit.record(request, "device.import", "device", f"{len(made)} devices", tenant=tenant,
                              after={"devices": len(made), "names": [d.name for d, _, _ in made[:100]],
                                     "label": form.cleaned_data["label"]})
