@@ -298,6 +298,9 @@ def check_device_rows(tenant: Tenant, rows, *, label: str = "") -> CheckedDevice
         try:
             device = Device(tenant=tenant, name=name, description=row.get("description") or "", enabled=True)
             _set_cert(device, row.get("cert_fingerprint") or None, row.get("cert_cn") or None)
+            for field in ("description", "cert_cn"):    # the forms' check (PostgreSQL's text holds no NUL)
+                if "\x00" in (getattr(device, field) or ""):
+                    raise ServiceError(f"{field}: null characters are not allowed")
             # the tenant is not checked again for each row (a query a device: 100,000 of them)
             _clean(device, exclude=["tenant"], validate_unique=False, validate_constraints=False)
             if name in seen:

@@ -201,3 +201,23 @@ def test_a_largest_import_leaves_other_tenants_free_to_write(env, tmp_path):
                       "WHERE t.slug = 'huge'") == [(100_000,)]
     # each waits at most what the import's writing holds the lock (~10 s here), never SQLite's 20 s and an error
     assert canaries and all(code == 0 and took < 19 for code, took, _ in canaries), canaries
+
+
+def test_an_import_refuses_a_nul_character_in_one_line_on_postgresql(postgres_db, tmp_path):
+    """A NUL byte in a field (PostgreSQL's text holds none): before, it passed every check and the
+    insert failed -- a traceback from the command, a 500 from the console's page -- where the device
+    form refuses it; now the row is named as for any other invalid field, nothing made."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DEBUG", "PRODUCTION", "DJANGO_COLORS")}
+    env.update(DATABASE_URL=postgres_db, VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="console.settings")
+    done = subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert manage(env, "tenants", "create", "nul").returncode == 0
+    for text, fragment in (("name,description\nok-1,fine\nbad-1,a\0b\n", "row 2 ('bad-1'): description: "),
+                           ("name,cert_cn\nok-1,\nbad-1,cn\0.example\n", "row 2 ('bad-1'): cert_cn: ")):
+        source = tmp_path / "nul.csv"
+        source.write_text(text)
+        one_line_error(manage(env, "devices", "import", "nul", str(source), "--output", str(tmp_path / "s.csv")),
+                       1, fragment)
+        assert not (tmp_path / "s.csv").exists()
+    assert "ok-1" not in manage(env, "devices", "list", "nul").stdout
