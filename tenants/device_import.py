@@ -16,10 +16,16 @@ def parse(source, max_rows: int | None = None) -> list[dict]:
     ServiceError says what is wrong, with the row counted from 1."""
     try:
         reader = csv.DictReader(source)
+        if reader.fieldnames and reader.fieldnames[0].startswith("\ufeff"):
+            # the byte order mark Excel's "CSV UTF-8" starts a file with
+            reader.fieldnames = [reader.fieldnames[0][1:], *reader.fieldnames[1:]]
         unknown = [c for c in reader.fieldnames or () if c not in COLUMNS]
         if not reader.fieldnames or "name" not in reader.fieldnames or unknown:
             raise ServiceError("the first line names the columns: name (needed), cert_fingerprint, cert_cn, "
                                "description" + (f"; unknown: {', '.join(unknown)}" if unknown else ""))
+        twice = sorted({c for c in reader.fieldnames if reader.fieldnames.count(c) > 1})
+        if twice:   # a dict keeps the last: the other column's values would be dropped unsaid
+            raise ServiceError(f"the first line names each column once: {', '.join(twice)} twice")
         rows = []
         for row in reader:
             if None in row or any(v is None for v in row.values()):

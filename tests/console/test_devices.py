@@ -455,6 +455,7 @@ def test_import_makes_every_device_and_downloads_their_secrets_once(as_alice, ac
     ("device\nok-1\n", "The first line names the columns"),
     ("name\n", "The file names no device"),
     ("name\n\xff\n", "not UTF-8"),
+    ("name,description,name\nok-1,x,ok-2\n", "The first line names each column once: name twice"),
 ])
 def test_a_refused_import_says_why_on_the_page_and_makes_nothing(as_alice, acme, text, error):
     before = set(Device.objects.filter(tenant=acme).values_list("name", flat=True))
@@ -479,3 +480,16 @@ def test_an_import_refuses_a_certificate_another_device_names(as_alice, acme, gl
         response = _upload(as_alice, text)
         assert error in response.content.decode(), text
         assert not Device.objects.filter(tenant=acme, name__startswith="n-").exists()
+
+
+def test_an_import_reads_a_file_saved_with_a_byte_order_mark(as_alice, acme):
+    """Excel's "CSV UTF-8" starts the file with a BOM: before, its first column was refused as
+    unknown ("unknown: \ufeffname") -- the file a spreadsheet user has could not be imported."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    data = "\ufeffname,description\r\nbom-1,Pump by the gate\r\n".encode()
+    response = as_alice.post("/tenants/acme/devices/new/import/",
+                             {"file": SimpleUploadedFile("fleet.csv", data, "text/csv")})
+    assert response["Content-Type"].startswith("text/csv"), response.content.decode()[-2000:]
+    assert response.content.decode().splitlines()[1].startswith("bom-1,acme/bom-1,")
+    assert Device.objects.get(tenant=acme, name="bom-1").description == "Pump by the gate"
