@@ -493,3 +493,18 @@ def test_an_import_reads_a_file_saved_with_a_byte_order_mark(as_alice, acme):
     assert response["Content-Type"].startswith("text/csv"), response.content.decode()[-2000:]
     assert response.content.decode().splitlines()[1].startswith("bom-1,acme/bom-1,")
     assert Device.objects.get(tenant=acme, name="bom-1").description == "Pump by the gate"
+
+
+def test_no_secret_of_an_import_opens_as_a_formula_in_a_spreadsheet(as_alice, acme):
+    """The file of secrets is their only copy, and a spreadsheet is where it is opened: a cell starting
+    with =, +, - or @ is read as a formula -- before, one secret in 64 began with '-' (URL-safe base64)
+    and showed as #NAME?, lost if the file was saved again. Secrets now begin with a letter or digit."""
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    data = ("name\n" + "".join(f"f-{i}\n" for i in range(600))).encode()
+    response = as_alice.post("/tenants/acme/devices/new/import/",
+                             {"file": SimpleUploadedFile("fleet.csv", data, "text/csv")})
+    secrets_ = [line.split(",")[2] for line in response.content.decode().splitlines()[1:]]
+    assert len(secrets_) == 600
+    assert [s for s in secrets_ if s[0] in "=+-@"] == []
+    assert all(len(s) >= 43 for s in secrets_)
