@@ -72,6 +72,7 @@ class _Publisher:
     (the client may be gone: its id, user name and ACL are what a rule reads of it)."""
 
     __slots__ = ("client_id", "username", "peer", "acl", "quota")
+    limit_in = None     # no rates to charge a rule's republish to (``publish_rule``): it paid at its publish
 
     def __init__(self, publisher: tuple, acl, quota=None):
         self.client_id, self.username, _ = publisher

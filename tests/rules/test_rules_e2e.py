@@ -199,6 +199,29 @@ def test_a_delayed_message_runs_the_rules_on_its_release_as_its_publishers_publi
     watch.disconnect()
 
 
+def test_a_delayed_message_of_a_tenant_with_a_quota_is_republished_at_its_release(scene):
+    """A tenant with any quota: a rule's republish is charged to its publisher's inbound rates -- and a
+    delayed message's publisher, who may be gone, has none. Before, the release raised there: the
+    republish never came, nor did the delayed message itself to its subscribers."""
+    plane, node, secrets, token = scene
+    plane.manage("tenants", "quota", "acme", "--max-connections", "100", "--client-msgs-in", "50")
+    rid = add(plane, "acme", "--sql", 'SELECT payload.temp AS t FROM "sensors/+/later"',
+              "--republish", "alerts/${clientid}/later", "--qos", "1")
+    loaded(node, token, "acme", rid)
+    watch = client(node, secrets, "acme/watch", "w-delayed-quota")
+    watch.subscribe("alerts/+/later", qos=1)
+    watch.subscribe("sensors/+/later", qos=1)
+    dev = client(node, secrets, "acme/d1", "d1-delayed-quota", version=V311)
+    dev.publish("$delayed/1/sensors/kitchen/later", b'{"temp": 31.5}', qos=1)
+    got = watch.expect_n(2, timeout=15)
+    assert sorted((m.topic, json.loads(m.payload)) for m in got) == [
+        ("alerts/d1-delayed-quota/later", {"t": 31.5}), ("sensors/kitchen/later", {"temp": 31.5})]
+    [view] = [r for r in rules_api(node, token, "acme")["items"] if r["id"] == rid]
+    assert (view["matched"], view["passed"], view["failed"]) == (1, 1, 0)
+    for c in (dev, watch):
+        c.disconnect()
+
+
 @pytest.mark.parametrize("where, payload", [
     ("payload LIKE '%a%a%a%a%b'", b"a" * 4000),           # re's backtracking: ~n^4/24 steps
     ("regex_match(payload, '(a|aa)*b')", b"a" * 80),       # exponential
