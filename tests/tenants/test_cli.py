@@ -221,3 +221,18 @@ def test_an_import_refuses_a_nul_character_in_one_line_on_postgresql(postgres_db
                        1, fragment)
         assert not (tmp_path / "s.csv").exists()
     assert "ok-1" not in manage(env, "devices", "list", "nul").stdout
+
+
+def test_an_import_whose_secrets_cannot_be_written_makes_nothing(env, tmp_path):
+    """The secrets are written before the devices are committed: a full disk (here /dev/full as the
+    standard output) refuses the import -- before, the devices were made and their secrets, shown
+    nowhere else, lost (every device to delete and import again)."""
+    assert manage(env, "tenants", "create", "diskfull").returncode == 0
+    source = tmp_path / "fleet.csv"
+    source.write_text("name\n" + "".join(f"full-{i}\n" for i in range(2000)))
+    done = subprocess.run(f"{shlex.quote(sys.executable)} manage.py devices import diskfull {shlex.quote(str(source))}"
+                          " > /dev/full", shell=True, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0, done.stderr
+    assert done.stderr.splitlines()[-1].startswith("error: "), done.stderr[-2000:]
+    assert query(env, "SELECT count(*) FROM tenants_device d JOIN tenants_tenant t ON d.tenant_id = t.id "
+                      "WHERE t.slug = 'diskfull'") == [(0,)]

@@ -9,6 +9,8 @@ import os
 import sys
 from contextlib import ExitStack
 
+from django.db import transaction
+
 from tenants import device_import, queries, services
 from tenants.errors import ServiceError
 from tenants.management.cli import SubcommandCommand, positive_int
@@ -79,9 +81,10 @@ class Command(SubcommandCommand):
 
     def do_import(self, tenant, file, label, output, **_):
         tenant = queries.get_tenant(tenant)
-        rows = self._import_rows(file)
+        checked = services.check_device_rows(tenant, self._import_rows(file), label=label)
         # the secrets' file is made before the devices (not after: a file that cannot be written then
-        # would leave devices whose secrets nobody saw), and never over an existing one
+        # would leave devices whose secrets nobody saw), and never over an existing one; the secrets are
+        # written out before the devices are committed (a full disk, a closed pipe: nothing made)
         with ExitStack() as files:
             try:
                 target = self.stdout if output == "-" else files.enter_context(
@@ -89,13 +92,23 @@ class Command(SubcommandCommand):
             except OSError as exc:
                 raise ServiceError(f"cannot write {output}: {exc.strerror}") from None
             try:
-                made = services.provision_devices(tenant, rows, label=label)
+                with transaction.atomic():
+                    made = services.create_checked_devices(tenant, checked)
+                    try:
+                        device_import.write_secrets(target, tenant.slug, made)
+                        target.flush()
+                        if target is not self.stdout:
+                            os.fsync(target.fileno())
+                    except OSError as exc:
+                        if target is self.stdout:
+                            _drop_stdout()
+                        raise ServiceError(f"cannot write the secrets to {'standard output' if output == '-' else output}"
+                                           f": {exc.strerror}; no device was made") from None
             except BaseException:
                 if target is not self.stdout:
                     files.close()
                     os.unlink(output)
                 raise
-            device_import.write_secrets(target, tenant.slug, made)
         self.stderr.write(f"created {len(made)} devices in {tenant.slug} (the secrets are shown once, only their "
                           "hashes are stored)")
 
@@ -139,3 +152,16 @@ class Command(SubcommandCommand):
         chosen = None if credential is None else queries.get_credential(dev, credential)
         cred, secret = services.rotate_device_credential(dev, chosen)
         self._secret(dev, cred, secret, "new secret for")
+
+
+def _drop_stdout() -> None:
+    """What could not be written to the standard output is not tried again at exit (another error,
+    after the one line): it goes nowhere."""
+    try:
+        if sys.stdout.fileno() != 1:
+            return
+    except (AttributeError, ValueError, OSError):       # not the process's (call_command's own stream)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
