@@ -40,6 +40,7 @@ from sys import getsizeof
 from ..protocol.packets import Publish
 from ..protocol.properties import USER_PROPERTY
 from ..routing.topic import is_valid_name
+from .errors import EVENT_PREFIX
 from .functions import MAX_TEXT
 from .template import Template, TemplateError
 
@@ -214,7 +215,9 @@ class Republish:
                 if "\x00" in v:
                     raise ActionError(f"republish user property {k!r}: U+0000 in {v[:80]!r}")
         qos = self.qos if self.qos != AS_MESSAGE_QOS else (ctx.qos or 0)
-        retain = self.retain if self.retain != AS_MESSAGE_RETAIN[0] else bool(ctx.retain)
+        # an event's never (message_dropped carries the dropped message's flag: its alert is no retained message)
+        retain = self.retain if self.retain != AS_MESSAGE_RETAIN[0] else (
+            bool(ctx.retain) and not ctx.event.startswith(EVENT_PREFIX))
         return Publish(topic, payload, qos, retain, properties=props)
 
 

@@ -367,3 +367,20 @@ def test_a_republish_qos_or_retain_template_other_than_the_messages_is_refused()
         else:
             raise AssertionError(f"{config} accepted")
     assert validate("republish", {"topic": "a", "retain": "${retain}"})["retain"] == "${flags.retain}"
+
+
+def test_an_event_republished_as_the_message_was_is_never_retained():
+    """'Retain as the message was' on an event: never retained (README, *Rules*) -- before, the alert of
+    a $events/message_dropped of a retained message was kept as the alert topic's retained message,
+    and every later subscriber to the alerts got it."""
+    s = Scene({"acme": [rule(1, 'SELECT topic, retain FROM "$events/message_dropped"', "alerts/dropped",
+                             qos="${qos}", retain="${flags.retain}")]})
+    watch = s.client("acme/watch", "w")
+    watch.subscribe("alerts/#", qos=2)
+    s.client("acme/d1", "d1").publish("sensors/nobody", b"x", qos=1, retain=True)     # no subscriber: dropped
+    [alert] = watch.publishes()
+    assert (alert.topic, alert.qos, json.loads(alert.payload)) == ("alerts/dropped", 1,
+                                                                    {"topic": "sensors/nobody", "retain": True})
+    late = s.client("acme/watch", "late")
+    late.subscribe("alerts/#", qos=2)
+    assert late.publishes() == []                                 # no retained alert
