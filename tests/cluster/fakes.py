@@ -477,6 +477,9 @@ class FakeBroker:
     def holds_stored(self, tenant, client_id) -> bool:
         return (tenant, client_id) in self.sessions
 
+    def holds_connected(self, tenant, client_id) -> bool:
+        return False                      # (no client connects to the fake: its sessions are stored ones)
+
     def end_held(self, tenant, client_id, now) -> bool:
         return self.sessions.pop((tenant, client_id), None) is not None
 
