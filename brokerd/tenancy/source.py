@@ -187,16 +187,20 @@ class PolicyDatabase:
                 # reopened per poll (a fraction of a millisecond): a file that went away is noticed
                 self.close()
 
-    def fetch(self, since: int) -> list[tuple[str, int, dict]]:
+    def fetch(self, since: int) -> list[tuple[str, int, dict | Exception]]:
+        """The snapshots newer than ``since``: (slug, version, document) -- or, for a row that is no
+        JSON document (or nested past what the decoder takes), the error in its place: that row is
+        refused alone (a row every poll failed on stopped the node taking any tenant's change)."""
         rows = self._rows(QUERY, (since,))
         out = []
         for slug, version, data in rows:
             try:
                 doc = decode(data, device_from)
-            except (KeyError, TypeError, AttributeError, ValueError) as exc:
-                if isinstance(exc, json.JSONDecodeError):
-                    raise
-                doc = decode(data)        # a device entry it cannot read: refused with the snapshot (_fetch)
+            except Exception:
+                try:
+                    doc = decode(data)    # a device entry it cannot read: refused with the snapshot (_fetch)
+                except Exception as exc:
+                    doc = ValueError(f"not a JSON document: {type(exc).__name__}: {str(exc)[:200]}")
             out.append((slug, int(version), doc))
         return out
 
@@ -258,6 +262,10 @@ class PolicyDatabase:
             self.conn = None
 
 
+class SnapshotRefused(ValueError):
+    """A snapshot the node could not read or build a policy of (its tenant keeps the policy it had)."""
+
+
 class PolicySource:
     """Polls the snapshot table and feeds ``control`` and the broker."""
 
@@ -278,9 +286,12 @@ class PolicySource:
         """(In the poller's thread) the new snapshots, each with its policy built (or the error)."""
         out = []
         for slug, version, data in self.db.fetch(since):
+            if isinstance(data, Exception):
+                out.append((slug, version, None, data))
+                continue
             try:
                 built = self.control.prepare(slug, version, data)
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            except Exception as exc:            # (what a document the console did not write may raise)
                 built = exc
             out.append((slug, version, data, built))
         return out
@@ -328,9 +339,9 @@ class PolicySource:
         it on the tenant's clients; -> the loop's time after."""
         try:
             if isinstance(built, Exception):
-                raise built
+                raise SnapshotRefused(f"{type(built).__name__}: {built}")
             old, new = self.control.apply(slug, version, data, built, now)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (SnapshotRefused, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.error("policy snapshot of tenant %r (version %d) ignored: %s", slug, version, exc)
             self.control.version = max(self.control.version, version)
             return now

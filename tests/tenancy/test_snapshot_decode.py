@@ -61,3 +61,31 @@ def test_a_snapshot_with_an_unreadable_device_is_refused_alone(tmp_path):
     with pytest.raises(KeyError):
         TenantControl.build("big", 1, rows[0][2])
     assert TenantControl.build("small", 2, rows[1][2]).devices["d1"].enabled
+
+
+@pytest.mark.parametrize("data", ['{"schema": 1, "tenant": "broken", "devices": {', "[" * 100_000 + "]" * 100_000,
+                                  '{"schema": 1, "tenant": "broken", "status": "active", "devices": {}, '
+                                  '"quota": {"max_connections": 1e400}}'],
+                         ids=["cut", "nested", "overflow"])
+def test_a_snapshot_row_the_node_cannot_read_stops_no_other_tenants_change(control_plane, data):
+    """A row of one tenant that is no JSON document (cut short, nested past the decoder's depth) or
+    whose figures are no numbers a node takes failed every poll: the node logged the control plane
+    "unreachable" and took no tenant's change again. Now that row is refused alone (logged), and a
+    change of another tenant made after it is enforced."""
+    from ..mqtt import V5, PahoClient
+
+    secrets = control_plane.provision([{"slug": "acme", "default_acl": "allow", "devices": ["d1"]}])
+    node = control_plane.broker()
+    try:
+        with sqlite3.connect(control_plane.dir / "console.sqlite3") as db:
+            db.execute("UPDATE tenants_policycounter SET value = value + 1 WHERE id = 1")
+            (version,) = db.execute("SELECT value FROM tenants_policycounter WHERE id = 1").fetchone()
+            db.execute("INSERT INTO tenants_policysnapshot (tenant_slug, version, data) VALUES (?, ?, ?)",
+                       ("broken", version, data))
+        c = PahoClient("d1-live", V5, username="acme/d1", password=secrets["acme/d1"]).connect(node.port())
+        control_plane.manage("devices", "disable", "acme", "d1")
+        reason, _ = c.expect_disconnect(timeout=10)
+        assert reason.value == 0x87
+        assert "policy snapshot of tenant 'broken'" in node.log and "unreachable" not in node.log
+    finally:
+        node.stop()
