@@ -247,3 +247,130 @@ def test_a_big_tenants_publish_does_not_hold_up_the_other_tenants_changes(postgr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result == {"other_tenant_done_while_big_built": True, "big_second_change_waited": True,
                       "big": ["b1", "b2"], "small": ["s1"]}
+
+
+# An ACL rule changed (its row written, then the snapshot published: the tenant's row locked) while the
+# tenant's administrator adds a rule at the top (the tenant's row locked first, then every rule renumbered):
+# each waited for the other -- PostgreSQL's deadlock detector failed one change (the console: a 500).
+ACL_RACE = """
+import json, threading, time
+import django
+django.setup()
+from django.core.management import call_command
+from django.db import connection
+from tenants import policy_snapshot, services
+
+call_command("migrate", verbosity=0)
+t = services.create_tenant("acme")
+r1 = services.add_acl_rule(t, topic="a/#", action="both", allow=True)
+services.add_acl_rule(t, topic="b/#", action="both", allow=True)
+written, adding = threading.Event(), threading.Event()
+real_publish = policy_snapshot.publish
+
+def held_publish(tenant):
+    if threading.current_thread().name == "update":
+        written.set()                   # r1's row is written: the add starts, locks the tenant, renumbers
+        adding.wait(60)
+        time.sleep(1.0)
+    return real_publish(tenant)
+
+policy_snapshot.publish = held_publish
+errors = {}
+
+def run(name, fn):
+    try:
+        fn()
+    except Exception as exc:
+        errors[name] = f"{type(exc).__name__}: {exc}"
+    finally:
+        connection.close()
+
+update = threading.Thread(name="update", target=run,
+                          args=("update", lambda: services.update_acl_rule(r1, topic="c/#")))
+add = threading.Thread(name="add", target=run,
+                       args=("add", lambda: services.add_acl_rule(t, topic="d/#", action="both", allow=True,
+                                                                   position=1)))
+update.start()
+assert written.wait(60)
+add.start()
+adding.set()
+update.join(60)
+add.join(60)
+print(json.dumps({"errors": errors, "acl": [r["topic"] for r in policy_snapshot.load("acme")["acl"]]}))
+"""
+
+
+def test_an_acl_rule_changed_while_another_is_added_at_the_top_are_both_kept(postgres_db, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DEBUG", "PRODUCTION")}
+    env.update(DATABASE_URL=postgres_db, VAR_DIR=str(tmp_path), BROKERD_ADMIN_TOKEN="unused",
+               BROKERD_ADMIN_URL=f"http://127.0.0.1:{free_port()}", METRICS_HUB="false",
+               DJANGO_SETTINGS_MODULE="console.settings", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", ACL_RACE], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"errors": {}, "acl": ["d/#", "c/#", "b/#"]}
+
+
+# A device given a certificate fingerprint (its row written, then the snapshot published: the tenant's row
+# locked) while a device with the same fingerprint is made in the tenant (its row locked first, then the
+# insert waits on the fingerprint's unique index for the first change): one of the two must be told the
+# fingerprint is taken (a Conflict) -- PostgreSQL's deadlock detector failed one instead (the console: a 500).
+CERT_RACE = """
+import json, threading, time
+import django
+django.setup()
+from django.core.management import call_command
+from django.db import connection
+from tenants import policy_snapshot, services
+
+call_command("migrate", verbosity=0)
+t = services.create_tenant("acme")
+d1 = services.create_device(t, "d1")
+fp = "ab" * 32
+written, creating = threading.Event(), threading.Event()
+real_publish = policy_snapshot.publish
+
+def held_publish(tenant):
+    if threading.current_thread().name == "update":
+        written.set()                   # d1's fingerprint is written: the create starts, locks the tenant
+        creating.wait(60)
+        time.sleep(1.0)
+    return real_publish(tenant)
+
+policy_snapshot.publish = held_publish
+outcome = {}
+
+def run(name, fn):
+    try:
+        fn()
+        outcome[name] = "ok"
+    except Exception as exc:
+        outcome[name] = type(exc).__name__
+    finally:
+        connection.close()
+
+update = threading.Thread(name="update", target=run,
+                          args=("update", lambda: services.update_device(d1, cert_fingerprint=fp)))
+create = threading.Thread(name="create", target=run,
+                          args=("create", lambda: services.create_device(t, "d2", cert_fingerprint=fp)))
+update.start()
+assert written.wait(60)
+create.start()
+creating.set()
+update.join(60)
+create.join(60)
+print(json.dumps(outcome))
+"""
+
+
+def test_a_fingerprint_given_to_a_device_while_a_device_with_it_is_made_is_refused_once(postgres_db, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DEBUG", "PRODUCTION")}
+    env.update(DATABASE_URL=postgres_db, VAR_DIR=str(tmp_path), BROKERD_ADMIN_TOKEN="unused",
+               BROKERD_ADMIN_URL=f"http://127.0.0.1:{free_port()}", METRICS_HUB="false",
+               DJANGO_SETTINGS_MODULE="console.settings", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", CERT_RACE], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    outcome = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert sorted(outcome.values()) == ["Conflict", "ok"], outcome
