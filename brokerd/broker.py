@@ -1148,6 +1148,10 @@ class Broker:
         """Whether ``client_id``'s client is connected here (counted in its tenant's connections)."""
         return self.registry.replaces(tenant, client_id)
 
+    def quota_refused(self, tenant: str) -> None:
+        """A CONNECT of ``tenant`` refused 0x97 by its claim: counted with the tenant's quota refusals."""
+        self.acct.connect_refused(self.router.namespace(tenant))
+
     def holds_stored(self, tenant: str, client_id: str) -> bool:
         """Whether a session of ``client_id`` in the store is on this node."""
         session = self.router.session(tenant, client_id)

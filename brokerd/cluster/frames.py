@@ -62,6 +62,11 @@ EXPIRY_MAX = 0x7FFFFFFF      # a PUBLISH's expiry field (i32) at most: a Message
 TARGET = 4                   # PUBLISH flag: for the session named in the group field only
 REDIRECTED = 8               # PUBLISH flag: a shared group's message another node passed on (not passed on again)
 LIVE_ONLY = 1                # TAKEOVER flag: let go of the session only if its client is connected here
+# what this version's nodes say they do, in their membership information ("features"): a node asks
+# LIVE_ONLY only of a node that says it answers it (an earlier version ignores the flag: it would let go
+# of an offline session too), so nodes of both versions link and work together while a cluster upgrades
+LIVE_ONLY_FEATURE = "takeover-live-only"
+FEATURES = (LIVE_ONLY_FEATURE,)
 _ACK = struct.Struct(">IB")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")

@@ -16,6 +16,7 @@ import time
 from redis.exceptions import RedisError
 
 from .bus import redacted
+from .frames import FEATURES
 from .ports import ClusterBroker, ClusterError, MemberBus, NodeAddresses
 
 RATE_CLAIMS = "rate_claims"     # in a worker's figures per tenant: its claims on the tenant's rates (not summed)
@@ -44,9 +45,9 @@ class Membership:
         a = self.addresses
         if a is None:
             return {"link": self.link_address, "mqtt": [], "admin": None, "ref": self.reference,
-                    "started": self.wall(), **self.identity}
+                    "started": self.wall(), "features": list(FEATURES), **self.identity}
         return {"link": a.advertised(self.link_address), "mqtt": a.mqtt_urls(), "admin": a.admin_address(),
-                "ref": self.reference, "started": self.wall(), **self.identity}
+                "ref": self.reference, "started": self.wall(), "features": list(FEATURES), **self.identity}
 
     async def join(self) -> None:
         try:

@@ -128,6 +128,9 @@ class ClusterBroker(Protocol):
     def holds_connected(self, tenant: str, client_id: str) -> bool:
         """Whether ``client_id``'s client is connected to this node (counted in its tenant's connections)."""
 
+    def quota_refused(self, tenant: str) -> None:
+        """A CONNECT of ``tenant`` refused 0x97 by its claim: counted with the tenant's quota refusals."""
+
     def session_filters(self, tenant: str, client_id: str) -> list[str] | None:
         """The filters of the session held here, as subscribed (None: not held here)."""
 

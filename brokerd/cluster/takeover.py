@@ -195,8 +195,8 @@ class Takeover:
                     # only a live connection elsewhere makes room for it: the id is not claimed (it
                     # would be taken from whoever holds it) unless another node holds it
                     owner = await self.bus.owner(tenant, cid)
-                    if owner is None or owner == self.id or owner not in self.members_of():
-                        self._over_quota(channel)
+                    if not self._asks_live_only(owner):
+                        self._over_quota(channel, tenant)
                         return
                 else:
                     # the common case in one round trip: the client id was free, or already here
@@ -212,8 +212,8 @@ class Takeover:
                     return                          # nothing to take over from the node that holds the id
                 owner = await self.bus.owner(tenant, cid)
                 elsewhere = owner is not None and owner != self.id and owner in self.members_of()
-                if live_only and not elsewhere:
-                    self._over_quota(channel)
+                if live_only and not self._asks_live_only(owner):
+                    self._over_quota(channel, tenant)
                     return
                 if elsewhere:
                     self.handoff.expect(tenant, cid)
@@ -224,10 +224,12 @@ class Takeover:
                         # here -- the client is refused and connects again (0x88)
                         channel.refuse(rc.SERVER_UNAVAILABLE, "the session's last writes are not stored yet")
                         return
-                    if live_only and answer != RELEASED:
+                    if live_only and answer not in (RELEASED, None):
                         # no live connection there (it closed, or the session is offline: left where it
-                        # is), or no answer: no place in the quota
-                        self._over_quota(channel)
+                        # is): no place in the quota. (No answer in time: the old node may have let go
+                        # of it meanwhile -- the session is loaded here as without LIVE_ONLY, rather
+                        # than held nowhere, its messages routed to no node, until the next CONNECT.)
+                        self._over_quota(channel, tenant)
                         return
                 if not clean_start:
                     await self.sessions.load(tenant, cid)
@@ -324,9 +326,19 @@ class Takeover:
             if self.opening.get(key) is fut:
                 del self.opening[key]
 
-    @staticmethod
-    def _over_quota(channel: ClaimingChannel) -> None:
+    def _asks_live_only(self, owner: str | None) -> bool:
+        """Whether ``owner`` is another member that answers a TAKEOVER's ``LIVE_ONLY`` (a node of an
+        earlier version ignores the flag and would let go of an offline session as well)."""
+        if owner is None or owner == self.id:
+            return False
+        info = self.members_of().get(owner)
+        return info is not None and frames.LIVE_ONLY_FEATURE in (info.get("features") or ())
+
+    def _over_quota(self, channel: ClaimingChannel, tenant: str) -> None:
+        """A ``live_only`` claim found no live connection to take the place of: refused 0x97, counted
+        among the tenant's quota refusals as a refusal at its admission is."""
         if channel.state == CONNECTING:
+            self.broker.quota_refused(tenant)
             channel.refuse(rc.QUOTA_EXCEEDED, rc.NAMES.get(rc.QUOTA_EXCEEDED))
 
     def _unavailable(self, channel: ClaimingChannel, tenant, cid, exc: Exception) -> None:

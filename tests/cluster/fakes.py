@@ -480,6 +480,9 @@ class FakeBroker:
     def holds_connected(self, tenant, client_id) -> bool:
         return False                      # (no client connects to the fake: its sessions are stored ones)
 
+    def quota_refused(self, tenant) -> None:
+        pass
+
     def end_held(self, tenant, client_id, now) -> bool:
         return self.sessions.pop((tenant, client_id), None) is not None
 

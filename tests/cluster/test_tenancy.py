@@ -9,6 +9,7 @@ import pytest
 
 from ..controlplane import ControlPlane
 from ..mqtt import V5, PacketTypes, PahoClient, props
+from ..procs import BrokerProcess
 from .conftest import Cluster, settle, wait_until
 
 
@@ -454,4 +455,128 @@ def test_a_connect_that_opens_after_its_tenants_session_expiry_cap_was_lowered_g
     finally:
         if change is not None:
             change.close()
+        c.stop_all()
+
+
+# the version before the TAKEOVER frame's LIVE_ONLY flag (1bd7a7f): it reads a TAKEOVER's client id and
+# ignores any byte after it
+_BEFORE_LIVE_ONLY = "8ea4efbd94bb8df725d892556dbc384ac064c841"
+
+
+class _OldNode(BrokerProcess):
+    """A brokerd of an earlier commit (its ``brokerd`` package unpacked in ``tree``)."""
+
+    def __init__(self, tree, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tree = str(tree)
+
+    def command(self):
+        cmd = super().command()
+        run = f"import sys, runpy; sys.path.insert(0, {self.tree!r}); runpy.run_module('brokerd', run_name='__main__')"
+        return [cmd[0], "-c", run, *cmd[3:]]          # (cmd[1:3]: -m brokerd)
+
+
+def test_at_the_quota_a_node_of_the_previous_version_does_not_let_go_of_an_offline_session(
+        redis_server, tmp_path, plane, tag):
+    """A node of the version before LIVE_ONLY does not know the flag: asked to let go of the session of a
+    client id only if its client is connected there, it let go of it offline too -- the CONNECT at the
+    quota, on the new node, was let in in place of no connection: two connections of a tenant allowed
+    one, the session moved. A node asks LIVE_ONLY only of members that say they answer it (their
+    membership's "features"): the two versions still link (a cluster upgrades node by node), the
+    CONNECT is refused 0x97 and the session stays where it is."""
+    import subprocess
+
+    from ..procs import ROOT
+
+    old_tree = tmp_path / "old"
+    old_tree.mkdir()
+    try:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", _BEFORE_LIVE_ONLY, "brokerd"],
+                                 capture_output=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("the repository's history is not here")
+    subprocess.run(["tar", "-x", "-C", str(old_tree)], input=archive, check=True, timeout=60)
+    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "quota": {"max_connections": 1},
+                                "devices": ["d"]}])
+    c = Cluster(redis_server, tmp_path, env=plane.env)
+    old = _OldNode(old_tree, "--node-id", "n1", "--store", c.store, "--cluster", c.url(), *c.flags,
+                   listen=("mqtt://127.0.0.1:0",), env={"BROKERD_CLUSTER_SECRET": c.secret, **plane.env})
+    clients = []
+    try:
+        old.start()
+        c.nodes.append(old)
+        c.names[id(old)] = "n1"
+        c._n = 1
+        wait_until(lambda: "joined the cluster" in old.log, timeout=10, message=f"n1 did not join:\n{old.log}")
+        n2 = c.node(wait=False)
+        time.sleep(1.0)                                  # the links (if any) made
+
+        def dev(cid):
+            d = PahoClient(cid, version=V5, username="acme/d", password=secrets["acme/d"])
+            clients.append(d)
+            return d
+
+        expiry = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+        stored = dev(f"{tag}-stored").connect(old.port(), properties=expiry)
+        stored.subscribe("plant/s", qos=1)
+        stored.disconnect()
+        other = dev(f"{tag}-live").connect(old.port())      # the tenant's one place
+        _counted_everywhere((old, n2), lambda: dev(f"{tag}-third"))
+        other.publish("plant/s", b"before", qos=1)
+        with pytest.raises(ConnectionError, match="0x97"):
+            dev(f"{tag}-stored").connect(n2.port(), properties=expiry, clean_start=False)
+        assert "another link protocol version" not in old.log + n2.log
+        other.disconnect()
+
+        def back():
+            try:
+                return dev(f"{tag}-stored").connect(old.port(), properties=expiry, clean_start=False)
+            except ConnectionError:
+                return None
+        back_client = wait_until(back, timeout=15, interval=0.3, message="the freed place was not seen")
+        assert back_client.session_present
+        assert back_client.expect().payload == b"before"
+    finally:
+        for cl in clients:
+            cl.disconnect()
+        c.stop_all()
+
+
+def test_connects_refused_at_the_quota_on_another_node_are_counted_as_quota_refusals(redis_server, tmp_path, plane,
+                                                                                      tag):
+    """In a cluster, a CONNECT at the tenant's connection quota is let through to its claim (it may take
+    over a live connection of its client id on another node) and refused 0x97 there when it does not --
+    and those refusals were counted nowhere: the tenant's quota refusals in the metrics (dropped: quota)
+    stayed 0 while its devices were turned away. Each counts, as a refusal at its admission does."""
+    from ..admin.conftest import CONSOLE_TOKEN, Http
+
+    secrets, tokens = plane.provision_with_tokens(
+        [{"slug": "acme", "default_acl": "allow", "quota": {"max_connections": 1}, "devices": ["d"]}],
+        {"grafana": "read"})
+    c = Cluster(redis_server, tmp_path, flags=("--admin", "127.0.0.1:0"),
+                env={**plane.env, "BROKERD_ADMIN_TOKEN": CONSOLE_TOKEN})
+    clients = []
+    try:
+        n1, n2 = c.start(2)
+
+        def dev(cid):
+            d = PahoClient(cid, version=V5, username="acme/d", password=secrets["acme/d"])
+            clients.append(d)
+            return d
+
+        def refused() -> int:
+            body = Http(n2.admin_url)("GET", "/api/v1/metrics", token=tokens["grafana"])[2]
+            return body["tenants"]["acme"]["dropped"]["quota"]
+
+        dev(f"{tag}-live").connect(n1.port())                 # the tenant's one place
+        _counted_everywhere((n1, n2), lambda: dev(f"{tag}-probe"))
+        before = refused()
+        for i in range(3):
+            with pytest.raises(ConnectionError, match="0x97"):
+                dev(f"{tag}-x{i}").connect(n2.port())
+        time.sleep(0.5)
+        assert refused() - before == 3
+    finally:
+        for cl in clients:
+            cl.disconnect()
         c.stop_all()
