@@ -93,3 +93,21 @@ class PostgresServer:
                 self.proc.kill()
                 self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run_django(database_url: str, var_dir, script: str) -> dict:
+    """``script`` (Python that sets Django up itself) in a process of its own, the console's settings
+    on ``database_url``; -> the JSON object of the last line it printed (its failure: the test's)."""
+    import json
+    import sys
+
+    from .procs import ROOT
+
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DEBUG", "PRODUCTION")}
+    env.update(DATABASE_URL=database_url, VAR_DIR=str(var_dir), BROKERD_ADMIN_TOKEN="unused",
+               BROKERD_ADMIN_URL=f"http://127.0.0.1:{free_port()}", METRICS_HUB="false",
+               DJANGO_SETTINGS_MODULE="console.settings", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -203,87 +203,93 @@ def _counted_everywhere(nodes, refused_client) -> None:
         wait_until(refused, timeout=15, interval=0.3, message="the tenant's connections were not counted")
 
 
-def test_a_device_taking_over_its_own_connection_on_another_node_at_the_quota_is_let_in(
-        redis_server, tmp_path, plane, tag):
+_EXPIRY = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+
+
+@pytest.fixture
+def one_place(redis_server, tmp_path, plane):
+    """Tenant acme, max_connections 1, device d: -> (the cluster, ``dev(client id)``: a v5 client of d)."""
+    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "quota": {"max_connections": 1},
+                                "devices": ["d"]}])
+    c = Cluster(redis_server, tmp_path, env=plane.env)
+    clients = []
+
+    def dev(cid):
+        d = PahoClient(cid, version=V5, username="acme/d", password=secrets["acme/d"])
+        clients.append(d)
+        return d
+
+    try:
+        yield c, dev
+    finally:
+        for cl in clients:
+            cl.disconnect()
+        c.stop_all()
+
+
+def _refused_with_its_session_offline_on(holder, other_node, dev, tag):
+    """max_connections 1: client id ``{tag}-stored`` has a stored session on ``holder``, offline, owed
+    "before" on plant/s; the tenant's one place is taken there; its CONNECT on ``other_node`` is refused
+    0x97. -> the client holding the place."""
+    stored = dev(f"{tag}-stored").connect(holder.port(), properties=_EXPIRY)
+    stored.subscribe("plant/s", qos=1)
+    stored.disconnect()
+    other = dev(f"{tag}-live").connect(holder.port())      # the tenant's one place
+    _counted_everywhere((holder, other_node), lambda: dev(f"{tag}-third"))
+    other.publish("plant/s", b"before", qos=1)
+    with pytest.raises(ConnectionError, match="0x97"):
+        dev(f"{tag}-stored").connect(other_node.port(), properties=_EXPIRY, clean_start=False)
+    return other
+
+
+def _back_when_there_is_room(node, dev, tag):
+    """``{tag}-stored`` connected to ``node`` once the place is free again, its session there."""
+    def back():
+        try:
+            return dev(f"{tag}-stored").connect(node.port(), properties=_EXPIRY, clean_start=False)
+        except ConnectionError:
+            return None
+    client = wait_until(back, timeout=15, interval=0.3, message="the freed place was not seen")
+    assert client.session_present
+    return client
+
+
+def test_a_device_taking_over_its_own_connection_on_another_node_at_the_quota_is_let_in(one_place, tag):
     """max_connections 1, the device's one connection on n1 half-open (its NAT changed, a load
     balancer sends it elsewhere): its new CONNECT of the same client id on n2 was refused 0x97 --
     the old connection still counted -- until n1's keepalive ran out (90 s at keepalive 60), at every
     retry. Now n2 admits it in place of that connection: n1 lets it go (0x8E) and the quota still
     holds for any other client id, on either node."""
-    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "quota": {"max_connections": 1},
-                                "devices": ["d"]}])
-    c = Cluster(redis_server, tmp_path, env=plane.env)
-    clients = []
-    try:
-        n1, n2 = c.start(2)
-
-        def dev(cid):
-            d = PahoClient(cid, version=V5, username="acme/d", password=secrets["acme/d"])
-            clients.append(d)
-            return d
-
-        old = dev(f"{tag}-d")
-        old.client.reconnect_delay_set(60, 120)          # (paho would come back and take the id over again)
-        old.connect(n1.port())
-        _counted_everywhere((n1, n2), lambda: dev(f"{tag}-other"))
-        new = dev(f"{tag}-d").connect(n2.port())
-        reason, _ = old.expect_disconnect(timeout=5)
-        assert reason.value == 0x8E
-        new.subscribe("plant/x", qos=1)                  # the new connection is the device's, and works
-        new.publish("plant/x", b"here", qos=1)
-        assert new.expect().payload == b"here"
-        with pytest.raises(ConnectionError, match="0x97"):
-            dev(f"{tag}-other").connect(n2.port())
-        time.sleep(2.5)                                  # two rounds of count sharing: n1 sees n2's one
-        with pytest.raises(ConnectionError, match="0x97"):
-            dev(f"{tag}-other").connect(n1.port())
-    finally:
-        for cl in clients:
-            cl.disconnect()
-        c.stop_all()
+    c, dev = one_place
+    n1, n2 = c.start(2)
+    old = dev(f"{tag}-d")
+    old.client.reconnect_delay_set(60, 120)          # (paho would come back and take the id over again)
+    old.connect(n1.port())
+    _counted_everywhere((n1, n2), lambda: dev(f"{tag}-other"))
+    new = dev(f"{tag}-d").connect(n2.port())
+    reason, _ = old.expect_disconnect(timeout=5)
+    assert reason.value == 0x8E
+    new.subscribe("plant/x", qos=1)                  # the new connection is the device's, and works
+    new.publish("plant/x", b"here", qos=1)
+    assert new.expect().payload == b"here"
+    with pytest.raises(ConnectionError, match="0x97"):
+        dev(f"{tag}-other").connect(n2.port())
+    time.sleep(2.5)                                  # two rounds of count sharing: n1 sees n2's one
+    with pytest.raises(ConnectionError, match="0x97"):
+        dev(f"{tag}-other").connect(n1.port())
 
 
-def test_at_the_quota_a_client_id_offline_on_another_node_is_refused_and_its_session_stays(
-        redis_server, tmp_path, plane, tag):
+def test_at_the_quota_a_client_id_offline_on_another_node_is_refused_and_its_session_stays(one_place, tag):
     """Admitted only in place of a live connection: a CONNECT at the quota whose client id has a
     session on another node but no connection there is refused 0x97, and that session is not
     touched -- what it was owed before and after the refusal comes when the device gets in."""
-    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "quota": {"max_connections": 1},
-                                "devices": ["d"]}])
-    c = Cluster(redis_server, tmp_path, env=plane.env)
-    clients = []
-    try:
-        n1, n2 = c.start(2)
-
-        def dev(cid):
-            d = PahoClient(cid, version=V5, username="acme/d", password=secrets["acme/d"])
-            clients.append(d)
-            return d
-
-        expiry = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
-        stored = dev(f"{tag}-stored").connect(n1.port(), properties=expiry)
-        stored.subscribe("plant/s", qos=1)
-        stored.disconnect()
-        other = dev(f"{tag}-live").connect(n1.port())      # the tenant's one place
-        _counted_everywhere((n1, n2), lambda: dev(f"{tag}-third"))
-        other.publish("plant/s", b"before", qos=1)
-        with pytest.raises(ConnectionError, match="0x97"):
-            dev(f"{tag}-stored").connect(n2.port(), properties=expiry, clean_start=False)
-        other.publish("plant/s", b"after", qos=1)
-        other.disconnect()
-
-        def back():
-            try:
-                return dev(f"{tag}-stored").connect(n2.port(), properties=expiry, clean_start=False)
-            except ConnectionError:
-                return None
-        back_client = wait_until(back, timeout=15, interval=0.3, message="the freed place was not seen")
-        assert back_client.session_present
-        assert [m.payload for m in back_client.expect_n(2)] == [b"before", b"after"]
-    finally:
-        for cl in clients:
-            cl.disconnect()
-        c.stop_all()
+    c, dev = one_place
+    n1, n2 = c.start(2)
+    other = _refused_with_its_session_offline_on(n1, n2, dev, tag)
+    other.publish("plant/s", b"after", qos=1)
+    other.disconnect()
+    back_client = _back_when_there_is_room(n2, dev, tag)
+    assert [m.payload for m in back_client.expect_n(2)] == [b"before", b"after"]
 
 
 def test_a_node_no_device_of_the_tenant_reached_yet_counts_its_connections_on_the_others(
@@ -516,26 +522,10 @@ def test_at_the_quota_a_node_of_the_previous_version_does_not_let_go_of_an_offli
             clients.append(d)
             return d
 
-        expiry = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
-        stored = dev(f"{tag}-stored").connect(old.port(), properties=expiry)
-        stored.subscribe("plant/s", qos=1)
-        stored.disconnect()
-        other = dev(f"{tag}-live").connect(old.port())      # the tenant's one place
-        _counted_everywhere((old, n2), lambda: dev(f"{tag}-third"))
-        other.publish("plant/s", b"before", qos=1)
-        with pytest.raises(ConnectionError, match="0x97"):
-            dev(f"{tag}-stored").connect(n2.port(), properties=expiry, clean_start=False)
+        other = _refused_with_its_session_offline_on(old, n2, dev, tag)
         assert "another link protocol version" not in old.log + n2.log
         other.disconnect()
-
-        def back():
-            try:
-                return dev(f"{tag}-stored").connect(old.port(), properties=expiry, clean_start=False)
-            except ConnectionError:
-                return None
-        back_client = wait_until(back, timeout=15, interval=0.3, message="the freed place was not seen")
-        assert back_client.session_present
-        assert back_client.expect().payload == b"before"
+        assert _back_when_there_is_room(old, dev, tag).expect().payload == b"before"
     finally:
         for cl in clients:
             cl.disconnect()

@@ -1,12 +1,6 @@
 """Members of a tenant (tenants.memberships): a tenant that has an
 administrator keeps one, checked under the tenant's row lock."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 from django.contrib.auth import get_user_model
 
@@ -14,9 +8,7 @@ from tenants import memberships
 from tenants.errors import LastAdministrator, NotFound, ServiceError
 from tenants.models import Membership
 
-from ..procs import free_port
-
-ROOT = Path(__file__).resolve().parents[2]
+from ..postgres import run_django
 
 
 def member(tenant, username, role):
@@ -143,13 +135,6 @@ print(json.dumps({"waited_for_the_lock": bool(waiting), "outcome": outcome,
 
 
 def test_two_admins_demoting_each_other_leave_one_admin(postgres_db, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DEBUG", "PRODUCTION")}
-    env.update(DATABASE_URL=postgres_db, VAR_DIR=str(tmp_path), BROKERD_ADMIN_TOKEN="unused",
-               BROKERD_ADMIN_URL=f"http://127.0.0.1:{free_port()}", METRICS_HUB="false",
-               DJANGO_SETTINGS_MODULE="console.settings", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", RACE], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_django(postgres_db, tmp_path, RACE)
     assert result == {"waited_for_the_lock": True, "outcome": ["refused"],
                       "roles": [["alice", "admin"], ["dave", "viewer"]]}

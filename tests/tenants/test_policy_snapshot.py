@@ -2,9 +2,6 @@
 
 import datetime as dt
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from django.db import connection, transaction
@@ -14,7 +11,7 @@ from tenants import queries, services
 from tenants.limits import QUOTA_FIELDS
 from tenants.models import PolicySnapshot
 
-from ..procs import ROOT, free_port
+from ..postgres import run_django
 
 pytestmark = pytest.mark.django_db
 
@@ -237,14 +234,7 @@ print(json.dumps({"other_tenant_done_while_big_built": other_done, "big_second_c
 
 
 def test_a_big_tenants_publish_does_not_hold_up_the_other_tenants_changes(postgres_db, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DEBUG", "PRODUCTION")}
-    env.update(DATABASE_URL=postgres_db, VAR_DIR=str(tmp_path), BROKERD_ADMIN_TOKEN="unused",
-               BROKERD_ADMIN_URL=f"http://127.0.0.1:{free_port()}", METRICS_HUB="false",
-               DJANGO_SETTINGS_MODULE="console.settings", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", PUBLISH_RACE], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_django(postgres_db, tmp_path, PUBLISH_RACE)
     assert result == {"other_tenant_done_while_big_built": True, "big_second_change_waited": True,
                       "big": ["b1", "b2"], "small": ["s1"]}
 
@@ -301,14 +291,7 @@ print(json.dumps({"errors": errors, "acl": [r["topic"] for r in policy_snapshot.
 
 
 def test_an_acl_rule_changed_while_another_is_added_at_the_top_are_both_kept(postgres_db, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DEBUG", "PRODUCTION")}
-    env.update(DATABASE_URL=postgres_db, VAR_DIR=str(tmp_path), BROKERD_ADMIN_TOKEN="unused",
-               BROKERD_ADMIN_URL=f"http://127.0.0.1:{free_port()}", METRICS_HUB="false",
-               DJANGO_SETTINGS_MODULE="console.settings", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", ACL_RACE], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = run_django(postgres_db, tmp_path, ACL_RACE)
     assert result == {"errors": {}, "acl": ["d/#", "c/#", "b/#"]}
 
 
@@ -365,12 +348,5 @@ print(json.dumps(outcome))
 
 
 def test_a_fingerprint_given_to_a_device_while_a_device_with_it_is_made_is_refused_once(postgres_db, tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DEBUG", "PRODUCTION")}
-    env.update(DATABASE_URL=postgres_db, VAR_DIR=str(tmp_path), BROKERD_ADMIN_TOKEN="unused",
-               BROKERD_ADMIN_URL=f"http://127.0.0.1:{free_port()}", METRICS_HUB="false",
-               DJANGO_SETTINGS_MODULE="console.settings", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", CERT_RACE], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    outcome = json.loads(proc.stdout.strip().splitlines()[-1])
+    outcome = run_django(postgres_db, tmp_path, CERT_RACE)
     assert sorted(outcome.values()) == ["Conflict", "ok"], outcome
