@@ -350,3 +350,61 @@ print(json.dumps(outcome))
 def test_a_fingerprint_given_to_a_device_while_a_device_with_it_is_made_is_refused_once(postgres_db, tmp_path):
     outcome = run_django(postgres_db, tmp_path, CERT_RACE)
     assert sorted(outcome.values()) == ["Conflict", "ok"], outcome
+
+
+# A device deleted (its own ACL rule deleted with it, then the others renumbered) while the tenant's
+# administrator adds a rule at the top (the tenant's row locked, then every rule renumbered: the rows it
+# reaches first locked, then waiting for the deleted rule's): the delete's renumbering waited for the rows
+# the add held -- PostgreSQL's deadlock detector failed one change (the console: a 500).
+DELETE_RACE = """
+import json, threading, time
+import django
+django.setup()
+from django.core.management import call_command
+from django.db import connection
+from tenants import policy_snapshot, services
+
+call_command("migrate", verbosity=0)
+t = services.create_tenant("acme")
+dv = services.create_device(t, "dv")
+services.add_acl_rule(t, topic="b/#", action="both", allow=True)
+services.add_acl_rule(t, topic="c/#", action="both", allow=True)
+services.add_acl_rule(t, topic="dv/#", action="both", allow=True, device=dv, position=1)   # the last row
+deleted, adding = threading.Event(), threading.Event()
+real_renumber = services._renumber
+
+def held_renumber(ordered):
+    if threading.current_thread().name == "delete":
+        deleted.set()                   # the device and its rule are deleted: the add starts
+        adding.wait(60)
+        time.sleep(1.0)
+    return real_renumber(ordered)
+
+services._renumber = held_renumber
+errors = {}
+
+def run(name, fn):
+    try:
+        fn()
+    except Exception as exc:
+        errors[name] = f"{type(exc).__name__}: {exc}"
+    finally:
+        connection.close()
+
+delete = threading.Thread(name="delete", target=run, args=("delete", lambda: services.delete_device(dv)))
+add = threading.Thread(name="add", target=run,
+                       args=("add", lambda: services.add_acl_rule(t, topic="d/#", action="both", allow=True,
+                                                                   position=1)))
+delete.start()
+assert deleted.wait(60)
+add.start()
+adding.set()
+delete.join(60)
+add.join(60)
+print(json.dumps({"errors": errors, "acl": [r["topic"] for r in policy_snapshot.load("acme")["acl"]]}))
+"""
+
+
+def test_a_device_deleted_while_a_rule_is_added_at_the_top_are_both_done(postgres_db, tmp_path):
+    result = run_django(postgres_db, tmp_path, DELETE_RACE)
+    assert result == {"errors": {}, "acl": ["d/#", "b/#", "c/#"]}
