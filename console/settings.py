@@ -100,9 +100,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # A DEFERRED transaction that reads before it writes cannot wait for
     # another writer; SQLite fails it at once with "database is locked". So
     # writes start with BEGIN IMMEDIATE, a busy writer is waited for up to
-    # 20 s, and WAL keeps readers and the writer from blocking each other.
+    # SQLITE_BUSY_TIMEOUT (20) s, and WAL keeps readers and the writer from
+    # blocking each other.
     DATABASES["default"].setdefault("OPTIONS", {}).update(
-        transaction_mode="IMMEDIATE", timeout=20,
+        transaction_mode="IMMEDIATE", timeout=envfloat("SQLITE_BUSY_TIMEOUT", 20.0),
         init_command="PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL",
     )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
