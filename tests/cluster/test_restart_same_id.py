@@ -34,7 +34,10 @@ def test_a_node_restarted_at_once_under_its_id_loses_no_message_for_its_stored_s
     again = connect(n2.port(), f"{tag}-s", V5, clean=False, properties=p)
     assert again.session_present
     got = set()
-    while len(got) < len(acked):
+    # until every acknowledged number came (not as many numbers as were acknowledged: a message refused
+    # to its publisher (0x83) may still have reached the session -- at least once -- and counting it made
+    # the loop stop one short, the stream's last message "lost" about one run in ten under load)
+    while not acked <= got:
         try:
             payload = again.expect(timeout=5).payload
         except Exception:
