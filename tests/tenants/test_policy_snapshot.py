@@ -239,10 +239,9 @@ def test_a_big_tenants_publish_does_not_hold_up_the_other_tenants_changes(postgr
                       "big": ["b1", "b2"], "small": ["s1"]}
 
 
-# An ACL rule changed (its row written, then the snapshot published: the tenant's row locked) while the
-# tenant's administrator adds a rule at the top (the tenant's row locked first, then every rule renumbered):
-# each waited for the other -- PostgreSQL's deadlock detector failed one change (the console: a 500).
-ACL_RACE = """
+# A change held at ``{held}`` (after its first writes) while the tenant's administrator adds an ACL rule at
+# the top; -> the errors of the two changes and the tenant's ACL topics as the snapshot has them.
+ADD_AT_THE_TOP_WHILE = """
 import json, threading, time
 import django
 django.setup()
@@ -252,42 +251,47 @@ from tenants import policy_snapshot, services
 
 call_command("migrate", verbosity=0)
 t = services.create_tenant("acme")
-r1 = services.add_acl_rule(t, topic="a/#", action="both", allow=True)
-services.add_acl_rule(t, topic="b/#", action="both", allow=True)
-written, adding = threading.Event(), threading.Event()
-real_publish = policy_snapshot.publish
+{setup}
+first, adding = threading.Event(), threading.Event()
+real = {held}
 
-def held_publish(tenant):
-    if threading.current_thread().name == "update":
-        written.set()                   # r1's row is written: the add starts, locks the tenant, renumbers
+def held(*args):
+    if threading.current_thread().name == "change":
+        first.set()                     # its first rows written: the add starts, locks the tenant, renumbers
         adding.wait(60)
         time.sleep(1.0)
-    return real_publish(tenant)
+    return real(*args)
 
-policy_snapshot.publish = held_publish
-errors = {}
+{held} = held
+errors = {{}}
 
 def run(name, fn):
     try:
         fn()
     except Exception as exc:
-        errors[name] = f"{type(exc).__name__}: {exc}"
+        errors[name] = f"{{type(exc).__name__}}: {{exc}}"
     finally:
         connection.close()
 
-update = threading.Thread(name="update", target=run,
-                          args=("update", lambda: services.update_acl_rule(r1, topic="c/#")))
+change = threading.Thread(name="change", target=run, args=("change", lambda: {change}))
 add = threading.Thread(name="add", target=run,
                        args=("add", lambda: services.add_acl_rule(t, topic="d/#", action="both", allow=True,
                                                                    position=1)))
-update.start()
-assert written.wait(60)
+change.start()
+assert first.wait(60)
 add.start()
 adding.set()
-update.join(60)
+change.join(60)
 add.join(60)
-print(json.dumps({"errors": errors, "acl": [r["topic"] for r in policy_snapshot.load("acme")["acl"]]}))
+print(json.dumps({{"errors": errors, "acl": [r["topic"] for r in policy_snapshot.load("acme")["acl"]]}}))
 """
+# An ACL rule changed (its row written, then the snapshot published) while a rule is added at the top
+# (the tenant's row locked first, then every rule renumbered): with a publish that locked the tenant's
+# row, each waited for the other -- PostgreSQL's deadlock detector failed one change (the console: a 500).
+ACL_RACE = ADD_AT_THE_TOP_WHILE.format(
+    setup='r1 = services.add_acl_rule(t, topic="a/#", action="both", allow=True)\n'
+          'services.add_acl_rule(t, topic="b/#", action="both", allow=True)',
+    held="policy_snapshot.publish", change='services.update_acl_rule(r1, topic="c/#")')
 
 
 def test_an_acl_rule_changed_while_another_is_added_at_the_top_are_both_kept(postgres_db, tmp_path):
@@ -352,57 +356,16 @@ def test_a_fingerprint_given_to_a_device_while_a_device_with_it_is_made_is_refus
     assert sorted(outcome.values()) == ["Conflict", "ok"], outcome
 
 
-# A device deleted (its own ACL rule deleted with it, then the others renumbered) while the tenant's
-# administrator adds a rule at the top (the tenant's row locked, then every rule renumbered: the rows it
-# reaches first locked, then waiting for the deleted rule's): the delete's renumbering waited for the rows
-# the add held -- PostgreSQL's deadlock detector failed one change (the console: a 500).
-DELETE_RACE = """
-import json, threading, time
-import django
-django.setup()
-from django.core.management import call_command
-from django.db import connection
-from tenants import policy_snapshot, services
-
-call_command("migrate", verbosity=0)
-t = services.create_tenant("acme")
-dv = services.create_device(t, "dv")
-services.add_acl_rule(t, topic="b/#", action="both", allow=True)
-services.add_acl_rule(t, topic="c/#", action="both", allow=True)
-services.add_acl_rule(t, topic="dv/#", action="both", allow=True, device=dv, position=1)   # the last row
-deleted, adding = threading.Event(), threading.Event()
-real_renumber = services._renumber
-
-def held_renumber(ordered):
-    if threading.current_thread().name == "delete":
-        deleted.set()                   # the device and its rule are deleted: the add starts
-        adding.wait(60)
-        time.sleep(1.0)
-    return real_renumber(ordered)
-
-services._renumber = held_renumber
-errors = {}
-
-def run(name, fn):
-    try:
-        fn()
-    except Exception as exc:
-        errors[name] = f"{type(exc).__name__}: {exc}"
-    finally:
-        connection.close()
-
-delete = threading.Thread(name="delete", target=run, args=("delete", lambda: services.delete_device(dv)))
-add = threading.Thread(name="add", target=run,
-                       args=("add", lambda: services.add_acl_rule(t, topic="d/#", action="both", allow=True,
-                                                                   position=1)))
-delete.start()
-assert deleted.wait(60)
-add.start()
-adding.set()
-delete.join(60)
-add.join(60)
-print(json.dumps({"errors": errors, "acl": [r["topic"] for r in policy_snapshot.load("acme")["acl"]]}))
-"""
+# A device deleted (its own ACL rule deleted with it, then the others renumbered) while a rule is added at
+# the top (the tenant's row locked, then every rule renumbered: the rows it reaches first locked, then
+# waiting for the deleted rule's): the delete's renumbering waited for the rows the add held --
+# PostgreSQL's deadlock detector failed one change (the console: a 500).
+DELETE_RACE = ADD_AT_THE_TOP_WHILE.format(
+    setup='dv = services.create_device(t, "dv")\n'
+          'services.add_acl_rule(t, topic="b/#", action="both", allow=True)\n'
+          'services.add_acl_rule(t, topic="c/#", action="both", allow=True)\n'
+          'services.add_acl_rule(t, topic="dv/#", action="both", allow=True, device=dv, position=1)  # the last row',
+    held="services._renumber", change="services.delete_device(dv)")
 
 
 def test_a_device_deleted_while_a_rule_is_added_at_the_top_are_both_done(postgres_db, tmp_path):
