@@ -251,10 +251,9 @@ class ClusterRoutes:
         None: this node."""
         online_here = bool(local) if local_online is None else local_online
         nodes = sorted(n for n, m in members.items() if m > 0)
-        if nodes or online_here:
-            if online_here:
-                nodes.append(None)
-        else:
+        if online_here:
+            nodes.append(None)
+        if not nodes:                       # no member online anywhere: the offline ones take their turns
             nodes = sorted(members)
             if local:
                 nodes.append(None)
