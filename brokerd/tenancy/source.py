@@ -262,10 +262,6 @@ class PolicyDatabase:
             self.conn = None
 
 
-class SnapshotRefused(ValueError):
-    """A snapshot the node could not read or build a policy of (its tenant keeps the policy it had)."""
-
-
 class PolicySource:
     """Polls the snapshot table and feeds ``control`` and the broker."""
 
@@ -337,14 +333,12 @@ class PolicySource:
     async def _install(self, slug: str, version: int, data: dict, built, ready: dict, now: float) -> float:
         """Apply one snapshot (``built``: its policy, prepared; ``ready``: rules compiled ahead) and enforce
         it on the tenant's clients; -> the loop's time after."""
+        if isinstance(built, Exception):        # (what ``_fetch`` could not read or build)
+            return self._ignored(slug, version, built, now)
         try:
-            if isinstance(built, Exception):
-                raise SnapshotRefused(f"{type(built).__name__}: {built}")
             old, new = self.control.apply(slug, version, data, built, now)
-        except (SnapshotRefused, ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.error("policy snapshot of tenant %r (version %d) ignored: %s", slug, version, exc)
-            self.control.version = max(self.control.version, version)
-            return now
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            return self._ignored(slug, version, exc, now)
         autosub = new.autosub if new is not None else None
         if autosub is None:
             self.broker.autosub.pop(slug, None)
@@ -360,6 +354,12 @@ class PolicySource:
             for _ in self.broker.policy_steps(slug, old, new, now, self.wall(), time.perf_counter):
                 await asyncio.sleep(0)
             now = self.loop.time()
+        return now
+
+    def _ignored(self, slug: str, version: int, exc: Exception, now: float) -> float:
+        """A snapshot refused: its tenant keeps the policy it had, the others' go on (its version is passed)."""
+        log.error("policy snapshot of tenant %r (version %d) ignored: %s: %s", slug, version, type(exc).__name__, exc)
+        self.control.version = max(self.control.version, version)
         return now
 
     async def load(self, timeout: float) -> bool:
