@@ -389,79 +389,74 @@ class _ChangeDuringClaim:
         self.django.wait()
 
 
-def test_a_connect_authenticated_before_its_device_was_disabled_is_not_opened_after(redis_server, tmp_path, plane,
-                                                                                   tag):
+@pytest.fixture
+def change_during_claim(redis_server, tmp_path, plane):
+    """Tenant acme (device d) and a cluster: -> (``start(change)``: one node and a ``_ChangeDuringClaim``
+    of ``change`` on it, ``secrets``)."""
+    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "devices": ["d"]}])
+    c = Cluster(redis_server, tmp_path, env=plane.env)
+    made = []
+
+    def start(change: str):
+        (n1,) = c.start(1)
+        made.append(_ChangeDuringClaim(redis_server, plane, n1, change))
+        return n1, made[-1]
+
+    try:
+        yield start, secrets
+    finally:
+        for change in made:
+            change.close()
+        c.stop_all()
+
+
+def test_a_connect_authenticated_before_its_device_was_disabled_is_not_opened_after(change_during_claim, tag):
     """In a cluster a CONNECT is authenticated, then waits for its client id's claim in Redis, then
     opens. A policy change that lands between the two (the device disabled: its connections are
     disconnected) did not see that connection -- not open yet -- and the connection opened after
     it on the device's old rights, and stayed."""
-    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "devices": ["d"]}])
-    c = Cluster(redis_server, tmp_path, env=plane.env)
-    change = None
-    try:
-        (n1,) = c.start(1)
-        change = _ChangeDuringClaim(redis_server, plane, n1, "services.disable_device(queries.get_device(t, 'd'))")
-        data = change.connect(f"{tag}-d", "acme/d", secrets["acme/d"])
-        if data[3] == 0:
-            # accepted: then it must be disconnected (0x87) as its device's other connections were
-            rest = change.next_bytes(3)
-            assert rest[:1] == b"\xe0" and rest[2] == 0x87, f"still connected: {rest!r}"
-        else:
-            assert data[3] == 0x87, data
-        # (the change was in: the device is refused now)
-        with pytest.raises(ConnectionError, match="0x87"):
-            PahoClient(f"{tag}-d2", version=V5, username="acme/d", password=secrets["acme/d"]).connect(n1.port())
-    finally:
-        if change is not None:
-            change.close()
-        c.stop_all()
+    start, secrets = change_during_claim
+    n1, change = start("services.disable_device(queries.get_device(t, 'd'))")
+    data = change.connect(f"{tag}-d", "acme/d", secrets["acme/d"])
+    if data[3] == 0:
+        # accepted: then it must be disconnected (0x87) as its device's other connections were
+        rest = change.next_bytes(3)
+        assert rest[:1] == b"\xe0" and rest[2] == 0x87, f"still connected: {rest!r}"
+    else:
+        assert data[3] == 0x87, data
+    # (the change was in: the device is refused now)
+    with pytest.raises(ConnectionError, match="0x87"):
+        PahoClient(f"{tag}-d2", version=V5, username="acme/d", password=secrets["acme/d"]).connect(n1.port())
 
 
-def test_a_connect_that_opens_after_its_tenants_quota_was_lowered_is_held_to_the_new_quota(redis_server, tmp_path,
-                                                                                          plane, tag):
+def test_a_connect_that_opens_after_its_tenants_quota_was_lowered_is_held_to_the_new_quota(change_during_claim, tag):
     """The same wait, the tenant's max_payload lowered to 10 meanwhile: the connection opened with
     the quota of before its claim (no limit) and kept it until the next change of the tenant's policy."""
     from ..integration.raw import publish_packet
 
-    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "devices": ["d"]}])
-    c = Cluster(redis_server, tmp_path, env=plane.env)
-    change = None
-    try:
-        (n1,) = c.start(1)
-        change = _ChangeDuringClaim(redis_server, plane, n1, "services.update_quota(t, max_payload=10)")
-        data = change.connect(f"{tag}-d", "acme/d", secrets["acme/d"])
-        assert data[3] == 0, data
-        change.sock.sendall(publish_packet("t", b"x" * 50, version=5))
-        rest = change.next_bytes(3)
-        assert rest[:1] == b"\xe0" and rest[2] == 0x95, f"over the new max_payload and not disconnected: {rest!r}"
-    finally:
-        if change is not None:
-            change.close()
-        c.stop_all()
+    start, secrets = change_during_claim
+    n1, change = start("services.update_quota(t, max_payload=10)")
+    data = change.connect(f"{tag}-d", "acme/d", secrets["acme/d"])
+    assert data[3] == 0, data
+    change.sock.sendall(publish_packet("t", b"x" * 50, version=5))
+    rest = change.next_bytes(3)
+    assert rest[:1] == b"\xe0" and rest[2] == 0x95, f"over the new max_payload and not disconnected: {rest!r}"
 
 
 def test_a_connect_that_opens_after_its_tenants_session_expiry_cap_was_lowered_gets_the_new_cap(
-        redis_server, tmp_path, plane, tag):
+        change_during_claim, tag):
     """The same wait, the tenant's max_session_expiry lowered to 60 s meanwhile: a CONNECT asking for
     an hour got the cap of before (none) -- its session kept for an hour, past what the platform
     now allows for the tenant. Now the CONNACK says 60 and the session is kept for that."""
     from ..integration.raw import _decode_props
 
-    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "devices": ["d"]}])
-    c = Cluster(redis_server, tmp_path, env=plane.env)
-    change = None
-    try:
-        (n1,) = c.start(1)
-        change = _ChangeDuringClaim(redis_server, plane, n1, "services.update_quota(t, max_session_expiry=60)")
-        data = change.connect(f"{tag}-d", "acme/d", secrets["acme/d"], props={0x11: 3600})
-        assert data[3] == 0, data
-        connack = data + change.next_bytes(2 + data[1] - len(data), timeout=1.0) if len(data) < 2 + data[1] else data
-        props, _ = _decode_props(connack, 4)
-        assert props.get(0x11) == 60, f"the CONNACK's session expiry: {props}"
-    finally:
-        if change is not None:
-            change.close()
-        c.stop_all()
+    start, secrets = change_during_claim
+    n1, change = start("services.update_quota(t, max_session_expiry=60)")
+    data = change.connect(f"{tag}-d", "acme/d", secrets["acme/d"], props={0x11: 3600})
+    assert data[3] == 0, data
+    connack = data + change.next_bytes(2 + data[1] - len(data), timeout=1.0) if len(data) < 2 + data[1] else data
+    props, _ = _decode_props(connack, 4)
+    assert props.get(0x11) == 60, f"the CONNACK's session expiry: {props}"
 
 
 # the version before the TAKEOVER frame's LIVE_ONLY flag (1bd7a7f): it reads a TAKEOVER's client id and
