@@ -170,7 +170,7 @@ def resume_tenant(tenant: Tenant) -> Tenant:
 def delete_tenant(tenant: Tenant) -> None:
     """Delete the tenant and everything it owns; its snapshot row stays, "deleted"."""
     slug = tenant.slug
-    _lock_rules(tenant)             # (its rows go before its own: a rule added meanwhile waits, not deadlocks)
+    _lock_tenant(tenant)             # (its rows go before its own: a rule added meanwhile waits, not deadlocks)
     tenant.delete()
     policy_snapshot.publish_deleted(slug)
 
@@ -178,17 +178,17 @@ def delete_tenant(tenant: Tenant) -> None:
 # ---------------------------------------------------------------- devices
 
 
-def _lock_rules(tenant: Tenant) -> None:
-    """A change that renumbers the tenant's ACL rules waits here for any other (the tenant's row lock,
-    taken before it writes anything): two renumberings at once each locked some of the rules' rows and
-    waited for the others' -- PostgreSQL's deadlock detector failed one of the changes."""
+def _lock_tenant(tenant: Tenant) -> None:
+    """The tenant's row lock, taken before a change writes anything: changes that count (the device
+    quota) or renumber (the ACL rules) one tenant's rows go one at a time -- two renumberings at once
+    each locked some of the rules' rows and waited for the others' (PostgreSQL: deadlock detected)."""
     Tenant.objects.select_for_update().filter(pk=tenant.pk).exists()
 
 
 def _room_for_devices(tenant: Tenant, adding: int) -> None:
     """The tenant's ``max_devices`` quota (its ceiling, or its own lower limit) leaves room for
     ``adding`` more devices; its row is locked first, so two changes at once cannot both take the last."""
-    Tenant.objects.select_for_update().filter(pk=tenant.pk).exists()
+    _lock_tenant(tenant)
     limit = queries.effective_quota(tenant)["max_devices"]
     if limit is None:
         return
@@ -403,7 +403,7 @@ def enable_device(device: Device) -> Device:
 def delete_device(device: Device) -> None:
     """Delete a device, its credentials and the ACL rules written for it alone."""
     tenant = device.tenant
-    _lock_rules(tenant)
+    _lock_tenant(tenant)
     device.delete()
     _renumber(list(queries.acl_rules(tenant)))
     policy_snapshot.publish(tenant)
@@ -576,7 +576,7 @@ def add_acl_rule(
     ``who`` follows from the arguments when not given: ``device`` (a Device or
     its name) -> "device", ``pattern`` (a glob) -> "pattern", else "all".
     """
-    _lock_rules(tenant)
+    _lock_tenant(tenant)
     limit = settings.TENANT_MAX_ACL_RULES
     if tenant.acl_rules.count() >= limit:
         raise ServiceError(f"a tenant has at most {limit} ACL rules (every node checks a client's new topics "
@@ -656,7 +656,7 @@ def move_target(rule: AclRule, direction: str | None = None, position: int | Non
 @transaction.atomic
 def move_acl_rule(rule: AclRule, position: int) -> AclRule:
     """Put ``rule`` at ``position`` (clamped to the last), shifting the rules between."""
-    _lock_rules(rule.tenant)
+    _lock_tenant(rule.tenant)
     _renumber(_placed(rule.tenant, rule, position))
     policy_snapshot.publish(rule.tenant)
     return rule
@@ -665,7 +665,7 @@ def move_acl_rule(rule: AclRule, position: int) -> AclRule:
 @transaction.atomic
 def delete_acl_rule(rule: AclRule) -> None:
     tenant = rule.tenant
-    _lock_rules(tenant)
+    _lock_tenant(tenant)
     rule.delete()
     _renumber(list(queries.acl_rules(tenant)))
     policy_snapshot.publish(tenant)
@@ -728,7 +728,7 @@ def allow_own_topics(tenant: Tenant) -> tuple[AclRule, bool]:
     tenant has it already -> ``(rule, created)``. Idempotent: a second click,
     also a concurrent one (the tenant's row is locked first where the database
     locks rows; SQLite serialises the write transactions), adds nothing."""
-    _lock_rules(tenant)
+    _lock_tenant(tenant)
     existing = own_topics_rule(tenant)
     if existing is not None:
         return existing, False
