@@ -4,9 +4,10 @@
 VENV ?= .venv
 # pytest-xdist processes for make test (auto: one per core), each test file kept on one of them,
 # the files that take longest handed out first (tests/filetimes.py; --no-loadscope-reorder keeps that order).
-# One process more than the cores: the suite's tests mostly wait (brokers, JVMs, browsers), and on this
-# 2-core machine 3 processes ran it in 14.3 and 14.6 min (two clean runs, 2026-11-26) where 2 took 16.0.
-PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+# Two processes more than the cores: the suite's tests mostly wait (brokers, JVMs, browsers; 14 min of
+# CPU in 16 of wall time on 3 processes), and on this 2-core machine 4 processes ran it in 13.3 min
+# where 3 took 16.2 (same commit and machine, 2026-11-29; 2 took 16.0 when the suite was smaller).
+PYTEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 2 )))
 PY := $(VENV)/bin/python
 
 setup:
