@@ -3,3 +3,8 @@ from django.apps import AppConfig
 
 class MetricsConfig(AppConfig):
     name = "metrics"
+
+    def ready(self):
+        from . import signals
+
+        signals.connect()

@@ -13,11 +13,12 @@ with the recent chart points and the last update; then one
 ``{"type": "update", ...}`` per poll (see ``metrics.hub``). The sockets
 only listen: a message from the browser closes its socket (1008).
 
-Access is asked again at most every ``RECHECK_EVERY`` seconds while the
-socket is open, from the session as stored now: a user who signed out (or
-whose session ended), a member removed from the tenant or an administrator
-no longer staff is closed (4401 / 4403) instead of receiving the figures for
-as long as the page stays open.
+Access is asked again, from the session as stored now, as soon as the console
+changes something it depends on (``metrics.signals``: the user signed out, was
+changed or deleted, or lost a membership) and at most every ``RECHECK_EVERY``
+seconds otherwise (a session that expired): a user who signed out, a member
+removed from the tenant or an administrator no longer staff is closed (4401 /
+4403) instead of receiving the figures for as long as the page stays open.
 """
 
 import time
@@ -33,6 +34,7 @@ from tenants.access import membership_of
 from tenants.models import Tenant
 
 from .hub import get_hub
+from .signals import user_group
 
 ANONYMOUS = 4401
 FORBIDDEN = 4403
@@ -82,6 +84,7 @@ class MetricsConsumer(AsyncJsonWebsocketConsumer):
         hub.ensure_started()
         self.group = hub.group(self.slug)
         await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.channel_layer.group_add(user_group(self.user_id), self.channel_name)
         hub.watch(self.slug)
         await self.accept()
         node = None
@@ -95,6 +98,7 @@ class MetricsConsumer(AsyncJsonWebsocketConsumer):
         if self.group is not None:
             get_hub().unwatch(self.slug)
             await self.channel_layer.group_discard(self.group, self.channel_name)
+            await self.channel_layer.group_discard(user_group(self.user_id), self.channel_name)
             self.group = None
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
@@ -119,14 +123,24 @@ class MetricsConsumer(AsyncJsonWebsocketConsumer):
             return FORBIDDEN
         return None
 
+    async def _still_allowed(self) -> bool:
+        """Check access now; closed (4401 / 4403) if it went. -> whether the socket stays."""
+        self.checked_at = time.monotonic()
+        code = await self.refusal()
+        if code is None:
+            return True
+        await self.disconnect(code)
+        await self.close(code=code)
+        return False
+
+    async def metrics_access_changed(self, event):
+        """The console changed what this user's access depends on (``metrics.signals``)."""
+        if self.group is not None:
+            await self._still_allowed()
+
     async def metrics_update(self, event):
         if self.group is None:
             return
-        if time.monotonic() - self.checked_at >= RECHECK_EVERY:
-            self.checked_at = time.monotonic()
-            code = await self.refusal()
-            if code is not None:
-                await self.disconnect(code)
-                await self.close(code=code)
-                return
+        if time.monotonic() - self.checked_at >= RECHECK_EVERY and not await self._still_allowed():
+            return
         await self.send_json(event["payload"])
