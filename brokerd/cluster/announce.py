@@ -177,9 +177,9 @@ class Announcer:
             events.append({"t": "route", "n": self.id, "tn": tenant, "f": filt, "s": subs, "d": durable})
         if groups or b_groups:
             for name in set(groups) | set(b_groups):
-                if groups.get(name, 0) != b_groups.get(name, 0):
-                    events.append({"t": "group", "n": self.id, "tn": tenant, "g": name, "f": filt,
-                                   "m": groups.get(name, 0)})
+                m = groups.get(name, 0)
+                if m != b_groups.get(name, 0):
+                    events.append(group_event(self.id, tenant, name, filt, m))
         return events
 
     # ---------------------------------------------------- a session moving
@@ -230,6 +230,21 @@ class Announcer:
                 subs, durable = counts.get(f, (0, 0))
                 events.append({"t": "route", "n": peer, "tn": tenant, "f": f, "s": subs + 1, "d": durable + 1})
             return await self.bus.publish_events([{"t": "multi", "n": self.id, "e": events}])
+
+
+def group_event(node: str, tenant: str, group: str, filt: str, members: int) -> dict:
+    """The event of ``node``'s ``members`` of a shared group (negative: none of them online). "m" is
+    their number, "off" says none is online: a node of a version before "off" (a cluster upgrading
+    node by node) reads the group as it did -- a negative "m" it took for no member at all, and sent
+    the group's messages to no node while its only members were offline."""
+    if members < 0:
+        return {"t": "group", "n": node, "tn": tenant, "g": group, "f": filt, "m": -members, "off": 1}
+    return {"t": "group", "n": node, "tn": tenant, "g": group, "f": filt, "m": members}
+
+
+def event_members(e: dict) -> int:
+    """A group event's members, negative when none is online (``group_event``)."""
+    return -e["m"] if e.get("off") else e["m"]
 
 
 def packed(node: str, events: list[dict]) -> list[dict]:

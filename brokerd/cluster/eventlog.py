@@ -21,8 +21,9 @@ from typing import Protocol
 from ..protocol.codec import decode_properties, encode_properties
 from ..protocol.packets import PUBLISH as PUBLISH_PROPS
 from ..protocol.packets import Publish
+from .announce import event_members
 from .ports import ClusterBroker, EventBus, FenceState, LeaseBus, SessionStore
-from .routes import ClusterRoutes
+from .routes import ClusterRoutes, snapshot_group
 
 log = logging.getLogger("brokerd.cluster")
 
@@ -159,7 +160,7 @@ class EventLog:
         elif kind == "route":
             self.routes.set_route(e["n"], e["tn"], e["f"], e["s"], e["d"])
         elif kind == "group":
-            self.routes.set_group(e["n"], e["tn"], e["g"], e["f"], e["m"])
+            self.routes.set_group(e["n"], e["tn"], e["g"], e["f"], event_members(e))
         elif kind == "reset":               # a node leaves (keep: its sessions await adoption) or rejoins
             if e.get("keep") and e["n"] != self.id:
                 self.orphans.awaiting(e["n"])
@@ -211,7 +212,7 @@ class EventLog:
         for (tenant, filt), (subs, durable, groups) in self.own.announced.items():
             snap["routes"].append([self.id, tenant, filt, subs, durable])
             for name, members in groups.items():
-                snap["groups"].append([self.id, tenant, name, filt, members])
+                snapshot_group(snap, self.id, tenant, name, filt, members)
         snap["event_id"] = at
         snap["nodes"] = sorted(set(self.members_of()) | {self.id})
         snap["prev_id"] = prev_id

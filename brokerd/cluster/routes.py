@@ -67,6 +67,15 @@ def _one(node: str, subs: int, durable: int):
     return node if subs == 1 and durable == 0 else (node, subs, durable)
 
 
+def snapshot_group(snap: dict, node: str, tenant: str, group: str, filt: str, members: int) -> None:
+    """``node``'s ``members`` of a shared group in the route snapshot ``snap``: their number in "groups"
+    (what a node of a version before members' presence reads), and in "groups_offline" too when none of
+    them is online (negative in the table; see ``announce.group_event``)."""
+    snap["groups"].append([node, tenant, group, filt, abs(members)])
+    if members < 0:
+        snap.setdefault("groups_offline", []).append([node, tenant, group, filt, -members])
+
+
 class ClusterRoutes:
     def __init__(self, node: str):
         self.node = node                             # this node: its own entries are kept elsewhere
@@ -277,7 +286,7 @@ class ClusterRoutes:
                     out["routes"].append([node, tenant, filt, subs, durable])
                 for group, nodes in route.groups.items():
                     for node, members in nodes.items():
-                        out["groups"].append([node, tenant, group, filt, members])
+                        snapshot_group(out, node, tenant, group, filt, members)
         return out
 
     def load(self, snap: dict, exclude: set) -> None:
@@ -287,6 +296,9 @@ class ClusterRoutes:
         for node, tenant, group, filt, members in snap.get("groups", ()):
             if node not in exclude:
                 self.set_group(node, tenant, group, filt, members)
+        for node, tenant, group, filt, members in snap.get("groups_offline", ()):
+            if node not in exclude:
+                self.set_group(node, tenant, group, filt, -members)
 
     def nodes(self) -> set:
         out = set()

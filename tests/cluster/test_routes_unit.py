@@ -29,3 +29,22 @@ def test_exact_and_wildcard_routes_of_several_nodes_match_snapshot_and_drop():
     r.set_route("n2", "t", "a/b", 0, 0)
     r.drop_node("n3")
     assert r.match("t", "a/b") == ({}, []) and r.nodes() == set() and r.snapshot() == {"routes": [], "groups": []}
+
+
+def test_a_group_with_no_member_online_keeps_its_members_for_nodes_of_the_version_before():
+    """A node whose members of a group are all offline counts them negative; its event and the snapshot
+    carry their number as it was ("m", "groups": a node of the version before read a negative number as
+    none, and sent the group's messages to no node) and say apart that none is online."""
+    from brokerd.cluster.announce import event_members, group_event
+
+    e = group_event("n1", "t", "g", "a/#", -2)
+    assert e["m"] == 2 and event_members(e) == -2
+    assert event_members(group_event("n1", "t", "g", "a/#", 3)) == 3
+    r = ClusterRoutes("me")
+    r.set_group("n1", "t", "g", "a/#", -2)
+    r.set_group("n2", "t", "g", "a/#", 1)
+    snap = r.snapshot()
+    assert sorted(snap["groups"]) == [["n1", "t", "g", "a/#", 2], ["n2", "t", "g", "a/#", 1]]
+    copy = ClusterRoutes("me")
+    copy.load(snap, exclude=set())
+    assert copy.match("t", "a/b")[1] == [("g", "a/#", {"n1": -2, "n2": 1})]

@@ -281,3 +281,29 @@ def test_a_groups_messages_go_to_its_online_member_not_to_an_offline_one_on_anot
     time.sleep(0.5)
     held = [x for x in collect([back], 0, timeout=0)[0] if x < 1000]
     assert held == [], "messages held for the offline member"
+
+
+def test_a_node_of_the_previous_version_still_sends_a_groups_messages_to_its_offline_member(cluster, tmp_path, tag):
+    """A cluster upgrading node by node: n1 of the version before members' presence was announced
+    (e3ed242), n2 of this one. Group g's only member, m1, a stored session on n2, goes offline; a
+    QoS 1 stream is published on n1. n2 announced the group's members as negative (none online),
+    which n1 read as none at all: the group left its route table, the stream went to no member
+    (PUBACK 0x10) and m1, back, had none of it. n1 sends them to n2 still, which keeps them for m1."""
+    from .test_tenancy import old_node
+
+    old = old_node(cluster, tmp_path)
+    n2 = cluster.node(wait=False)
+    cluster.wait_connected()
+    p = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+    group = f"$share/g/{tag}/#"
+    m1 = connect(n2.port(), f"{tag}-m1", V5, clean=False, properties=p)
+    m1.subscribe(group, qos=1)
+    pub = connect(old.port(), f"{tag}-pub", V5)
+    settle_group(pub, f"{tag}/probe", [m1])
+    m1.disconnect()
+    time.sleep(1.0)                                  # its going announced, and read on n1
+    for n in range(20):
+        pub.publish(f"{tag}/m", b"%d" % n, qos=1)
+    back = connect(n2.port(), f"{tag}-m1", V5, clean=False, properties=p)
+    assert back.session_present
+    assert collect([back], 20, timeout=10) == [list(range(20))]

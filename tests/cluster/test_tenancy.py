@@ -477,6 +477,31 @@ class _OldNode(BrokerProcess):
         return [cmd[0], "-c", run, *cmd[3:]]          # (cmd[1:3]: -m brokerd)
 
 
+def old_node(c: Cluster, tmp_path, env=None, commit: str = _BEFORE_LIVE_ONLY, anonymous: bool = True) -> BrokerProcess:
+    """Node n1 of ``c`` started from the ``brokerd`` of ``commit`` (a cluster upgrading node by node)."""
+    import subprocess
+
+    from ..procs import ROOT
+
+    old_tree = tmp_path / "old"
+    old_tree.mkdir()
+    try:
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "brokerd"],
+                                 capture_output=True, check=True, timeout=60).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("the repository's history is not here")
+    subprocess.run(["tar", "-x", "-C", str(old_tree)], input=archive, check=True, timeout=60)
+    old = _OldNode(old_tree, "--node-id", "n1", "--store", c.store, "--cluster", c.url(), *c.flags,
+                   listen=("mqtt://127.0.0.1:0",), anonymous=anonymous,
+                   env={"BROKERD_CLUSTER_SECRET": c.secret, **(env or {})})
+    c.nodes.append(old)
+    c.names[id(old)] = "n1"
+    c._n = 1
+    old.start()
+    wait_until(lambda: "joined the cluster" in old.log, timeout=10, message=f"n1 did not join:\n{old.log}")
+    return old
+
+
 def test_at_the_quota_a_node_of_the_previous_version_does_not_let_go_of_an_offline_session(
         redis_server, tmp_path, plane, tag):
     """A node of the version before LIVE_ONLY does not know the flag: asked to let go of the session of a
@@ -485,30 +510,12 @@ def test_at_the_quota_a_node_of_the_previous_version_does_not_let_go_of_an_offli
     one, the session moved. A node asks LIVE_ONLY only of members that say they answer it (their
     membership's "features"): the two versions still link (a cluster upgrades node by node), the
     CONNECT is refused 0x97 and the session stays where it is."""
-    import subprocess
-
-    from ..procs import ROOT
-
-    old_tree = tmp_path / "old"
-    old_tree.mkdir()
-    try:
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", _BEFORE_LIVE_ONLY, "brokerd"],
-                                 capture_output=True, check=True, timeout=60).stdout
-    except (OSError, subprocess.CalledProcessError):
-        pytest.skip("the repository's history is not here")
-    subprocess.run(["tar", "-x", "-C", str(old_tree)], input=archive, check=True, timeout=60)
     secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "quota": {"max_connections": 1},
                                 "devices": ["d"]}])
     c = Cluster(redis_server, tmp_path, env=plane.env)
-    old = _OldNode(old_tree, "--node-id", "n1", "--store", c.store, "--cluster", c.url(), *c.flags,
-                   listen=("mqtt://127.0.0.1:0",), env={"BROKERD_CLUSTER_SECRET": c.secret, **plane.env})
     clients = []
     try:
-        old.start()
-        c.nodes.append(old)
-        c.names[id(old)] = "n1"
-        c._n = 1
-        wait_until(lambda: "joined the cluster" in old.log, timeout=10, message=f"n1 did not join:\n{old.log}")
+        old = old_node(c, tmp_path, plane.env)
         n2 = c.node(wait=False)
         time.sleep(1.0)                                  # the links (if any) made
 
