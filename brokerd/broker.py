@@ -720,12 +720,14 @@ class Broker:
         return local is not None and self._deliver_shared(ns, local, msg, now, exclude)
 
     def group_members(self, tenant: str, name: str, filt: str, exclude=None) -> int:
-        """Members of the shared group ``name`` on ``filt`` here, ``exclude`` (a session) not counted."""
+        """Members of the shared group ``name`` on ``filt`` here, ``exclude`` (a session) not counted;
+        negative when none of them is connected (as ``Router.route_counts`` announces them)."""
         ns = self.router.namespaces.get(tenant)
         group = self.router.group(ns, name, filt) if ns is not None else None
         if group is None:
             return 0
-        return len(group.members) - (exclude is not None and exclude in group.members)
+        n = len(group.members) - (exclude is not None and exclude in group.members)
+        return n if any(s.channel is not None for s in group.order if s is not exclude) else -n
 
     def deliver_group(self, tenant: str, name: str, filt: str, msg: Publish, now: float, exclude=None) -> bool:
         """To one member here of the shared group ``name`` on ``filt`` but ``exclude``."""

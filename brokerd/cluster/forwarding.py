@@ -157,7 +157,8 @@ class Forwarder:
                 if g == gname and f == filt:
                     members = {n: m for n, m in nodes.items() if n not in orphaned} if orphaned else nodes
                     break
-        target = self.routes.pick_group_node(tenant, gname, filt, members or {}, local)
+        # (its members here, negative when none of them is online: a node with one online goes first)
+        target = self.routes.pick_group_node(tenant, gname, filt, members or {}, abs(local), local > 0)
         if target is None:
             before = broker.writes_pending()
             found = bool(local) and broker.deliver_group(tenant, gname, filt, msg, now, exclude)

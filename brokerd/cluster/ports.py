@@ -71,7 +71,8 @@ class ClusterBroker(Protocol):
         """To one local member of ``group`` (both as ``Cluster.forward`` got them)."""
 
     def group_members(self, tenant: str, name: str, filt: str, exclude=None) -> int:
-        """Members here of the shared group ``name`` on ``filt`` (``exclude``, a session, not counted)."""
+        """Members here of the shared group ``name`` on ``filt`` (``exclude``, a session, not counted);
+        negative when none of them is connected."""
 
     def deliver_group(self, tenant: str, name: str, filt: str, msg, now: float, exclude=None) -> bool:
         """To one member here of the shared group ``name`` on ``filt`` but ``exclude``."""

@@ -307,3 +307,34 @@ def test_a_node_of_the_previous_version_still_sends_a_groups_messages_to_its_off
     back = connect(n2.port(), f"{tag}-m1", V5, clean=False, properties=p)
     assert back.session_present
     assert collect([back], 20, timeout=10) == [list(range(20))]
+
+
+def test_what_a_members_ended_session_owed_goes_to_an_online_member_not_an_offline_one(cluster, tag):
+    """Group g: on n1 m1 (a clean session, its client reading but acknowledging none: its share of a
+    QoS 1 stream waits in its session) and m3 (a stored session, its client gone); on n2 m2, online.
+    m1's connection drops, its session ends: what it owed goes to another member -- n1 counted m3 as a
+    member online and took turns with n2, so half of it waited in m3's queue until m3 came back (its
+    session may last a day) while m2 idled. It goes to m2, as the stream's other messages do."""
+    n1, n2 = cluster.start(2)
+    group = f"$share/g/{tag}/#"
+    p = props(PacketTypes.CONNECT, SessionExpiryInterval=300)
+    m3 = connect(n1.port(), f"{tag}-m3", V5, clean=False, properties=p)
+    m3.subscribe(group, qos=1)
+    m1 = connect(n1.port(), f"{tag}-m1", V5, manual_ack=True, properties=props(PacketTypes.CONNECT, ReceiveMaximum=1))
+    m1.subscribe(group, qos=1)
+    m2 = connect(n2.port(), f"{tag}-m2", V5)
+    m2.subscribe(group, qos=1)
+    pub = connect(n2.port(), f"{tag}-pub", V5)
+    settle_group(pub, f"{tag}/probe", [m1, m2, m3])
+    m3.disconnect()
+    time.sleep(1.0)                                  # m3 offline, known on both nodes
+    for n in range(40):
+        code, _ = pub.publish_result(pub.publish(f"{tag}/m", b"%d" % n, qos=1))
+        assert code.value < 0x80, code
+    time.sleep(0.5)
+    m1.drop()                                        # nothing acknowledged: its session owes its whole share
+    got = collect([m2], 40, timeout=10)[0]
+    back = connect(n1.port(), f"{tag}-m3", V5, clean=False, properties=p)
+    time.sleep(0.5)
+    held = [x for x in collect([back], 0, timeout=0)[0] if x < 1000]
+    assert sorted(got) == list(range(40)), f"m2 got {len(got)} of 40; held for the offline m3: {sorted(held)}"
