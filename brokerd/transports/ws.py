@@ -20,7 +20,7 @@ from wsproto.events import (
 )
 from wsproto.utilities import RemoteProtocolError as WsProtocolError
 
-from .connection import MqttConnection, close_gently
+from .connection import TURN_BYTES, MqttConnection, close_gently
 
 log = logging.getLogger("brokerd.ws")
 
@@ -43,6 +43,8 @@ class WsMqttConnection(MqttConnection):
             self._receive(data)
             if self.channel.congested:
                 self.hold_output()          # (as MqttConnection.data_received)
+            if len(data) >= TURN_BYTES:
+                self.end_turn()
             return
         self._receive(data)
         # An upgrade request that did not come whole in this read is held (by h11, up to 16 KiB a
