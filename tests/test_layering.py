@@ -85,6 +85,7 @@ RULES = [
 
 # (importer, imported) -> why the import is made inside a function
 LAZY = {
+    ("metrics.apps", "metrics.signals"): "Django's AppConfig.ready: the receivers import models, loaded once the apps are",
     ("spark_reports.reports", "core.roles"): "the report registry is imported without Django (bench/reports_1m.py)",
     ("spark_reports.reports", "tenants.access"): "the report registry is imported without Django (bench/reports_1m.py)",
     ("spark_reports.telemetry", "core.roles"): "a report is imported without Django, as spark_reports.reports",
