@@ -291,6 +291,27 @@ class PolicyCounter(models.Model):
     value = models.BigIntegerField(default=0)
 
 
+class DevicePolicy(models.Model):
+    """The contract with brokerd, device by device: one row per device name a tenant has had.
+
+    brokerd polls ``SELECT tenant_slug, incarnation, name, version, data FROM tenants_devicepolicy
+    WHERE version > ? ORDER BY version`` beside the tenants' snapshots (one counter numbers both);
+    ``data`` is the device's entry (``tenants.policy_snapshot``), NULL once the device
+    is deleted. ``incarnation``: the tenant's id (a slug deleted and made again is another tenant;
+    a deleted tenant's rows are deleted with it). A change of one device writes its row alone: the
+    tenant's snapshot, whole, was written and read again by every node at each device change."""
+
+    tenant_slug = models.CharField(max_length=63)
+    incarnation = models.BigIntegerField()
+    name = models.CharField(max_length=DEVICE_NAME_MAX)
+    version = models.BigIntegerField(db_index=True)
+    data = models.TextField(null=True)
+
+    class Meta:
+        db_table = "tenants_devicepolicy"
+        constraints = [models.UniqueConstraint(fields=["tenant_slug", "name"], name="devicepolicy_one_per_name")]
+
+
 class PolicySnapshot(models.Model):
     """The contract with brokerd: one row per tenant slug ever seen.
 

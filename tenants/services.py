@@ -2,7 +2,8 @@
 
 Every function that changes something a broker enforces runs in one
 transaction that ends by rebuilding the tenant's policy snapshot
-(``tenants.policy_snapshot.publish``), so brokerd sees the change, and only the
+(``tenants.policy_snapshot.publish``) -- or, for a change of devices only, those
+devices' rows (``publish_devices``) -- so brokerd sees the change, and only the
 committed change, under a new version. Invalid input raises ``ServiceError``
 (``NotFound``, ``Conflict``) with a one-line message meant for users; nothing
 is written then.
@@ -248,7 +249,7 @@ def create_device(
     """A device without credentials (it may authenticate by certificate)."""
     _room_for_devices(tenant, 1)
     device = _new_device(tenant, name, description, enabled, cert_fingerprint, cert_cn)
-    policy_snapshot.publish(tenant)
+    policy_snapshot.publish_devices(tenant, [device.name])
     return device
 
 
@@ -269,7 +270,7 @@ def provision_device(
     _room_for_devices(tenant, 1)
     device = _new_device(tenant, name, description, enabled, cert_fingerprint, cert_cn)
     credential, secret = _new_credential(device, label, expires_at, True)
-    policy_snapshot.publish(tenant)
+    policy_snapshot.publish_devices(tenant, [device.name])
     return device, credential, secret
 
 
@@ -365,7 +366,7 @@ def create_checked_devices(tenant: Tenant, checked: CheckedDevices) -> list[tupl
         made.append((device, credential, secret))
     Credential.objects.bulk_create(credentials, batch_size=1000)
     if made:
-        policy_snapshot.publish(tenant)
+        policy_snapshot.publish_devices(tenant, [device.name for device, _, _ in made])
     return made
 
 
@@ -378,14 +379,14 @@ def update_device(device: Device, *, description=UNSET, cert_fingerprint=UNSET, 
     _clean(device, validate_unique=False, validate_constraints=False)
     _check_cert_free(device)
     _save(device, "certificate fingerprint already in use")
-    policy_snapshot.publish(device.tenant)
+    policy_snapshot.publish_devices(device.tenant, [device.name])
     return device
 
 
 def _set_device_enabled(device: Device, enabled: bool) -> Device:
     device.enabled = enabled
     device.save(update_fields=["enabled"])
-    policy_snapshot.publish(device.tenant)
+    policy_snapshot.publish_devices(device.tenant, [device.name])
     return device
 
 
@@ -404,9 +405,11 @@ def delete_device(device: Device) -> None:
     """Delete a device, its credentials and the ACL rules written for it alone."""
     tenant = device.tenant
     _lock_tenant(tenant)
+    name = device.name
     device.delete()
     _renumber(list(queries.acl_rules(tenant)))
-    policy_snapshot.publish(tenant)
+    policy_snapshot.publish_devices(tenant, [name])
+    policy_snapshot.publish(tenant)          # (its rules went with it)
 
 
 # ---------------------------------------------------------------- credentials
@@ -438,7 +441,7 @@ def create_credential(
     """A new credential for ``device``; returns ``(credential, secret)``, the
     secret shown once and never stored."""
     result = _new_credential(device, label, expires_at, enabled)
-    policy_snapshot.publish(device.tenant)
+    policy_snapshot.publish_devices(device.tenant, [device.name])
     return result
 
 
@@ -450,7 +453,7 @@ def rotate_credential(credential: Credential) -> tuple[Credential, str]:
     credential.secret_hash = hashing.hash_secret(secret)
     credential.last_rotated_at = timezone.now()
     credential.save(update_fields=["secret_hash", "last_rotated_at"])
-    policy_snapshot.publish(credential.device.tenant)
+    policy_snapshot.publish_devices(credential.device.tenant, [credential.device.name])
     return credential, secret
 
 
@@ -477,7 +480,7 @@ def _set_credential(credential: Credential, **fields) -> Credential:
     for k, v in fields.items():
         setattr(credential, k, v)
     credential.save(update_fields=list(fields))
-    policy_snapshot.publish(credential.device.tenant)
+    policy_snapshot.publish_devices(credential.device.tenant, [credential.device.name])
     return credential
 
 
@@ -500,9 +503,9 @@ def expire_credential(credential: Credential, at: dt.datetime | None = None) -> 
 
 @transaction.atomic
 def delete_credential(credential: Credential) -> None:
-    tenant = credential.device.tenant
+    device = credential.device
     credential.delete()
-    policy_snapshot.publish(tenant)
+    policy_snapshot.publish_devices(device.tenant, [device.name])
 
 
 def authenticate_device(tenant_slug: str, device_name: str, secret: str) -> bool:

@@ -209,6 +209,13 @@ class ControlPlane:
             cur = conn.execute(sql, tuple(params) if params else None)
             return cur.fetchall() if cur.description else []
 
+    def newest_version(self) -> int:
+        """The newest policy version written, of a tenant's snapshot or a device's row (a test writing a
+        row of its own takes a version above it, as the console's counter would)."""
+        [(top,)] = self.query("SELECT MAX(v) FROM (SELECT MAX(version) AS v FROM tenants_policysnapshot "
+                              "UNION ALL SELECT MAX(version) FROM tenants_devicepolicy) AS versions")
+        return top or 0
+
     def broker(self, *flags: str, anonymous: bool = False) -> BrokerProcess:
         self.pristine = False
         return BrokerProcess("--sys-interval", "0", *flags, anonymous=anonymous, env=self.env).start()

@@ -9,6 +9,7 @@ names that keep failing, and builds each client's ACL and rate limiters.
 act on live clients.
 """
 
+import dataclasses
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -77,22 +78,40 @@ class TenantControl:
         return p
 
     @staticmethod
-    def build(slug: str, version: int, data: dict) -> TenantPolicy | None:
+    def build(slug: str, version: int, data: dict, devices: dict | None = None) -> TenantPolicy | None:
         """The policy a snapshot makes (None: the tenant was deleted); pure, so the poller runs it in
         its thread: a tenant of 100,000 devices takes 0.3 s to build, which the node's loop must not
-        wait out (ValueError, KeyError, TypeError for a snapshot it cannot read)."""
+        wait out (ValueError, KeyError, TypeError for a snapshot it cannot read). ``devices``: a
+        schema-2 snapshot's, from its device rows."""
         if data.get("status") == "deleted":
             return None
-        return TenantPolicy.from_snapshot(slug, version, data)
+        return TenantPolicy.from_snapshot(slug, version, data, devices)
 
-    def prepare(self, slug: str, version: int, data: dict) -> TenantPolicy | None:
+    def prepare(self, slug: str, version: int, data: dict, devices: dict | None = None) -> TenantPolicy | None:
         """``build``, and what changed from the tenant's policy of now if only devices did (the
         poller's thread: comparing 150,000 devices takes ~0.1 s)."""
-        new = self.build(slug, version, data)
+        new = self.build(slug, version, data, devices)
         old = self.policies.get(slug)
         if new is not None and old is not None:
             new.changed_devices = device_changes(old, new)
             new.diff_base = old
+        return new
+
+    def prepare_devices(self, slug: str, version: int, entries: dict) -> TenantPolicy | None:
+        """The tenant's policy of now with the devices of ``entries`` (name -> DevicePolicy, None: deleted)
+        in their new state, as its device rows say (the poller's thread: what a device's change costs
+        is its own, a copy of the tenant's table of devices aside); None: no such tenant here."""
+        old = self.policies.get(slug)
+        if old is None:
+            return None
+        devices = dict(old.devices)
+        for name, entry in entries.items():
+            if entry is None:
+                devices.pop(name, None)
+            else:
+                devices[name] = entry
+        new = dataclasses.replace(old, version=version, devices=devices, diff_base=old)
+        new.changed_devices = _with_certificate_peers(set(entries), old.devices, devices)
         return new
 
     def apply(self, slug: str, version: int, data: dict, built=...,
@@ -496,6 +515,11 @@ def device_changes(old: TenantPolicy, new: TenantPolicy) -> frozenset | None:
     was, now = old.devices, new.devices
     changed = {name for name, d in now.items() if was.get(name) != d}
     changed.update(name for name in was if name not in now)
+    return _with_certificate_peers(changed, was, now)
+
+
+def _with_certificate_peers(changed: set, was: dict, now: dict) -> frozenset:
+    """``changed`` and the devices naming a certificate CN or fingerprint one of them names or named."""
     entries = [d for name in changed for d in (was.get(name), now.get(name)) if d is not None]
     cns = {d.cert_cn for d in entries if d.cert_cn}
     fps = {d.cert_fingerprint for d in entries if d.cert_fingerprint}

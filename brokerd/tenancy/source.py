@@ -141,6 +141,26 @@ def _text(value):
 
 
 QUERY = "SELECT tenant_slug, version, data FROM tenants_policysnapshot WHERE version > {p} ORDER BY version"
+# the tenants' snapshots and their devices' rows, in one statement: one snapshot of the database (read
+# one after the other, a change committed between them could be passed over by the newest version seen)
+BOTH_QUERY = ("SELECT tenant_slug, version, data, NULL, NULL, 0 FROM tenants_policysnapshot WHERE version > {p} "
+              "UNION ALL SELECT tenant_slug, version, data, incarnation, name, 1 FROM tenants_devicepolicy "
+              "WHERE version > {p}")
+TENANT_DEVICES = ("SELECT name, data FROM tenants_devicepolicy WHERE tenant_slug = {p} AND incarnation = {p} "
+                  "AND data IS NOT NULL")
+
+
+def _device_row(name: str, data):
+    """A device row's entry: its DevicePolicy, None (the device was deleted), or the error it raised."""
+    if data is None:
+        return None
+    try:
+        entry = json.loads(data)
+        if not isinstance(entry, dict):
+            raise ValueError("not an object")
+        return device_from(name, entry)
+    except Exception as exc:
+        return ValueError(f"device row not readable: {type(exc).__name__}: {str(exc)[:200]}")
 
 
 class PolicyDatabase:
@@ -187,13 +207,24 @@ class PolicyDatabase:
                 # reopened per poll (a fraction of a millisecond): a file that went away is noticed
                 self.close()
 
-    def fetch(self, since: int) -> list[tuple[str, int, dict | Exception]]:
-        """The snapshots newer than ``since``: (slug, version, document) -- or, for a row that is no
-        JSON document (or nested past what the decoder takes), the error in its place: that row is
-        refused alone (a row every poll failed on stopped the node taking any tenant's change)."""
-        rows = self._rows(QUERY, (since,))
-        out = []
-        for slug, version, data in rows:
+    def fetch(self, since: int) -> tuple[list[tuple[str, int, dict | Exception]], list[tuple]]:
+        """The snapshots and device rows newer than ``since``: [(slug, version, document)], [(slug,
+        incarnation, name, version, DevicePolicy | None (deleted))] -- or, for a row that is no JSON
+        document (or nested past what the decoder takes), the error in its place: that row is refused
+        alone (a row every poll failed on stopped the node taking any tenant's change)."""
+        try:
+            rows = self._rows(BOTH_QUERY, (since, since))
+        except Exception as exc:
+            if "tenants_devicepolicy" not in str(exc):
+                raise
+            # a console from before the device rows (schema 1; tried again at each poll: the table
+            # comes with the console's upgrade, in the transaction that writes the first schema-2 row)
+            rows = [(*row, None, None, 0) for row in self._rows(QUERY, (since,))]
+        out, devices = [], []
+        for slug, version, data, incarnation, name, kind in rows:
+            if kind:
+                devices.append((slug, incarnation, name, int(version), _device_row(name, data)))
+                continue
             try:
                 doc = decode(data, device_from)
             except Exception:
@@ -202,6 +233,20 @@ class PolicyDatabase:
                 except Exception as exc:
                     doc = ValueError(f"not a JSON document: {type(exc).__name__}: {str(exc)[:200]}")
             out.append((slug, int(version), doc))
+        out.sort(key=lambda r: r[1])
+        devices.sort(key=lambda r: r[3])
+        return out, devices
+
+    def fetch_devices(self, slug: str, incarnation) -> dict:
+        """Every device of the tenant ``slug``'s ``incarnation``, as its rows hold them now (a row it
+        cannot read is left out, and logged)."""
+        out = {}
+        for name, data in self._rows(TENANT_DEVICES, (slug, incarnation)):
+            entry = _device_row(name, data)
+            if isinstance(entry, Exception):
+                log.error("device %r of tenant %r ignored: %s", name, slug, entry)
+            elif entry is not None:
+                out[name] = entry
         return out
 
     def fetch_tokens(self) -> list | None:
@@ -278,25 +323,68 @@ class PolicySource:
         self.down_since: float | None = None
         self._task: asyncio.Task | None = None
 
-    def _fetch(self, since: int) -> list[tuple]:
-        """(In the poller's thread) the new snapshots, each with its policy built (or the error)."""
+    def _fetch(self, since: int) -> tuple[list[tuple], int]:
+        """(In the poller's thread) what changed since ``since``, a tenant at a time: [(slug, version, its
+        snapshot (None: only devices changed), its policy built (or the error))], and the newest version
+        read. A schema-2 snapshot gets its devices from the tenant's policy of now and the device rows
+        read with it -- or, for a tenant new here (or made again under its slug), from all its rows."""
+        docs, device_rows = self.db.fetch(since)
+        newest = max([since, *(r[1] for r in docs), *(r[3] for r in device_rows)])
+        by_slug: dict[str, list] = {}
+        for slug, incarnation, name, version, entry in device_rows:
+            if isinstance(entry, Exception):
+                log.error("device %r of tenant %r (version %d) ignored: %s", name, slug, version, entry)
+                continue
+            by_slug.setdefault(slug, []).append((incarnation, name, version, entry))
         out = []
-        for slug, version, data in self.db.fetch(since):
+        for slug, version, data in docs:
             if isinstance(data, Exception):
                 out.append((slug, version, None, data))
                 continue
+            rows = by_slug.pop(slug, ())
             try:
-                built = self.control.prepare(slug, version, data)
+                devices = None
+                if data.get("schema") == 2 and data.get("status") != "deleted":
+                    devices = self._devices_of(slug, data.get("incarnation"), rows, since)
+                    version = max([version, *(r[2] for r in rows)])
+                built = self.control.prepare(slug, version, data, devices)
             except Exception as exc:            # (what a document the console did not write may raise)
                 built = exc
             out.append((slug, version, data, built))
-        return out
+        for slug, rows in by_slug.items():      # tenants of which only devices changed
+            current = self.control.policies.get(slug)
+            entries = {name: entry for incarnation, name, _version, entry in rows
+                       if current is not None and incarnation == current.incarnation}
+            if entries:                         # (else: rows of a tenant, or incarnation, not here)
+                version = max(r[2] for r in rows)
+                out.append((slug, version, None, self.control.prepare_devices(slug, version, entries)))
+        return out, newest
+
+    def _devices_of(self, slug: str, incarnation, rows, since: int) -> dict:
+        """A schema-2 snapshot's devices: name -> DevicePolicy."""
+        if since == 0:                          # the first read: ``rows`` are every row there is
+            return {name: entry for inc, name, _version, entry in rows if inc == incarnation and entry is not None}
+        current = self.control.policies.get(slug)
+        if current is not None and incarnation is not None and current.incarnation == incarnation:
+            devices = dict(current.devices)
+            for inc, name, _version, entry in rows:
+                if inc != incarnation:
+                    continue
+                if entry is None:
+                    devices.pop(name, None)
+                else:
+                    devices[name] = entry
+            return devices
+        # not applied on top of these rows: all of them read now are as new as they are, or newer
+        return self.db.fetch_devices(slug, incarnation)
 
     def _compile_rules(self, rows) -> dict:
         """The new and changed rules of ``rows``' snapshots, compiled (in a thread: a statement takes up
         to ~0.1 s, and the event loop serves every tenant meanwhile); -> {slug: {rule id: RuleState}}."""
         ready = {}
         for slug, _version, data, _built in rows:
+            if data is None:                    # (devices alone changed)
+                continue
             try:
                 specs = [r for r in (data or {}).get("rules") or () if isinstance(r, dict) and "id" in r and "sql" in r]
                 ready[slug] = self.rules.compile_ahead(slug, specs)
@@ -306,7 +394,7 @@ class PolicySource:
 
     async def poll(self) -> int:
         """One round: fetch and apply what changed; -> number of snapshots applied."""
-        rows = await asyncio.to_thread(self._fetch, self.control.version)
+        rows, newest = await asyncio.to_thread(self._fetch, self.control.version)
         ready = await asyncio.to_thread(self._compile_rules, rows) if self.rules is not None and rows else {}
         now = self.loop.time()
         for slug, version, data, built in rows:
@@ -319,6 +407,7 @@ class PolicySource:
                 # retained messages and counters -- as if its deletion had been seen
                 now = await self._install(slug, version, DELETED | {"tenant": slug}, None, {}, now)
             now = await self._install(slug, version, data, built, ready, now)
+        self.control.version = max(self.control.version, newest)
         if not self.control.loaded:
             self.control.loaded = True
             # the first load: tenants deleted while this node could not learn it (down, or its
@@ -340,11 +429,13 @@ class PolicySource:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             return self._ignored(slug, version, exc, now)
         autosub = new.autosub if new is not None else None
-        if autosub is None:
+        if data is None:                        # devices alone changed: nothing else to install
+            pass
+        elif autosub is None:
             self.broker.autosub.pop(slug, None)
         else:
             self.broker.autosub[slug] = autosub
-        if self.rules is not None:
+        if self.rules is not None and data is not None:
             try:
                 self.rules.apply(slug, new.rules if new is not None else None, ready.get(slug))
             except (ValueError, KeyError, TypeError) as exc:

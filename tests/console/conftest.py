@@ -10,14 +10,13 @@ points at a closed port unless a test asks for the live broker
 "unreachable" banner and never wait.
 """
 
-import json
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from tenants import services
-from tenants.models import Membership, PolicySnapshot
+from tenants import policy_snapshot, services
+from tenants.models import Membership
 
 from ..procs import free_port
 
@@ -132,8 +131,9 @@ def clients(people):
 
 
 def policy(slug: str) -> dict:
-    """The tenant's row of tenants_policysnapshot, as brokerd reads it."""
-    return json.loads(PolicySnapshot.objects.get(tenant_slug=slug).data)
+    """The tenant's policy as brokerd puts it together: its row of tenants_policysnapshot, and
+    ``devices`` from its rows of tenants_devicepolicy."""
+    return policy_snapshot.load(slug)
 
 
 HTMX = {"HTTP_HX_REQUEST": "true"}

@@ -124,9 +124,11 @@ def test_a_slug_deleted_and_made_again_between_two_polls_is_another_tenant(contr
         doc = json.loads(data)
         assert isinstance(doc["incarnation"], int)
         doc["incarnation"] += 1000             # the same policy, devices and secrets: another tenant
-        [(top,)] = control_plane.query("SELECT MAX(version) FROM tenants_policysnapshot")
+        top = control_plane.newest_version()
         control_plane.query("UPDATE tenants_policysnapshot SET version = ?, data = ? WHERE tenant_slug = 'acme'",
                             (top + 1, json.dumps(doc)))
+        control_plane.query("UPDATE tenants_devicepolicy SET version = ?, incarnation = ? WHERE tenant_slug = 'acme'",
+                            (top + 2, doc["incarnation"]))
         reason, _ = old.expect_disconnect(timeout=10)          # the old tenant's connection ends
         new = PahoClient("dev-new", V311, username="acme/dev", password=secrets["acme/dev"]).connect(node.port())
         new.subscribe("t/#", qos=1)

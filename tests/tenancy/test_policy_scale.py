@@ -81,7 +81,7 @@ def test_small_tenants_changes_do_not_stop_the_node_while_a_big_tenant_is_there(
     try:
         # the console writes the snapshot of a tenant of 150,000 devices (the table is the contract
         # brokerd reads: tenants/policy_snapshot.py)
-        [(top,)] = control_plane.query("SELECT MAX(version) FROM tenants_policysnapshot")
+        top = control_plane.newest_version()
         control_plane.query("INSERT INTO tenants_policysnapshot (tenant_slug, version, data) VALUES (?, ?, ?)",
                             ("big", top + 1, _big_snapshot()))
         wait_until(lambda: _let_in(node.port()), 20, 1.0, message="the big tenant's device was never let in",
@@ -138,7 +138,7 @@ def test_a_big_tenants_own_changes_do_not_stop_the_node(control_plane):
     secrets = control_plane.provision([{"slug": "small", "default_acl": "allow", "devices": ["d"]}])
     node = control_plane.broker()
     try:
-        [(top,)] = control_plane.query("SELECT MAX(version) FROM tenants_policysnapshot")
+        top = control_plane.newest_version()
         big = _big_snapshot()
         control_plane.query("INSERT INTO tenants_policysnapshot (tenant_slug, version, data) VALUES (?, ?, ?)",
                             ("big", top + 1, big))
@@ -184,7 +184,7 @@ def test_a_tenants_acl_changes_do_not_stop_the_node(control_plane):
                                    {"id": i + 1, "hash": stored, "enabled": True}]} for i in range(n_devices)},
                                "acl": acl, "quota": {}})
 
-        [(top,)] = control_plane.query("SELECT MAX(version) FROM tenants_policysnapshot")
+        top = control_plane.newest_version()
         control_plane.query("INSERT INTO tenants_policysnapshot (tenant_slug, version, data) VALUES (?, ?, ?)",
                             ("acl", top + 1, document("out/#")))
 

@@ -122,7 +122,7 @@ def test_a_certificate_cn_names_one_device_on_the_platform(control_plane, tmp_pa
                  "from tenants.models import Device\n"
                  "t = queries.get_tenant('globex')\n"
                  "Device.objects.create(tenant=t, name='gw', cert_cn='gateway-1')\n"
-                 "policy_snapshot.publish(t)\n")
+                 "policy_snapshot.publish_devices(t, ['gw'])\n")
         # (its own device asked first: refusals count towards the address's failed-login throttle)
         wait_until(lambda: connack_code(cam("acme/gw"), port) == 0x86, 5)   # not its own device ...
         assert connack_code(cam("globex/gw"), port) == 0x86                # ... nor the other tenant's

@@ -56,7 +56,8 @@ def test_a_snapshot_with_an_unreadable_device_is_refused_alone(tmp_path):
                    ("big", 1, json.dumps(bad)))
         db.execute("INSERT INTO tenants_policysnapshot (tenant_slug, version, data) VALUES (?, ?, ?)",
                    ("small", 2, json.dumps(dict(_document(2), tenant="small"))))
-    rows = PolicyDatabase(f"sqlite:///{path}").fetch(0)
+    rows, devices = PolicyDatabase(f"sqlite:///{path}").fetch(0)     # (a console without device rows)
+    assert devices == []
     assert [(slug, version) for slug, version, _ in rows] == [("big", 1), ("small", 2)]
     with pytest.raises(KeyError):
         TenantControl.build("big", 1, rows[0][2])

@@ -71,10 +71,10 @@ def test_device_secret_is_the_last_line(env):
     [(stored,)] = query(env, "SELECT c.secret_hash FROM tenants_credential c JOIN tenants_device d "
                              "ON c.device_id = d.id WHERE d.name = 'sensor-1'")
     assert stored == sha(secret)
-    # brokerd's view: the snapshot carries the hash, never the secret
-    [(data,)] = query(env, "SELECT data FROM tenants_policysnapshot WHERE tenant_slug = 'acme'")
+    # brokerd's view: the device's row carries the hash, never the secret
+    [(data,)] = query(env, "SELECT data FROM tenants_devicepolicy WHERE tenant_slug = 'acme' AND name = 'sensor-1'")
     assert secret not in data
-    assert json.loads(data)["devices"]["sensor-1"]["credentials"][0]["hash"] == sha(secret)
+    assert json.loads(data)["credentials"][0]["hash"] == sha(secret)
 
     rotated = manage(env, "devices", "rotate", "acme", "sensor-1", shell_tail="tail -1").stdout.strip()
     assert rotated != secret
@@ -105,12 +105,12 @@ def test_changes_reach_the_snapshot(env):
                       "ORDER BY version", before)
     assert [r[0] for r in rows] == ["gamma"]  # one row per slug, now the deletion
     assert rows[0][1] >= before + 3
-    assert json.loads(rows[0][2]) == {"schema": 1, "tenant": "gamma", "status": "deleted"}
+    assert json.loads(rows[0][2]) == {"schema": 2, "tenant": "gamma", "status": "deleted"}
 
 
 def test_devices_import_creates_a_fleet_in_one_change_and_writes_each_secret_once(env, tmp_path):
-    """``devices import``: a CSV of devices made in one transaction and one snapshot (one at a time,
-    each device of a big fleet had every node read the whole tenant again), their secrets as CSV."""
+    """``devices import``: a CSV of devices made in one transaction and one version of their rows (the
+    tenant's snapshot untouched), their secrets as CSV."""
     assert manage(env, "tenants", "create", "fleet").returncode == 0
     [(before,)] = query(env, "SELECT version FROM tenants_policysnapshot WHERE tenant_slug = 'fleet'")
     source = tmp_path / "fleet.csv"
@@ -125,9 +125,10 @@ def test_devices_import_creates_a_fleet_in_one_change_and_writes_each_secret_onc
     rows = [line.split(",") for line in lines[1:]]
     assert [r[0] for r in rows] == [f"pump-{i}" for i in range(50)] + ["gw-1"]
     assert all(r[1] == f"fleet/{r[0]}" for r in rows)
-    [(version, data)] = query(env, "SELECT version, data FROM tenants_policysnapshot WHERE tenant_slug = 'fleet'")
-    assert version == before + 1, "one snapshot for the whole import"
-    devices = json.loads(data)["devices"]
+    assert query(env, "SELECT version FROM tenants_policysnapshot WHERE tenant_slug = 'fleet'") == [(before,)]
+    rows_written = query(env, "SELECT name, version, data FROM tenants_devicepolicy WHERE tenant_slug = 'fleet'")
+    assert {version for _, version, _ in rows_written} == {before + 1}, "one version for the whole import"
+    devices = {name: json.loads(data) for name, _, data in rows_written}
     assert devices["gw-1"]["cert_cn"] == "gw-1.fleet.example"
     for name, _, secret in rows:
         assert devices[name]["credentials"][0]["hash"] == sha(secret)

@@ -26,17 +26,33 @@ def row(slug):
     return version, json.loads(data)
 
 
+def device_rows(slug) -> dict:
+    """name -> (incarnation, version, entry or None) of the tenant's device rows, read like brokerd."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT name, incarnation, version, data FROM tenants_devicepolicy WHERE tenant_slug = %s", [slug])
+        return {name: (inc, version, None if data is None else json.loads(data))
+                for name, inc, version, data in cur.fetchall()}
+
+
+def newest(slug) -> int:
+    return max([row(slug)[0], *(v for _i, v, _e in device_rows(slug).values())])
+
+
 class Versions:
-    """Asserts that each change publishes a strictly newer version."""
+    """Asserts that each change publishes a strictly newer version; ``next()``: the tenant's policy as a
+    node puts it together (its snapshot, and ``devices`` from its device rows)."""
 
     def __init__(self, slug):
         self.slug = slug
-        self.last = row(slug)[0]
+        self.last = newest(slug)
 
     def next(self) -> dict:
-        version, doc = row(self.slug)
+        version = newest(self.slug)
         assert version > self.last
         self.last = version
+        doc = row(self.slug)[1]
+        doc["devices"] = {name: entry for name, (inc, _v, entry) in sorted(device_rows(self.slug).items())
+                          if inc == doc["incarnation"] and entry is not None}
         return doc
 
 
@@ -51,15 +67,16 @@ def test_new_tenant_document(tenant):
     version, doc = row("acme")
     assert version >= 1
     assert doc == {
-        "schema": 1, "tenant": "acme", "incarnation": tenant.pk, "status": "active", "default_acl": "deny",
-        "devices": {}, "acl": [], "quota": dict.fromkeys(QUOTA_FIELDS),
+        "schema": 2, "tenant": "acme", "incarnation": tenant.pk, "status": "active", "default_acl": "deny",
+        "acl": [], "quota": dict.fromkeys(QUOTA_FIELDS),
         "sys": {"enabled": True, "interval": 10,
                 "parts": ["clients", "messages", "bytes", "subscriptions", "retained", "load"]},
         "rules": [],
         "autosub": [],
     }
-    assert list(doc) == ["schema", "tenant", "incarnation", "status", "default_acl", "devices", "acl", "quota", "sys",
+    assert list(doc) == ["schema", "tenant", "incarnation", "status", "default_acl", "acl", "quota", "sys",
                          "rules", "autosub"]
+    assert device_rows("acme") == {}
 
 
 def test_tenant_changes(tenant):
@@ -108,6 +125,36 @@ def test_device_and_credential_changes(tenant):
     assert list(v.next()["devices"]) == ["a-gw"]
 
 
+def test_a_devices_change_writes_its_row_alone(tenant):
+    """A device's change (made, a credential added or rotated, disabled, deleted) writes that
+    device's row under a new version and nothing else: until schema 2 it rewrote the tenant's whole
+    document (~1 s at 150,000 devices), which every node read again. Deleting it leaves its row
+    saying so (NULL) and republishes the tenant (its own rules went with it)."""
+    services.provision_device(tenant, "other")
+    d, _c, _s = services.provision_device(tenant, "sensor-1")
+    tenant_row, others = row("acme"), device_rows("acme")
+    for change in (lambda: services.create_credential(d), lambda: services.disable_device(d),
+                   lambda: services.rotate_device_credential(d, d.credentials.first())):
+        change()
+        now = device_rows("acme")
+        assert row("acme") == tenant_row and now["other"] == others["other"]
+        assert now["sensor-1"][1] > others["sensor-1"][1] and now["sensor-1"][0] == tenant.pk
+        others = now
+    assert now["sensor-1"][2]["enabled"] is False and len(now["sensor-1"][2]["credentials"]) == 2
+    services.delete_device(d)
+    assert device_rows("acme")["sensor-1"][2] is None and row("acme")[0] > tenant_row[0]
+    assert queries.get_tenant("acme") and list(services.policy_snapshot.load("acme")["devices"]) == ["other"]
+
+
+def test_a_deleted_tenants_device_rows_go_with_it(tenant):
+    services.provision_device(tenant, "sensor-1")
+    services.delete_tenant(tenant)
+    assert device_rows("acme") == {} and row("acme")[1]["status"] == "deleted"
+    again = services.create_tenant("acme")
+    services.provision_device(again, "sensor-2")
+    assert {name: inc for name, (inc, _v, _e) in device_rows("acme").items()} == {"sensor-2": again.pk}
+
+
 def test_acl_changes(tenant, device):
     v = Versions("acme")
     r1 = services.add_acl_rule(tenant, topic="sensors/{device}/#", action="publish", allow=True,
@@ -144,7 +191,7 @@ def test_delete_leaves_a_deleted_row(tenant):
     services.delete_tenant(tenant)
     version, doc = row("acme")
     assert version > before
-    assert doc == {"schema": 1, "tenant": "acme", "status": "deleted"}
+    assert doc == {"schema": 2, "tenant": "acme", "status": "deleted"}
     # re-creating the slug reuses its row
     services.create_tenant("acme")
     version2, doc2 = row("acme")
@@ -181,8 +228,8 @@ def test_failed_change_publishes_nothing(tenant):
 
 # ---------------------------------------------------------------- publishing, on PostgreSQL
 
-# Tenant "big"'s publish is held inside its build (as a tenant of 150,000 devices takes ~1 s with its
-# JSON). A change of tenant "small" made meanwhile must commit at once -- the build held the policy
+# Tenant "big"'s publish is held inside its build (as a tenant of 150,000 devices took ~1 s with its
+# JSON before its devices had rows of their own; an import of 100,000 devices still builds that many). A change of tenant "small" made meanwhile must commit at once -- the build held the policy
 # counter's row lock, and every tenant's change waited for it. A second change of "big" must wait
 # (its publishers build one after the other), and big's last snapshot then holds both changes.
 PUBLISH_RACE = """
@@ -196,16 +243,16 @@ from tenants import policy_snapshot, services
 call_command("migrate", verbosity=0)
 big, small = services.create_tenant("big"), services.create_tenant("small")
 gate, building = threading.Event(), threading.Event()
-real_build = policy_snapshot.build
+real_build = policy_snapshot._devices
 
-def held_build(tenant):
-    doc = real_build(tenant)
+def held_build(tenant, names=None):
+    doc = real_build(tenant, names)
     if tenant.slug == "big" and not gate.is_set():
         building.set()
         gate.wait(60)
     return doc
 
-policy_snapshot.build = held_build
+policy_snapshot._devices = held_build
 
 def change(tenant, device, done):
     try:
@@ -316,16 +363,16 @@ t = services.create_tenant("acme")
 d1 = services.create_device(t, "d1")
 fp = "ab" * 32
 written, creating = threading.Event(), threading.Event()
-real_publish = policy_snapshot.publish
+real_publish = policy_snapshot.publish_devices
 
-def held_publish(tenant):
+def held_publish(tenant, names):
     if threading.current_thread().name == "update":
         written.set()                   # d1's fingerprint is written: the create starts, locks the tenant
         creating.wait(60)
         time.sleep(1.0)
-    return real_publish(tenant)
+    return real_publish(tenant, names)
 
-policy_snapshot.publish = held_publish
+policy_snapshot.publish_devices = held_publish
 outcome = {}
 
 def run(name, fn):
@@ -371,3 +418,55 @@ DELETE_RACE = ADD_AT_THE_TOP_WHILE.format(
 def test_a_device_deleted_while_a_rule_is_added_at_the_top_are_both_done(postgres_db, tmp_path):
     result = run_django(postgres_db, tmp_path, DELETE_RACE)
     assert result == {"errors": {}, "acl": ["d/#", "b/#", "c/#"]}
+
+
+# A database of the code before the device rows (tenants 0009): schema-1 snapshots holding their devices
+# (one of a tenant written before snapshots named their incarnation, one of a deleted tenant), migrated to
+# the device rows and back.
+SPLIT_DEVICES = """
+import json
+import django
+django.setup()
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+def migrate(target):
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate([("tenants", target)])
+    return MigrationExecutor(connection).loader.project_state([("tenants", target)]).apps
+
+apps = migrate("0009_max_devices")
+Tenant, Snapshot = apps.get_model("tenants", "Tenant"), apps.get_model("tenants", "PolicySnapshot")
+acme, old = Tenant.objects.create(slug="acme"), Tenant.objects.create(slug="old")
+entry = {"enabled": True, "cert_fingerprint": None, "cert_cn": "gw", "credentials": [
+    {"id": 1, "hash": "sha256$" + "ab" * 32, "enabled": True, "expires_at": None}]}
+docs = {"acme": {"schema": 1, "tenant": "acme", "incarnation": acme.pk, "status": "active", "default_acl": "deny",
+                 "devices": {"a": entry, "b": dict(entry, enabled=False)}, "acl": [], "quota": {}},
+        "old": {"schema": 1, "tenant": "old", "status": "active", "devices": {"c": entry}},
+        "gone": {"schema": 1, "tenant": "gone", "status": "deleted"}}
+for version, (slug, doc) in enumerate(docs.items(), 1):
+    Snapshot.objects.create(tenant_slug=slug, version=version, data=json.dumps(doc))
+apps.get_model("tenants", "PolicyCounter").objects.update_or_create(pk=1, defaults={"value": 3})
+apps = migrate("0010_device_policy")
+split = {s.tenant_slug: [s.version, json.loads(s.data)] for s in apps.get_model("tenants", "PolicySnapshot").objects.all()}
+rows = sorted([r.tenant_slug, r.incarnation, r.name, r.version, json.loads(r.data)]
+              for r in apps.get_model("tenants", "DevicePolicy").objects.all())
+apps = migrate("0009_max_devices")
+back = {s.tenant_slug: json.loads(s.data) for s in apps.get_model("tenants", "PolicySnapshot").objects.all()}
+print(json.dumps({"docs": docs, "split": split, "rows": rows, "back": back, "ids": [acme.pk, old.pk]}))
+"""
+
+
+def test_the_migration_moves_each_snapshots_devices_into_rows_and_back(tmp_path):
+    out = run_django(f"sqlite:///{tmp_path}/console.sqlite3", tmp_path, SPLIT_DEVICES)
+    docs, split, rows, back = out["docs"], out["split"], out["rows"], out["back"]
+    acme_id, old_id = out["ids"]
+    assert all(version > 3 for version, _ in split.values())           # read again by every node
+    assert {slug: doc["schema"] for slug, (_, doc) in split.items()} == {"acme": 2, "old": 2, "gone": 2}
+    assert not any("devices" in doc for _, doc in split.values())
+    assert split["old"][1]["incarnation"] == old_id                     # named now: its rows are found
+    assert [r[:3] for r in rows] == [["acme", acme_id, "a"], ["acme", acme_id, "b"], ["old", old_id, "c"]]
+    assert rows[0][4] == docs["acme"]["devices"]["a"] and rows[1][4] == docs["acme"]["devices"]["b"]
+    assert back["acme"] == docs["acme"] and back["gone"] == docs["gone"]
+    assert back["old"] == dict(docs["old"], incarnation=old_id)

@@ -1,0 +1,165 @@
+"""A node reading the devices' rows (schema 2, ``tenants_devicepolicy``) beside the tenants' snapshots
+(brokerd/tenancy/source.py): a device's change is its row alone, applied to the tenant's policy of now;
+a tenant new to the node, or made again under its slug, gets every row of its own incarnation."""
+
+import json
+import sqlite3
+
+import pytest
+
+from brokerd.tenancy.control import TenantControl
+from brokerd.tenancy.source import PolicySource
+
+
+def _doc(slug="acme", incarnation=1, **extra) -> str:
+    return json.dumps({"schema": 2, "tenant": slug, "incarnation": incarnation, "status": "active",
+                       "default_acl": "deny", "acl": [], "quota": {}, "sys": {"enabled": True},
+                       "rules": [], "autosub": [], **extra})
+
+
+def _entry(enabled=True, cn=None, cred=1) -> str:
+    return json.dumps({"enabled": enabled, "cert_fingerprint": None, "cert_cn": cn,
+                       "credentials": [{"id": cred, "hash": "sha256$" + "ab" * 32, "enabled": True,
+                                        "expires_at": None}]})
+
+
+class Console:
+    """The console's two tables in a SQLite file, written as the console writes them."""
+
+    def __init__(self, path):
+        self.path = path
+        self.version = 0
+        with sqlite3.connect(path) as db:
+            db.execute("CREATE TABLE tenants_policysnapshot (id INTEGER PRIMARY KEY, tenant_slug TEXT UNIQUE, "
+                       "version INTEGER, data TEXT)")
+            db.execute("CREATE TABLE tenants_devicepolicy (id INTEGER PRIMARY KEY, tenant_slug TEXT, incarnation "
+                       "INTEGER, name TEXT, version INTEGER, data TEXT, UNIQUE (tenant_slug, name))")
+
+    def tenant(self, slug, data):
+        self.version += 1
+        with sqlite3.connect(self.path) as db:
+            db.execute("INSERT INTO tenants_policysnapshot (tenant_slug, version, data) VALUES (?, ?, ?) "
+                       "ON CONFLICT (tenant_slug) DO UPDATE SET version = excluded.version, data = excluded.data",
+                       (slug, self.version, data))
+
+    def devices(self, slug, incarnation, entries: dict):
+        self.version += 1
+        with sqlite3.connect(self.path) as db:
+            for name, data in entries.items():
+                db.execute("INSERT INTO tenants_devicepolicy (tenant_slug, incarnation, name, version, data) "
+                           "VALUES (?, ?, ?, ?, ?) ON CONFLICT (tenant_slug, name) DO UPDATE SET "
+                           "incarnation = excluded.incarnation, version = excluded.version, data = excluded.data",
+                           (slug, incarnation, name, self.version, data))
+
+    def drop_devices(self, slug):
+        with sqlite3.connect(self.path) as db:
+            db.execute("DELETE FROM tenants_devicepolicy WHERE tenant_slug = ?", (slug,))
+
+
+@pytest.fixture
+def console(tmp_path):
+    return Console(tmp_path / "console.sqlite3")
+
+
+def poll(source: PolicySource) -> list[tuple]:
+    """One poll's reading and installing, as ``PolicySource.poll`` does them (without a broker to
+    enforce on); -> [(slug, changed devices or None)]."""
+    control = source.control
+    rows, newest = source._fetch(control.version)
+    out = []
+    for slug, version, data, built in rows:
+        assert not isinstance(built, Exception), built
+        current = control.policies.get(slug)
+        if (current is not None and built is not None and current.incarnation != built.incarnation):
+            control.apply(slug, version, {"status": "deleted"}, None)
+        out.append((slug, built.changed_devices if built is not None else "deleted"))
+        control.apply(slug, version, data, built)
+    control.version = max(control.version, newest)
+    return out
+
+
+@pytest.fixture
+def source(console):
+    return PolicySource(f"sqlite:///{console.path}", TenantControl(), broker=None, loop=None)
+
+
+def devices(source, slug="acme") -> dict:
+    return {name: (d.enabled, len(d.credentials)) for name, d in source.control.policies[slug].devices.items()}
+
+
+def test_the_first_read_takes_every_row_and_a_devices_change_is_its_row_alone(console, source):
+    console.tenant("acme", _doc())
+    console.devices("acme", 1, {f"d{i}": _entry() for i in range(5)})
+    console.tenant("globex", _doc("globex", 2))
+    console.devices("globex", 2, {"g0": _entry()})
+    poll(source)
+    assert devices(source) == {f"d{i}": (True, 1) for i in range(5)}
+    assert devices(source, "globex") == {"g0": (True, 1)}
+    before = source.control.policies["acme"]
+
+    console.devices("acme", 1, {"d1": _entry(enabled=False), "d4": None, "d9": _entry()})
+    assert poll(source) == [("acme", frozenset({"d1", "d4", "d9"}))]
+    after = source.control.policies["acme"]
+    assert devices(source) == {"d0": (True, 1), "d1": (False, 1), "d2": (True, 1), "d3": (True, 1), "d9": (True, 1)}
+    assert after.acl is before.acl and after.quota == before.quota and after.version == console.version
+    assert before.devices["d1"].enabled          # the policy it replaced is left as it was
+    assert poll(source) == []
+
+
+def test_a_snapshot_and_device_rows_read_together_make_one_change(console, source):
+    console.tenant("acme", _doc())
+    console.devices("acme", 1, {"d0": _entry()})
+    poll(source)
+    console.devices("acme", 1, {"d1": _entry()})
+    console.tenant("acme", _doc(default_acl="allow"))
+    console.devices("acme", 1, {"d0": _entry(enabled=False)})
+    assert [slug for slug, _ in poll(source)] == ["acme"]
+    policy = source.control.policies["acme"]
+    assert policy.default_allow and devices(source) == {"d0": (False, 1), "d1": (True, 1)}
+    assert policy.version == console.version
+
+
+def test_a_slug_made_again_between_two_reads_gets_its_own_devices_only(console, source):
+    """The tenant deleted and made again (another incarnation) between two polls: the rows of the
+    new one read at that poll are not all of them (those older than the node's version are not read
+    again), so its devices are read whole; the old one's devices are gone with it."""
+    console.tenant("acme", _doc())
+    console.devices("acme", 1, {"old": _entry()})
+    poll(source)
+    console.drop_devices("acme")                     # delete_tenant
+    console.tenant("acme", json.dumps({"schema": 2, "tenant": "acme", "status": "deleted"}))
+    console.tenant("acme", _doc(incarnation=7))      # made again
+    console.devices("acme", 7, {"new1": _entry()})
+    console.devices("acme", 7, {"new2": _entry()})
+    seen = source.control.version
+    with sqlite3.connect(console.path) as db:        # new1's row as if read at the last poll already
+        db.execute("UPDATE tenants_devicepolicy SET version = ? WHERE name = 'new1'", (seen,))
+    poll(source)
+    assert source.control.policies["acme"].incarnation == 7
+    assert devices(source) == {"new1": (True, 1), "new2": (True, 1)}
+
+
+def test_rows_of_another_incarnation_or_unknown_tenant_are_passed_and_an_unreadable_row_alone(console, source,
+                                                                                                caplog):
+    console.tenant("acme", _doc())
+    console.devices("acme", 1, {"d0": _entry()})
+    poll(source)
+    console.devices("acme", 5, {"stale": _entry()})           # (a row of another incarnation of the slug)
+    console.devices("nobody", 3, {"x": _entry()})
+    console.devices("acme", 1, {"bad": '{"credentials": [{"hash": "no id"}]}', "d1": _entry(), "cut": '{"enab'})
+    poll(source)
+    assert devices(source) == {"d0": (True, 1), "d1": (True, 1)}
+    assert "nobody" not in source.control.policies
+    assert source.control.version == console.version
+    assert "device 'bad' of tenant 'acme'" in caplog.text and "device 'cut' of tenant 'acme'" in caplog.text
+
+
+def test_a_certificate_cn_another_device_names_is_judged_again_for_both(console, source):
+    """Whether a CN identifies a device depends on whether another names it too: a device's row naming
+    the CN of another makes that other device's connections judged again."""
+    console.tenant("acme", _doc())
+    console.devices("acme", 1, {"a": _entry(cn="gw"), "b": _entry()})
+    poll(source)
+    console.devices("acme", 1, {"b": _entry(cn="gw")})
+    assert poll(source) == [("acme", frozenset({"a", "b"}))]
+    assert source.control._cert_matches("acme", source.control.policies["acme"].devices["a"], None, "gw") is False
