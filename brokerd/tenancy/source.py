@@ -342,11 +342,13 @@ class PolicySource:
                 out.append((slug, version, None, data))
                 continue
             rows = by_slug.pop(slug, ())
+            devices = None
+            if isinstance(data, dict) and data.get("schema") == 2 and data.get("status") != "deleted":
+                # (out of the try: the database failing to give them fails the poll, tried again -- a
+                # snapshot refused has its version passed, and its tenant's device rows with it)
+                devices = self._devices_of(slug, data.get("incarnation"), rows, since)
+                version = max([version, *(r[2] for r in rows)])
             try:
-                devices = None
-                if data.get("schema") == 2 and data.get("status") != "deleted":
-                    devices = self._devices_of(slug, data.get("incarnation"), rows, since)
-                    version = max([version, *(r[2] for r in rows)])
                 built = self.control.prepare(slug, version, data, devices)
             except Exception as exc:            # (what a document the console did not write may raise)
                 built = exc
@@ -375,6 +377,8 @@ class PolicySource:
                 else:
                     devices[name] = entry
             return devices
+        if type(incarnation) is not int or not -2**63 <= incarnation < 2**63:
+            return {}                           # (no row is of it: a document the console did not write)
         # not applied on top of these rows: all of them read now are as new as they are, or newer
         return self.db.fetch_devices(slug, incarnation)
 

@@ -163,3 +163,56 @@ def test_a_certificate_cn_another_device_names_is_judged_again_for_both(console,
     console.devices("acme", 1, {"b": _entry(cn="gw")})
     assert poll(source) == [("acme", frozenset({"a", "b"}))]
     assert source.control._cert_matches("acme", source.control.policies["acme"].devices["a"], None, "gw") is False
+
+
+class _Broker:
+    """What ``PolicySource.poll`` asks of the broker, without clients to enforce on."""
+
+    def __init__(self):
+        self.autosub = {}
+
+    def forget_gone_tenants(self, now):
+        pass
+
+    def policy_steps(self, tenant, old, new, now, wall, clock=None):
+        return iter(())
+
+
+def test_a_database_error_reading_a_new_tenants_devices_is_tried_again_not_the_tenant_passed(console):
+    """The devices of a tenant new to the node (or made again under its slug) are read by a statement
+    of their own, after the poll's: the connection dropped there (the database restarted, a failover,
+    the statement timed out) is a failed poll, tried again -- before, the tenant's snapshot was refused
+    as if unreadable and its version passed: the node never had the tenant (nor a device added to it
+    later, whose row alone came) until something else of the tenant changed, its devices refused."""
+    import asyncio
+
+    console.tenant("acme", _doc())
+    console.devices("acme", 1, {"d0": _entry()})
+
+    async def run():
+        source = PolicySource(f"sqlite:///{console.path}", TenantControl(), _Broker(), asyncio.get_running_loop(),
+                              wall=lambda: 0.0)
+        await source.poll()                                # the first read: acme
+        console.tenant("globex", _doc("globex", 2))        # a new tenant, with a device
+        console.devices("globex", 2, {"g0": _entry()})
+        real, failed = source.db.fetch_devices, []
+
+        def dropped(slug, incarnation):
+            if not failed:
+                failed.append(slug)
+                raise sqlite3.OperationalError("disk I/O error")       # (psycopg: OperationalError)
+            return real(slug, incarnation)
+
+        source.db.fetch_devices = dropped
+        try:
+            await source.poll()
+        except sqlite3.OperationalError:
+            pass                                           # (the poller logs it and polls again)
+        await source.poll()
+        console.devices("globex", 2, {"g1": _entry()})     # a device added later: its row alone
+        await source.poll()
+        return source
+
+    source = asyncio.run(run())
+    assert "globex" in source.control.policies, "the new tenant never reached the node"
+    assert devices(source, "globex") == {"g0": (True, 1), "g1": (True, 1)}
