@@ -45,13 +45,13 @@ tenant = services.create_tenant(spec["slug"], default_acl="deny")
 for rule in spec["rules"]:
     services.add_acl_rule(tenant, **rule)
 secrets = {}
-with transaction.atomic():            # many devices, one snapshot
+with transaction.atomic():            # many devices, one version of their rows
     for i in range(spec["devices"]):
         device = Device.objects.create(tenant=tenant, name=f"d{i}")
         secret = generate_secret()
         Credential.objects.create(device=device, secret_hash=hash_secret(secret))
         secrets[f"d{i}"] = secret
-    policy_snapshot.publish(tenant)
+    policy_snapshot.publish_devices(tenant, list(secrets))
 print("SECRETS " + json.dumps(secrets))
 """
 
