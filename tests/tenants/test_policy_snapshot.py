@@ -470,3 +470,12 @@ def test_the_migration_moves_each_snapshots_devices_into_rows_and_back(tmp_path)
     assert rows[0][4] == docs["acme"]["devices"]["a"] and rows[1][4] == docs["acme"]["devices"]["b"]
     assert back["acme"] == docs["acme"] and back["gone"] == docs["gone"]
     assert back["old"] == dict(docs["old"], incarnation=old_id)
+
+
+def test_an_imports_rows_are_what_its_devices_read_back_give(tenant):
+    """An import writes its devices' rows from what it made (not read back: that held SQLite's write lock
+    longer); they are the entries a rebuild from the database gives."""
+    made = services.provision_devices(tenant, [{"name": "gw-1", "cert_cn": "gw-1.acme"}, {"name": "pump-2"}])
+    assert len(made) == 2
+    rows = {name: entry for name, (_inc, _v, entry) in device_rows("acme").items()}
+    assert rows == services.policy_snapshot._devices(tenant)
