@@ -44,6 +44,9 @@ class TransportHooks(Protocol):
         """``channel.out`` holds many answers (``OUT_AT_ONCE``): write them now, not at the end of the
         loop's iteration, and read no more while the client does not read them."""
 
+    def end_turn(self) -> None:
+        """A read of ``TURN_BYTES`` or more was handled: read no more in this iteration of the loop."""
+
 
 class ChannelBroker(Protocol):
     # ------------------------------------------------------------ connection

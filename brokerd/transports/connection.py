@@ -22,12 +22,6 @@ PAUSE_RATE = 4       # the client is over its tenant's inbound rate
 PAUSE_OUTPUT = 8     # the client does not read what it asked for (its write buffer is past OUTPUT_HELD)
 PAUSE_TURN = 16      # the client had its turn: a read of TURN_BYTES or more (read again at the next iteration)
 
-# libuv reads a socket up to 32 times in one event-loop iteration, 256 KiB each, while it has data: one
-# client sending tiny packets as fast as it could had 8 MiB handled -- ~500,000 QoS 1 PUBLISHes, each
-# answered -- before any other client was served, which waited 2.6 s on an idle node. A read this big
-# ends the connection's turn: the others are served before it is read again.
-TURN_BYTES = 64 * 1024
-
 # Past ``write_high`` deliveries queue (Channel.set_congested), but what the client's own packets
 # call for -- PUBACK/PUBREC/PUBCOMP, PINGRESP, SUBACK, a WebSocket pong -- is written whatever the
 # buffer holds. A client sending those and reading nothing made the broker hold all of it; past
@@ -239,6 +233,9 @@ class _Closed:
     def flush_now(self):
         pass
 
+    def end_turn(self):
+        pass
+
     def peer_address(self):
         return ""
 
@@ -289,11 +286,10 @@ class MqttConnection(asyncio.Protocol):
             pacer.reading = None
         if self.channel.congested:
             self.hold_output()
-        if len(data) >= TURN_BYTES:
-            self.end_turn()
 
     def end_turn(self) -> None:
-        """Not read again in this event-loop iteration (``TURN_BYTES``): the other clients' turn."""
+        """Not read again in this event-loop iteration (``TURN_BYTES``, the channel says): the other
+        clients' turn."""
         if not self.paused & PAUSE_TURN and not self.closed:
             self.pause_reading(PAUSE_TURN)
             self.server.loop.call_soon(self.resume_reading, PAUSE_TURN)

@@ -20,7 +20,8 @@ from wsproto.events import (
 )
 from wsproto.utilities import RemoteProtocolError as WsProtocolError
 
-from .connection import TURN_BYTES, MqttConnection, close_gently
+from ..protocol.channel import TURN_BYTES
+from .connection import MqttConnection, close_gently
 
 log = logging.getLogger("brokerd.ws")
 

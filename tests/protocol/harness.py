@@ -74,6 +74,9 @@ class Hooks:
     def flush_now(self):
         self.calls.append("flush_now")        # (the harness reads ``out`` itself)
 
+    def end_turn(self):
+        self.calls.append("end_turn")
+
 
 class UnknownAlias(AssertionError):
     """The server used a topic alias it never set up on this connection."""

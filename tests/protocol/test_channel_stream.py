@@ -93,3 +93,20 @@ def test_good_packets_before_garbage_are_handled():
     assert [type(p).__name__ for p in got] == ["Connack", "Pingresp", "Disconnect"]
     assert got[-1].reason_code == 0x81
     assert c.closed
+
+
+def test_a_big_read_ends_the_connections_turn_and_small_ones_do_not():
+    """A read of TURN_BYTES or more asks the transport to read no more in this loop iteration
+    (``hooks.end_turn``): one client's flood of tiny packets was handled 8 MiB at a time before any
+    other client was served. A read of one packet, or a few, does not (the steady-rate paths)."""
+    from brokerd.protocol.channel import TURN_BYTES
+
+    net = Net()
+    c = net.connect("flooder")
+    pings = encode(Pingreq(), MQTT311)
+    c.send_raw(pings * 8)
+    c.send(Publish(topic="nobody/here", payload=b"x", qos=1, packet_id=1))
+    assert "end_turn" not in c.hooks.calls
+    answers = c.send_raw(pings * (TURN_BYTES // len(pings)))
+    assert c.hooks.calls.count("end_turn") == 1
+    assert len(answers) == TURN_BYTES // len(pings)          # the read is handled whole all the same
