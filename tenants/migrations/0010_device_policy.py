@@ -6,55 +6,57 @@ from django.db import migrations, models
 from django.db.models import F
 
 
-def split_devices(apps, schema_editor):
-    """Each tenant's schema-1 snapshot, whose ``devices`` held every device, becomes a schema-2
-    snapshot and one row per device (under new versions: the nodes read both again)."""
-    PolicySnapshot = apps.get_model("tenants", "PolicySnapshot")
-    DevicePolicy = apps.get_model("tenants", "DevicePolicy")
-    PolicyCounter = apps.get_model("tenants", "PolicyCounter")
-    Tenant = apps.get_model("tenants", "Tenant")
-    for snap in PolicySnapshot.objects.order_by("version"):
+def _rewrite(apps, schema: int, change) -> None:
+    """Each snapshot of ``schema``, in version order, rewritten by ``change(models, snap, doc, version)``
+    under a new version (the nodes read them again)."""
+    models = {name: apps.get_model("tenants", name) for name in ("PolicySnapshot", "DevicePolicy", "PolicyCounter",
+                                                                  "Tenant")}
+    counter = models["PolicyCounter"]
+    for snap in models["PolicySnapshot"].objects.order_by("version"):
         doc = json.loads(snap.data)
-        if doc.get("schema") != 1:
+        if doc.get("schema") != schema:
             continue
-        devices = doc.pop("devices", None) or {}
-        doc["schema"] = 2
-        if doc.get("status") != "deleted" and not isinstance(doc.get("incarnation"), int):
-            tenant = Tenant.objects.filter(slug=snap.tenant_slug).first()      # (a snapshot written before it)
-            doc["incarnation"] = tenant.pk if tenant is not None else 0
-        PolicyCounter.objects.get_or_create(pk=1, defaults={"value": 0})
-        PolicyCounter.objects.filter(pk=1).update(value=F("value") + 1)
-        version = PolicyCounter.objects.get(pk=1).value
-        if doc.get("status") != "deleted":
-            DevicePolicy.objects.bulk_create(
-                [DevicePolicy(tenant_slug=snap.tenant_slug, incarnation=doc["incarnation"], name=name,
-                              version=version, data=json.dumps(entry, separators=(",", ":")))
-                 for name, entry in devices.items()], batch_size=2_000)
+        counter.objects.get_or_create(pk=1, defaults={"value": 0})
+        counter.objects.filter(pk=1).update(value=F("value") + 1)
+        version = counter.objects.get(pk=1).value
+        change(models, snap, doc, version)
         snap.data = json.dumps(doc, separators=(",", ":"))
         snap.version = version
         snap.save(update_fields=["data", "version"])
 
 
+def _split(models, snap, doc, version):
+    devices = doc.pop("devices", None) or {}
+    doc["schema"] = 2
+    if doc.get("status") == "deleted":
+        return
+    if not isinstance(doc.get("incarnation"), int):
+        tenant = models["Tenant"].objects.filter(slug=snap.tenant_slug).first()     # (a snapshot written before it)
+        doc["incarnation"] = tenant.pk if tenant is not None else 0
+    models["DevicePolicy"].objects.bulk_create(
+        [models["DevicePolicy"](tenant_slug=snap.tenant_slug, incarnation=doc["incarnation"], name=name,
+                                version=version, data=json.dumps(entry, separators=(",", ":")))
+         for name, entry in devices.items()], batch_size=2_000)
+
+
+def _join(models, snap, doc, version):
+    doc["schema"] = 1
+    if doc.get("status") != "deleted":
+        doc["devices"] = {name: json.loads(data) for name, data in models["DevicePolicy"].objects.filter(
+            tenant_slug=snap.tenant_slug, incarnation=doc.get("incarnation") or 0,
+            data__isnull=False).order_by("name").values_list("name", "data")}
+
+
+def split_devices(apps, schema_editor):
+    """Each tenant's schema-1 snapshot, whose ``devices`` held every device, becomes a schema-2
+    snapshot and one row per device."""
+    _rewrite(apps, 1, _split)
+
+
 def join_devices(apps, schema_editor):
     """Back to schema 1: each snapshot holds its devices again (the code before this migration reads
     nothing else)."""
-    PolicySnapshot = apps.get_model("tenants", "PolicySnapshot")
-    DevicePolicy = apps.get_model("tenants", "DevicePolicy")
-    PolicyCounter = apps.get_model("tenants", "PolicyCounter")
-    for snap in PolicySnapshot.objects.order_by("version"):
-        doc = json.loads(snap.data)
-        if doc.get("schema") != 2:
-            continue
-        doc["schema"] = 1
-        if doc.get("status") != "deleted":
-            doc["devices"] = {name: json.loads(data) for name, data in DevicePolicy.objects.filter(
-                tenant_slug=snap.tenant_slug, incarnation=doc.get("incarnation") or 0,
-                data__isnull=False).order_by("name").values_list("name", "data")}
-        PolicyCounter.objects.get_or_create(pk=1, defaults={"value": 0})
-        PolicyCounter.objects.filter(pk=1).update(value=F("value") + 1)
-        snap.data = json.dumps(doc, separators=(",", ":"))
-        snap.version = PolicyCounter.objects.get(pk=1).value
-        snap.save(update_fields=["data", "version"])
+    _rewrite(apps, 2, _join)
 
 
 class Migration(migrations.Migration):
