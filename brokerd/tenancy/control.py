@@ -104,12 +104,7 @@ class TenantControl:
         old = self.policies.get(slug)
         if old is None:
             return None
-        devices = dict(old.devices)
-        for name, entry in entries.items():
-            if entry is None:
-                devices.pop(name, None)
-            else:
-                devices[name] = entry
+        devices = with_devices(old.devices, entries)
         new = dataclasses.replace(old, version=version, devices=devices, diff_base=old)
         new.changed_devices = _with_certificate_peers(set(entries), old.devices, devices)
         return new
@@ -502,6 +497,17 @@ class TenantControl:
 
 MIN_SHARE = 0.01        # of a tenant's host-wide rate, the least a worker's bucket gets (never a rate of 0)
 MAX_KEPT_BUCKETS = 20_000       # clients whose buckets are kept between connections, per node (~0.5 KB each)
+
+
+def with_devices(devices: dict, entries: dict) -> dict:
+    """A copy of ``devices`` with ``entries`` (name -> DevicePolicy, None: deleted) in it."""
+    out = dict(devices)
+    for name, entry in entries.items():
+        if entry is None:
+            out.pop(name, None)
+        else:
+            out[name] = entry
+    return out
 
 
 def device_changes(old: TenantPolicy, new: TenantPolicy) -> frozenset | None:

@@ -23,6 +23,7 @@ import logging
 import time
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from .control import with_devices
 from .policy import TenantPolicy, device_from
 
 DELETED = {"schema": 1, "status": "deleted"}     # a tenant's snapshot once it is deleted (with its "tenant")
@@ -368,15 +369,8 @@ class PolicySource:
             return {name: entry for inc, name, _version, entry in rows if inc == incarnation and entry is not None}
         current = self.control.policies.get(slug)
         if current is not None and incarnation is not None and current.incarnation == incarnation:
-            devices = dict(current.devices)
-            for inc, name, _version, entry in rows:
-                if inc != incarnation:
-                    continue
-                if entry is None:
-                    devices.pop(name, None)
-                else:
-                    devices[name] = entry
-            return devices
+            return with_devices(current.devices, {name: entry for inc, name, _version, entry in rows
+                                                  if inc == incarnation})
         if type(incarnation) is not int or not -2**63 <= incarnation < 2**63:
             return {}                           # (no row is of it: a document the console did not write)
         # not applied on top of these rows: all of them read now are as new as they are, or newer
@@ -433,12 +427,11 @@ class PolicySource:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             return self._ignored(slug, version, exc, now)
         autosub = new.autosub if new is not None else None
-        if data is None:                        # devices alone changed: nothing else to install
-            pass
-        elif autosub is None:
-            self.broker.autosub.pop(slug, None)
-        else:
-            self.broker.autosub[slug] = autosub
+        if data is not None:                    # (None: devices alone changed, nothing else to install)
+            if autosub is None:
+                self.broker.autosub.pop(slug, None)
+            else:
+                self.broker.autosub[slug] = autosub
         if self.rules is not None and data is not None:
             try:
                 self.rules.apply(slug, new.rules if new is not None else None, ready.get(slug))
