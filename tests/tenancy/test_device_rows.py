@@ -2,6 +2,7 @@
 (brokerd/tenancy/source.py): a device's change is its row alone, applied to the tenant's policy of now;
 a tenant new to the node, or made again under its slug, gets every row of its own incarnation."""
 
+import asyncio
 import json
 import sqlite3
 
@@ -61,26 +62,34 @@ def console(tmp_path):
     return Console(tmp_path / "console.sqlite3")
 
 
+class _Broker:
+    """What ``PolicySource.poll`` asks of the broker, without clients to enforce on: the changes it is
+    given to enforce, recorded as (tenant, the devices whose connections it judges again)."""
+
+    def __init__(self):
+        self.autosub = {}
+        self.changes = []
+
+    def forget_gone_tenants(self, now):
+        pass
+
+    def policy_steps(self, tenant, old, new, now, wall, clock=None):
+        self.changes.append((tenant, new.changed_devices if new is not None else "deleted"))
+        return iter(())
+
+
 def poll(source: PolicySource) -> list[tuple]:
-    """One poll's reading and installing, as ``PolicySource.poll`` does them (without a broker to
-    enforce on); -> [(slug, changed devices or None)]."""
-    control = source.control
-    rows, newest = source._fetch(control.version)
-    out = []
-    for slug, version, data, built in rows:
-        assert not isinstance(built, Exception), built
-        current = control.policies.get(slug)
-        if (current is not None and built is not None and current.incarnation != built.incarnation):
-            control.apply(slug, version, {"status": "deleted"}, None)
-        out.append((slug, built.changed_devices if built is not None else "deleted"))
-        control.apply(slug, version, data, built)
-    control.version = max(control.version, newest)
-    return out
+    """One poll of the node's poller; -> the changes it enforced: [(slug, changed devices)]."""
+    source.broker.changes.clear()
+    source.loop.run_until_complete(source.poll())
+    return list(source.broker.changes)
 
 
 @pytest.fixture
 def source(console):
-    return PolicySource(f"sqlite:///{console.path}", TenantControl(), broker=None, loop=None)
+    loop = asyncio.new_event_loop()
+    yield PolicySource(f"sqlite:///{console.path}", TenantControl(), _Broker(), loop, wall=lambda: 0.0)
+    loop.close()
 
 
 def devices(source, slug="acme") -> dict:
@@ -165,27 +174,12 @@ def test_a_certificate_cn_another_device_names_is_judged_again_for_both(console,
     assert source.control._cert_matches("acme", source.control.policies["acme"].devices["a"], None, "gw") is False
 
 
-class _Broker:
-    """What ``PolicySource.poll`` asks of the broker, without clients to enforce on."""
-
-    def __init__(self):
-        self.autosub = {}
-
-    def forget_gone_tenants(self, now):
-        pass
-
-    def policy_steps(self, tenant, old, new, now, wall, clock=None):
-        return iter(())
-
-
 def test_a_database_error_reading_a_new_tenants_devices_is_tried_again_not_the_tenant_passed(console):
     """The devices of a tenant new to the node (or made again under its slug) are read by a statement
     of their own, after the poll's: the connection dropped there (the database restarted, a failover,
     the statement timed out) is a failed poll, tried again -- before, the tenant's snapshot was refused
     as if unreadable and its version passed: the node never had the tenant (nor a device added to it
     later, whose row alone came) until something else of the tenant changed, its devices refused."""
-    import asyncio
-
     console.tenant("acme", _doc())
     console.devices("acme", 1, {"d0": _entry()})
 
