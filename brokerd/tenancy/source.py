@@ -164,6 +164,14 @@ def _device_row(name: str, data):
         return ValueError(f"device row not readable: {type(exc).__name__}: {str(exc)[:200]}")
 
 
+def _statement_error(conn, exc: Exception) -> bool:
+    """Whether ``exc`` is the server refusing one statement on a PostgreSQL connection that is still
+    good (autocommit: no transaction is left aborted), rather than the connection failing."""
+    import psycopg
+
+    return (isinstance(exc, psycopg.errors.ProgrammingError) and not conn.closed and not conn.broken)
+
+
 class PolicyDatabase:
     """A read-only connection to the console's database (blocking; used from a thread)."""
 
@@ -192,16 +200,18 @@ class PolicyDatabase:
 
     def _rows(self, sql: str, params=()) -> list[tuple]:
         """One read on the node's connection: kept open on PostgreSQL (autocommit,
-        so every poll sees what was committed before it; a failed read closes it
-        and the next one reconnects), reopened per poll on SQLite."""
+        so every poll sees what was committed before it; a read that failed with
+        the connection lost closes it and the next one reconnects -- one the server
+        refused, a table missing, leaves it open), reopened per poll on SQLite."""
         if self.conn is None:
             self.conn = self._connect()
         try:
             cur = self.conn.cursor()
             cur.execute(sql.format(p="?" if self.kind == "sqlite" else "%s"), params)
             return cur.fetchall()
-        except Exception:
-            self.close()
+        except Exception as exc:
+            if self.kind != "pg" or not _statement_error(self.conn, exc):
+                self.close()
             raise
         finally:
             if self.kind == "sqlite":
@@ -218,8 +228,9 @@ class PolicyDatabase:
         except Exception as exc:
             if "tenants_devicepolicy" not in str(exc):
                 raise
-            # a console from before the device rows (schema 1; tried again at each poll: the table
-            # comes with the console's upgrade, in the transaction that writes the first schema-2 row)
+            # a console from before the device rows (schema 1; tried again at each poll, on the same
+            # PostgreSQL connection: the table comes with the console's upgrade, in the transaction that
+            # writes the first schema-2 row)
             rows = [(*row, None, None, 0) for row in self._rows(QUERY, (since,))]
         out, devices = [], []
         for slug, version, data, incarnation, name, kind in rows:

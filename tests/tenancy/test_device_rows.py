@@ -210,3 +210,44 @@ def test_a_database_error_reading_a_new_tenants_devices_is_tried_again_not_the_t
     source = asyncio.run(run())
     assert "globex" in source.control.policies, "the new tenant never reached the node"
     assert devices(source, "globex") == {"g0": (True, 1), "g1": (True, 1)}
+
+
+def test_a_console_not_migrated_yet_on_postgres_is_read_on_one_connection(postgres_db):
+    """A node upgraded before its console (docs/operations.md's order) finds no device table: it reads
+    the snapshots alone (schema 1) at each poll -- on the connection it has. Before, the refused
+    statement closed it, and the node connected to PostgreSQL again twice a second until the console
+    was migrated. Once the table comes, the next poll reads its rows."""
+    import psycopg
+
+    from brokerd.tenancy.source import pg_params
+
+    with psycopg.connect(**pg_params(postgres_db), autocommit=True) as db:
+        db.execute("CREATE TABLE tenants_policysnapshot (id serial PRIMARY KEY, tenant_slug text UNIQUE, "
+                   "version bigint, data text)")
+        legacy = json.loads(_doc())
+        legacy.update(schema=1, devices={"d0": json.loads(_entry())})
+        db.execute("INSERT INTO tenants_policysnapshot (tenant_slug, version, data) VALUES ('acme', 1, %s)",
+                   (json.dumps(legacy),))
+        loop = asyncio.new_event_loop()
+        source = PolicySource(postgres_db, TenantControl(), _Broker(), loop, wall=lambda: 0.0)
+        try:
+            poll(source)
+            backend = source.db.conn.info.backend_pid
+            db.execute("UPDATE tenants_policysnapshot SET version = 2, data = %s",
+                       (json.dumps({**legacy, "devices": {"d0": json.loads(_entry(enabled=False))}}),))
+            assert [slug for slug, _ in poll(source)] == ["acme"]
+            assert devices(source) == {"d0": (False, 1)}
+            poll(source)
+            assert source.db.conn is not None and source.db.conn.info.backend_pid == backend
+
+            db.execute("CREATE TABLE tenants_devicepolicy (id serial PRIMARY KEY, tenant_slug text, incarnation "
+                       "integer, name text, version bigint, data text, UNIQUE (tenant_slug, name))")
+            db.execute("UPDATE tenants_policysnapshot SET version = 3, data = %s", (_doc(),))
+            db.execute("INSERT INTO tenants_devicepolicy (tenant_slug, incarnation, name, version, data) "
+                       "VALUES ('acme', 1, 'd0', 3, %s), ('acme', 1, 'd7', 4, %s)", (_entry(), _entry()))
+            poll(source)
+            assert devices(source) == {"d0": (True, 1), "d7": (True, 1)}
+            assert source.db.conn.info.backend_pid == backend
+        finally:
+            source.db.close()
+            loop.close()
