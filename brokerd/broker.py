@@ -29,6 +29,7 @@ ever crosses from one tenant to another.
 """
 
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -39,7 +40,7 @@ from .metrics.accounting import Accounting, Stats
 from .protocol import reason as rc
 from .protocol.channel import ChannelLimits
 from .protocol.errors import RemoteProtocolError
-from .protocol.packets import Publish, SubscriptionRequest
+from .protocol.packets import Publish, RulePublish, SubscriptionRequest
 from .protocol.reason import AFTER_COMMIT, STORE_UNAVAILABLE
 from .registry import ClientRegistry
 from .routing.router import Namespace, Router, SharedGroup, _merge
@@ -144,9 +145,11 @@ class Broker:
         self.usage = None                   # brokerd.metrics.usage.UsageLog with --usage-dir (attach_usage)
         self._waits: list = []              # requests to other nodes a publish waits for
         self.wall_offset = 0.0              # wall clock = now + wall_offset (set by the server)
+        self.clock = lambda: now            # the event loop's clock (set by the server), where no caller gives now
         self._strategy = self.config.shared_strategy
         self.autosub: dict = {}             # tenant -> (tenancy.autosub.AutoSub, ...), tenants that have some
         self.rules: dict = {}               # tenant -> rules.engine.TenantRules, tenants with enabled rules only
+        self._drop_events: deque | None = None   # $events/delivery_dropped raised while one is run (_drop_event)
         self.delayed = None                 # delayed.DelayedQueue: $delayed/{seconds}/{topic} (use_delayed)
 
     def use_store(self, persist) -> None:
@@ -787,6 +790,7 @@ class Broker:
     def _enqueue_offline(self, session: Session, d: Delivery) -> None:
         if d.qos == 0 and not self.limits.queue_qos0:
             self.acct.queue_full(session.ns, [d])
+            self._drop_event(session, None, [(d.msg, 0, d.retain)], "qos0_msg")
             return
         dropped = session.queue.put(d)
         if dropped:
@@ -803,6 +807,43 @@ class Broker:
     def queue_dropped(self, session, dropped: list) -> None:
         self.acct.queue_full(session.ns, dropped)
         self._forget_queued(session, dropped)
+        if self.rules:
+            self._drop_event(session, None, [(d.msg, d.qos, d.retain) for d in dropped], "queue_full")
+
+    def _drop_event(self, session, channel, deliveries: list, reason: str) -> None:
+        """``$events/delivery_dropped`` for the tenant's rules: messages a client was owed that it
+        will not get. One dict lookup when the tenant has no rule."""
+        ns = session.ns if session is not None else channel.ns
+        if ns.name not in self.rules:
+            return
+        # not for a message a rule made: a rule republishing this event would feed itself
+        deliveries = [d for d in deliveries if d[0].__class__ is not RulePublish]
+        if not deliveries:
+            return
+        pending = self._drop_events
+        if pending is not None:
+            # raised by a rule's republish, into a full queue, while the tenant's rules run on a drop:
+            # after it, not inside it (each pushes out one client's message: as deep as a queue is long)
+            pending.append((ns, session, channel, deliveries, reason))
+            return
+        pending = self._drop_events = deque([(ns, session, channel, deliveries, reason)])
+        try:
+            while pending:
+                ns, session, channel, deliveries, reason = pending.popleft()
+                rules = self.rules.get(ns.name)
+                if rules is not None:
+                    # (the broker's clock: the paths that drop -- a queue's put, a send -- have no now)
+                    rules.delivery_dropped(self, ns, session, channel, deliveries, reason, self.clock())
+        finally:
+            self._drop_events = None
+
+    def offline_client(self, tenant: str, session):
+        """The client of an offline ``session``, as a rule reads it: its id, no user name, its
+        device's ACL (to judge a rule's republish)."""
+        device = session.device
+        acl = self.auth.client_acl(Identity(tenant, device), session.client_id)
+        policy = self.auth.policy(tenant)
+        return _Publisher((session.client_id, None, device), acl, policy.quota or None if policy is not None else None)
 
     def _forget_queued(self, session, dropped: list) -> None:
         """Deliveries taken out of ``session``'s queue unsent: out of its stored queue, their packet ids free."""
@@ -836,6 +877,7 @@ class Broker:
             self.acct.expired(session.ns, d.msg.topic)
         else:
             self.acct.too_large(session.ns)
+        self._drop_event(session, None, [(d.msg, d.qos, d.retain)], "expired" if expired else "too_large")
         if d.entry and session.durable:
             self.persist.done(session, session.ns.name, d)
         elif d.pid and session.reserved:
@@ -878,9 +920,11 @@ class Broker:
 
     def expired(self, channel, msg) -> None:
         self.acct.expired(None, None)       # (counted for the node only, as ever)
+        self._drop_event(None, channel, [(msg, 0, msg.retain)], "expired")
 
-    def too_large(self, channel, msg) -> None:
+    def too_large(self, channel, msg, qos: int, retain: bool) -> None:
         self.acct.too_large(channel.ns)
+        self._drop_event(None, channel, [(msg, qos, retain)], "too_large")
 
     def dropped(self, channel, msg, code) -> None:
         self.acct.store_refused()
@@ -1003,6 +1047,7 @@ class Broker:
                     continue
                 if queue.full(len(msg.payload)):
                     self.acct.queue_full(session.ns, [Delivery(msg, qos, True, ids)])
+                    self._drop_event(session, None, [(msg, qos, True)], "queue_full")
                     return
                 if qos and stored:
                     self._deliver_stored(session, msg, qos, True, ids, None)

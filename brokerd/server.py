@@ -125,6 +125,7 @@ class Server:
             now=now,
         )
         self.broker.wall_offset = time.time() - now
+        self.broker.clock = self.loop.time
         self.policy_source: PolicySource | None = None
         allow = "" if config.rules_webhook_allow.strip().lower() == "none" else config.rules_webhook_allow
         self.webhooks = WebhookSender(Allowance(allow), config.rules_webhook_buffer,

@@ -26,7 +26,7 @@ from ..protocol import properties as P
 from ..protocol import reason as rc
 from ..protocol.codec import decode_properties, encode_properties
 from ..protocol.packets import PUBLISH as PUBLISH_PROPS
-from ..protocol.packets import Publish
+from ..protocol.packets import Publish, RulePublish
 from . import frames
 from .handoff import Handoff
 from .ports import Clock, ClusterBroker, FenceState
@@ -200,9 +200,13 @@ class Forwarder:
         if raw is not None and not msg.qos and not msg.retain and not msg.properties:
             # its 3.x wire form goes as it is: the receiving node sends those bytes on (not for a
             # message with 5.0 properties: a 3.x subscriber's delivery made enc3 too, without them)
-            return 0, frames.RAW, expiry, ns.name.encode(), msg.topic.encode(), b"", raw
+            flags = frames.RAW if msg.__class__ is Publish else frames.RAW | frames.RULE
+            return 0, flags, expiry, ns.name.encode(), msg.topic.encode(), b"", raw
         props = encode_properties(msg.properties) if msg.properties else b""
-        return msg.qos, 1 if msg.retain else 0, expiry, ns.name.encode(), msg.topic.encode(), props, msg.payload
+        flags = 1 if msg.retain else 0
+        if msg.__class__ is not Publish:
+            flags |= frames.RULE
+        return msg.qos, flags, expiry, ns.name.encode(), msg.topic.encode(), props, msg.payload
 
     def _wait_ack(self, req: int, node: str, waits: list) -> None:
         waits.append(req)
@@ -218,13 +222,14 @@ class Forwarder:
             i = 2
             while raw[i - 1] & 0x80:
                 i += 1
-            msg = Publish(topic, raw[i + 2 + len(topic.encode()):], 0, False)
+            msg = (RulePublish if flags & frames.RULE else Publish)(topic, raw[i + 2 + len(topic.encode()):], 0, False)
             msg.enc3 = raw
         else:
             properties = None
             if props:
                 properties, _ = decode_properties(props, 0, len(props), PUBLISH_PROPS)
-            msg = Publish(topic, payload, qos, bool(flags & 1), False, 0, properties)
+            msg = (RulePublish if flags & frames.RULE else Publish)(topic, payload, qos, bool(flags & 1), False, 0,
+                                                                      properties)
         if expiry >= 0:
             if expiry == frames.EXPIRY_MAX and msg.properties:
                 # more seconds left than the field holds: the interval as published (up to

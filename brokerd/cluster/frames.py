@@ -61,6 +61,7 @@ EXPIRY_MAX = 0x7FFFFFFF      # a PUBLISH's expiry field (i32) at most: a Message
                              # 0xFFFFFFFF; one above this is sent as this, its properties saying the rest
 TARGET = 4                   # PUBLISH flag: for the session named in the group field only
 REDIRECTED = 8               # PUBLISH flag: a shared group's message another node passed on (not passed on again)
+RULE = 16                    # PUBLISH flag: a message a rule made (``packets.RulePublish``; earlier nodes ignore it)
 LIVE_ONLY = 1                # TAKEOVER flag: let go of the session only if its client is connected here
 # what this version's nodes say they do, in their membership information ("features"): a node asks
 # LIVE_ONLY only of a node that says it answers it (an earlier version ignores the flag: it would let go

@@ -1395,7 +1395,7 @@ class Channel:
                 props = encode_properties(msg.properties)
                 data = msg.enc5 = publish_head(msg.topic.encode(), 0, False, False, 0, props, len(payload)) + payload
             if len(data) > self.client_max_packet:
-                self.broker.too_large(self, msg)
+                self.broker.too_large(self, msg, qos, retain)
                 return False
             out = self.out
             if not out:
@@ -1431,7 +1431,7 @@ class Channel:
         head = publish_head(topic_b, qos, retain, dup, pid, encode_properties(props), len(payload))
         if len(head) + len(payload) > self.client_max_packet:
             if new_alias is None:
-                self.broker.too_large(self, msg)
+                self.broker.too_large(self, msg, qos, retain)
                 return False
             # too large only with the alias we would set up: sent without it ([MQTT-3.1.2-25]
             # drops what does not fit, not what we made not fit)
@@ -1439,7 +1439,7 @@ class Channel:
             new_alias = None
             head = publish_head(topic_b, qos, retain, dup, pid, encode_properties(props), len(payload))
             if len(head) + len(payload) > self.client_max_packet:
-                self.broker.too_large(self, msg)
+                self.broker.too_large(self, msg, qos, retain)
                 return False
         if new_alias is not None:
             # the alias is established only by a PUBLISH that is actually sent

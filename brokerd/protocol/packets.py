@@ -76,6 +76,13 @@ class Publish:
     type = PUBLISH
 
 
+@dataclass(slots=True)
+class RulePublish(Publish):
+    """A PUBLISH a tenant's rule made (its republish action): one whose delivery is dropped raises
+    no ``$events/delivery_dropped`` -- a rule republishing that event could otherwise feed itself,
+    from node to node. The mark travels between nodes (the cluster's PUBLISH flag ``RULE``)."""
+
+
 _new = object.__new__
 
 

@@ -124,8 +124,8 @@ class ChannelBroker(Protocol):
     def expired(self, channel, msg) -> None:
         """A QoS 0 message expired before it could be sent."""
 
-    def too_large(self, channel, msg) -> None:
-        """A message above the client's Maximum Packet Size was not sent."""
+    def too_large(self, channel, msg, qos: int, retain: bool) -> None:
+        """A message above the client's Maximum Packet Size was not sent (at ``qos``, ``retain``)."""
 
     def congestion(self, delta: int) -> None:
         """Bytes a congested connection holds (+) or let go (-), for the node's queue budget."""

@@ -37,7 +37,7 @@ import json
 import re
 from sys import getsizeof
 
-from ..protocol.packets import Publish
+from ..protocol.packets import RulePublish
 from ..protocol.properties import USER_PROPERTY
 from ..routing.topic import is_valid_name
 from .errors import EVENT_PREFIX
@@ -194,7 +194,7 @@ class Republish:
         self.payload = Template(config["payload"]) if "payload" in config else None
         self.props = tuple((k, Template(v)) for k, v in (config.get("user_properties") or {}).items())
 
-    def message(self, row: dict, ctx, acl) -> Publish:
+    def message(self, row: dict, ctx, acl) -> RulePublish:
         """The message to publish, or ActionError why not (``acl``: the triggering client's, or None)."""
         topic = _render(self.topic, row, ctx, MAX_TOPIC_BYTES)
         if (not is_valid_name(topic) or topic.startswith("$") or "\x00" in topic
@@ -218,7 +218,7 @@ class Republish:
         # an event's never (message_dropped carries the dropped message's flag: its alert is no retained message)
         retain = self.retain if self.retain != AS_MESSAGE_RETAIN[0] else (
             bool(ctx.retain) and not ctx.event.startswith(EVENT_PREFIX))
-        return Publish(topic, payload, qos, retain, properties=props)
+        return RulePublish(topic, payload, qos, retain, properties=props)
 
 
 def split_url(url: str):

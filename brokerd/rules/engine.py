@@ -160,6 +160,27 @@ class TenantRules:
         for s in states:
             self._run(s, ctx, broker, ns, channel, now)
 
+    def delivery_dropped(self, broker, ns, session, channel, deliveries, reason: str, now: float) -> None:
+        """Messages a client's session was owed and will never get (``reason``: ``queue_full``,
+        ``qos0_msg`` -- a QoS 0 message for an offline session that queues none --, ``expired``,
+        ``too_large``). ``clientid`` and the others are the receiver's; its ``username`` and
+        ``peerhost`` are NULL while it is offline (a rule's republish is judged by its ACL)."""
+        states = self.on_events.get("delivery_dropped")
+        if not states:
+            return
+        if channel is None:
+            channel = session.channel if session is not None else None
+        if channel is None:
+            channel = broker.offline_client(ns.name, session)
+        ms = _wall_ms(broker, now)
+        for msg, qos, retain in deliveries:
+            props = msg.properties
+            ctx = Context("$events/delivery_dropped", msg.topic, msg.payload, channel.client_id, channel.username,
+                          qos, retain, ms, props.get(USER_PROPERTY) if props else None, _host(channel.peer),
+                          reason, broker.config.node_id)
+            for s in states:
+                self._run(s, ctx, broker, ns, channel, now)
+
     def _run(self, s: RuleState, ctx, broker, ns, channel, now: float) -> None:
         s.matched += 1
         try:

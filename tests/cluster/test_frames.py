@@ -84,3 +84,33 @@ def test_a_proof_binds_both_ids_and_both_nonces():
     assert not handshake.check(secret, p, "a", "c", nb, na)              # to another node
     assert not handshake.check(secret, p, "a", "b", os.urandom(32), na)  # a recorded exchange, replayed
     assert handshake.proof(None, "a", "b", nb, na) == b""
+
+
+@pytest.mark.parametrize("qos, retain", [(0, False), (1, True)])
+def test_a_message_a_rule_made_is_one_on_the_next_node_too(qos, retain):
+    """A rule's republish (``RulePublish``) raises no ``$events/delivery_dropped`` where its delivery
+    is dropped: forwarded to another node, it is still one there (the frame's ``RULE`` flag, also on
+    the 3.x QoS 0 wire form), and a client's message is not -- else a rule republishing that event
+    on two nodes could feed itself from one to the other for ever."""
+    from types import SimpleNamespace
+
+    from brokerd.cluster.forwarding import Forwarder
+    from brokerd.protocol.packets import Publish, RulePublish
+
+    got = []
+    receiver = Forwarder.__new__(Forwarder)
+    receiver.clock = lambda: 100.0
+    receiver.fence = SimpleNamespace(fenced=False)
+    receiver._moving = False
+    receiver.broker = SimpleNamespace(store_refusing=lambda: False, writes_pending=lambda: 0,
+                                      forwarded=lambda tenant, msg, group, gfilter, now: got.append(msg) or 1)
+    ns = SimpleNamespace(name="acme")
+    for cls in (RulePublish, Publish):
+        msg = cls("alerts/x", b"dropped", qos, retain)
+        if not qos:
+            msg.enc3 = b"\x30\x11\x00\x08alerts/xdropped"       # its 3.x wire form: sent as it is (RAW)
+        data = frames.publish(0, *Forwarder._parts(ns, msg, 100.0))
+        [frame] = frames.FrameReader(64 * 1024).feed(data)
+        receiver.on_publish(None, *frame[1:])
+    assert [(m.__class__, m.topic, m.payload, m.qos, m.retain) for m in got] == [
+        (RulePublish, "alerts/x", b"dropped", qos, retain), (Publish, "alerts/x", b"dropped", qos, retain)]

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from ..controlplane import ControlPlane, copy_sqlite
-from ..mqtt import V5, V311
+from ..mqtt import V5, V311, PahoClient
 from .nodes import add_each, client, loaded, rule_view, rules_api, wait_for
 
 pytestmark = pytest.mark.slow
@@ -620,3 +620,70 @@ def test_distinct_topics_through_rules_of_many_filters_do_not_stop_the_node(scen
     assert [(views[r]["matched"], views[r]["passed"]) for r in rids] == [(1, 1)] * 20
     for c in (dev, canary, sub):
         c.disconnect()
+
+
+def test_delivery_dropped_tells_which_client_lost_which_message_and_why(scene):
+    """``$events/delivery_dropped`` (EMQX's): a message an offline session's full queue pushed out
+    (``queue_full``) and one that expired while it waited (``expired``) each raise it once, with the
+    receiver's client id, the message's topic, QoS and payload. A rule republishing the event into the
+    topics of that full queue (its alerts push out the client's messages, whose drops raise it again)
+    runs once per client message pushed out, never on its own alerts, and the canary is served."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    plane, _, secrets, token = scene
+    node = plane.broker("--admin", "127.0.0.1:0", "--max-queued", "3")
+    try:
+        rid = add(plane, "acme", "--sql", 'SELECT clientid, topic, qos, reason, payload FROM '
+                                          '"$events/delivery_dropped"', "--republish", "alerts/dropped/${clientid}")
+        loaded(node, token, "acme", rid)
+        watch = client(node, secrets, "acme/watch", "w-dropped")
+        watch.subscribe("alerts/dropped/#", qos=1)
+        slow = PahoClient("slow", V5, clean=False, username="acme/d1", password=secrets["acme/d1"])
+        expiry = Properties(PacketTypes.CONNECT)
+        expiry.SessionExpiryInterval = 300
+        slow.connect(node.port(), properties=expiry)
+        slow.subscribe("sensors/q/#", qos=1)
+        slow.disconnect()
+        dev = client(node, secrets, "acme/d1", "d1-dropped")
+        for i in range(5):
+            dev.publish(f"sensors/q/{i}", f"m{i}".encode(), qos=1)
+        got = [json.loads(m.payload) for m in watch.expect_n(2)]
+        assert got == [{"clientid": "slow", "topic": f"sensors/q/{i}", "qos": 1, "reason": "queue_full",
+                        "payload": f"m{i}"} for i in (0, 1)]
+        slow.connect(node.port(), properties=expiry, clean_start=False)
+        assert [m.payload for m in slow.expect_n(3)] == [b"m2", b"m3", b"m4"]
+        slow.disconnect()
+        short = Properties(PacketTypes.PUBLISH)
+        short.MessageExpiryInterval = 1
+        dev.publish("sensors/q/short", b"gone", qos=1, properties=short)
+        time.sleep(1.6)
+        slow.connect(node.port(), properties=expiry, clean_start=False)
+        [m] = watch.expect_n(1)
+        assert json.loads(m.payload) == {"clientid": "slow", "topic": "sensors/q/short", "qos": 1,
+                                         "reason": "expired", "payload": "gone"}
+        slow.expect_none(0.3)
+        slow.disconnect()
+
+        # the alerts into the full queue itself: each pushes out one of the client's messages
+        feed = add(plane, "acme", "--sql", 'SELECT topic FROM "$events/delivery_dropped"',
+                   "--republish", "sensors/q/alert", "--qos", "1")
+        loaded(node, token, "acme", feed)
+        canary_sub, canary = _canary(node, secrets)
+        for i in range(6):
+            dev.publish(f"sensors/q/again/{i}", b"x", qos=1)
+        assert _served(canary_sub, canary) < 5
+        # again/3 pushes out again/0; its alert pushes out again/1, whose alert again/2, whose alert
+        # again/3; that one's alert pushes out an alert: no event. again/4 and 5 push out alerts.
+        got = [json.loads(m.payload)["topic"] for m in watch.expect_n(4)]
+        assert got == [f"sensors/q/again/{i}" for i in range(4)]
+        watch.expect_none(0.5)
+        views = {r["id"]: r for r in rules_api(node, token, "acme")["items"]}
+        assert [(views[r]["matched"], views[r]["passed"], views[r]["failed"]) for r in (rid, feed)] == [
+            (7, 7, 0), (4, 4, 0)]
+        slow.connect(node.port(), properties=expiry, clean_start=False)
+        assert [m.topic for m in slow.expect_n(3)] == ["sensors/q/alert", "sensors/q/again/4", "sensors/q/again/5"]
+        for c in (dev, watch, slow, canary, canary_sub):
+            c.disconnect()
+    finally:
+        node.stop()
