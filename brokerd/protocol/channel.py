@@ -1520,6 +1520,10 @@ class Channel:
             if server_reference:
                 props[P.SERVER_REFERENCE] = server_reference
             data = encode(Disconnect(code, props or None), MQTT5)
+            if len(data) > self.client_max_packet and reason and server_reference:
+                # [MQTT-3.14.2-3]: the Reason String is what goes to fit, not the Server Reference
+                # (a client told 0x9C / 0x9D without it has nowhere to go)
+                data = encode(Disconnect(code, {P.SERVER_REFERENCE: server_reference}), MQTT5)
             if len(data) > self.client_max_packet:
                 data = encode(Disconnect(code), MQTT5)
             self._send(data)

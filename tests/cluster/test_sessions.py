@@ -11,8 +11,11 @@ from ..integration.helpers import Client, connect, wait_until
 from ..integration.raw import (
     CONNACK,
     DISCONNECT,
+    MAXIMUM_PACKET_SIZE,
     PUBREC,
+    REASON_STRING,
     RECEIVE_MAXIMUM,
+    SERVER_REFERENCE,
     SESSION_EXPIRY_INTERVAL,
     Closed,
     RawClient,
@@ -270,3 +273,20 @@ def test_advertised_addresses_for_nodes_behind_names(cluster, tag):
     assert n2.stop(signal.SIGTERM) == 0
     code, p = pub.expect_disconnect()
     assert (code.value, getattr(p, "ServerReference", None)) == (0x9C, "mqtt2.example.net:18842")
+
+
+def test_server_reference_kept_when_only_the_reason_string_must_go(cluster, tag):
+    """[MQTT-3.14.2-3]: a client's Maximum Packet Size makes the server leave the Reason String out
+    of its DISCONNECT -- that one only: a device whose limit takes 0x9C with its Server Reference but
+    not with "server shutting down" as well is still told where to go (it was sent 0x9C alone, and
+    had nowhere to reconnect to)."""
+    reference = "mqtt-node-one.broker.example.net:18842"
+    cluster.node("--server-reference", reference)
+    n2 = cluster.node()
+    with RawClient(n2.port()) as c:
+        # 68 bytes with both properties, 45 with the Server Reference alone
+        assert c.connect(f"{tag}-dev", version=5, props={MAXIMUM_PACKET_SIZE: 60}).code == 0
+        assert n2.stop(signal.SIGTERM) == 0
+        [d] = c.expect_closed()
+    assert (d.type, d.code, d.props) == (DISCONNECT, 0x9C, {SERVER_REFERENCE: reference})
+    assert REASON_STRING not in d.props
