@@ -888,6 +888,13 @@ class Broker:
         if session.durable:
             self.persist.done(session, session.ns.name, d)
 
+    def message_acked(self, channel, d: Delivery, now: float) -> None:
+        """``$events/message_acked`` for the tenant's rules (the channel asks only while some tenant
+        has rules); not for a message a rule made: a rule republishing it would feed itself."""
+        rules = self.rules.get(channel.ns.name)
+        if rules is not None and d.msg.__class__ is not RulePublish:
+            rules.event("message_acked", self, channel.ns, channel, now, msg=d.msg, qos=d.qos, retain=d.retain)
+
     def released(self, session, d: Delivery) -> None:
         """QoS 2 PUBREC for a stored delivery: PUBREL is now owed."""
         if session.durable:

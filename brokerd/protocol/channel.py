@@ -302,6 +302,8 @@ class Channel:
                         del inflight[pid]
                         if d.entry:
                             self.broker.acked(session, d)
+                        if self.broker.rules:
+                            self.broker.message_acked(self, d, now)
                         queue = session.queue
                         if queue._q0 or queue._q12 or self._stored:
                             self._pump(now)
@@ -945,8 +947,11 @@ class Channel:
         session = self.session
         d = session.puback(pid)
         if d is not None:
+            broker = self.broker
             if d.entry:
-                self.broker.acked(session, d)
+                broker.acked(session, d)
+            if broker.rules:
+                broker.message_acked(self, d, now)
             queue = session.queue
             if queue._q0 or queue._q12 or self._stored:   # (MessageQueue.__bool__ without its call)
                 self._pump(now)
@@ -996,8 +1001,11 @@ class Channel:
         session = self.session
         d = session.pubcomp(p.packet_id)
         if d is not None:
+            broker = self.broker
             if d.entry:
-                self.broker.acked(session, d)
+                broker.acked(session, d)
+            if broker.rules:
+                broker.message_acked(self, d, now)
             if session.queue:
                 self._pump(now)
 

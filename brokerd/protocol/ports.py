@@ -49,6 +49,10 @@ class TransportHooks(Protocol):
 
 
 class ChannelBroker(Protocol):
+    # tenant -> its rules, for the tenants with some: the channel only asks whether it is empty (an
+    # acknowledged delivery costs nothing more while no tenant of the node has a rule: message_acked)
+    rules: dict
+
     # ------------------------------------------------------------ connection
     def admit(self, channel, now: float) -> tuple[int, str] | None:
         """Before decoding anything: (reason code, reason) to refuse the
@@ -123,6 +127,10 @@ class ChannelBroker(Protocol):
 
     def expired(self, channel, msg) -> None:
         """A QoS 0 message expired before it could be sent."""
+
+    def message_acked(self, channel, delivery, now: float) -> None:
+        """The client acknowledged a QoS 1 / 2 delivery (PUBACK / PUBCOMP), whatever its store
+        (called only while ``rules`` is not empty: the tenants' ``$events/message_acked``)."""
 
     def too_large(self, channel, msg, qos: int, retain: bool) -> None:
         """A message above the client's Maximum Packet Size was not sent (at ``qos``, ``retain``)."""

@@ -156,7 +156,15 @@ class TenantRules:
                       timestamp=_wall_ms(broker, now), peerhost=_host(channel.peer), node=broker.config.node_id,
                       **fields)
         if msg is not None:
-            ctx.topic, ctx.raw, ctx.qos, ctx.retain = msg.topic, msg.payload, msg.qos, msg.retain
+            # (the delivery's QoS and retain flag, when given: message_acked)
+            ctx.topic, ctx.raw = msg.topic, msg.payload
+            if ctx.qos is None:
+                ctx.qos = msg.qos
+            if ctx.retain is None:
+                ctx.retain = msg.retain
+            props = msg.properties
+            if props:
+                ctx.props = props.get(USER_PROPERTY)
         for s in states:
             self._run(s, ctx, broker, ns, channel, now)
 

@@ -687,3 +687,33 @@ def test_delivery_dropped_tells_which_client_lost_which_message_and_why(scene):
             c.disconnect()
     finally:
         node.stop()
+
+
+def test_message_acked_says_which_client_acknowledged_which_message(scene):
+    """``$events/message_acked`` (EMQX's): a QoS 1 or 2 delivery the client acknowledged (PUBACK,
+    PUBCOMP) raises it once, with the receiver's client id and the QoS it was delivered at; a QoS 0
+    delivery raises none, nor does the rule's own republish when its subscriber acknowledges it."""
+    plane, node, secrets, token = scene
+    rid = add(plane, "acme", "--sql", 'SELECT clientid, topic, qos, payload FROM "$events/message_acked"',
+              "--republish", "alerts/acked/${clientid}", "--qos", "1")
+    loaded(node, token, "acme", rid)
+    watch = client(node, secrets, "acme/watch", "w-acked")
+    watch.subscribe("alerts/acked/#", qos=1)
+    rx = client(node, secrets, "acme/d1", "cmd-rx", version=V311)
+    rx.subscribe("sensors/cmd/#", qos=1)
+    rx2 = client(node, secrets, "acme/d1", "cmd-rx2")
+    rx2.subscribe("sensors/cmd/2", qos=2)                    # PUBREC, PUBREL, PUBCOMP
+    dev = client(node, secrets, "acme/d1", "cmd-tx")
+    for qos in (0, 1, 2):
+        dev.publish(f"sensors/cmd/{qos}", f"q{qos}".encode(), qos=qos)
+    assert [m.payload for m in rx.expect_n(3)] == [b"q0", b"q1", b"q2"]
+    assert [(m.payload, m.qos) for m in rx2.expect_n(1)] == [(b"q2", 2)]
+    got = sorted(json.dumps(json.loads(m.payload), sort_keys=True) for m in watch.expect_n(3))
+    assert [json.loads(g) for g in got] == [
+        {"clientid": cid, "topic": f"sensors/cmd/{q}", "qos": qos, "payload": f"q{q}"}
+        for cid, q, qos in (("cmd-rx", 1, 1), ("cmd-rx", 2, 1), ("cmd-rx2", 2, 2))]
+    watch.expect_none(0.5)               # its own acknowledgements of the alerts raised nothing
+    views = {r["id"]: r for r in rules_api(node, token, "acme")["items"]}
+    assert (views[rid]["matched"], views[rid]["passed"]) == (3, 3)
+    for c in (dev, rx, rx2, watch):
+        c.disconnect()
