@@ -273,6 +273,13 @@ class MqttConnection(asyncio.Protocol):
                     for key, value in rdn:
                         if key == "commonName":
                             ch.cert_cn = value
+            # Paused (a turn ended, the rate, the budget, output held, a CONNECT being decided) a
+            # TLS transport stops handing us data but goes on reading the socket into its own
+            # buffer, up to 256 KiB -- and uvloop's drops that buffer when the peer's FIN comes: a
+            # client that sent a burst, its DISCONNECT and closed lost the burst's end and had its
+            # will published. Any byte held now stops the socket's reading, as over plain TCP (a
+            # TLS record read in part is not held: OpenSSL takes it out of the buffer)
+            transport.set_read_buffer_limits(high=1, low=0)
         server.connections.add(self)
         server.timeouts.add(self, ch.created_at + min(LOOK_AGAIN, server.limits.connect_timeout))
         transport.set_write_buffer_limits(high=server.write_high, low=server.write_high // 4)

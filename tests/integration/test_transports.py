@@ -445,6 +445,44 @@ def test_wss_pubsub(tls_broker, pki, client_id, topic):
     sub.disconnect()
 
 
+@pytest.mark.parametrize("scheme", ["mqtts", "wss"])
+def test_a_tls_client_that_sends_a_burst_and_closes_has_all_of_it_handled(tls_broker, pki, client_id, topic, scheme):
+    """A client over TLS sends 1 MiB of PUBLISHes (64 of 16 KiB), one more, its DISCONNECT, and
+    closes its socket at once (``mosquitto_pub -l`` with a file). A read of 64 KiB or more ends a
+    connection's turn (TURN_BYTES): the TLS transport then stopped handing data to the connection
+    but went on reading the socket, and at its end (the FIN) closed with what it held undelivered:
+    the subscriber got part of the burst, never the last message, and the will was published
+    although the client had said DISCONNECT. Over plain TCP the rest waits in the kernel."""
+    sub = raw.RawClient(tls_broker.port("mqtt"), timeout=10)
+    sub.connect(client_id + "s", version=4, keepalive=0)
+    sub.subscribe(topic + "/#", qos=0)
+    ctx = ssl.create_default_context(cafile=pki["ca"])
+    sock = ctx.wrap_socket(socket.create_connection(("127.0.0.1", tls_broker.port(scheme)), timeout=10),
+                           server_hostname="127.0.0.1")
+    pub = WsRawClient(0, sock) if scheme == "wss" else raw.RawClient(0, sock=sock)
+    pub.connect(client_id + "p", version=4, keepalive=0, will=(topic + "/will", b"gone", 0, False))
+    burst = b"".join(raw.publish_packet(topic + "/burst", b"%02d" % i + b"b" * 16_382) for i in range(64))
+    burst += raw.publish_packet(topic + "/last", b"last") + raw.disconnect_packet(4)
+    if scheme == "wss":
+        burst = b"".join(pub.frame(burst[i:i + 4096]) for i in range(0, len(burst), 4096))
+    sock.sendall(burst)
+    sock.close()
+    got = []
+    while not got or got[-1][0] != topic + "/last":
+        try:
+            p = sub.recv(5)
+        except TimeoutError:
+            break
+        if p.type == raw.PUBLISH:
+            got.append((p.topic, p.payload[:2]))
+    assert got[:-1] == [(topic + "/burst", b"%02d" % i) for i in range(64)] and got[-1] == (topic + "/last", b"la"), \
+        f"{len(got)} of 65 messages, the last {got[-1:]}"
+    with pytest.raises(TimeoutError):
+        p = sub.recv(1)                 # no will: the client disconnected
+        raise AssertionError(f"got {p}")
+    sub.close()
+
+
 @pytest.mark.parametrize("version", ["mqttv311", "mqttv5"])
 def test_mosquitto_clients_over_tls(tls_broker, pki, topic, version):
     tls = ["--cafile", pki["ca"]]
