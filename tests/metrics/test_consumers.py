@@ -288,6 +288,51 @@ def test_a_socket_is_closed_once_its_user_loses_access(settings, monkeypatch, pe
     assert not get_hub().watchers
 
 
+def test_a_console_change_does_not_wait_on_a_channel_layer_that_does_not_answer(settings, people, tenants, browsers,
+                                                                                 django_capture_on_commit_callbacks,
+                                                                                 caplog):
+    """Each change that may take a socket's access away tells its user's sockets over the channel
+    layer once committed (``metrics.signals``). With the layer's Redis not answering (hung, or
+    its host unreachable) each of those sends waited for redis-py's 5 s timeout, one after
+    another, in the request: a sign-out took 5 s, deleting a tenant with 4 members 20 s (one per
+    membership), a user's deletion one per membership and one more. The change is made all the
+    same (the periodic check closes the sockets); now the request waits 1 s at most for all of
+    its sends, and tells each user once."""
+    import socket as so
+
+    from django.contrib.auth import get_user_model
+
+    from tenants import services
+    from tenants.models import Membership, Tenant
+
+    hung = so.socket()              # accepts (the kernel does) and never answers
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(64)
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
+                                           "CONFIG": {"hosts": [f"redis://127.0.0.1:{hung.getsockname()[1]}/0"]}}}
+    User = get_user_model()
+    for name in ("carol", "dave", "erin"):
+        Membership.objects.create(user=User.objects.create_user(name, password="x"), tenant=tenants["acme"])
+
+    def timed(change) -> float:
+        t0 = time.monotonic()
+        with django_capture_on_commit_callbacks(execute=True):
+            change()
+        return time.monotonic() - t0
+
+    try:
+        waited = {
+            "sign-out": timed(lambda: browsers["alice"].post("/logout/")),
+            "tenant deleted": timed(lambda: services.delete_tenant(tenants["acme"])),
+            "user deleted": timed(lambda: people["bob"].delete()),
+        }
+    finally:
+        hung.close()
+    assert not Tenant.objects.filter(slug="acme").exists() and not User.objects.filter(username="bob").exists()
+    assert all(s < 2.5 for s in waited.values()), waited
+    assert "not told of an access change" in caplog.text
+
+
 def test_a_tenant_made_with_a_deleted_tenants_slug_opens_on_none_of_its_points(people, tenants):
     """The hub keeps a tenant's last minutes of points by slug (10 minutes after its last page closed,
     or while it is among the busiest): a tenant made with the slug of a deleted one opened its page on
