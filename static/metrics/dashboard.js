@@ -208,6 +208,7 @@
     this.window = 300;                     // seconds shown by the live charts
     this.charts = {};
     this.retry = 0;
+    this.resigned = 0;                     // sockets opened again after a 4401, no hello yet
     this.lastUpdate = 0;
     this.connect();
     var self = this;
@@ -230,16 +231,32 @@
     var ws;
     try { ws = new WebSocket(url); } catch (e) { this.reconnect(); return; }
     this.ws = ws;
-    ws.onopen = function () { self.retry = 0; };
+    var opened = false;
+    ws.onopen = function () { opened = true; self.retry = 0; };
     ws.onmessage = function (ev) {
       var msg;
       try { msg = JSON.parse(ev.data); } catch (e) { return; }
-      if (msg.type === "hello") self.hello(msg);
+      if (msg.type === "hello") { self.resigned = 0; self.hello(msg); }
       else if (msg.type === "update") self.update(msg);
     };
     ws.onclose = function (ev) {
-      if (ev.code === 4401 || ev.code === 4403) {
-        self.status("down", ev.code === 4401 ? "signed out — reload" : "not allowed");
+      // 4401: the session the socket was opened with is gone -- signed out, or given a new key: Django
+      // keeps a user who changed their password (here or in another tab) signed in under a new one, its
+      // cookie coming with the answer to the change, which may arrive after the socket was closed. A few
+      // sockets with the browser's cookie of then (1, 2, 3 s later): one opened, the page is live again;
+      // all refused at the handshake, it was signed out
+      if (ev.code === 4401 || (self.resigned && !opened)) {
+        if (self.resigned < 3) {
+          self.resigned += 1;
+          self.status("connecting", "checking the session…");
+          setTimeout(function () { self.connect(); }, 1000 * self.resigned);
+          return;
+        }
+        self.status("down", "signed out — reload");
+        return;
+      }
+      if (ev.code === 4403) {
+        self.status("down", "not allowed");
         return;
       }
       self.reconnect();
