@@ -9,7 +9,8 @@ nodes with the policy snapshot, so changing them is the console's business.
     GET    /api/v1/tenants/{tenant}/rules/{id}            one rule
     DELETE /api/v1/tenants/{tenant}/rules/{id}            delete it
     POST   /api/v1/tenants/{tenant}/rules/{id}/enable     enable it (and .../disable)
-    POST   /api/v1/tenants/{tenant}/rules/test            {sql, topic, payload, client_id?, username?, qos?}
+    POST   /api/v1/tenants/{tenant}/rules/test            {sql, topic, payload, client_id?, username?, qos?,
+                                                           event_topic?, reason?}
                                                           -> {row}: the output row, null when WHERE is not
                                                           true; nothing stored, published or audited
     GET    /api/v1/openapi.json                           this API's OpenAPI document
@@ -188,7 +189,9 @@ def rule_test(request, token, slug):
     row = rule_service.test_rule(_str(body, "sql"), topic=_str(body, "topic"),
                                  payload=_str(body, "payload", default="").encode("utf-8"), client_id=client_id,
                                  username=username if username is not None else f"{tenant.slug}/{client_id}",
-                                 qos=qos, timestamp_ms=int(time.time() * 1000))
+                                 qos=qos, timestamp_ms=int(time.time() * 1000),
+                                 event_topic=_str(body, "event_topic", default=""),
+                                 reason=_str(body, "reason", default=""))
     return JsonResponse({"row": row}, json_dumps_params={"ensure_ascii": False, "default": str})
 
 
@@ -238,7 +241,8 @@ OPENAPI = {
         "/api/v1/tenants/{tenant}/rules/test": {
             "post": _op("run a statement on one message: nothing is stored, published, counted or audited",
                         {"200": {"description": "{row}: the output row, null when WHERE is not true"}},
-                        body="{sql, topic, payload (text), client_id?, username?, qos?}")},
+                        body="{sql, topic, payload (text), client_id?, username?, qos?, event_topic?, reason?}; "
+                             "topic $events/NAME: that event, event_topic its message's topic or filter")},
     },
 }
 

@@ -340,3 +340,6 @@ class RuleTestForm(forms.Form):
     test_topic = forms.CharField(label="Topic", max_length=1024)
     test_payload = forms.CharField(label="Payload", max_length=65_536, required=False, strip=False)
     test_client_id = forms.CharField(label="Client id", max_length=256, required=False)
+    # for a Topic of $events/...: the event's message topic (or subscription filter) and reason
+    test_event_topic = forms.CharField(label="Event's topic", max_length=1024, required=False)
+    test_reason = forms.CharField(label="Reason", max_length=64, required=False)

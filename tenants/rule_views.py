@@ -204,7 +204,8 @@ def rule_test(request, slug):
         try:
             row = rule_service.test_rule(d["sql"], topic=d["test_topic"], payload=d["test_payload"].encode(),
                                          client_id=d["test_client_id"] or "test-client",
-                                         timestamp_ms=int(dt.datetime.now(dt.UTC).timestamp() * 1000))
+                                         timestamp_ms=int(dt.datetime.now(dt.UTC).timestamp() * 1000),
+                                         event_topic=d["test_event_topic"], reason=d["test_reason"])
         except ServiceError as exc:
             test = {"error": str(exc)}
         else:

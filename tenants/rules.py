@@ -20,9 +20,10 @@ import json
 from django.conf import settings
 from django.db import transaction
 
-from brokerd.rules import Context, RuleEvalError, RuleSyntaxError
+from brokerd.rules import EVENTS, Context, RuleEvalError, RuleSyntaxError
 from brokerd.rules.actions import ActionError, validate
 from brokerd.rules.compiler import compile_rule
+from brokerd.rules.errors import EVENT_PREFIX
 from core import audit
 
 from . import policy_snapshot
@@ -133,15 +134,45 @@ def delete_rule(rule: Rule, request=None, actor=None) -> None:
     _audit("rule.delete", pk, tenant, before, None, request, actor)
 
 
+# what a node's event carries besides the client (clientid, username, peerhost, timestamp, node):
+# the event's topic (a message's, a subscription's filter), and whether a payload, QoS, retain flag
+# and reason -- with the reason it gives most often, for a test that names none
+EVENT_FIELDS = {
+    "client_connected": (False, False, None),
+    "client_disconnected": (False, False, "normal"),
+    "session_subscribed": (True, False, None),
+    "session_unsubscribed": (True, False, None),
+    "message_dropped": (True, True, "no_subscribers"),
+    "delivery_dropped": (True, True, "queue_full"),
+    "message_acked": (True, True, None),
+}
+assert set(EVENT_FIELDS) == set(EVENTS)
+
+
 def test_rule(sql: str, *, topic: str, payload: bytes, client_id: str = "test-client", username: str = "",
-              qos: int = 0, retain: bool = False, timestamp_ms: int = 0) -> dict | None:
+              qos: int = 0, retain: bool = False, timestamp_ms: int = 0, event_topic: str = "",
+              reason: str = "") -> dict | None:
     """The output row the statement gives for this message (None: WHERE is not true);
-    nothing is published, stored or counted."""
+    nothing is published, stored or counted. ``topic`` ``$events/NAME``: for that event, as a
+    node raises it -- ``event_topic`` its message's topic (or its subscription's filter), ``reason``
+    its reason; ``payload``, ``qos`` and ``retain`` count only for the events carrying a message."""
     rule = check_sql(sql)
-    if not rule.matches(topic):
-        froms = ", ".join(f'"{t}"' for t in rule.topics) or "no topic filter"
-        raise ServiceError(f"topic {topic!r} does not match the rule's FROM ({froms})")
-    ctx = Context("message.publish", topic, payload, client_id, username, qos, retain, timestamp_ms)
+    if topic.startswith(EVENT_PREFIX):
+        name = topic[len(EVENT_PREFIX):]
+        if name not in EVENT_FIELDS:
+            raise ServiceError(f"unknown event {topic!r}: one of " + ", ".join(EVENT_PREFIX + e for e in EVENTS))
+        if name not in rule.events:
+            raise ServiceError(f"{topic!r} is not in the rule's FROM ({_froms(rule)})")
+        has_topic, has_message, default_reason = EVENT_FIELDS[name]
+        if has_topic and not event_topic:
+            raise ServiceError(f"{topic!r} carries a topic: give the event's topic")
+        ctx = Context(topic, event_topic if has_topic else None, payload if has_message else None, client_id,
+                      username, qos if has_topic else None, retain if has_message else None, timestamp_ms,
+                      reason=(reason or default_reason) if default_reason else None)
+    elif not rule.matches(topic):
+        raise ServiceError(f"topic {topic!r} does not match the rule's FROM ({_froms(rule)})")
+    else:
+        ctx = Context("message.publish", topic, payload, client_id, username, qos, retain, timestamp_ms)
     try:
         row = rule.run(ctx)
         if row is not None:
@@ -151,6 +182,10 @@ def test_rule(sql: str, *, topic: str, payload: bytes, client_id: str = "test-cl
         raise ServiceError(f"the rule fails on this message: {exc}") from None
     except ValueError as exc:
         raise ServiceError(f"the rule fails on this message: ValueError: {exc}") from None
+
+
+def _froms(rule) -> str:
+    return ", ".join([f'"{t}"' for t in rule.topics] + [f'"{EVENT_PREFIX}{e}"' for e in sorted(rule.events)])
 
 
 def row_json(row) -> str:

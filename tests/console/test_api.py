@@ -92,6 +92,10 @@ def test_the_tester_shows_the_row_without_side_effects_to_a_read_token(client, a
         200, {"row": None})
     status, doc = call(client, "POST", f"{BASE}/acme/rules/test", tokens["read"], dict(body, topic="other"))
     assert status == 400 and "does not match the rule's FROM" in doc["error"]
+    event = {"sql": 'SELECT clientid, topic, reason FROM "$events/message_dropped"', "topic": "$events/message_dropped",
+             "event_topic": "sensors/k/temp", "payload": "", "client_id": "d7"}
+    assert call(client, "POST", f"{BASE}/acme/rules/test", tokens["read"], event) == (
+        200, {"row": {"clientid": "d7", "topic": "sensors/k/temp", "reason": "no_subscribers"}})
     assert policy("acme") == before and not Rule.objects.exists() and not AuditEvent.objects.exists()
 
 

@@ -331,9 +331,10 @@ def test_changes_need_post_and_csrf(alice, rule):
 # ------------------------------------------------------------- the runner
 
 
-def run(client, sql=SQL, topic="sensors/kitchen/temp", payload='{"temp": 31.5}', client_id="pump-7", **extra):
+def run(client, sql=SQL, topic="sensors/kitchen/temp", payload='{"temp": 31.5}', client_id="pump-7", fields=None,
+        **extra):
     r = client.post(f"{RULES}test/", {"sql": sql, "test_topic": topic, "test_payload": payload,
-                                      "test_client_id": client_id}, **extra)
+                                      "test_client_id": client_id, **(fields or {})}, **extra)
     assert r.status_code == 200
     return text(r)
 
@@ -354,6 +355,22 @@ def test_the_runner_shows_the_row_no_row_or_the_error_without_side_effects(as_al
     # without htmx: the whole page, the form keeping what was typed
     page = run(as_alice)
     assert "Output row" in page and 'value="sensors/kitchen/temp"' in page and SQL in page
+
+
+def test_the_runner_runs_an_event_statement_on_the_event_named_as_its_topic(as_alice, rule):
+    """An event statement could not be tried at all: its FROM names no topic, and the runner refused
+    every message as "does not match the rule's FROM"."""
+    sql = 'SELECT clientid, topic, reason FROM "$events/delivery_dropped"'
+    page = run(as_alice, sql=sql, topic="$events/delivery_dropped", fields={"test_event_topic": "cmd/pump-7"}, **HTMX)
+    assert "Output row" in page and '{"clientid":"pump-7","topic":"cmd/pump-7","reason":"queue_full"}' in page
+    page = run(as_alice, sql=sql, topic="$events/delivery_dropped",
+               fields={"test_event_topic": "cmd/pump-7", "test_reason": "expired"}, **HTMX)
+    assert '"reason":"expired"' in page
+    assert "carries a topic: give the event's topic" in run(as_alice, sql=sql, topic="$events/delivery_dropped",
+                                                                  **HTMX)
+    # without htmx: the whole page, keeping the event's fields as typed
+    page = run(as_alice, sql=sql, topic="$events/delivery_dropped", fields={"test_event_topic": "cmd/pump-7"})
+    assert 'name="test_event_topic" class="mono" value="cmd/pump-7"' in page and "Output row" in page
 
 
 # ---------------------------------------------------- isolation and roles

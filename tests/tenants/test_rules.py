@@ -129,6 +129,38 @@ def test_rules_test_prints_the_output_row_without_side_effects(tenant):
     assert policy_snapshot.load("acme") == before and not tenant.rules.exists()
 
 
+def test_rules_test_runs_an_event_statement_with_what_a_node_gives_it(tenant):
+    """``--topic '$events/NAME'`` runs a statement reading events on that event, with the fields a node
+    raises it with (tests/rules/test_rules_e2e.py shows the nodes' rows): before, every event statement
+    was refused by the tester ("does not match the rule's FROM (no topic filter)")."""
+    dropped = 'SELECT clientid, topic, qos, reason, payload FROM "$events/delivery_dropped"'
+    [line] = run("rules", "test", "acme", "--sql", dropped, "--topic", "$events/delivery_dropped", "--event-topic",
+                 "sensors/q/0", "--payload", "m0", "--qos", "1", "--client-id", "slow")
+    assert json.loads(line) == {"clientid": "slow", "topic": "sensors/q/0", "qos": 1, "reason": "queue_full",
+                                "payload": "m0"}
+    [line] = run("rules", "test", "acme", "--sql", dropped, "--topic", "$events/delivery_dropped", "--event-topic",
+                 "s/1", "--payload", "x", "--reason", "expired")
+    assert json.loads(line)["reason"] == "expired"
+    both = ('SELECT clientid, username, topic, payload, reason FROM "$events/client_connected", '
+            '"$events/client_disconnected", "sensors/#"')
+    [line] = run("rules", "test", "acme", "--sql", both, "--topic", "$events/client_connected", "--payload", "x",
+                 "--client-id", "d7")
+    assert json.loads(line) == {"clientid": "d7", "username": "acme/d7", "topic": None, "payload": None,
+                                "reason": None}
+    [line] = run("rules", "test", "acme", "--sql", both, "--topic", "$events/client_disconnected", "--payload", "")
+    assert json.loads(line)["reason"] == "normal"
+    [line] = run("rules", "test", "acme", "--sql", 'SELECT topic, qos FROM "$events/session_subscribed"', "--topic",
+                 "$events/session_subscribed", "--event-topic", "cmd/#", "--qos", "2", "--payload", "")
+    assert json.loads(line) == {"topic": "cmd/#", "qos": 2}
+    with pytest.raises(CommandError, match=r"unknown event '\$events/client_gone': one of \$events/client_connected"):
+        run("rules", "test", "acme", "--sql", dropped, "--topic", "$events/client_gone", "--payload", "")
+    with pytest.raises(CommandError, match=r"is not in the rule's FROM \(\"sensors/#\", \"\$events/client_connected\""):
+        run("rules", "test", "acme", "--sql", both, "--topic", "$events/message_acked", "--payload", "")
+    with pytest.raises(CommandError, match="carries a topic: give the event's topic"):
+        run("rules", "test", "acme", "--sql", dropped, "--topic", "$events/delivery_dropped", "--payload", "")
+    assert not tenant.rules.exists()
+
+
 def test_rules_test_fails_a_row_that_is_not_json_as_a_node_does(tenant):
     """The tester printed {"x":Infinity} where the node fails the rule (no JSON has Infinity)."""
     with pytest.raises(CommandError, match="the rule fails on this message: ValueError: Out of range float"):

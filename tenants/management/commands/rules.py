@@ -61,6 +61,8 @@ class Command(SubcommandCommand):
         p.add_argument("--client-id", default="test-client")
         p.add_argument("--username", default=None, help="default: TENANT/CLIENT_ID")
         p.add_argument("--qos", type=qos, default=0)
+        p.add_argument("--event-topic", default="", help="--topic $events/...: the event's message topic or filter")
+        p.add_argument("--reason", default="", help="--topic $events/...: the event's reason")
 
     def do_add(self, tenant, sql, republish, webhook, store, qos, retain, payload, method, disabled, header=(),
                body=None, timeout=5.0, retries=3, retain_as_message=False, **_):
@@ -107,9 +109,9 @@ class Command(SubcommandCommand):
         services.set_rule_enabled(services.get_rule(queries.get_tenant(tenant), rule_id), False)
         self.stdout.write(f"disabled rule {rule_id}")
 
-    def do_test(self, tenant, sql, topic, payload, client_id, username, qos, **_):
+    def do_test(self, tenant, sql, topic, payload, client_id, username, qos, event_topic="", reason="", **_):
         t = queries.get_tenant(tenant)
         row = services.test_rule(sql, topic=topic, payload=payload.encode("utf-8"), client_id=client_id,
                                  username=username if username is not None else f"{t.slug}/{client_id}", qos=qos,
-                                 timestamp_ms=int(time.time() * 1000))
+                                 timestamp_ms=int(time.time() * 1000), event_topic=event_topic, reason=reason)
         self.stdout.write(services.row_json(row))
