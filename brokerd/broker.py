@@ -336,22 +336,29 @@ class Broker:
                 # denies it too) -- a client's retained "$SYS/..." would stand in for the broker's
                 # values and escape the tenant's max_retained (the broker's $SYS is not counted)
                 self.acct.publish_denied(ns, topic)
+                self._authz_denied(ns, channel, topic, "publish", "sys", now)
                 return rc.NOT_AUTHORIZED
         # (ClientAcl.allowed: the last topic this client was allowed to publish to)
         if acl is not None and topic != acl.allowed and not acl.can_publish(topic):
             self.acct.publish_denied(ns, topic)
+            self._authz_denied(ns, channel, topic, "publish", "acl", now)
             return rc.NOT_AUTHORIZED
+        rules = self.rules
+        if rules:
+            rules = rules.get(ns.name)
+            if rules is not None and rules.on_authz:
+                rules.event("client_check_authz_complete", self, ns, channel, now, topic=topic, action="publish",
+                            result="allow", authz_source="default" if acl is None else "acl")
+        else:
+            rules = None
         session = channel.session
         quota = channel.quota
         if quota is not None:
             code = self._publish_quota(ns, msg, quota)
             if code:
                 return code
-        rules = self.rules
-        if rules:
-            rules = rules.get(ns.name)
-            if rules is not None:
-                rules.message(self, ns, msg, channel, now)
+        if rules is not None:
+            rules.message(self, ns, msg, channel, now)
         sampler = self.sampler
         if sampler is not None:
             sampler.n += 1
@@ -491,7 +498,12 @@ class Broker:
         acl = channel.acl
         if acl is not None and not acl.can_publish(target):
             self.acct.publish_denied(ns, target)
+            self._authz_denied(ns, channel, target, "publish", "acl", now)
             return rc.NOT_AUTHORIZED
+        rules = self.rules.get(ns.name)
+        if rules is not None and rules.on_authz:
+            rules.event("client_check_authz_complete", self, ns, channel, now, topic=target, action="publish",
+                        result="allow", authz_source="default" if acl is None else "acl")
         quota = channel.quota
         if quota is not None:
             code = self._publish_quota(ns, msg, quota)        # its payload; a retained one, the retained cap
@@ -810,6 +822,13 @@ class Broker:
         if self.rules:
             self._drop_event(session, None, [(d.msg, d.qos, d.retain) for d in dropped], "queue_full")
 
+    def _authz_denied(self, ns, channel, topic: str, action: str, source: str, now: float) -> None:
+        """``$events/client_check_authz_complete`` of a refused PUBLISH or SUBSCRIBE, for the tenant's rules."""
+        rules = self.rules.get(ns.name)
+        if rules is not None and rules.on_authz:
+            rules.event("client_check_authz_complete", self, ns, channel, now, topic=topic, action=action,
+                        result="deny", authz_source=source)
+
     def _drop_event(self, session, channel, deliveries: list, reason: str) -> None:
         """``$events/delivery_dropped`` for the tenant's rules: messages a client was owed that it
         will not get. One dict lookup when the tenant has no rule."""
@@ -965,17 +984,26 @@ class Broker:
             check = False
             if inner.startswith("$SYS/") or inner == "$SYS":
                 # a tenant's own $SYS tree: governed by its system-topic settings, not its ACL
+                source = "sys"
                 policy = self.auth.policy(ns.name)
                 if policy is not None and not policy.sys_enabled:
                     self.acct.subscribe_denied(ns)
+                    self._authz_denied(ns, channel, filt, "subscribe", source, now)
                     codes.append(rc.NOT_AUTHORIZED)
                     continue
             elif acl is not None:
+                source = "acl"
                 granted, check = acl.subscribe(inner)
                 if not granted:
                     self.acct.subscribe_denied(ns)
+                    self._authz_denied(ns, channel, filt, "subscribe", source, now)
                     codes.append(rc.NOT_AUTHORIZED)
                     continue
+            else:
+                source = "default"
+            if rules is not None and rules.on_authz:
+                rules.event("client_check_authz_complete", self, ns, channel, now, topic=filt, action="subscribe",
+                            result="allow", authz_source=source)
             if max_subs is not None and not existed and len(session.subscriptions) >= max_subs:
                 self.acct.subscription_over_quota(ns)
                 codes.append(rc.QUOTA_EXCEEDED)

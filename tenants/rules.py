@@ -145,6 +145,8 @@ EVENT_FIELDS = {
     "message_dropped": (True, True, "no_subscribers"),
     "delivery_dropped": (True, True, "queue_full"),
     "message_acked": (True, True, None),
+    # its reason is its result (allow | deny); its action subscribe for a filter with a wildcard, else publish
+    "client_check_authz_complete": (True, False, "deny"),
 }
 assert set(EVENT_FIELDS) == set(EVENTS)
 
@@ -166,9 +168,17 @@ def test_rule(sql: str, *, topic: str, payload: bytes, client_id: str = "test-cl
         has_topic, has_message, default_reason = EVENT_FIELDS[name]
         if has_topic and not event_topic:
             raise ServiceError(f"{topic!r} carries a topic: give the event's topic")
-        ctx = Context(topic, event_topic if has_topic else None, payload if has_message else None, client_id,
-                      username, qos if has_topic else None, retain if has_message else None, timestamp_ms,
-                      reason=(reason or default_reason) if default_reason else None)
+        if name == "client_check_authz_complete":
+            result = reason or default_reason
+            if result not in ("allow", "deny"):
+                raise ServiceError(f"{topic!r}: its result (the reason field) is allow or deny")
+            ctx = Context(topic, event_topic, None, client_id, username, timestamp=timestamp_ms,
+                          action="subscribe" if "+" in event_topic or "#" in event_topic else "publish",
+                          result=result, authz_source="acl")
+        else:
+            ctx = Context(topic, event_topic if has_topic else None, payload if has_message else None, client_id,
+                          username, qos if has_topic else None, retain if has_message else None, timestamp_ms,
+                          reason=(reason or default_reason) if default_reason else None)
     elif not rule.matches(topic):
         raise ServiceError(f"topic {topic!r} does not match the rule's FROM ({_froms(rule)})")
     else:

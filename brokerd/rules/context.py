@@ -16,17 +16,18 @@ _UNSET = object()
 
 # fields of every source; those a source does not have read as NULL
 FIELDS = ("event", "clientid", "username", "topic", "qos", "retain", "payload", "timestamp", "user_properties",
-          "peerhost", "reason", "node")
+          "peerhost", "reason", "node", "action", "result", "authz_source")
 
 
 class Context:
     __slots__ = ("event", "clientid", "username", "topic", "qos", "retain", "raw", "timestamp", "props", "peerhost",
-                 "reason", "node", "_json", "_text", "_uprops", "memo", "work")
+                 "reason", "node", "action", "result", "authz_source", "_json", "_text", "_uprops", "memo", "work")
 
     def __init__(self, event: str = "message.publish", topic: str | None = None, payload: bytes | None = None,
                  clientid: str | None = None, username: str | None = None, qos: int | None = None,
                  retain: bool | None = None, timestamp: int = 0, user_properties=None, peerhost: str | None = None,
-                 reason: str | None = None, node: str | None = None):
+                 reason: str | None = None, node: str | None = None, action: str | None = None,
+                 result: str | None = None, authz_source: str | None = None):
         self.event = event
         self.topic = topic
         self.raw = payload
@@ -39,6 +40,9 @@ class Context:
         self.peerhost = peerhost
         self.reason = reason
         self.node = node
+        self.action = action                # client_check_authz_complete: publish | subscribe
+        self.result = result                # allow | deny
+        self.authz_source = authz_source    # acl (the tenant's rules), default (no ACL applies), sys ($SYS)
         self._json = _UNSET
         self._text = None
         self._uprops = None

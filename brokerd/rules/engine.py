@@ -98,7 +98,7 @@ class TenantRules:
     matches is worked out once per topic (``_by_topic``), so rules on other
     topics cost a PUBLISH one dict lookup, not one filter match each."""
 
-    __slots__ = ("tenant", "on_topics", "on_events", "_by_topic", "_trie", "webhook", "telemetry")
+    __slots__ = ("tenant", "on_topics", "on_events", "on_authz", "_by_topic", "_trie", "webhook", "telemetry")
 
     def __init__(self, tenant: str, states: list, webhook=None, telemetry=None, budget: CacheBudget | None = None):
         self.tenant = tenant
@@ -114,6 +114,7 @@ class TenantRules:
             for f in s.rule.topics:
                 self._trie.setdefault(f, list).append(i)
         self.on_events = {e: tuple(s for s in live if e in s.rule.events) for e in EVENTS}
+        self.on_authz = self.on_events["client_check_authz_complete"]     # (the publish path tests it)
         self._by_topic = TopicCache(RULE_CACHE_BYTES, budget)
 
     def matching(self, topic: str) -> tuple:

@@ -3,7 +3,7 @@ compiler (and sqlglot with it: about 17 MB of a node's memory, paid only
 when a tenant of the node has a rule)."""
 
 EVENTS = ("client_connected", "client_disconnected", "session_subscribed", "session_unsubscribed", "message_dropped",
-          "delivery_dropped", "message_acked")
+          "delivery_dropped", "message_acked", "client_check_authz_complete")
 EVENT_PREFIX = "$events/"
 
 

@@ -168,7 +168,8 @@ def test_a_malformed_statement_is_refused_with_its_position(scene):
     assert done.returncode == 1
     assert done.stderr.splitlines() == [
         "error: rule statement: line 3, column 7: unknown field 'tmp': one of event, clientid, username, topic, "
-        "qos, retain, payload, timestamp, user_properties, peerhost, reason, node (or a name given with AS)"]
+        "qos, retain, payload, timestamp, user_properties, peerhost, reason, node, action, result, authz_source "
+        "(or a name given with AS)"]
     assert "tmp" not in plane.manage("rules", "list", "acme").stdout
 
 
@@ -716,4 +717,37 @@ def test_message_acked_says_which_client_acknowledged_which_message(scene):
     views = {r["id"]: r for r in rules_api(node, token, "acme")["items"]}
     assert (views[rid]["matched"], views[rid]["passed"]) == (3, 3)
     for c in (dev, rx, rx2, watch):
+        c.disconnect()
+
+
+def test_client_check_authz_complete_tells_each_acl_decision(scene):
+    """``$events/client_check_authz_complete`` (EMQX's): each PUBLISH and SUBSCRIBE the tenant's ACL
+    (``acl``), the absence of one (``default``) or the broker's own ``$SYS`` tree (``sys``) decided,
+    with its topic or filter, ``action`` and ``result``. A device publishing where it may not, at
+    QoS 0 (no answer tells it), is seen."""
+    plane, node, secrets, token = scene
+    denied, every = add_each(
+        plane, "acme",
+        ("--sql", 'SELECT clientid, topic, action, result, authz_source FROM "$events/client_check_authz_complete" '
+                  "WHERE result = 'deny'", "--republish", "alerts/denied/${clientid}", "--qos", "1"),
+        ("--sql", 'SELECT result FROM "$events/client_check_authz_complete" WHERE clientid = \'d1-authz\'',
+         "--republish", "alerts/authz", "--qos", "0"))
+    loaded(node, token, "acme", every)
+    watch = client(node, secrets, "acme/watch", "w-authz")
+    watch.subscribe("alerts/denied/#", qos=1)
+    dev = client(node, secrets, "acme/d1", "d1-authz")
+    dev.publish("other/x", b"no", qos=0)
+    dev.publish("sensors/ok", b"yes", qos=1)
+    assert dev.subscribe("other/#", qos=1) == [0x87]
+    dev.publish("$SYS/broker/uptime", b"1", qos=0)
+    got = [json.loads(m.payload) for m in watch.expect_n(3)]
+    assert got == [{"clientid": "d1-authz", "topic": t, "action": a, "result": "deny", "authz_source": s}
+                   for t, a, s in (("other/x", "publish", "acl"), ("other/#", "subscribe", "acl"),
+                                   ("$SYS/broker/uptime", "publish", "sys"))]
+    watch.expect_none(0.3)
+    views = {r["id"]: r for r in rules_api(node, token, "acme")["items"]}
+    # the watcher's own SUBSCRIBE (allowed) and the device's four decisions; d1's: 4 matched, 4 passed
+    assert (views[every]["matched"], views[every]["passed"]) == (5, 4)
+    assert (views[denied]["matched"], views[denied]["passed"]) == (5, 3)
+    for c in (dev, watch):
         c.disconnect()

@@ -152,6 +152,16 @@ def test_rules_test_runs_an_event_statement_with_what_a_node_gives_it(tenant):
     [line] = run("rules", "test", "acme", "--sql", 'SELECT topic, qos FROM "$events/session_subscribed"', "--topic",
                  "$events/session_subscribed", "--event-topic", "cmd/#", "--qos", "2", "--payload", "")
     assert json.loads(line) == {"topic": "cmd/#", "qos": 2}
+    authz = 'SELECT topic, action, result, authz_source FROM "$events/client_check_authz_complete"'
+    [line] = run("rules", "test", "acme", "--sql", authz, "--topic", "$events/client_check_authz_complete",
+                 "--event-topic", "other/#", "--payload", "")
+    assert json.loads(line) == {"topic": "other/#", "action": "subscribe", "result": "deny", "authz_source": "acl"}
+    [line] = run("rules", "test", "acme", "--sql", authz, "--topic", "$events/client_check_authz_complete",
+                 "--event-topic", "other/x", "--reason", "allow", "--payload", "")
+    assert json.loads(line) == {"topic": "other/x", "action": "publish", "result": "allow", "authz_source": "acl"}
+    with pytest.raises(CommandError, match="its result \\(the reason field\\) is allow or deny"):
+        run("rules", "test", "acme", "--sql", authz, "--topic", "$events/client_check_authz_complete",
+            "--event-topic", "other/x", "--reason", "maybe", "--payload", "")
     with pytest.raises(CommandError, match=r"unknown event '\$events/client_gone': one of \$events/client_connected"):
         run("rules", "test", "acme", "--sql", dropped, "--topic", "$events/client_gone", "--payload", "")
     with pytest.raises(CommandError, match=r"is not in the rule's FROM \(\"sensors/#\", \"\$events/client_connected\""):
