@@ -622,11 +622,18 @@ class Broker:
         return 0
 
     def publish_internal(self, ns: Namespace, msg: Publish, now: float) -> int:
-        """Publish a message the broker itself originates ($SYS, admin); -> deliveries."""
+        """Publish a message the broker itself originates ($SYS, admin); -> deliveries. (Nothing waits
+        for the nodes it goes to. It may run inside a client's publish -- a rule's republish on a
+        delivery that publish dropped, ``_drop_event`` --: the requests that publish waits for,
+        ``_waits``, are its own again afterwards.)"""
+        outer = self._waits
         self._waits = []
-        if msg.retain:
-            self._retain(ns, msg)
-        return self._dispatch(ns, msg, now)
+        try:
+            if msg.retain:
+                self._retain(ns, msg)
+            return self._dispatch(ns, msg, now)
+        finally:
+            self._waits = outer
 
     def clear_retained(self, ns: Namespace, topic: str) -> None:
         """Take the retained message on ``topic`` out (the admin API's delete): from this node,

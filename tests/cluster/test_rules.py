@@ -63,3 +63,72 @@ def test_a_rule_runs_where_the_message_arrived_and_its_output_reaches_every_node
         for cl in clients:
             cl.disconnect()
         c.stop_all()
+
+
+def test_a_qos2_publish_whose_delivery_raised_a_rule_event_still_waits_for_the_other_nodes_store(
+        redis_server, tmp_path, plane, tag):
+    """A QoS 2 PUBLISH on a node with a store is acknowledged (PUBREC) only once every node holding a
+    stored session it goes to has stored it. One of its deliveries here dropped (a subscriber whose
+    Maximum Packet Size it is above) runs the tenant's ``$events/delivery_dropped`` rule in the middle
+    of the dispatch; the rule's republish must not make the publisher's PUBREC forget the other node.
+    With that node stopped, the publisher is told its message was not stored (0x80 and up), not 0x00."""
+    import os
+    import signal
+
+    from ..integration.raw import PUBLISH, PUBREC, RawClient
+    from ..procs import sigstop
+    from ..rules.nodes import loaded
+
+    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "devices": ["d1", "tiny", "far"]}])
+    rid = int(plane.manage("rules", "add", "acme", "--sql", 'SELECT topic FROM "$events/delivery_dropped"',
+                           "--republish", f"{tag}-alerts/dropped").stdout)
+    token = plane.issue_token("cluster-rules-waits", "read")
+    c = Cluster(redis_server, tmp_path, env=plane.env)
+    stopped = None
+    try:
+        n1, n2 = c.start(2, "--admin", "127.0.0.1:0")
+        loaded(n1, token, "acme", rid)
+        topic = f"{tag}/x"
+
+        def login(port, who, cid, props=None):
+            cl = RawClient(port)
+            ack = cl.connect(cid, version=5, clean=False, props=props, username=f"acme/{who}",
+                             password=secrets[f"acme/{who}"])
+            assert ack.code == 0, ack
+            return cl
+
+        far = login(n2.port(), "far", f"{tag}-far", {0x11: 300})
+        far.subscribe(topic, qos=1)
+        tiny = login(n1.port(), "tiny", f"{tag}-tiny", {0x27: 64})       # Maximum Packet Size 64
+        tiny.subscribe(topic, qos=0)
+        pub = login(n1.port(), "d1", f"{tag}-pub")
+        pid = 0
+
+        def far_has_it():                 # until n1 knows far's route on n2
+            nonlocal pid
+            pid += 1
+            pub.publish(topic, b"probe", qos=1, pid=pid)
+            pub.expect(4)
+            try:
+                p = far.expect(PUBLISH, timeout=0.5)
+            except Exception:
+                return False
+            far.ack(4, p.pid)
+            return True
+        wait_until(far_has_it, timeout=10, interval=0, message="n1 never forwarded to n2")
+
+        sigstop(n2.proc.pid)
+        stopped = n2
+        pub.publish(topic, b"x" * 200, qos=2, pid=pid + 1)        # above tiny's 64 bytes: dropped for it
+        ack = pub.expect(PUBREC, timeout=15)
+        assert ack.code >= 0x80, (f"PUBREC {ack.code:#x}: acknowledged as stored while the node of a stored "
+                                  "session it goes to is stopped")
+        assert rule_view_matched(n1, token, rid) >= 1
+    finally:
+        if stopped is not None:
+            os.kill(stopped.proc.pid, signal.SIGCONT)
+        c.stop_all()
+
+
+def rule_view_matched(node, token, rid) -> int:
+    return next(r["matched"] for r in rules_api(node, token) if r["id"] == rid)
