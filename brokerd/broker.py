@@ -29,7 +29,6 @@ ever crosses from one tenant to another.
 """
 
 import logging
-from collections import deque
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -149,7 +148,7 @@ class Broker:
         self._strategy = self.config.shared_strategy
         self.autosub: dict = {}             # tenant -> (tenancy.autosub.AutoSub, ...), tenants that have some
         self.rules: dict = {}               # tenant -> rules.engine.TenantRules, tenants with enabled rules only
-        self._drop_events: deque | None = None   # $events/delivery_dropped raised while one is run (_drop_event)
+        self._dropping = False              # the rules run on a $events/delivery_dropped (_drop_event)
         self.delayed = None                 # delayed.DelayedQueue: $delayed/{seconds}/{topic} (use_delayed)
 
     def use_store(self, persist) -> None:
@@ -846,22 +845,19 @@ class Broker:
         deliveries = [d for d in deliveries if d[0].__class__ is not RulePublish]
         if not deliveries:
             return
-        pending = self._drop_events
-        if pending is not None:
-            # raised by a rule's republish, into a full queue, while the tenant's rules run on a drop:
-            # after it, not inside it (each pushes out one client's message: as deep as a queue is long)
-            pending.append((ns, session, channel, deliveries, reason))
+        if self._dropping:
+            # a drop the rules' own republish caused, while they run on a drop (a client's message it
+            # pushed out of a full queue): none. Raised, its alert pushed out the next message of every
+            # queue it went to -- one message into N full queues ran N x queue-length events of N
+            # deliveries each, and held the node for seconds (60 sessions: 60,000 events, 12 s)
             return
-        pending = self._drop_events = deque([(ns, session, channel, deliveries, reason)])
+        self._dropping = True
         try:
-            while pending:
-                ns, session, channel, deliveries, reason = pending.popleft()
-                rules = self.rules.get(ns.name)
-                if rules is not None:
-                    # (the broker's clock: the paths that drop -- a queue's put, a send -- have no now)
-                    rules.delivery_dropped(self, ns, session, channel, deliveries, reason, self.clock())
+            rules = self.rules[ns.name]
+            # (the broker's clock: the paths that drop -- a queue's put, a send -- have no now)
+            rules.delivery_dropped(self, ns, session, channel, deliveries, reason, self.clock())
         finally:
-            self._drop_events = None
+            self._dropping = False
 
     def offline_client(self, tenant: str, session):
         """The client of an offline ``session``, as a rule reads it: its id, no user name, its

@@ -627,8 +627,10 @@ def test_delivery_dropped_tells_which_client_lost_which_message_and_why(scene):
     """``$events/delivery_dropped`` (EMQX's): a message an offline session's full queue pushed out
     (``queue_full``) and one that expired while it waited (``expired``) each raise it once, with the
     receiver's client id, the message's topic, QoS and payload. A rule republishing the event into the
-    topics of that full queue (its alerts push out the client's messages, whose drops raise it again)
-    runs once per client message pushed out, never on its own alerts, and the canary is served."""
+    topics of that full queue (its alerts push out the client's messages) runs once per message a
+    client's message pushed out -- never on its own alerts, nor on the messages they push out (raised,
+    each would push out the next: as many events as messages queued, times the queues an alert goes
+    to) -- and the canary is served."""
     from paho.mqtt.packettypes import PacketTypes
     from paho.mqtt.properties import Properties
 
@@ -674,16 +676,16 @@ def test_delivery_dropped_tells_which_client_lost_which_message_and_why(scene):
         for i in range(6):
             dev.publish(f"sensors/q/again/{i}", b"x", qos=1)
         assert _served(canary_sub, canary) < 5
-        # again/3 pushes out again/0; its alert pushes out again/1, whose alert again/2, whose alert
-        # again/3; that one's alert pushes out an alert: no event. again/4 and 5 push out alerts.
-        got = [json.loads(m.payload)["topic"] for m in watch.expect_n(4)]
-        assert got == [f"sensors/q/again/{i}" for i in range(4)]
+        # again/3 pushes out again/0; its alert pushes out again/1: no event (the rules' own doing).
+        # again/4 pushes out again/2; its alert again/3: no event. again/5 pushes out the first alert.
+        got = [json.loads(m.payload)["topic"] for m in watch.expect_n(2)]
+        assert got == [f"sensors/q/again/{i}" for i in (0, 2)]
         watch.expect_none(0.5)
         views = {r["id"]: r for r in rules_api(node, token, "acme")["items"]}
         assert [(views[r]["matched"], views[r]["passed"], views[r]["failed"]) for r in (rid, feed)] == [
-            (7, 7, 0), (4, 4, 0)]
+            (5, 5, 0), (2, 2, 0)]
         slow.connect(node.port(), properties=expiry, clean_start=False)
-        assert [m.topic for m in slow.expect_n(3)] == ["sensors/q/alert", "sensors/q/again/4", "sensors/q/again/5"]
+        assert [m.topic for m in slow.expect_n(3)] == ["sensors/q/again/4", "sensors/q/alert", "sensors/q/again/5"]
         for c in (dev, watch, slow, canary, canary_sub):
             c.disconnect()
     finally:
@@ -751,3 +753,44 @@ def test_client_check_authz_complete_tells_each_acl_decision(scene):
     assert (views[denied]["matched"], views[denied]["passed"]) == (5, 3)
     for c in (dev, watch):
         c.disconnect()
+
+
+def test_delivery_dropped_alerts_fanned_out_into_many_full_queues_do_not_stop_the_node(scene):
+    """A ``$events/delivery_dropped`` rule whose alert goes to many offline sessions with full queues:
+    each alert pushes one client message out of every one of those queues. Those drops raised the event
+    again, and one more message into 60 queues of 1,000 ran 60,000 events of 60 deliveries each: the
+    node answered no one for 12 s. Now the drops the rules' own alerts cause raise none: one event per
+    queue the message was dropped from, and another tenant's canary is served."""
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
+
+    plane, _, secrets, token = scene
+    sessions, queued = 60, 1000
+    node = plane.broker("--admin", "127.0.0.1:0", "--max-queued", str(queued))
+    try:
+        rid = add(plane, "acme", "--sql", 'SELECT topic FROM "$events/delivery_dropped"',
+                  "--republish", "sensors/fan/alert")
+        loaded(node, token, "acme", rid)
+        expiry = Properties(PacketTypes.CONNECT)
+        expiry.SessionExpiryInterval = 300
+        for i in range(sessions):
+            away = PahoClient(f"away-{i}", V5, clean=False, username="acme/d1", password=secrets["acme/d1"])
+            away.connect(node.port(), properties=expiry)
+            away.subscribe("sensors/fan/#", qos=0)
+            away.disconnect()
+        dev = client(node, secrets, "acme/d1", "d1-fan")
+        for i in range(queued):
+            dev.publish(f"sensors/fan/m/{i}", b"x", qos=0, wait=False)
+        dev.publish("sensors/probe", b"", qos=1)            # (in order: the queues are full now)
+        canary_sub, canary = _canary(node, secrets)
+        assert _served(canary_sub, canary) < 1.0
+        assert rule_view(node, token, "acme", rid)["matched"] == 0
+        dev.publish("sensors/fan/m/last", b"x", qos=0)
+        waited = _served(canary_sub, canary, 120)
+        view = rule_view(node, token, "acme", rid)
+        assert waited < 1.0, f"the canary waited {waited:.1f} s ({view['matched']} events)"
+        assert view["matched"] == sessions
+        for c in (dev, canary, canary_sub):
+            c.disconnect()
+    finally:
+        node.stop()
