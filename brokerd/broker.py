@@ -803,7 +803,7 @@ class Broker:
         else:
             dropped = session.queue.put(d)
             if dropped:
-                self.queue_dropped(session, dropped)
+                self.queue_dropped(session, dropped, d)
 
     def _enqueue_offline(self, session: Session, d: Delivery) -> None:
         if d.qos == 0 and not self.limits.queue_qos0:
@@ -812,7 +812,7 @@ class Broker:
             return
         dropped = session.queue.put(d)
         if dropped:
-            self.queue_dropped(session, dropped)
+            self.queue_dropped(session, dropped, d)
 
     def commit_done(self, generation: int, now: float) -> None:
         """The journal batch ``generation`` is durable: send what waited for it (the store writer)."""
@@ -822,10 +822,14 @@ class Broker:
             ch.resume_output(now)
 
     # drop accounting, called by channels
-    def queue_dropped(self, session, dropped: list) -> None:
+    def queue_dropped(self, session, dropped: list, by=None) -> None:
         self.acct.queue_full(session.ns, dropped)
         self._forget_queued(session, dropped)
-        if self.rules:
+        if self.rules and (by is None or by.msg.__class__ is not RulePublish):
+            # (none for what a rule's message pushed out, here or on the node it was forwarded to: a
+            # rule alerting on the event into full queues would raise it again with each alert, from
+            # queue to queue and node to node -- one message into 60 full queues of 1,000 ran 60,000
+            # events of 60 deliveries each, and held the node 12 s)
             self._drop_event(session, None, [(d.msg, d.qos, d.retain) for d in dropped], "queue_full")
 
     def _authz_denied(self, ns, channel, topic: str, action: str, source: str, now: float) -> None:
@@ -846,11 +850,7 @@ class Broker:
         if not deliveries:
             return
         if self._dropping:
-            # a drop the rules' own republish caused, while they run on a drop (a client's message it
-            # pushed out of a full queue): none. Raised, its alert pushed out the next message of every
-            # queue it went to -- one message into N full queues ran N x queue-length events of N
-            # deliveries each, and held the node for seconds (60 sessions: 60,000 events, 12 s)
-            return
+            return          # (raised by what the rules do on a drop: not run inside it)
         self._dropping = True
         try:
             rules = self.rules[ns.name]

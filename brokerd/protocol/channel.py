@@ -1232,7 +1232,7 @@ class Channel:
         self.blocked = True
         dropped = self.session.queue.put(d)
         if dropped:
-            self.broker.queue_dropped(self.session, dropped)
+            self.broker.queue_dropped(self.session, dropped, d)
 
     def queue_delivery(self, d) -> None:
         """A stored delivery: it waits until its write is durable (``resume_output``

@@ -119,8 +119,9 @@ class ChannelBroker(Protocol):
     def released(self, session, delivery) -> None:
         """QoS 2 PUBREC of a stored delivery: PUBREL is owed now."""
 
-    def queue_dropped(self, session, dropped: list) -> None:
-        """The session's queue was full: these deliveries were dropped."""
+    def queue_dropped(self, session, dropped: list, by=None) -> None:
+        """The session's queue was full: these deliveries were dropped (``by``: the delivery whose
+        put pushed them out -- itself among them when it was the one dropped)."""
 
     def discarded(self, session, delivery, expired: bool) -> None:
         """A queued delivery left unsent: expired, or too large for the client."""
