@@ -947,9 +947,9 @@ class Broker:
         """Must the client's ack of what just changed in ``session`` wait for the store?"""
         return session.durable and self.journal is not None and bool(self.journal.ops)
 
-    def expired(self, channel, msg) -> None:
+    def expired(self, channel, msg, retain: bool) -> None:
         self.acct.expired(None, None)       # (counted for the node only, as ever)
-        self._drop_event(None, channel, [(msg, 0, msg.retain)], "expired")
+        self._drop_event(None, channel, [(msg, 0, retain)], "expired")
 
     def too_large(self, channel, msg, qos: int, retain: bool) -> None:
         self.acct.too_large(channel.ns)

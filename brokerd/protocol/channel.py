@@ -1184,7 +1184,7 @@ class Channel:
             return
         if qos == 0:
             if msg.expiry_at is not None and now > msg.expiry_at:
-                self.broker.expired(self, msg)
+                self.broker.expired(self, msg, retain)
                 return
             self._write_publish(msg, 0, retain, 0, False, sub_ids, now)
             return

@@ -126,8 +126,8 @@ class ChannelBroker(Protocol):
     def discarded(self, session, delivery, expired: bool) -> None:
         """A queued delivery left unsent: expired, or too large for the client."""
 
-    def expired(self, channel, msg) -> None:
-        """A QoS 0 message expired before it could be sent."""
+    def expired(self, channel, msg, retain: bool) -> None:
+        """A QoS 0 message expired before it could be sent (with ``retain`` its copy's flag)."""
 
     def message_acked(self, channel, delivery, now: float) -> None:
         """The client acknowledged a QoS 1 / 2 delivery (PUBACK / PUBCOMP), whatever its store
