@@ -62,6 +62,11 @@ def worker_id(host: str, slot: int, restarts: int) -> str:
     return f"{host}.{slot}" if restarts == 0 else f"{host}.{slot}-{restarts}"
 
 
+def share(total: int, n: int, slot: int) -> int:
+    """Worker ``slot``'s share of a host-wide ``total`` split among ``n`` workers (the shares add up to it)."""
+    return total // n + (1 if slot < total % n else 0)
+
+
 def _reserve(host: str, port: int) -> tuple[socket.socket, int]:
     """A socket bound to ``host:0`` with SO_REUSEPORT (not listening: it takes no connections),
     holding the port the kernel chose; -> (socket, port)."""
@@ -121,7 +126,15 @@ class Supervisor:
     def worker_config(self, base: Config, w: Worker) -> dict:
         host, _, port = base.cluster_listen.rpartition(":")
         link = f"{host}:{int(port) + w.slot}" if int(port) else base.cluster_listen
-        cfg = dataclasses.replace(base, node_id=w.node_id, cluster_listen=link, workers="1")
+        # the host's limits split among its workers: --max-connections, --queue-budget and --preauth-budget
+        # bound the host (its memory, its clients), not each worker (N times them on the host)
+        n, i = self.n, w.slot
+        cfg = dataclasses.replace(
+            base, node_id=w.node_id, cluster_listen=link, workers="1",
+            max_connections=share(base.max_connections, n, i),
+            queue_budget=max(1, share(base.queue_budget, n, i)) if base.queue_budget else 0,      # 0: no budget
+            # a worker holds at least one CONNECT of the largest size taken, whatever its share
+            preauth_budget=max(share(base.preauth_budget, n, i), min(base.max_connect_size, base.max_packet_size)))
         return {"config": dataclasses.asdict(cfg), "host": self.host, "slot": w.slot, "parent": os.getpid()}
 
     # ------------------------------------------------------------- workers

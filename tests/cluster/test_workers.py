@@ -582,3 +582,81 @@ def test_a_tenants_rates_are_the_hosts_not_each_workers(cluster, tag, tmp_path):
     for s in socks:
         s.close()
     assert 1 <= codes.count(0) <= 2 and codes.count(0x9F) >= 18, codes
+
+
+# ---------------------------------------------------------------------- the host's limits
+
+def test_max_connections_is_the_hosts_not_each_workers(cluster, tag):
+    """--max-connections 4 on a host of 2 workers: the host takes at most 4 connections (each worker
+    its share), the others are refused with CONNACK 0x97 (v5) -- not 4 on each worker, 8 on the host."""
+    from ..integration.raw import RawClient
+
+    h = started(cluster, Host(cluster, "h", 2, "--max-connections", "4"))
+    wait_until(lambda: not h.api("/api/v1/clients?connected=true")["items"], timeout=10,
+               message="the start-up's link probes are still connected")
+    held, codes = [], []
+    for i in range(12):
+        c = RawClient(h.port)
+        codes.append(c.connect(f"{tag}-{i}", version=5).code)
+        held.append(c)
+    try:
+        assert codes.count(0) <= 4, f"the host took {codes.count(0)} connections past --max-connections 4: {codes}"
+        assert set(codes) <= {0, 0x97}, codes
+        assert codes.count(0) >= 1
+    finally:
+        for c in held:
+            c.close()
+
+
+def test_preauth_budget_is_the_hosts_not_each_workers(cluster, tag):
+    """--preauth-budget 640000 on a host of 2 workers: 40 sockets each holding a 60 KB CONNECT short of its
+    last 10 bytes -- the host holds at most 640000 bytes of them (10 sockets), not that much on each worker."""
+    from ..integration import raw
+
+    budget = 640_000
+    h = started(cluster, Host(cluster, "h", 2, "--preauth-budget", str(budget)))
+    data = raw.connect_packet("partial", version=5, username="u", password=b"p" * 60_000)
+    socks = []
+    try:
+        for _ in range(40):
+            s = socket.create_connection(("127.0.0.1", h.port), timeout=5)
+            socks.append(s)
+            try:
+                s.sendall(data[:-10])
+            except OSError:
+                pass
+        time.sleep(1.0)             # let the workers read what is in flight
+        held = 0
+        for s in socks:
+            s.setblocking(False)
+            try:
+                held += s.recv(65536) != b""
+            except BlockingIOError:
+                held += 1
+            except OSError:
+                pass
+        assert held <= budget // (len(data) - 10), f"the host holds {held} incomplete CONNECTs of {len(data)} bytes"
+        assert held >= 1
+    finally:
+        for s in socks:
+            s.close()
+    c = Client(f"{tag}-after", V5).connect(h.port)
+    c.disconnect()
+
+
+@pytest.mark.parametrize("flags, want", [
+    (("--max-connections", "5", "--queue-budget", "3000000", "--preauth-budget", "1000001"),
+     [(3, 1_500_000, 500_001), (2, 1_500_000, 500_000)]),
+    # no queue budget stays none; a worker's pre-authentication share holds one CONNECT of the largest size
+    (("--queue-budget", "0", "--preauth-budget", "65536"), [(50_000, 0, 65536), (50_000, 0, 65536)]),
+])
+def test_each_worker_gets_its_share_of_the_hosts_limits(flags, want):
+    from brokerd.config import Config, load
+    from brokerd.supervisor import Supervisor, Worker
+
+    base = load(["--workers", "2", "--cluster", "redis://127.0.0.1:1/0", "--store", "sqlite:////tmp/unused.db",
+                 *flags], environ={"BROKERD_CLUSTER_SECRET": "s" * 32})
+    sup = Supervisor(base)
+    got = [Config(**sup.worker_config(base, Worker(i))["config"]) for i in range(2)]
+    assert [(c.max_connections, c.queue_budget, c.preauth_budget) for c in got] == want
+    assert all(c.worker_count() == 1 for c in got)
