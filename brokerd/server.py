@@ -500,6 +500,10 @@ def _tune_process() -> None:
 async def serve(config: Config, worker: WorkerIdentity | None = None) -> None:
     loop = asyncio.get_running_loop()
     server = Server(config, loop, worker=worker)
+    # SIGHUP from the start (its default action ends the process): before the certificate is loaded it has
+    # nothing to reload. A worker is born with it blocked (brokerd.supervisor): one sent meanwhile comes now
+    loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
     try:
         await server.start()
     except OSError as exc:
@@ -532,7 +536,6 @@ async def serve(config: Config, worker: WorkerIdentity | None = None) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig.name)
-    loop.add_signal_handler(signal.SIGHUP, server.reload_tls)
     if worker is not None:
         loop.add_signal_handler(PARENT_GONE, on_parent_gone)
     _tune_gc()

@@ -143,10 +143,16 @@ class Supervisor:
         w.node_id = worker_id(self.host, w.slot, w.restarts)
         w.ready = self.loop.create_future()
         w.started_at = self.loop.time()
-        # its own session: a terminal's Ctrl-C reaches this process, which passes it on once
-        w.proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "brokerd.worker", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            start_new_session=True)
+        # its own session: a terminal's Ctrl-C reaches this process, which passes it on once. Born with
+        # SIGHUP blocked (the mask is inherited): one passed on while it starts waits until it listens for
+        # it (brokerd.server.serve) rather than kill it, SIGHUP's default action
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP})
+        try:
+            w.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "brokerd.worker", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                start_new_session=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
         # the settings on a pipe, not in argv or the environment: they may hold the cluster secret
         w.proc.stdin.write(json.dumps(self.worker_config(base, w)).encode())
         await w.proc.stdin.drain()

@@ -660,3 +660,22 @@ def test_each_worker_gets_its_share_of_the_hosts_limits(flags, want):
     got = [Config(**sup.worker_config(base, Worker(i))["config"]) for i in range(2)]
     assert [(c.max_connections, c.queue_budget, c.preauth_budget) for c in got] == want
     assert all(c.worker_count() == 1 for c in got)
+
+
+# ---------------------------------------------------------------------- the supervisor
+
+def test_sighup_while_a_worker_restarts_does_not_kill_it(cluster, tag):
+    """SIGHUP (a rotated certificate: a deploy hook's reload) reaches the supervisor while it starts a
+    worker again: the starting worker, not yet listening for it, must not be killed by it (the default
+    action of SIGHUP) -- it starts, and reads the certificate files as they are then."""
+    h = started(cluster, Host(cluster, "h", 2))
+    os.kill(h.pid_of("h.0"), signal.SIGKILL)
+    wait_until(lambda: "starting it again as h.0-1" in h.proc.log, timeout=10, message=h.proc.log)
+    deadline = time.monotonic() + 4.0           # over the restart delay (0.5 s) and the new worker's start
+    while time.monotonic() < deadline:
+        h.proc.proc.send_signal(signal.SIGHUP)
+        time.sleep(0.05)
+    wait_until(lambda: "h.0-1" in h.workers(), timeout=20,
+               message=f"h.0-1 not listed: {sorted(h.workers())}\n{h.proc.log}")
+    assert "exited with SIGHUP" not in h.proc.log, h.proc.log
+    assert h.proc.proc.poll() is None
