@@ -77,11 +77,21 @@ def limits_from(config: Config) -> ChannelLimits:
     )
 
 
+class TlsFilesError(Exception):
+    """The TLS certificate, key or CA files could not be loaded (at start: the node does not start)."""
+
+
 def tls_context(config: Config) -> ssl.SSLContext:
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(config.tls_cert, config.tls_key)
-    if config.tls_ca:
-        ctx.load_verify_locations(config.tls_ca)
+    try:
+        ctx.load_cert_chain(config.tls_cert, config.tls_key)
+        if config.tls_ca:
+            ctx.load_verify_locations(config.tls_ca)
+    except (OSError, ssl.SSLError) as exc:
+        # (said as "cannot listen: [SSL] PEM lib", an OSError's, it named neither the cause nor the files)
+        ca = f", --tls-ca {config.tls_ca}" if config.tls_ca else ""
+        raise TlsFilesError(f"cannot load the TLS certificate (--tls-cert {config.tls_cert}, --tls-key "
+                            f"{config.tls_key}{ca}): {exc}") from exc
     ctx.verify_mode = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL,
                        "required": ssl.CERT_REQUIRED}[config.tls_verify_client]
     return ctx
@@ -506,6 +516,9 @@ async def serve(config: Config, worker: WorkerIdentity | None = None) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGHUP})
     try:
         await server.start()
+    except TlsFilesError as exc:
+        log.error("%s", exc)
+        raise SystemExit(2)
     except OSError as exc:
         log.error("cannot listen: %s", exc)
         raise SystemExit(2)

@@ -21,6 +21,7 @@ import urllib.request
 import uuid
 
 import pytest
+import trustme
 
 from ..durability.test_crash import drain, drain_until, received_in_order
 from ..integration.helpers import Client, connect
@@ -37,11 +38,11 @@ TRIES = 60          # connections tried before giving up on landing on a given w
 class Host:
     """One host of the cluster: a supervisor and its ``n`` workers."""
 
-    def __init__(self, cluster, name: str = "h", n: int = 2, *flags: str):
+    def __init__(self, cluster, name: str = "h", n: int = 2, *flags: str, listen=("mqtt://127.0.0.1:0",)):
         self.name = name
         self.proc = BrokerProcess("--workers", str(n), "--node-id", name, "--store", cluster.store,
                                   "--cluster", cluster.url(), "--admin", "127.0.0.1:0", *flags,
-                                  listen=("mqtt://127.0.0.1:0",),
+                                  listen=listen,
                                   env={"BROKERD_CLUSTER_SECRET": cluster.secret, "BROKERD_ADMIN_TOKEN": TOKEN},
                                   timeout=60)
         self.n = n
@@ -678,4 +679,60 @@ def test_sighup_while_a_worker_restarts_does_not_kill_it(cluster, tag):
     wait_until(lambda: "h.0-1" in h.workers(), timeout=20,
                message=f"h.0-1 not listed: {sorted(h.workers())}\n{h.proc.log}")
     assert "exited with SIGHUP" not in h.proc.log, h.proc.log
+    assert h.proc.proc.poll() is None
+
+
+def test_sighup_rotates_the_certificate_of_every_worker_and_a_broken_one_keeps_a_restarted_worker_out(
+        cluster, tag, tmp_path):
+    """SIGHUP to the supervisor reaches every worker: each serves the rotated certificate. A broken key
+    file keeps the certificate in use; a worker restarted while it is broken cannot start: the
+    supervisor says why and tries again, less often, while the other worker serves; once the file is
+    good again the worker is back."""
+    import shutil
+
+    from ..deploy.test_operations import handshake_fails, server_cert, tls_client
+
+    old_crt, old_key, old_ca = server_cert(trustme.CA(), tmp_path, "old")
+    live_crt, live_key = str(tmp_path / "server.crt"), str(tmp_path / "server.key")
+    shutil.copy(old_crt, live_crt)
+    shutil.copy(old_key, live_key)
+    h = started(cluster, Host(cluster, "h", 2, "--tls-cert", live_crt, "--tls-key", live_key,
+                              listen=("mqtt://127.0.0.1:0", "mqtts://127.0.0.1:0")))
+    tls_port = h.proc.port("mqtts")
+    new_crt, new_key, new_ca = server_cert(trustme.CA(), tmp_path, "new")
+    shutil.copy(new_crt, live_crt)
+    shutil.copy(new_key, live_key)
+    h.proc.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: len(re.findall(r"\[h\.\d\]: TLS certificate reloaded", h.proc.log)) == 2, timeout=10,
+               message=h.proc.log)
+    for _ in range(8):          # over both workers (each connection: about 1 in 2)
+        assert handshake_fails(tls_port, old_ca), "a worker still serves the old certificate"
+    seen = set()
+    for i in range(TRIES):
+        c = tls_client(f"{tag}-t{i}", new_ca).connect(tls_port)
+        seen.add(wait_until(lambda i=i: h.connected_on(f"{tag}-t{i}"), timeout=5))
+        c.disconnect()
+        if len(seen) == 2:
+            break
+    assert seen == {"h.0", "h.1"}
+
+    (tmp_path / "server.key").write_text("not a key")
+    h.proc.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: len(re.findall(r"\[h\.\d\]: TLS certificate not reloaded", h.proc.log)) == 2, timeout=10,
+               message=h.proc.log)
+    os.kill(h.pid_of("h.1"), signal.SIGKILL)
+    wait_until(lambda: len(re.findall(r"worker h\.1-\d+ \(pid \d+\) exited with exit code 2", h.proc.log)) >= 2,
+               timeout=15, message=h.proc.log)
+    # the worker says why, naming the files (was: "cannot listen: [SSL] PEM lib (_ssl.c:3926)")
+    assert re.search(rf"\[h\.1-1\]: cannot load the TLS certificate \(--tls-cert {re.escape(live_crt)}, "
+                     rf"--tls-key {re.escape(live_key)}\)", h.proc.log), h.proc.log
+    # tried again less and less often: 0.5 s, 1 s, 2 s ...
+    delays = [float(d) for d in re.findall(r"starting it again as h\.1-\d+ in ([\d.]+) s", h.proc.log)]
+    assert delays[:3] == [0.5, 1.0, 2.0][:len(delays[:3])], delays
+    for _ in range(4):          # the other worker serves meanwhile
+        with tls_client(f"{tag}-during", new_ca).connect(tls_port):
+            pass
+    shutil.copy(new_key, live_key)
+    wait_until(lambda: any(n.startswith("h.1-") for n in h.workers()), timeout=30,
+               message=f"h.1 not back: {sorted(h.workers())}\n{h.proc.log}")
     assert h.proc.proc.poll() is None
