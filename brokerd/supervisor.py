@@ -79,6 +79,22 @@ def _reserve(host: str, port: int) -> tuple[socket.socket, int]:
     return s, s.getsockname()[1]
 
 
+def _probe(host: str, port: int) -> None:
+    """Raise OSError (EADDRINUSE) if a socket listens on ``host:port`` already. The workers bind it with
+    SO_REUSEPORT, which lets any process of the same user bind it too: without this a second host
+    started on the port of a running one started and took part of its connections. A socket without
+    SO_REUSEPORT cannot bind a port a socket listens on (SO_REUSEADDR: connections of a former run in
+    TIME_WAIT are no obstacle)."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                      flags=socket.AI_PASSIVE)[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            raise OSError(exc.errno, f"{host}:{port}: {exc.strerror} (another process listens on it)") from exc
+
+
 @dataclasses.dataclass
 class Worker:
     slot: int
@@ -113,6 +129,8 @@ class Supervisor:
             if port == 0:
                 sock, port = _reserve(lst.host, 0)
                 self.reserved.append(sock)
+            else:
+                _probe(lst.host, port)
             listen.append(Listener(lst.scheme, lst.host, port, lst.path).url)
         admin = self.config.admin
         if admin:
@@ -121,6 +139,8 @@ class Supervisor:
                 sock, p = _reserve(host.strip("[]"), 0)
                 self.reserved.append(sock)
                 admin = f"{host}:{p}"
+            else:
+                _probe(host.strip("[]"), int(port))
         return dataclasses.replace(self.config, listen=listen, admin=admin)
 
     def worker_config(self, base: Config, w: Worker) -> dict:

@@ -26,7 +26,7 @@ import trustme
 from ..durability.test_crash import drain, drain_until, received_in_order
 from ..integration.helpers import Client, connect
 from ..mqtt import V5, V311, PacketTypes, props
-from ..procs import ROOT, BrokerProcess, sigstop
+from ..procs import ROOT, BrokerProcess, free_port, sigstop
 from .conftest import PacedPublisher, settle, wait_until
 from .test_failover import ranges
 
@@ -736,3 +736,25 @@ def test_sighup_rotates_the_certificate_of_every_worker_and_a_broken_one_keeps_a
     wait_until(lambda: any(n.startswith("h.1-") for n in h.workers()), timeout=30,
                message=f"h.1 not back: {sorted(h.workers())}\n{h.proc.log}")
     assert h.proc.proc.poll() is None
+
+
+def test_a_second_host_on_a_port_a_host_listens_on_is_refused(cluster):
+    """--workers binds its listeners with SO_REUSEPORT, which lets any process of the same user bind them
+    too: a second host started by mistake on the port of a running one must not silently take part
+    of its connections (as a second single-process brokerd cannot): it exits 2, "cannot listen"."""
+    port = free_port()
+    first = started(cluster, Host(cluster, "h", 2, listen=(f"mqtt://127.0.0.1:{port}",)))
+    res = subprocess.run([sys.executable, "-m", "brokerd", "--workers", "2", "--node-id", "g", "--allow-anonymous",
+                          "--store", cluster.store, "--cluster", cluster.url(), "--listen",
+                          f"mqtt://127.0.0.1:{port}"],
+                         cwd=ROOT, env=dict(os.environ, BROKERD_CLUSTER_SECRET=cluster.secret),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "cannot listen" in res.stderr, (res.returncode, res.stderr[-2000:])
+    assert "brokerd ready" not in res.stdout
+    assert len(first.workers()) == 2
+    # a host stopped and started again on its port is not taken for another (its connections in TIME_WAIT)
+    c = connect(port, "tw", V311)
+    c.disconnect()
+    assert first.proc.stop() == 0
+    again = started(cluster, Host(cluster, "h", 2, listen=(f"mqtt://127.0.0.1:{port}",)))
+    assert again.port == port
