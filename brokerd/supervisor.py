@@ -219,6 +219,8 @@ class Supervisor:
             await asyncio.wait_for(asyncio.shield(w.ready), READY_TIMEOUT)
             log.info("worker %s (pid %d) ready", w.node_id, w.proc.pid)
         except (RuntimeError, TimeoutError, OSError) as exc:
+            if self.stopping:       # stopped while it started (told to stop: not an error)
+                return
             log.error("worker %s did not start: %s", w.node_id, exc)
             if w.proc is not None and w.proc.returncode is None:
                 w.proc.kill()       # its _watch starts it again

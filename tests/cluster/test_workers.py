@@ -758,3 +758,24 @@ def test_a_second_host_on_a_port_a_host_listens_on_is_refused(cluster):
     assert first.proc.stop() == 0
     again = started(cluster, Host(cluster, "h", 2, listen=(f"mqtt://127.0.0.1:{port}",)))
     assert again.port == port
+
+
+@pytest.mark.parametrize("after", [0.1, 0.8])
+def test_sigterm_while_a_worker_restarts_stops_the_host(cluster, tag, after):
+    """SIGTERM to the supervisor while it waits to start a dead worker again (0.1 s into its 0.5 s) or
+    while that worker starts (0.8 s): the host stops -- exit 0, every worker gone, none started after."""
+    h = started(cluster, Host(cluster, "h", 2))
+    pids = {n: int(w["pid"]) for n, w in h.workers().items()}
+    os.kill(pids["h.0"], signal.SIGKILL)
+    wait_until(lambda: "starting it again as h.0-1" in h.proc.log, timeout=10, message=h.proc.log)
+    time.sleep(after)
+    t0 = time.monotonic()
+    code = h.proc.stop(timeout=20)
+    took = time.monotonic() - t0
+    log = h.proc.log
+    assert code == 0, log
+    assert took < 10, f"stopped in {took:.1f} s\n{log}"
+    started_pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", log)] + list(pids.values())
+    left = [pid for pid in set(started_pids) if os.path.exists(f"/proc/{pid}")]
+    assert not left, f"workers still running: {left}\n{log}"
+    assert "did not start" not in log, log       # (was an ERROR line at a stop: told to stop, not failed)
