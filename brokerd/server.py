@@ -57,6 +57,11 @@ STORE_PURGE_LEASE = 3 * STORE_PURGE_INTERVAL   # a cluster's purge lease: its ho
 STORE_STARTUP_TIMEOUT = 30.0    # how long start-up waits for an unavailable store
 POLICY_STARTUP_TIMEOUT = 10.0   # how long start-up waits for the console's database
 SOCKET_SLACK = 1024      # sockets accepted beyond --max-connections before refusing at accept
+# descriptors client sockets never take (at most a quarter of the limit): the node's own -- the cluster bus's
+# pool (up to 64), the admin API's connections (64), node links, the store, files. Without them a flood of
+# sockets up to the descriptor limit left the node none for its cluster bus: it fenced itself, every client out
+DESCRIPTOR_RESERVE = 256
+DESCRIPTOR_LOG_INTERVAL = 10.0   # seconds between two log lines about sockets closed at the descriptor limit
 
 
 def limits_from(config: Config) -> ChannelLimits:
@@ -165,6 +170,8 @@ class Server:
         self._preauth_logged = (0, -1 << 30)   # PreauthBudget.refused and the sweep when last logged
         self.write_high = config.write_buffer_high
         self.servers: list[asyncio.AbstractServer | TlsListener] = []
+        self._own_fds = 64                   # descriptors open before any client: counted once listening
+        self._fd_logged = -DESCRIPTOR_LOG_INTERVAL
         self.bound: list[Listener] = []
         self.tls: ssl.SSLContext | None = None
         self._sweeper: asyncio.TimerHandle | None = None
@@ -176,16 +183,31 @@ class Server:
         self.delayed: DelayedRunner | None = None
         self._delayed_store = None           # the node's own memory store for them, without a durable store
 
+    def _room(self, held: int) -> bool:
+        """Whether the node may hold one more client socket, ``held`` held: under --max-connections +
+        SOCKET_SLACK, and under the descriptor limit (read each time: ``prlimit`` may change it) less the
+        descriptors open before any client and DESCRIPTOR_RESERVE."""
+        if held >= self.config.max_connections + SOCKET_SLACK:
+            return False
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft == resource.RLIM_INFINITY or held < soft - self._own_fds - min(DESCRIPTOR_RESERVE, soft // 4):
+            return True
+        now = self.loop.time()
+        if now - self._fd_logged >= DESCRIPTOR_LOG_INTERVAL:
+            self._fd_logged = now
+            log.warning("at the descriptor limit (%d open files, %d client sockets held): new sockets are closed "
+                        "at accept; raise the limit (ulimit -n, LimitNOFILE=)", soft, held)
+        return False
+
     def _room_for_handshake(self, handshaking: int) -> bool:
         """Whether a TLS listener may take one more socket (``handshaking``: its handshakes under way)."""
-        return len(self.connections) + handshaking < self.config.max_connections + SOCKET_SLACK
+        return self._room(len(self.connections) + handshaking)
 
     def _factory(self, listener: Listener):
         cls = WsMqttConnection if listener.websocket else MqttConnection
-        cap = self.config.max_connections + SOCKET_SLACK
 
         def make():
-            if len(self.connections) >= cap:
+            if not self._room(len(self.connections)):
                 return _Refuse()
             return cls(self, listener)
 
@@ -361,6 +383,8 @@ class Server:
         # The listeners are bound above (the cluster's join tells the others their addresses) but accept only
         # now that the node is whole: a CONNECT taken before the cluster was attached would skip the client
         # id's claim -- the same id left connected on another node -- and its tenant's cluster-wide quotas.
+        with contextlib.suppress(OSError):
+            self._own_fds = len(os.listdir("/proc/self/fd"))      # (Linux; else the guess above)
         for srv in self.servers:
             await srv.start_serving()
         if self.admin is not None:

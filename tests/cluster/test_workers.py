@@ -12,6 +12,7 @@ import concurrent.futures
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -779,3 +780,66 @@ def test_sigterm_while_a_worker_restarts_stops_the_host(cluster, tag, after):
     left = [pid for pid in set(started_pids) if os.path.exists(f"/proc/{pid}")]
     assert not left, f"workers still running: {left}\n{log}"
     assert "did not start" not in log, log       # (was an ERROR line at a stop: told to stop, not failed)
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("scheme", ["mqtt", "mqtts"])
+def test_a_socket_flood_past_a_workers_descriptor_limit_leaves_it_working(cluster, tag, tmp_path, scheme):
+    """Worker h.0 has 40 descriptors (prlimit, about 30 open before any client); 60 sockets connect to
+    the host and stay silent. Each worker holds client sockets only up to its descriptor limit less
+    the descriptors its own work needs: h.0 closes the rest at accept, without spinning (CPU) and
+    without starving itself -- it was left no descriptor for its cluster bus, so it fenced itself and
+    disconnected every client (the canary too). The canary on h.0 keeps its round trips; clients
+    connect again once the flood is gone."""
+    from ..deploy.test_operations import server_cert, tls_client
+
+    crt, key, ca = server_cert(trustme.CA(), tmp_path, "s")
+    h = started(cluster, Host(cluster, "h", 2, "--tls-cert", crt, "--tls-key", key,
+                              listen=("mqtt://127.0.0.1:0", "mqtts://127.0.0.1:0")))
+    port = h.proc.port(scheme)
+    make = (lambda cid: connect(port, cid, V5)) if scheme == "mqtt" else \
+        (lambda cid: tls_client(cid, ca).connect(port))
+    canary, _ = h.on_worker(lambda: make(f"{tag}-canary"), f"{tag}-canary", lambda n: n == "h.0")
+    canary.subscribe(f"{tag}/c", qos=1)
+    pid = h.pid_of("h.0")
+    limit = len(os.listdir(f"/proc/{pid}/fd")) + 10
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))
+    socks = []
+    cpu0 = _cpu_seconds(pid)
+    t0 = time.monotonic()
+    try:
+        for _ in range(60):
+            socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        worst = 0.0
+        while time.monotonic() - t0 < 4:
+            t = time.monotonic()
+            canary.publish(f"{tag}/c", b"x", qos=1)
+            assert canary.expect(timeout=10).payload == b"x"
+            worst = max(worst, time.monotonic() - t)
+            time.sleep(0.05)
+        cpu = _cpu_seconds(pid) - cpu0
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    finally:
+        for s in socks:
+            s.close()
+    log = h.proc.log
+    assert "lost the cluster bus" not in log, log
+    assert worst < 1.0, f"the canary's worst round trip: {worst:.2f} s"
+    assert cpu < 1.0, f"h.0 took {cpu:.2f} s of CPU in 4 s of the flood"
+    assert fds < limit, f"h.0 at its descriptor limit: {fds} of {limit}"
+    assert re.search(r"\[h\.0\]: at the descriptor limit", log), log
+    def connects(cid):
+        try:
+            make(cid).disconnect()
+            return True
+        except Exception:           # (h.0 may not have seen the flood's sockets close yet)
+            return None
+
+    for i in range(4):
+        wait_until(lambda i=i: connects(f"{tag}-after{i}"), timeout=10, message="no client connects after the flood")
+    canary.disconnect()
