@@ -843,3 +843,40 @@ def test_a_socket_flood_past_a_workers_descriptor_limit_leaves_it_working(cluste
     for i in range(4):
         wait_until(lambda i=i: connects(f"{tag}-after{i}"), timeout=10, message="no client connects after the flood")
     canary.disconnect()
+
+
+@pytest.mark.xfail(reason="known defect, not fixed: each worker admits against the others' connections as of the "
+                          "last membership round (1 s), so a burst spread over the workers passes the quota (4 of "
+                          "10 let in here; as on two nodes of a cluster): needs an admission atomic in Redis")
+def test_a_tenants_connection_quota_is_the_hosts_in_a_burst_over_its_workers(cluster, tag, tmp_path):
+    """A tenant's max_connections 2 on a host of 2 workers: 10 CONNECTs sent at once (over both
+    workers) -- at most 2 are let in, and none later."""
+    from ..controlplane import ControlPlane
+    from ..integration.raw import connect_packet
+
+    (tmp_path / "console").mkdir()
+    plane = ControlPlane(tmp_path / "console")
+    secrets = plane.provision([{"slug": "acme", "default_acl": "allow", "devices": ["d"],
+                                "quota": {"max_connections": 2}},
+                               {"slug": "default", "default_acl": "allow", "devices": []}])   # (Host's probes)
+    h = Host(cluster, "h", 2)
+    h.proc.env = {**plane.env, **h.proc.env}
+    started(cluster, h)
+    time.sleep(2.5)                     # membership rounds: each worker has the other's counts
+    socks = []
+    try:
+        for _ in range(10):
+            s = socket.create_connection(("127.0.0.1", h.port), timeout=10)
+            socks.append(s)
+        for i, s in enumerate(socks):
+            s.sendall(connect_packet(f"{tag}-b{i}", 5, username="acme/d", password=secrets["acme/d"].encode()))
+        codes = [s.recv(64)[3] for s in socks]
+        assert 1 <= codes.count(0) <= 2, codes
+        time.sleep(2.5)
+        with socket.create_connection(("127.0.0.1", h.port), timeout=10) as s:
+            s.sendall(connect_packet(f"{tag}-late", 5, username="acme/d", password=secrets["acme/d"].encode()))
+            late = s.recv(64)[3]
+        assert codes.count(0) + (late == 0) <= 2, (codes, late)
+    finally:
+        for s in socks:
+            s.close()
