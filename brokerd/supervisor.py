@@ -173,6 +173,8 @@ class Supervisor:
                 start_new_session=True)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        if self.stopping:           # told to stop while it was being started: on_stop did not see it
+            w.proc.send_signal(signal.SIGTERM)
         # the settings on a pipe, not in argv or the environment: they may hold the cluster secret
         w.proc.stdin.write(json.dumps(self.worker_config(base, w)).encode())
         await w.proc.stdin.drain()
@@ -264,6 +266,12 @@ class Supervisor:
                 await self.spawn(base, w)
             urls = await asyncio.wait_for(asyncio.gather(*(w.ready for w in self.workers)), READY_TIMEOUT)
         except (RuntimeError, TimeoutError, OSError) as exc:
+            if self.stopping:       # told to stop while they started: passed on to them, not a failure
+                exited = asyncio.gather(*(w.proc.wait() for w in self.workers if w.proc is not None))
+                await asyncio.wait([asyncio.ensure_future(exited), asyncio.ensure_future(self.done.wait())],
+                                   return_when=asyncio.FIRST_COMPLETED)
+                log.info("stopped while starting")
+                return 1 if self.signals > 1 else 0
             log.error("the workers did not start: %s", exc)
             self.stopping = True
             self.signal_all(signal.SIGKILL)

@@ -880,3 +880,34 @@ def test_a_tenants_connection_quota_is_the_hosts_in_a_burst_over_its_workers(clu
     finally:
         for s in socks:
             s.close()
+
+
+@pytest.mark.parametrize("after", ["spawned", "listening"])
+def test_sigterm_while_the_host_starts_stops_it_without_an_error(cluster, after):
+    """SIGTERM to the supervisor while its workers start (a stop right after a start: systemd, a
+    deploy): the host stops -- exit 0, no worker left, no "did not start" error."""
+    h = Host(cluster, "h", 2)
+    cmd = h.proc.command()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **h.proc.env)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    want = "store " if after == "spawned" else "listening on"
+    for line in proc.stdout:
+        lines.append(line)
+        if want in line:
+            break
+    children = []
+    for task in os.listdir(f"/proc/{proc.pid}/task"):
+        with open(f"/proc/{proc.pid}/task/{task}/children") as fh:
+            children += [int(p) for p in fh.read().split()]
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    log = "".join(lines) + out
+    assert len(children) == 2, children
+    assert proc.returncode == 0, log
+    assert "did not start" not in log and "ERROR" not in log, log
+    assert not [p for p in children if os.path.exists(f"/proc/{p}")], log
