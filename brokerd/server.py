@@ -171,6 +171,7 @@ class Server:
         self.write_high = config.write_buffer_high
         self.servers: list[asyncio.AbstractServer | TlsListener] = []
         self._own_fds = 64                   # descriptors open before any client: counted once listening
+        self._fd_soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]    # read again at each sweep (prlimit)
         self._fd_logged = -DESCRIPTOR_LOG_INTERVAL
         self.bound: list[Listener] = []
         self.tls: ssl.SSLContext | None = None
@@ -185,11 +186,12 @@ class Server:
 
     def _room(self, held: int) -> bool:
         """Whether the node may hold one more client socket, ``held`` held: under --max-connections +
-        SOCKET_SLACK, and under the descriptor limit (read each time: ``prlimit`` may change it) less the
-        descriptors open before any client and DESCRIPTOR_RESERVE."""
+        SOCKET_SLACK, and under the descriptor limit (read again at each sweep, not at each accept -- a
+        system call per connect --: ``prlimit`` may change it) less the descriptors open before any
+        client and DESCRIPTOR_RESERVE."""
         if held >= self.config.max_connections + SOCKET_SLACK:
             return False
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        soft = self._fd_soft
         if soft == resource.RLIM_INFINITY or held < soft - self._own_fds - min(DESCRIPTOR_RESERVE, soft // 4):
             return True
         now = self.loop.time()
@@ -410,6 +412,7 @@ class Server:
             self.broker.tick(now)
             self.sys.tick(now)
             self._log_preauth()
+            self._fd_soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         except Exception:  # housekeeping must never stop
             log.exception("housekeeping failed")
         self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)

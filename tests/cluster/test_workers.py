@@ -809,6 +809,7 @@ def test_a_socket_flood_past_a_workers_descriptor_limit_leaves_it_working(cluste
     pid = h.pid_of("h.0")
     limit = len(os.listdir(f"/proc/{pid}/fd")) + 10
     resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))
+    time.sleep(0.6)                 # (the worker reads its limit again at its next sweep, every 0.5 s)
     socks = []
     cpu0 = _cpu_seconds(pid)
     t0 = time.monotonic()
