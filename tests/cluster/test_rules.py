@@ -19,6 +19,13 @@ def plane(tmp_path):
     return ControlPlane(tmp_path / "console")
 
 
+def device(secrets, who: str, client_id: str, node, clients: list) -> PahoClient:
+    """``who``'s device connected to ``node`` as ``client_id`` (MQTT 5), kept in ``clients`` to close."""
+    c = PahoClient(client_id, V5, username=who, password=secrets[who]).connect(node.port())
+    clients.append(c)
+    return c
+
+
 def rules_api(node, token):
     req = urllib.request.Request(f"{node.admin_url}/api/v1/tenants/acme/rules",
                                  headers={"Authorization": f"Bearer {token}"})
@@ -37,11 +44,9 @@ def test_a_rule_runs_where_the_message_arrived_and_its_output_reaches_every_node
     clients = []
     try:
         n1, n2 = c.start(2, "--admin", "127.0.0.1:0")
-        watch = PahoClient(f"{tag}-w", V5, username="acme/watch", password=secrets["acme/watch"]).connect(n2.port())
-        clients.append(watch)
+        watch = device(secrets, "acme/watch", f"{tag}-w", n2, clients)
         watch.subscribe(f"{tag}-alerts/#", qos=1)
-        dev = PahoClient(f"{tag}-d", V5, username="acme/d1", password=secrets["acme/d1"]).connect(n1.port())
-        clients.append(dev)
+        dev = device(secrets, "acme/d1", f"{tag}-d", n1, clients)
         sent = 0
 
         def arrived():                  # until n1 knows n2's subscription: one hot reading at a time
@@ -160,11 +165,9 @@ def test_a_delivery_dropped_alert_does_not_bounce_between_two_nodes_full_queues(
         loaded(n2, token, "acme", rid)
         expiry = Properties(PacketTypes.CONNECT)
         expiry.SessionExpiryInterval = 300
-        watch = PahoClient(f"{tag}-w", V5, username="acme/watch", password=secrets["acme/watch"]).connect(n1.port())
-        clients.append(watch)
+        watch = device(secrets, "acme/watch", f"{tag}-w", n1, clients)
         watch.subscribe(f"{topic}/alert/#", qos=1)
-        dev = PahoClient(f"{tag}-d", V5, username="acme/d1", password=secrets["acme/d1"]).connect(n1.port())
-        clients.append(dev)
+        dev = device(secrets, "acme/d1", f"{tag}-d", n1, clients)
         n = 0
 
         def seen():                       # until n1 knows watch's... and n2's routes: a probe reaches n2

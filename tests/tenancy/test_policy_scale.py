@@ -65,9 +65,11 @@ class Canary:
         while time.monotonic() - started < seconds:
             self.latencies.append(self.round_trip())
 
-    def served(self, bound: float) -> None:
-        """Every round trip was answered at the pace of an idle node."""
-        assert max(self.latencies) < max(bound, 5 * self.baseline), (self.baseline, sorted(self.latencies)[-5:])
+    def served(self, bound: float, outliers: int = 0) -> None:
+        """Every round trip (but ``outliers`` of them, each under a second) was answered at the pace of
+        an idle node."""
+        tail = sorted(self.latencies)[-1 - outliers:]
+        assert tail[0] < max(bound, 5 * self.baseline) and tail[-1] < 1.0, (self.baseline, sorted(self.latencies)[-5:])
 
 
 def test_small_tenants_changes_do_not_stop_the_node_while_a_big_tenant_is_there(control_plane):
@@ -152,8 +154,10 @@ def test_a_big_tenants_own_changes_do_not_stop_the_node(control_plane):
                                 (top + 10 + n, data))
             canary.watch(3.0)
         assert _let_in(node.port())
-        # (before: 0.4-0.9 s at each change; the rest of the machine's load moves it by tens of ms)
-        canary.served(0.3)
+        # (before: 0.4-0.9 s at each change; the rest of the machine's load moves it by tens of ms --
+        # and, in a whole-suite run, once by 0.37 s: one round trip of the ~10,000 may meet it, the three
+        # changes' stalls of before were three)
+        canary.served(0.3, outliers=1)
     finally:
         node.stop()
 
