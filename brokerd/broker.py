@@ -335,19 +335,18 @@ class Broker:
                 # denies it too) -- a client's retained "$SYS/..." would stand in for the broker's
                 # values and escape the tenant's max_retained (the broker's $SYS is not counted)
                 self.acct.publish_denied(ns, topic)
-                self._authz_denied(ns, channel, topic, "publish", "sys", now)
+                self._authz(ns, channel, topic, "publish", "deny", "sys", now)
                 return rc.NOT_AUTHORIZED
         # (ClientAcl.allowed: the last topic this client was allowed to publish to)
         if acl is not None and topic != acl.allowed and not acl.can_publish(topic):
             self.acct.publish_denied(ns, topic)
-            self._authz_denied(ns, channel, topic, "publish", "acl", now)
+            self._authz(ns, channel, topic, "publish", "deny", "acl", now)
             return rc.NOT_AUTHORIZED
         rules = self.rules
         if rules:
             rules = rules.get(ns.name)
             if rules is not None and rules.on_authz:
-                rules.event("client_check_authz_complete", self, ns, channel, now, topic=topic, action="publish",
-                            result="allow", authz_source="default" if acl is None else "acl")
+                self._authz(ns, channel, topic, "publish", "allow", "default" if acl is None else "acl", now)
         else:
             rules = None
         session = channel.session
@@ -497,12 +496,9 @@ class Broker:
         acl = channel.acl
         if acl is not None and not acl.can_publish(target):
             self.acct.publish_denied(ns, target)
-            self._authz_denied(ns, channel, target, "publish", "acl", now)
+            self._authz(ns, channel, target, "publish", "deny", "acl", now)
             return rc.NOT_AUTHORIZED
-        rules = self.rules.get(ns.name)
-        if rules is not None and rules.on_authz:
-            rules.event("client_check_authz_complete", self, ns, channel, now, topic=target, action="publish",
-                        result="allow", authz_source="default" if acl is None else "acl")
+        self._authz(ns, channel, target, "publish", "allow", "default" if acl is None else "acl", now)
         quota = channel.quota
         if quota is not None:
             code = self._publish_quota(ns, msg, quota)        # its payload; a retained one, the retained cap
@@ -832,12 +828,13 @@ class Broker:
             # events of 60 deliveries each, and held the node 12 s)
             self._drop_event(session, None, [(d.msg, d.qos, d.retain) for d in dropped], "queue_full")
 
-    def _authz_denied(self, ns, channel, topic: str, action: str, source: str, now: float) -> None:
-        """``$events/client_check_authz_complete`` of a refused PUBLISH or SUBSCRIBE, for the tenant's rules."""
+    def _authz(self, ns, channel, topic: str, action: str, result: str, source: str, now: float) -> None:
+        """``$events/client_check_authz_complete`` of a PUBLISH or a SUBSCRIBE filter decided, for the
+        tenant's rules (``source``: acl, default -- no ACL applies --, sys)."""
         rules = self.rules.get(ns.name)
         if rules is not None and rules.on_authz:
             rules.event("client_check_authz_complete", self, ns, channel, now, topic=topic, action=action,
-                        result="deny", authz_source=source)
+                        result=result, authz_source=source)
 
     def _drop_event(self, session, channel, deliveries: list, reason: str) -> None:
         """``$events/delivery_dropped`` for the tenant's rules: messages a client was owed that it
@@ -991,7 +988,7 @@ class Broker:
                 policy = self.auth.policy(ns.name)
                 if policy is not None and not policy.sys_enabled:
                     self.acct.subscribe_denied(ns)
-                    self._authz_denied(ns, channel, filt, "subscribe", source, now)
+                    self._authz(ns, channel, filt, "subscribe", "deny", source, now)
                     codes.append(rc.NOT_AUTHORIZED)
                     continue
             elif acl is not None:
@@ -999,14 +996,13 @@ class Broker:
                 granted, check = acl.subscribe(inner)
                 if not granted:
                     self.acct.subscribe_denied(ns)
-                    self._authz_denied(ns, channel, filt, "subscribe", source, now)
+                    self._authz(ns, channel, filt, "subscribe", "deny", source, now)
                     codes.append(rc.NOT_AUTHORIZED)
                     continue
             else:
                 source = "default"
             if rules is not None and rules.on_authz:
-                rules.event("client_check_authz_complete", self, ns, channel, now, topic=filt, action="subscribe",
-                            result="allow", authz_source=source)
+                self._authz(ns, channel, filt, "subscribe", "allow", source, now)
             if max_subs is not None and not existed and len(session.subscriptions) >= max_subs:
                 self.acct.subscription_over_quota(ns)
                 codes.append(rc.QUOTA_EXCEEDED)
