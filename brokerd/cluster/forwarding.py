@@ -196,17 +196,14 @@ class Forwarder:
     def _parts(ns, msg: Publish, now: float) -> tuple:
         """The fields of a PUBLISH frame for ``msg`` (after the request id)."""
         expiry = -1 if msg.expiry_at is None else max(0, min(frames.EXPIRY_MAX, int(msg.expiry_at - now)))
+        rule = 0 if msg.__class__ is Publish else frames.RULE       # (a RulePublish stays one there)
         raw = msg.enc3
         if raw is not None and not msg.qos and not msg.retain and not msg.properties:
             # its 3.x wire form goes as it is: the receiving node sends those bytes on (not for a
             # message with 5.0 properties: a 3.x subscriber's delivery made enc3 too, without them)
-            flags = frames.RAW if msg.__class__ is Publish else frames.RAW | frames.RULE
-            return 0, flags, expiry, ns.name.encode(), msg.topic.encode(), b"", raw
+            return 0, frames.RAW | rule, expiry, ns.name.encode(), msg.topic.encode(), b"", raw
         props = encode_properties(msg.properties) if msg.properties else b""
-        flags = 1 if msg.retain else 0
-        if msg.__class__ is not Publish:
-            flags |= frames.RULE
-        return msg.qos, flags, expiry, ns.name.encode(), msg.topic.encode(), props, msg.payload
+        return msg.qos, (1 if msg.retain else 0) | rule, expiry, ns.name.encode(), msg.topic.encode(), props, msg.payload
 
     def _wait_ack(self, req: int, node: str, waits: list) -> None:
         waits.append(req)
@@ -216,20 +213,20 @@ class Forwarder:
 
     def on_publish(self, link, req, qos, flags, expiry, tenant, topic, props, payload, group, gfilter) -> None:
         now = self.clock()
+        cls = RulePublish if flags & frames.RULE else Publish
         if flags & frames.RAW:
             # the 3.x QoS 0 wire form: PUBLISH header, remaining length, topic, payload
             raw = payload
             i = 2
             while raw[i - 1] & 0x80:
                 i += 1
-            msg = (RulePublish if flags & frames.RULE else Publish)(topic, raw[i + 2 + len(topic.encode()):], 0, False)
+            msg = cls(topic, raw[i + 2 + len(topic.encode()):], 0, False)
             msg.enc3 = raw
         else:
             properties = None
             if props:
                 properties, _ = decode_properties(props, 0, len(props), PUBLISH_PROPS)
-            msg = (RulePublish if flags & frames.RULE else Publish)(topic, payload, qos, bool(flags & 1), False, 0,
-                                                                      properties)
+            msg = cls(topic, payload, qos, bool(flags & 1), False, 0, properties)
         if expiry >= 0:
             if expiry == frames.EXPIRY_MAX and msg.properties:
                 # more seconds left than the field holds: the interval as published (up to
